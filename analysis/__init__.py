@@ -1,0 +1,1 @@
+"""Analysis: loading run directories, metrics, the PrfaaS throughput model, plots and reports."""

@@ -1,0 +1,56 @@
+"""The `prfaas` command: parses options, calls the library, prints. Nothing else lives here.
+
+Each area registers its own subcommands (``register(subparsers)``) so that this file stays thin.
+A `UserError` becomes one line on stderr and exit status 2; Ctrl-C exits 130 after cleanup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from testbed import __version__
+from testbed.errors import UserError
+
+COMMAND_MODULES = (
+    "testbed.net.commands",  # doctor, net up/exec/down, clean, calibrate
+    "testbed.models.commands",  # kv-size
+    "traffic.commands",  # traffic stats
+    "testbed.serving.commands",  # run, quickstart
+    "analysis.commands",  # model, report, sweep
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="prfaas", description="Prefill-as-a-Service testbed: cross-datacenter PD serving on an emulated WAN.")
+    parser.add_argument("--version", action="version", version=f"prfaas-testbed {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"prfaas: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("prfaas: interrupted; cleaned up", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Models: layer-by-layer specs with exact KV geometry, runnable torch hybrid models, compute profiles."""

@@ -1,0 +1,458 @@
+"""Scenario files: YAML in, validated typed objects out; every error names the field and what is allowed.
+
+The network part (``topology``, ``wan``, ``scale``) is defined here. Other sections (``model``,
+``workload``, ``policy``, ``serving``, ``cross_traffic``) belong to the packages that use them: each
+registers a parser in `SECTION_PARSERS` taking a `Fields` and returning its own typed object, so this
+file stays the single entry point without knowing their insides. See docs/scenario.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import yaml
+
+from testbed import units
+from testbed.errors import FieldError, UserError
+
+T = TypeVar("T")
+_REQUIRED = object()
+
+
+class Fields:
+    """Reads one mapping of a scenario, naming every bad value by its dotted path.
+
+    ``f.get("rate", units.parse_rate_bps)`` parses or raises `FieldError("wan.rate", ...)`;
+    ``f.done()`` refuses keys nobody read, listing the allowed ones.
+    """
+
+    def __init__(self, data: Any, path: str = "", source: str | None = None) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise FieldError(path or "scenario", f"must be a mapping of keys to values, got {type(data).__name__}", source)
+        self.data = data
+        self.path = path
+        self.source = source
+        self._read: set[str] = set()
+
+    def name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str, message: str) -> FieldError:
+        return FieldError(self.name(key), message, self.source)
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def get(self, key: str, parse: Callable[[Any], T], default: Any = _REQUIRED) -> T:
+        self._read.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is _REQUIRED:
+                raise self.error(key, "is required")
+            return default
+        try:
+            return parse(self.data[key])
+        except FieldError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise self.error(key, str(exc)) from None
+
+    def choice(self, key: str, allowed: tuple[str, ...] | list[str], default: Any = _REQUIRED) -> str:
+        def parse(v: Any) -> str:
+            if str(v) not in allowed:
+                raise ValueError(f"{v!r} is not allowed; use one of: {', '.join(allowed)}")
+            return str(v)
+
+        return self.get(key, parse, default)
+
+    def section(self, key: str) -> "Fields":
+        self._read.add(key)
+        return Fields(self.data.get(key), self.name(key), self.source)
+
+    def items(self, key: str) -> list["Fields"]:
+        """A list of mappings, each read as `Fields` named ``key[i]``."""
+        self._read.add(key)
+        raw = self.data.get(key) or []
+        if not isinstance(raw, list):
+            raise self.error(key, f"must be a list, got {type(raw).__name__}")
+        return [Fields(v, f"{self.name(key)}[{i}]", self.source) for i, v in enumerate(raw)]
+
+    def done(self) -> None:
+        unknown = sorted(set(map(str, self.data)) - self._read)
+        if unknown:
+            allowed = ", ".join(sorted(self._read)) or "(none)"
+            raise self.error(unknown[0], f"unknown key; allowed keys here: {allowed}")
+
+
+def positive_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{v!r} is not a whole number >= 0")
+    return v
+
+
+def boolean(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{v!r} is not true or false")
+    return v
+
+
+def number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{v!r} is not a number")
+    return float(v)
+
+
+# --------------------------------------------------------------------------------------------- network
+
+JITTER_DISTRIBUTIONS = ("normal", "uniform", "pareto", "paretonormal")
+LOSS_MODELS = ("random", "gilbert-elliott")
+BACKENDS = ("auto", "netem", "delayline")
+SHAPERS = ("htb", "tbf")
+DIRECTIONS = ("prfaas_to_pd", "pd_to_prfaas")
+DATACENTERS = ("prfaas", "pd")
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """Random loss (`rate`) or a Gilbert-Elliott two-state burst model (netem ``gemodel p r 1-h 1-k``)."""
+
+    model: str = "random"
+    rate: float = 0.0  # random: probability a packet is lost
+    p: float = 0.0  # GE: P(good -> bad)
+    r: float = 1.0  # GE: P(bad -> good)
+    bad_loss: float = 1.0  # GE: loss probability in the bad state (1 - h)
+    good_loss: float = 0.0  # GE: loss probability in the good state (1 - k)
+
+    @property
+    def mean_rate(self) -> float:
+        if self.model == "random":
+            return self.rate
+        pi_bad = self.p / (self.p + self.r) if self.p + self.r > 0 else 0.0
+        return pi_bad * self.bad_loss + (1 - pi_bad) * self.good_loss
+
+
+def parse_loss(v: Any, path: str = "wan.loss", source: str | None = None) -> LossSpec:
+    if not isinstance(v, dict):
+        return LossSpec("random", units.parse_fraction(v))
+    f = Fields(v, path, source)
+    model = f.choice("model", LOSS_MODELS, "random")
+    if model == "random":
+        spec = LossSpec("random", f.get("rate", units.parse_fraction, 0.0))
+    else:
+        spec = LossSpec(
+            "gilbert-elliott",
+            p=f.get("p", units.parse_fraction),
+            r=f.get("r", units.parse_fraction),
+            bad_loss=f.get("bad_loss", units.parse_fraction, 1.0),
+            good_loss=f.get("good_loss", units.parse_fraction, 0.0),
+        )
+        if spec.p > 0 and spec.r == 0:
+            raise FieldError(f"{path}.r", "must be > 0 when p > 0, or the link stays in the bad state forever", source)
+    f.done()
+    return spec
+
+
+@dataclass(frozen=True)
+class LinkDirectionSpec:
+    """One direction of the WAN, in emulated units (before dividing by `scale`)."""
+
+    rate_bps: float
+    delay_s: float = 0.0
+    jitter_s: float = 0.0
+    jitter_distribution: str = "normal"
+    reorder: bool = False
+    loss: LossSpec = field(default_factory=LossSpec)
+    queue: units.QueueLimit = field(default_factory=lambda: units.QueueLimit("bdp", 1.0))
+
+    def queue_bytes(self, scale: float = 1.0, rtt_s: float | None = None) -> int:
+        """Queue limit in bytes on the wire; the BDP uses the round-trip time (2 x one-way delay by default)."""
+        rtt = 2 * self.delay_s if rtt_s is None else rtt_s
+        return self.queue.to_bytes(self.rate_bps / scale, max(rtt, 1e-3))
+
+
+_DIRECTION_KEYS = ("rate", "delay", "jitter", "jitter_distribution", "reorder", "loss", "queue")
+
+
+def _read_direction(f: Fields, base: LinkDirectionSpec | None) -> LinkDirectionSpec:
+    d = base or LinkDirectionSpec(rate_bps=0.0)
+    out = LinkDirectionSpec(
+        rate_bps=f.get("rate", units.parse_rate_bps, d.rate_bps if base else _REQUIRED),
+        delay_s=f.get("delay", units.parse_duration_s, d.delay_s),
+        jitter_s=f.get("jitter", units.parse_duration_s, d.jitter_s),
+        jitter_distribution=f.choice("jitter_distribution", JITTER_DISTRIBUTIONS, d.jitter_distribution),
+        reorder=f.get("reorder", boolean, d.reorder),
+        loss=f.get("loss", lambda v: parse_loss(v, f.name("loss"), f.source), d.loss),
+        queue=f.get("queue", units.parse_queue, d.queue),
+    )
+    if out.jitter_s > out.delay_s and not out.reorder:
+        raise f.error(
+            "jitter",
+            f"{units.format_duration(out.jitter_s)} is larger than the delay {units.format_duration(out.delay_s)}; "
+            "with in-order delivery jitter must be <= delay (or set reorder: true)",
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class ScheduleEvent:
+    """A change of the WAN at time `at_s` (seconds from network start).
+
+    `changes` maps a direction field (``rate_bps``, ``delay_s``, ``jitter_s``, ``loss``) to its new value;
+    `down_s` takes the link down for that long; `for_s` reverts the changes after that long.
+    """
+
+    at_s: float
+    directions: tuple[str, ...] = DIRECTIONS
+    changes: tuple[tuple[str, Any], ...] = ()
+    down_s: float = 0.0
+    for_s: float | None = None
+
+
+def _read_event(f: Fields) -> ScheduleEvent:
+    at = f.get("at", units.parse_duration_s)
+    direction = f.choice("direction", ("both",) + DIRECTIONS, "both")
+    changes: list[tuple[str, Any]] = []
+    if f.has("rate"):
+        changes.append(("rate_bps", f.get("rate", units.parse_rate_bps)))
+    if f.has("delay"):
+        changes.append(("delay_s", f.get("delay", units.parse_duration_s)))
+    if f.has("jitter"):
+        changes.append(("jitter_s", f.get("jitter", units.parse_duration_s)))
+    if f.has("loss"):
+        changes.append(("loss", f.get("loss", lambda v: parse_loss(v, f.name("loss"), f.source))))
+    down = f.get("down", lambda v: units.parse_duration_s(v, allow_zero=False), 0.0)
+    dur = f.get("for", lambda v: units.parse_duration_s(v, allow_zero=False), None)
+    f.done()
+    if not changes and not down:
+        raise f.error("at", "a schedule entry needs at least one of: rate, delay, jitter, loss, down")
+    if down and dur is not None:
+        raise f.error("for", "'down' already has its own duration; drop 'for'")
+    return ScheduleEvent(
+        at_s=at,
+        directions=DIRECTIONS if direction == "both" else (direction,),
+        changes=tuple(changes),
+        down_s=down,
+        for_s=dur,
+    )
+
+
+@dataclass(frozen=True)
+class WanSpec:
+    backend: str = "auto"
+    shaper: str = "htb"
+    prfaas_to_pd: LinkDirectionSpec = field(default_factory=lambda: LinkDirectionSpec(rate_bps=100e9))
+    pd_to_prfaas: LinkDirectionSpec = field(default_factory=lambda: LinkDirectionSpec(rate_bps=100e9))
+    schedule: tuple[ScheduleEvent, ...] = ()
+
+    def direction(self, name: str) -> LinkDirectionSpec:
+        return getattr(self, name)
+
+    @property
+    def max_rate_bps(self) -> float:
+        rates = [self.prfaas_to_pd.rate_bps, self.pd_to_prfaas.rate_bps]
+        rates += [v for e in self.schedule for k, v in e.changes if k == "rate_bps"]
+        return max(rates)
+
+
+def parse_wan(f: Fields) -> WanSpec:
+    backend = f.choice("backend", BACKENDS, "auto")
+    shaper = f.choice("shaper", SHAPERS, "htb")
+    common = Fields({k: f.data[k] for k in _DIRECTION_KEYS if k in f.data}, f.path, f.source)
+    for k in _DIRECTION_KEYS:
+        f._read.add(k)
+    base = _read_direction(common, None)
+    dirs = {d: _read_direction(f.section(d), base) if f.has(d) else base for d in DIRECTIONS}
+    for d in DIRECTIONS:
+        if f.has(d):
+            sub = f.section(d)
+            for k in _DIRECTION_KEYS:
+                sub._read.add(k)
+            sub.done()
+    events = tuple(_read_event(e) for e in f.items("schedule"))
+    f.done()
+    last = -1.0
+    for i, e in enumerate(events):
+        if e.at_s < last:
+            raise FieldError(f"{f.name('schedule')}[{i}].at", f"{e.at_s:g}s comes before the previous entry ({last:g}s); entries must be in time order", f.source)
+        last = e.at_s
+    return WanSpec(backend, shaper, dirs["prfaas_to_pd"], dirs["pd_to_prfaas"], events)
+
+
+@dataclass(frozen=True)
+class DatacenterSpec:
+    """Hosts per role in one datacenter. Host names: ``{dc}-p{i}`` prefill, ``{dc}-d{i}`` decode,
+    ``{dc}-x{i}`` cross-traffic endpoints, ``{dc}-gw`` the gateway; the PD datacenter also has
+    ``pd-router`` (router, global KV cache manager) and ``pd-client`` (load generator)."""
+
+    name: str
+    prefill_hosts: int
+    decode_hosts: int
+    cross_hosts: int
+
+    def host_names(self) -> list[str]:
+        roles = (("p", self.prefill_hosts), ("d", self.decode_hosts), ("x", self.cross_hosts))
+        names = [f"{self.name}-{r}{i}" for r, n in roles for i in range(n)]
+        if self.name == "pd":
+            names += ["pd-router", "pd-client"]
+        return names
+
+
+@dataclass(frozen=True)
+class TopologySpec:
+    prfaas: DatacenterSpec = field(default_factory=lambda: DatacenterSpec("prfaas", 1, 0, 1))
+    pd: DatacenterSpec = field(default_factory=lambda: DatacenterSpec("pd", 1, 1, 1))
+    lan_rate_bps: float | None = None  # intra-datacenter links: unshaped unless set
+
+    def datacenter(self, name: str) -> DatacenterSpec:
+        return getattr(self, name)
+
+
+def parse_topology(f: Fields) -> TopologySpec:
+    dcs = {}
+    for name, defaults in (("prfaas", (1, 0, 1)), ("pd", (1, 1, 1))):
+        s = f.section(name)
+        dcs[name] = DatacenterSpec(
+            name,
+            s.get("prefill", positive_int, defaults[0]),
+            s.get("decode", positive_int, defaults[1]),
+            s.get("cross", positive_int, defaults[2]),
+        )
+        s.done()
+        if name == "prfaas" and dcs[name].decode_hosts:
+            raise FieldError(s.name("decode"), "the PrfaaS datacenter only prefills; use 0", f.source)
+        if sum((dcs[name].prefill_hosts, dcs[name].decode_hosts)) > 64:
+            raise FieldError(s.path, "at most 64 worker hosts per datacenter", f.source)
+    if dcs["pd"].decode_hosts < 1:
+        raise FieldError("topology.pd.decode", "needs at least 1 decode host", f.source)
+    lan = f.get("lan_rate", units.parse_rate_bps, None)
+    f.done()
+    return TopologySpec(dcs["prfaas"], dcs["pd"], lan)
+
+
+# -------------------------------------------------------------------------------------------- scenario
+
+# Sections owned by other packages: key -> "module:function(Fields) -> typed object".
+SECTION_PARSERS: dict[str, str] = {
+    "model": "testbed.models.spec:parse_model_section",
+    "workload": "traffic.workload:parse_workload_section",
+    "policy": "testbed.serving.policy:parse_policy_section",
+    "serving": "testbed.serving.config:parse_serving_section",
+    "cross_traffic": "traffic.cross:parse_cross_traffic_section",
+}
+
+
+def _section_parser(key: str) -> Callable[[Fields], Any]:
+    module, func = SECTION_PARSERS[key].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def parse_scale(v: Any) -> float | str:
+    if v == "auto":
+        return "auto"
+    x = number(v)
+    if x < 1:
+        raise ValueError(f"{v!r} must be >= 1 (the wire carries rates / scale) or 'auto'")
+    return x
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int = 1
+    scale: float | str = 1.0
+    duration_s: float = 60.0
+    topology: TopologySpec = field(default_factory=TopologySpec)
+    wan: WanSpec = field(default_factory=WanSpec)
+    sections: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    source: str | None = None
+
+    def section(self, key: str) -> Any:
+        """A typed section (``model``, ``workload``, ...) or None when the file has none."""
+        return self.sections.get(key)
+
+    def resolve_scale(self, capacity_bps: float) -> float:
+        """`scale: auto` -> the smallest S >= 1 with every scheduled WAN rate / S <= the host's capacity."""
+        if self.scale != "auto":
+            return float(self.scale)
+        return max(1.0, math.ceil(self.wan.max_rate_bps / capacity_bps))
+
+    def with_scale(self, scale: float) -> "Scenario":
+        raw = dict(self.raw)
+        raw["scale"] = scale
+        return replace(self, scale=scale, raw=raw)
+
+
+def parse_scenario(data: Any, source: str | None = None) -> Scenario:
+    f = Fields(data, "", source)
+    name = f.get("name", str, Path(source).stem if source else "scenario")
+    sc = Scenario(
+        name=name,
+        seed=f.get("seed", positive_int, 1),
+        scale=f.get("scale", parse_scale, 1.0),
+        duration_s=f.get("duration", lambda v: units.parse_duration_s(v, allow_zero=False), 60.0),
+        topology=parse_topology(f.section("topology")),
+        wan=parse_wan(f.section("wan")),
+        sections={k: _section_parser(k)(f.section(k)) for k in SECTION_PARSERS if f.has(k)},
+        raw=data or {},
+        source=source,
+    )
+    f.done()
+    for e in sc.wan.schedule:
+        if e.at_s > sc.duration_s:
+            raise FieldError("wan.schedule", f"an entry at {e.at_s:g}s is after the end of the run (duration {sc.duration_s:g}s)", source)
+    return sc
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``--set wan.rate=20Gbps`` style overrides; the value is read as YAML (``--set seed=3``)."""
+    out = yaml.safe_load(yaml.safe_dump(data)) or {}
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: use key=value, e.g. --set wan.rate=20Gbps")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise UserError(f"--set {key}: {p!r} is not a section")
+        node[parts[-1]] = yaml.safe_load(value)
+    return out
+
+
+def builtin_scenarios_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "topologies"
+
+
+def find_scenario(name_or_path: str) -> Path:
+    """A path, or the name of a ready scenario in topologies/ (``quick`` -> topologies/quick.yaml)."""
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    cand = builtin_scenarios_dir() / f"{name_or_path}.yaml"
+    if cand.exists():
+        return cand
+    ready = sorted(x.stem for x in builtin_scenarios_dir().glob("*.yaml"))
+    raise UserError(f"scenario {name_or_path!r}: no such file, and not a ready scenario (ready: {', '.join(ready) or 'none'})")
+
+
+def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scenario:
+    path = find_scenario(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    return parse_scenario(apply_overrides(data or {}, overrides or []), str(path))
+
+
+def dump_scenario(sc: Scenario) -> str:
+    """The resolved scenario as YAML (written to each run directory)."""
+    return yaml.safe_dump(sc.raw, sort_keys=False)

@@ -1,0 +1,175 @@
+"""The one units parser of the project: rates, durations, sizes, fractions, queue limits, token counts.
+
+Every parser takes a string such as ``"100Gbps"``, ``"10ms"``, ``"2MB"``, ``"0.1%"``, ``"1bdp"``, ``"32K"``
+and returns a number in base units (bit/s, seconds, bytes, a fraction, tokens). A value without a
+unit is refused where a unit is needed, so ``rate: 100`` cannot silently mean 100 bit/s.
+Parsers raise ``ValueError`` whose message lists what is allowed; `scenario.Fields` adds the field name.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+_NUM = r"([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
+_RE = re.compile(rf"^\s*{_NUM}\s*([A-Za-z%]*)\s*$")
+
+RATE_UNITS = {
+    "bps": 1.0, "bit": 1.0,
+    "kbps": 1e3, "kbit": 1e3,
+    "mbps": 1e6, "mbit": 1e6,
+    "gbps": 1e9, "gbit": 1e9,
+    "tbps": 1e12, "tbit": 1e12,
+}
+DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
+SIZE_UNITS = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+TOKEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+RATE_HELP = "a positive number with a unit: bps, Kbps, Mbps, Gbps, Tbps (e.g. 100Gbps)"
+DURATION_HELP = "a number with a unit: us, ms, s, min, h (e.g. 10ms)"
+SIZE_HELP = "a number with a unit: B, KB, MB, GB (10^3) or KiB, MiB, GiB (2^10) (e.g. 2MB)"
+FRACTION_HELP = "a percentage between 0% and 100% (e.g. 0.1%) or a number between 0 and 1"
+QUEUE_HELP = "a size (e.g. 2MB), a packet count (e.g. 1000p) or a multiple of the bandwidth-delay product (e.g. 1bdp)"
+TOKENS_HELP = "a whole number of tokens, optionally with K (x1024) or M (x1024^2), e.g. 32K"
+
+
+def _split(text: object, what: str) -> tuple[float, str]:
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not {what}")
+    if isinstance(text, (int, float)):
+        return float(text), ""
+    m = _RE.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not {what}")
+    value = float(m.group(1))
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not {what}")
+    return value, m.group(2).lower()
+
+
+def parse_rate_bps(text: object) -> float:
+    """``"10Gbps"`` -> 1e10. Decimal prefixes, as tc and iperf3 use for bits."""
+    value, unit = _split(text, RATE_HELP)
+    if unit not in RATE_UNITS:
+        raise ValueError(f"{text!r} has no rate unit; use {RATE_HELP}")
+    bps = value * RATE_UNITS[unit]
+    if bps <= 0:
+        raise ValueError(f"{text!r} must be positive; use {RATE_HELP}")
+    return bps
+
+
+def parse_duration_s(text: object, *, allow_zero: bool = True) -> float:
+    """``"10ms"`` -> 0.01. A bare ``0`` is accepted (zero needs no unit); other bare numbers are not."""
+    value, unit = _split(text, DURATION_HELP)
+    if unit == "" and value == 0:
+        return 0.0 if allow_zero else _refuse_zero(text)
+    if unit not in DURATION_UNITS:
+        raise ValueError(f"{text!r} has no time unit; use {DURATION_HELP}")
+    seconds = value * DURATION_UNITS[unit]
+    if seconds < 0:
+        raise ValueError(f"{text!r} must not be negative; use {DURATION_HELP}")
+    if seconds == 0 and not allow_zero:
+        _refuse_zero(text)
+    return seconds
+
+
+def _refuse_zero(text: object) -> float:
+    raise ValueError(f"{text!r} must be greater than zero; use {DURATION_HELP}")
+
+
+def parse_size_bytes(text: object) -> int:
+    """``"2MB"`` -> 2_000_000, ``"1MiB"`` -> 1_048_576."""
+    value, unit = _split(text, SIZE_HELP)
+    if unit not in SIZE_UNITS:
+        raise ValueError(f"{text!r} has no size unit; use {SIZE_HELP}")
+    n = value * SIZE_UNITS[unit]
+    if n < 0:
+        raise ValueError(f"{text!r} must not be negative; use {SIZE_HELP}")
+    return int(round(n))
+
+
+def parse_fraction(text: object) -> float:
+    """``"0.1%"`` -> 0.001; a bare number is a fraction in [0, 1]."""
+    value, unit = _split(text, FRACTION_HELP)
+    if unit == "%":
+        value /= 100.0
+    elif unit != "":
+        raise ValueError(f"{text!r} is not {FRACTION_HELP}")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{text!r} is out of range; use {FRACTION_HELP}")
+    return value
+
+
+def parse_tokens(text: object) -> int:
+    """``"32K"`` -> 32768 (the paper's convention: 1K = 1024 tokens)."""
+    value, unit = _split(text, TOKENS_HELP)
+    if unit not in TOKEN_UNITS:
+        raise ValueError(f"{text!r} is not {TOKENS_HELP}")
+    n = value * TOKEN_UNITS[unit]
+    if n < 0 or abs(n - round(n)) > 1e-9 * max(1.0, n):
+        raise ValueError(f"{text!r} is not {TOKENS_HELP}")
+    return int(round(n))
+
+
+@dataclass(frozen=True)
+class QueueLimit:
+    """A queue limit as the user wrote it: bytes, packets, or a multiple of the bandwidth-delay product."""
+
+    kind: str  # "bytes" | "packets" | "bdp"
+    value: float
+
+    def to_bytes(self, rate_bps: float, rtt_s: float, mtu_bytes: int = 1500) -> int:
+        """Resolve against a link: the BDP uses the rate and the round-trip time; floor one MTU."""
+        if self.kind == "bytes":
+            n = self.value
+        elif self.kind == "packets":
+            n = self.value * mtu_bytes
+        else:
+            n = self.value * rate_bps * rtt_s / 8.0
+        return max(int(n), mtu_bytes)
+
+    def __str__(self) -> str:
+        suffix = {"bytes": "B", "packets": "p", "bdp": "bdp"}[self.kind]
+        return f"{self.value:g}{suffix}"
+
+
+def parse_queue(text: object) -> QueueLimit:
+    """``"1bdp"``, ``"1000p"``, ``"1000pkt"``, ``"30MB"``."""
+    value, unit = _split(text, QUEUE_HELP)
+    if value <= 0:
+        raise ValueError(f"{text!r} must be positive; use {QUEUE_HELP}")
+    if unit == "bdp":
+        return QueueLimit("bdp", value)
+    if unit in ("p", "pkt", "pkts", "packets"):
+        if value != int(value):
+            raise ValueError(f"{text!r}: a packet count must be whole; use {QUEUE_HELP}")
+        return QueueLimit("packets", value)
+    if unit in SIZE_UNITS:
+        return QueueLimit("bytes", float(parse_size_bytes(text)))
+    raise ValueError(f"{text!r} is not {QUEUE_HELP}")
+
+
+def format_rate(bps: float) -> str:
+    for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6), ("Kbps", 1e3)):
+        if abs(bps) >= scale:
+            return f"{bps / scale:.3g} {unit}"
+    return f"{bps:.3g} bps"
+
+
+def format_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_duration(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"

@@ -1,0 +1,1 @@
+"""Topology builders (two datacenters joined by a WAN) and ready scenario files (*.yaml)."""

@@ -1,0 +1,1 @@
+"""Workloads: length distributions, arrival processes, sessions with shared prefixes, trace replay, WAN cross-traffic."""
