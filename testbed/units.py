@@ -173,3 +173,25 @@ def format_duration(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds * 1e6:.3g} us"
+
+
+REQUEST_RATE_HELP = "a request rate: a number of requests per second, or with a unit: 2/s, 120/min, 2rps (e.g. 2/s)"
+_REQUEST_RATE_UNITS = {"": 1.0, "/s": 1.0, "rps": 1.0, "/sec": 1.0, "/min": 1 / 60.0, "/m": 1 / 60.0, "/h": 1 / 3600.0}
+
+
+def parse_request_rate_rps(text: object) -> float:
+    """``"120/min"`` -> 2.0 requests/s; a bare number is requests per second (zero allowed: no arrivals)."""
+    if isinstance(text, str) and "/" in text:
+        num, _, unit = text.strip().partition("/")
+        value, rest = _split(num, REQUEST_RATE_HELP)
+        unit = "/" + unit.strip().lower()
+        if rest:
+            raise ValueError(f"{text!r} is not {REQUEST_RATE_HELP}")
+    else:
+        value, unit = _split(text, REQUEST_RATE_HELP)
+    if unit not in _REQUEST_RATE_UNITS:
+        raise ValueError(f"{text!r} is not {REQUEST_RATE_HELP}")
+    rps = value * _REQUEST_RATE_UNITS[unit]
+    if rps < 0:
+        raise ValueError(f"{text!r} must not be negative; use {REQUEST_RATE_HELP}")
+    return rps

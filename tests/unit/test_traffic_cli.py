@@ -1,0 +1,75 @@
+"""`prfaas traffic stats` and `prfaas traffic generate` end to end through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from testbed.cli import main
+from traffic.trace import read_trace
+
+
+def test_stats_json_of_the_bundled_trace(mooncake_trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["traffic", "stats", str(mooncake_trace), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["requests"] == 3993 and d["skipped_lines"] == 0
+    assert d["input_len"]["mean"] == pytest.approx(15325.48, abs=0.01)
+    assert d["hit_ratio"] == pytest.approx(39_802_880 / 61_194_628)
+    assert d["arrivals"]["mean_rps"] == pytest.approx(3992 / 1022.025)
+
+
+def test_stats_table_mentions_the_hit_ratio(mooncake_trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["traffic", "stats", str(mooncake_trace)]) == 0
+    assert "hit_ratio 0.6504" in capsys.readouterr().out
+
+
+def test_bad_trace_is_one_line_error_and_skip_bad_counts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\nnot json\n')
+    assert main(["traffic", "stats", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prfaas: error: ") and "line 2: not valid JSON" in err and err.count("\n") == 1
+    assert main(["traffic", "stats", str(p), "--json", "--skip-bad"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["requests"] == 1 and d["skipped_lines"] == 1
+
+
+def test_generate_from_a_workload_spec_file(tmp_path: Path) -> None:
+    spec = tmp_path / "wl.yaml"
+    spec.write_text("arrivals: {rate: 10/s}\noutput: 64\nsessions: {turns: 2}\n")
+    out = tmp_path / "wl.jsonl"
+    assert main(["traffic", "generate", str(spec), "--out", str(out), "--duration", "30s", "--seed", "5"]) == 0
+    reqs = read_trace(out).requests
+    assert len(reqs) == pytest.approx(300, rel=0.25)
+    assert all(r.output_len == 64 for r in reqs) and max(r.arrival_s for r in reqs) < 30
+    again = tmp_path / "again.jsonl"
+    main(["traffic", "generate", str(spec), "--out", str(again), "--duration", "30s", "--seed", "5"])
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_generate_from_a_scenario_uses_its_seed_and_duration(tmp_path: Path) -> None:
+    sc = tmp_path / "sc.yaml"
+    sc.write_text("name: x\nseed: 3\nduration: 20s\nwan: {rate: 10Gbps}\nworkload:\n  arrivals: {rate: 4}\n")
+    out = tmp_path / "o.jsonl"
+    assert main(["traffic", "generate", str(sc), "--out", str(out), "--set", "workload.arrivals.rate=8"]) == 0
+    reqs = read_trace(out).requests
+    assert len(reqs) == pytest.approx(160, rel=0.3) and max(r.arrival_s for r in reqs) < 20
+
+
+def test_generate_errors_name_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "wl.yaml"
+    spec.write_text("arrivals: {rate: 1}\n")
+    assert main(["traffic", "generate", str(spec), "--out", str(tmp_path / "o"), "--duration", "ten"]) == 2
+    assert "--duration" in capsys.readouterr().err
+    assert main(["traffic", "generate", str(spec), "--out", str(tmp_path / "no" / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_stats_of_an_empty_trace_is_valid_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "empty.jsonl"
+    p.write_text("\n")
+    assert main(["traffic", "stats", str(p), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert d["requests"] == 0 and d["input_len"]["mean"] is None and d["hit_ratio"] == 0.0

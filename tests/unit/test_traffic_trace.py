@@ -1,0 +1,90 @@
+"""Mooncake trace reading, validation and writing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from testbed.errors import UserError
+from traffic.request import Request, RequestBatch
+from traffic.trace import read_trace, write_trace
+
+GOOD = '{"timestamp": 5, "input_length": 600, "output_length": 7, "hash_ids": [1, 2]}'
+
+
+def write_lines(tmp_path: Path, lines: list[str]) -> Path:
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_bundled_trace_read_write_read_is_identical_to_the_byte(mooncake_trace: Path, tmp_path: Path) -> None:
+    first = read_trace(mooncake_trace)
+    assert len(first.requests) == 3993 and first.skipped == 0
+    out = tmp_path / "copy.jsonl"
+    assert write_trace(out, first.requests) == 3993
+    again = read_trace(out)
+    assert again.requests == first.requests
+    assert out.read_bytes() == mooncake_trace.read_bytes()  # same layout as Mooncake's own files
+    out2 = tmp_path / "batch.jsonl"
+    write_trace(out2, first.batch())  # the columnar path writes the same bytes
+    assert out2.read_bytes() == out.read_bytes()
+
+
+def test_request_fields_and_units(tmp_path: Path) -> None:
+    (r,) = read_trace(write_lines(tmp_path, [GOOD])).requests
+    assert r == Request("r0", 0.005, 600, 7, (1, 2))
+
+
+def test_sub_millisecond_times_survive_when_asked(tmp_path: Path) -> None:
+    reqs = [Request("a", 1.2345678, 10, 1, (3,))]
+    write_trace(tmp_path / "x.jsonl", reqs, integer_ms=False)
+    assert read_trace(tmp_path / "x.jsonl").requests[0].arrival_s == pytest.approx(1.2345678, abs=1e-9)
+    write_trace(tmp_path / "y.jsonl", reqs)
+    assert json.loads((tmp_path / "y.jsonl").read_text())["timestamp"] == 1235
+
+
+BAD = [
+    ('{"timestamp": 5, "input_length": 600', "line 2: not valid JSON"),
+    ('[1, 2, 3]', "line 2: expected a JSON object"),
+    ('{"timestamp": 5, "output_length": 7, "hash_ids": [1, 2]}', "line 2, field 'input_length': is missing"),
+    ('{"timestamp": 5, "input_length": -600, "output_length": 7, "hash_ids": [1, 2]}', "line 2, field 'input_length': -600 is negative"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": -1, "hash_ids": [1, 2]}', "line 2, field 'output_length': -1 is negative"),
+    ('{"timestamp": -5, "input_length": 600, "output_length": 7, "hash_ids": [1, 2]}', "line 2, field 'timestamp'"),
+    ('{"timestamp": 5, "input_length": 1600, "output_length": 7, "hash_ids": [1, 2]}', "line 2, field 'hash_ids': has 2 ids, too short for input_length 1600"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 7, "hash_ids": [1, "x"]}', "line 2, field 'hash_ids': must be a list of whole numbers"),
+    ('{"timestamp": 5, "input_length": 60.5, "output_length": 7, "hash_ids": [1]}', "line 2, field 'input_length': 60.5 is not a whole number"),
+]
+
+
+@pytest.mark.parametrize("line, message", BAD)
+def test_malformed_line_is_an_error_naming_line_and_field(tmp_path: Path, line: str, message: str) -> None:
+    p = write_lines(tmp_path, [GOOD, line, GOOD])
+    with pytest.raises(UserError) as e:
+        read_trace(p)
+    assert message in str(e.value)
+    assert "--skip-bad" in str(e.value)
+
+
+def test_skip_bad_skips_and_counts(tmp_path: Path) -> None:
+    p = write_lines(tmp_path, [GOOD] + [b for b, _ in BAD] + ["", GOOD])
+    data = read_trace(p, skip_bad=True)
+    assert len(data.requests) == 2
+    assert data.skipped == len(BAD)
+    assert data.problems[0].startswith("line 2: not valid JSON")
+
+
+def test_missing_file_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="cannot open"):
+        read_trace(tmp_path / "nope.jsonl")
+
+
+def test_batch_round_trip_and_take() -> None:
+    reqs = [Request("r0", 0.0, 600, 3, (1, 2), 4), Request("r1", 1.0, 100, 2, (9,)), Request("r2", 2.0, 1100, 1, (1, 2, 3))]
+    b = RequestBatch.from_requests(reqs)
+    assert b.to_requests() == reqs
+    sub = b.take([2, 0])
+    assert [r.block_hashes for r in sub] == [(1, 2, 3), (1, 2)]
+    assert [r.session_id for r in sub] == [None, 4]

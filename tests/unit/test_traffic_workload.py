@@ -1,0 +1,113 @@
+"""The workload section and the generator: targets, reproducibility, trace replay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from testbed.errors import FieldError
+from testbed.scenario import Fields, parse_scenario
+from traffic.arrivals import ClosedLoop, Poisson
+from traffic.lengths import PAPER_INPUT, Fixed
+from traffic.stats import per_second_counts
+from traffic.trace import read_trace
+from traffic.workload import WorkloadSpec, generate, generate_batch, parse_workload_section
+
+
+def parse(data: dict, source: str | None = None) -> WorkloadSpec:
+    return parse_workload_section(Fields(data, "workload", source))
+
+
+def test_defaults_are_the_papers_workload_and_hit_the_targets() -> None:
+    spec = parse({"arrivals": {"rate": "500/s"}})
+    assert spec.input == PAPER_INPUT and spec.output == Fixed(1024)
+    b = generate_batch(spec, 42, 400.0)
+    assert len(b) == pytest.approx(200_000, rel=0.01)
+    assert abs(b.input_len.mean() - 27_500) / 27_500 < 0.01
+    assert abs((b.input_len > 19_400).mean() - 0.496) < 0.005
+    assert (b.output_len == 1024).all()
+    assert np.all(np.diff(b.arrival_s) >= 0)
+
+
+def test_same_seed_same_requests_and_independent_streams() -> None:
+    spec = parse({"arrivals": {"rate": 5}, "sessions": {"turns": 3}, "system_prompts": {"count": 2, "tokens": "1K"}})
+    a, b = generate(spec, 3, 60.0), generate(spec, 3, 60.0)
+    assert a == b
+    assert generate(spec, 4, 60.0) != a
+    other = parse({"arrivals": {"rate": 5}, "output": 77, "sessions": {"turns": 3}, "system_prompts": {"count": 2, "tokens": "1K"}})
+    c = generate_batch(other, 3, 60.0)
+    assert np.array_equal(c.arrival_s, generate_batch(spec, 3, 60.0).arrival_s)  # output length has its own stream
+
+
+def test_workload_seed_overrides_the_scenario_seed() -> None:
+    spec = parse({"seed": 9, "arrivals": {"rate": 5}})
+    assert generate(spec, 1, 10.0) == generate(spec, 2, 10.0)
+
+
+def test_max_requests_caps_the_count() -> None:
+    assert len(generate_batch(parse({"arrivals": {"rate": 100}, "max_requests": 50}), 1, 10.0)) == 50
+
+
+def test_trace_replay_keeps_per_second_arrival_counts(mooncake_trace: Path) -> None:
+    spec = parse({"trace": {"path": str(mooncake_trace)}})
+    b = generate_batch(spec, 1, None)
+    original = np.array([r.arrival_s for r in read_trace(mooncake_trace).requests])
+    assert len(b) == 3993
+    assert np.array_equal(per_second_counts(b.arrival_s), per_second_counts(original))
+    fast = generate_batch(parse({"trace": {"path": str(mooncake_trace), "time_scale": 0.5}}), 1, 100.0)
+    assert np.array_equal(per_second_counts(fast.arrival_s), per_second_counts(original[original < 200.0] / 2))
+
+
+def test_trace_with_a_new_arrival_process_keeps_trace_lengths(mooncake_trace: Path) -> None:
+    spec = parse({"trace": {"path": str(mooncake_trace)}, "arrivals": {"rate": 10}})
+    b = generate_batch(spec, 1, 30.0)
+    orig = read_trace(mooncake_trace).requests
+    assert b.input_len.tolist() == [r.input_len for r in orig[: len(b)]]
+    assert len(b) / 30 == pytest.approx(10, rel=0.2)
+
+
+def test_closed_loop_is_flagged_for_the_load_generator() -> None:
+    spec = parse({"arrivals": {"process": "closed", "users": 4, "think": "2s"}})
+    assert spec.closed_loop == ClosedLoop(4, 2.0)
+    assert parse({}).closed_loop is None and parse({}).arrivals == Poisson(1.0)
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"trace": {"path": "/nonexistent.jsonl"}}, "workload.trace.path"),
+    ({"arrivals": {"process": "trace"}}, "workload.arrivals"),
+    ({"rate": 5}, "workload.rate"),
+    ({"sessions": {"turns": 2, "think": "0s"}}, "workload.sessions.think"),
+    ({"input": {"dist": "uniform", "min": 5}}, "workload.input.max"),
+])
+def test_bad_sections_name_the_field(data: dict, field: str) -> None:
+    with pytest.raises(FieldError) as e:
+        parse(data)
+    assert e.value.field == field
+
+
+def test_trace_cannot_be_combined_with_lengths(mooncake_trace: Path) -> None:
+    with pytest.raises(FieldError, match="workload.input: cannot be combined with trace"):
+        parse({"trace": {"path": str(mooncake_trace)}, "input": 100})
+
+
+def test_scenario_file_with_workload_and_cross_traffic_sections(tmp_path: Path, mooncake_trace: Path) -> None:
+    (tmp_path / "t.jsonl").write_bytes(mooncake_trace.read_bytes())
+    data = yaml.safe_load("""
+name: wl
+wan: {rate: 10Gbps}
+workload:
+  trace: {path: t.jsonl, time_scale: 2}
+cross_traffic:
+  flows:
+    - {protocol: udp, rate: 1Gbps}
+""")
+    sc = parse_scenario(data, str(tmp_path / "wl.yaml"))
+    assert sc.section("workload").trace.path == str(tmp_path / "t.jsonl")  # relative to the scenario file
+    assert sc.section("cross_traffic").flows[0].rate_bps == 1e9
+
+
+def test_no_workload_section_means_the_defaults() -> None:
+    assert generate(None, 5, 30.0) == generate(WorkloadSpec(), 5, 30.0)

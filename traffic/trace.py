@@ -1,0 +1,133 @@
+"""Mooncake-format traces (JSON Lines): read with validation, write in the same format.
+
+One request a line: ``{"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [...]}``
+with one hash id per 512-token block (the last block may be partial). Any other keys are ignored.
+A malformed line is an error naming its line number and field, or, with ``skip_bad``, skipped and counted
+(the first few reasons are kept). Timestamps are milliseconds in the file and seconds (`arrival_s`) here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from testbed.errors import UserError
+from traffic.request import BLOCK_TOKENS, Request, RequestBatch
+
+FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+KEEP_PROBLEMS = 20
+
+
+class TraceLineError(ValueError):
+    """One bad line: `field` is None when the line as a whole is bad (not JSON, not an object)."""
+
+    def __init__(self, line: int, field_name: str | None, message: str) -> None:
+        self.line = line
+        self.field = field_name
+        where = f"line {line}" + (f", field {field_name!r}" if field_name else "")
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class TraceData:
+    requests: list[Request]
+    skipped: int = 0
+    problems: tuple[str, ...] = field(default=())  # the first KEEP_PROBLEMS reasons for skipped lines
+    path: str = ""
+
+    def batch(self) -> RequestBatch:
+        return RequestBatch.from_requests(self.requests)
+
+
+def _whole(obj: dict[str, Any], key: str, lineno: int, minimum: int) -> int:
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TraceLineError(lineno, key, f"{v!r} is not a whole number of tokens")
+    if v < minimum:
+        raise TraceLineError(lineno, key, f"{v} is {'negative' if v < 0 else 'too small'}; must be >= {minimum}")
+    return v
+
+
+def parse_line(text: str, lineno: int, request_id: str) -> Request:
+    """One trace line -> `Request`, or `TraceLineError` naming the line and the field."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceLineError(lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise TraceLineError(lineno, None, f"expected a JSON object with keys {', '.join(FIELDS)}, got {type(obj).__name__}")
+    for key in FIELDS:
+        if key not in obj:
+            raise TraceLineError(lineno, key, "is missing")
+    ts = obj["timestamp"]
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+        raise TraceLineError(lineno, "timestamp", f"{ts!r} is not a time in milliseconds >= 0")
+    input_len = _whole(obj, "input_length", lineno, 1)
+    output_len = _whole(obj, "output_length", lineno, 0)
+    hashes = obj["hash_ids"]
+    if not isinstance(hashes, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in hashes):
+        raise TraceLineError(lineno, "hash_ids", "must be a list of whole numbers")
+    need = -(-input_len // BLOCK_TOKENS)
+    if len(hashes) < need:
+        raise TraceLineError(lineno, "hash_ids", f"has {len(hashes)} ids, too short for input_length {input_len}: "
+                             f"{need} blocks of {BLOCK_TOKENS} tokens need {need} ids")
+    return Request(request_id, ts / 1000.0, input_len, output_len, tuple(hashes))
+
+
+def read_trace(path: str | Path, skip_bad: bool = False) -> TraceData:
+    """All requests of a Mooncake JSONL file, in file order. Blank lines are ignored."""
+    p = Path(path)
+    try:
+        handle = p.open("r", encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"trace {p}: cannot open ({exc.strerror})") from None
+    requests: list[Request] = []
+    skipped = 0
+    problems: list[str] = []
+    with handle:
+        for lineno, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            try:
+                requests.append(parse_line(text, lineno, f"r{len(requests)}"))
+            except TraceLineError as exc:
+                if not skip_bad:
+                    raise UserError(f"trace {p}: {exc} (use --skip-bad to skip and count bad lines)") from None
+                skipped += 1
+                if len(problems) < KEEP_PROBLEMS:
+                    problems.append(str(exc))
+    return TraceData(requests, skipped, tuple(problems), str(p))
+
+
+def format_line(timestamp_ms: float, input_len: int, output_len: int, hashes: Iterable[int]) -> str:
+    """The exact layout of Mooncake's files (json.dumps defaults)."""
+    return (f'{{"timestamp": {timestamp_ms}, "input_length": {input_len}, "output_length": {output_len}, '
+            f'"hash_ids": [{", ".join(map(str, hashes))}]}}')
+
+
+def _ms(arrival_s: float, integer_ms: bool) -> int | float:
+    ms = arrival_s * 1000.0
+    if integer_ms or abs(ms - round(ms)) < 1e-6:
+        return int(round(ms))
+    return round(ms, 6)
+
+
+def write_trace(path: str | Path, requests: Iterable[Request] | RequestBatch, integer_ms: bool = True) -> int:
+    """Write requests as Mooncake JSONL; returns the count. With `integer_ms` times are rounded to whole
+    milliseconds (the format's convention); otherwise sub-millisecond times are kept as decimals."""
+    n = 0
+    with Path(path).open("w", encoding="utf-8") as out:
+        if isinstance(requests, RequestBatch):
+            b = requests
+            offs, flat = b.hash_offsets.tolist(), b.hashes
+            for i, (t, inp, o) in enumerate(zip(b.arrival_s.tolist(), b.input_len.tolist(), b.output_len.tolist())):
+                out.write(format_line(_ms(t, integer_ms), inp, o, flat[offs[i]:offs[i + 1]].tolist()) + "\n")
+                n += 1
+        else:
+            for r in requests:
+                out.write(format_line(_ms(r.arrival_s, integer_ms), r.input_len, r.output_len, r.block_hashes) + "\n")
+                n += 1
+    return n

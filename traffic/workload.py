@@ -1,0 +1,148 @@
+"""A scenario's workload: the typed `workload:` section and the reproducible request generator.
+
+`generate_batch(spec, seed, duration_s)` draws every request in bulk (numpy columns); `generate` and
+`iter_requests` give `Request` objects. Arrival times, lengths and conversations use independent random
+streams spawned from the seed, so changing, say, the output length leaves the arrival times unchanged.
+A trace source replays a Mooncake file (its own timestamps x `time_scale`, or a new arrival process).
+See docs/scenario-workload.md for the YAML form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from testbed.errors import UserError
+from testbed.scenario import Fields, boolean, number, positive_int
+from traffic.arrivals import ArrivalProcess, ClosedLoop, Poisson, TraceTimes, parse_arrivals
+from traffic.lengths import PAPER_INPUT, PAPER_OUTPUT, LengthDist, parse_length
+from traffic.request import Request, RequestBatch
+from traffic.sessions import SessionSpec, SystemPrompts, assign_block_hashes, build_conversations, parse_sessions, parse_system_prompts
+from traffic.trace import read_trace
+
+
+@dataclass(frozen=True)
+class TraceSource:
+    path: str
+    time_scale: float = 1.0  # multiplies the trace's timestamps: 0.5 replays twice as fast
+    skip_bad: bool = False
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    input: LengthDist = PAPER_INPUT
+    output: LengthDist = PAPER_OUTPUT
+    arrivals: ArrivalProcess = Poisson(1.0)
+    sessions: SessionSpec | None = None
+    system_prompts: SystemPrompts | None = None
+    trace: TraceSource | None = None
+    max_requests: int | None = None
+    seed: int | None = None  # overrides the scenario's seed for the workload only
+
+    @property
+    def closed_loop(self) -> ClosedLoop | None:
+        """Set when the load generator must pace requests by completions (N users, think time)."""
+        return self.arrivals if isinstance(self.arrivals, ClosedLoop) else None
+
+
+def _resolve(path: str, source: str | None) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_absolute() and not p.exists() and source:
+        alt = Path(source).resolve().parent / p
+        if alt.exists():
+            return alt
+    return p
+
+
+def parse_workload_section(f: Fields) -> WorkloadSpec:
+    """The scenario's ``workload:`` mapping -> `WorkloadSpec` (defaults: the paper's lengths, Poisson 1/s)."""
+    base_dir = Path(f.source).resolve().parent if f.source else None
+    trace = None
+    if f.has("trace"):
+        t = f.section("trace")
+        path = _resolve(t.get("path", str), f.source)
+        if not path.is_file():
+            raise t.error("path", f"{path} is not a file (a Mooncake JSONL trace)")
+        trace = TraceSource(str(path), t.get("time_scale", _positive, 1.0), t.get("skip_bad", boolean, False))
+        t.done()
+        for key in ("input", "output", "sessions", "system_prompts"):
+            if f.has(key):
+                raise f.error(key, "cannot be combined with trace: the trace fixes lengths and prefixes")
+    spec = WorkloadSpec(
+        input=f.get("input", lambda v: parse_length(v, f.name("input"), f.source, base_dir), PAPER_INPUT),
+        output=f.get("output", lambda v: parse_length(v, f.name("output"), f.source, base_dir), PAPER_OUTPUT),
+        arrivals=f.get("arrivals", lambda v: parse_arrivals(v, f.name("arrivals"), f.source),
+                       TraceTimes((), trace.time_scale) if trace else Poisson(1.0)),
+        sessions=f.get("sessions", lambda v: parse_sessions(v, f.name("sessions"), f.source), None),
+        system_prompts=f.get("system_prompts", lambda v: parse_system_prompts(v, f.name("system_prompts"), f.source), None),
+        trace=trace,
+        max_requests=f.get("max_requests", positive_int, None),
+        seed=f.get("seed", positive_int, None),
+    )
+    if isinstance(spec.arrivals, TraceTimes) and trace is None:
+        raise f.error("arrivals", "process: trace needs a workload.trace to take the timestamps from")
+    f.done()
+    return spec
+
+
+def _positive(v: Any) -> float:
+    x = number(v)
+    if x <= 0:
+        raise ValueError(f"{v!r} must be > 0")
+    return x
+
+
+def generate_batch(spec: WorkloadSpec | None, seed: int, duration_s: float | None) -> RequestBatch:
+    """Every request arriving in [0, duration_s) (a trace: all when duration_s is None), sorted by arrival.
+
+    `spec` None (a scenario without a workload section) means the defaults: `WorkloadSpec()`.
+    """
+    spec = WorkloadSpec() if spec is None else spec
+    seq = np.random.SeedSequence(spec.seed if spec.seed is not None else seed)
+    rng_arrivals, rng_requests = (np.random.default_rng(s) for s in seq.spawn(2))
+    if spec.trace is not None:
+        return _from_trace(spec, rng_arrivals, duration_s)
+    if duration_s is None or duration_s <= 0:
+        raise UserError("a synthetic workload needs a duration > 0 (scenario duration or --duration)")
+    times = spec.arrivals.times(rng_arrivals, duration_s)
+    if spec.max_requests is not None:
+        times = times[: spec.max_requests]
+    n = len(times)
+    conv = build_conversations(rng_requests, n, spec.input, spec.output, spec.sessions, spec.system_prompts, duration_s)
+    if n and conv.input_len.min() < 1:
+        raise UserError("workload.input: drew a prompt of 0 tokens; every prompt needs at least 1 token")
+    sys_tokens = spec.system_prompts.tokens if spec.system_prompts else 0
+    offsets, hashes = assign_block_hashes(conv.input_len, conv.session_id, conv.system_prompt, sys_tokens)
+    return RequestBatch(times, conv.input_len, conv.output_len, conv.session_id, offsets, hashes)
+
+
+def _from_trace(spec: WorkloadSpec, rng: np.random.Generator, duration_s: float | None) -> RequestBatch:
+    assert spec.trace is not None
+    data = read_trace(spec.trace.path, skip_bad=spec.trace.skip_bad)
+    batch = data.batch()
+    batch = batch.take(np.argsort(batch.arrival_s, kind="stable"))
+    horizon = np.inf if duration_s is None else duration_s
+    if isinstance(spec.arrivals, TraceTimes):
+        times = batch.arrival_s * spec.trace.time_scale
+    else:
+        if duration_s is None:
+            raise UserError("replaying a trace with a new arrival process needs a duration")
+        times = spec.arrivals.times(rng, duration_s)[: len(batch)]
+        batch = batch.take(np.arange(len(times)))
+    keep = np.flatnonzero(times < horizon)
+    if spec.max_requests is not None:
+        keep = keep[: spec.max_requests]
+    batch = batch.take(keep)
+    return RequestBatch(times[keep], batch.input_len, batch.output_len, batch.session_id, batch.hash_offsets, batch.hashes)
+
+
+def generate(spec: WorkloadSpec | None, seed: int, duration_s: float | None) -> list[Request]:
+    return generate_batch(spec, seed, duration_s).to_requests()
+
+
+def iter_requests(spec: WorkloadSpec | None, seed: int, duration_s: float | None) -> Iterator[Request]:
+    """`Request` objects built one at a time (the columns are drawn up front; the objects lazily)."""
+    return iter(generate_batch(spec, seed, duration_s))
