@@ -1,0 +1,322 @@
+"""Torch layers of the runnable hybrid models: linear attention, GQA/SWA, MLA, and the MLP block.
+
+Every mixer maps ``x [T, hidden]`` at absolute positions ``start .. start+T-1`` plus the layer's cache
+entry from earlier positions (or None) to ``y [T, hidden]`` and the layer's new cache entry. One
+request at a time: no batch dimension, as in `testbed.kv.cache`.
+
+Rule that makes caches exact: whatever a layer caches is rounded to its cache dtype where it is
+produced (K, V, latent, RoPE key, conv inputs), and the layer computes with the rounded value. The
+linear state is rounded to the state dtype at every absolute chunk boundary (a multiple of
+``chunk_tokens``, which divides the 512-token prefix-cache block). A computation resumed from a stored
+cache at such a boundary is therefore the same computation as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from testbed.kv.cache import LayerKV
+from testbed.models.spec import GQALayer, LinearLayer, MLALayer, SWALayer
+
+ROPE_THETA = 10000.0
+_ATTN_BLOCK_ELEMS = 1 << 22  # score elements per query block: bounds attention memory at long prompts
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def make_param(gen: torch.Generator, shape: tuple[int, ...], std: float, device: torch.device) -> nn.Parameter:
+    """Random weights drawn on the CPU from `gen`, so CPU and CUDA models from one seed are identical."""
+    t = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
+    return nn.Parameter(t.to(device), requires_grad=False)
+
+
+def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_inv_freq(half: int, device: torch.device) -> torch.Tensor:
+    return 1.0 / ROPE_THETA ** (torch.arange(half, dtype=torch.float32, device=device) / half)
+
+
+def rope(x: torch.Tensor, start: int) -> torch.Tensor:
+    """Rotary embedding (rotate-half) of ``x [T, ..., D]`` at positions start..start+T-1."""
+    t, d = x.shape[0], x.shape[-1]
+    half = d // 2
+    inv = _rope_inv_freq(half, x.device)
+    pos = torch.arange(start, start + t, dtype=torch.float32, device=x.device)
+    ang = (pos[:, None] * inv[None, :]).view(t, *([1] * (x.dim() - 2)), half)
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, k_start: int, window: int | None, scale: float) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention with grouped heads.
+
+    ``q [T, KV, G, D]`` at positions q_start.., ``k [S, KV, D]``, ``v [S, KV, Dv]`` at positions
+    k_start..; a query at p sees keys at p-window < pos <= p. Returns ``[T, KV, G, Dv]``.
+    Queries go in blocks so memory stays bounded at long prompts.
+    """
+    t, kvh, g, _ = q.shape
+    s = k.shape[0]
+    qh, kh, vh = q.permute(1, 2, 0, 3), k.permute(1, 0, 2).unsqueeze(1), v.permute(1, 0, 2).unsqueeze(1)
+    out = q.new_empty((kvh, g, t, v.shape[-1]))
+    block = max(1, min(t, _ATTN_BLOCK_ELEMS // max(1, s * kvh * g)))
+    for b0 in range(0, t, block):
+        b1 = min(t, b0 + block)
+        hi = q_start + b1 - k_start  # keys after the last query of the block are never visible
+        lo = max(0, q_start + b0 - window + 1 - k_start) if window else 0
+        scores = (qh[:, :, b0:b1] @ kh[:, :, lo:hi].transpose(-1, -2)) * scale
+        if b1 - b0 > 1:  # a single query sees every key in [lo, hi): no mask needed
+            qp = torch.arange(q_start + b0, q_start + b1, device=q.device)
+            kp = torch.arange(k_start + lo, k_start + hi, device=q.device)
+            visible = kp[None, :] <= qp[:, None]
+            if window:
+                visible &= kp[None, :] > qp[:, None] - window
+            scores = scores.masked_fill(~visible, float("-inf"))
+        out[:, :, b0:b1] = scores.softmax(dim=-1) @ vh[:, :, lo:hi]
+    return out.permute(2, 0, 1, 3)
+
+
+# --------------------------------------------------------------------------------- linear attention
+
+
+def linear_attention_chunked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor | None,
+    state: torch.Tensor, start: int, chunk_tokens: int, state_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunk-wise gated delta rule (``beta`` given) or gated linear attention (``beta`` None).
+
+    Head-major inputs: ``q, k [H, T, dk]``, ``v [H, T, dv]``, log-decay ``g [H, T]``, ``beta [H, T]``,
+    ``state [H, dk, dv]``. Chunks are aligned to absolute positions. Within a chunk the delta rule's
+    sequential updates are folded into a triangular solve (the WY form of DeltaNet / Gated DeltaNet).
+    """
+    h, t, _ = q.shape
+    out = q.new_empty((h, t, v.shape[-1]))
+    s0 = 0
+    while s0 < t:
+        s1 = min(t, s0 + chunk_tokens - (start + s0) % chunk_tokens)
+        qc, kc, vc = q[:, s0:s1], k[:, s0:s1], v[:, s0:s1]
+        n = s1 - s0
+        cum = g[:, s0:s1].cumsum(-1)  # [H, n]
+        diff = cum[:, :, None] - cum[:, None, :]
+        lower = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        decay = diff.masked_fill(~lower, float("-inf")).exp()  # exp(G_i - G_j) for j <= i
+        if beta is not None:
+            bc = beta[:, s0:s1, None]
+            kb = kc * bc
+            a = (kb @ kc.transpose(1, 2)) * decay
+            a = a.masked_fill(lower.logical_not() | torch.eye(n, dtype=torch.bool, device=q.device), 0.0)
+            eye = torch.eye(n, dtype=q.dtype, device=q.device).expand(h, n, n)
+            inv = torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True)
+            u = inv @ (vc * bc)
+            w = inv @ (kb * cum.exp()[..., None])
+            v_new = u - w @ state
+        else:
+            v_new = vc
+        attn = (qc @ kc.transpose(1, 2)) * decay
+        out[:, s0:s1] = (qc * cum.exp()[..., None]) @ state + attn @ v_new
+        last = cum[:, -1:]
+        state = state * last.exp()[..., None] + (kc * (last - cum).exp()[..., None]).transpose(1, 2) @ v_new
+        if (start + s1) % chunk_tokens == 0:
+            state = state.to(state_dtype).float()
+        s0 = s1
+    return out, state
+
+
+def linear_attention_recurrent(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor | None,
+    state: torch.Tensor, start: int, chunk_tokens: int, state_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same layer token by token: the decode path, and the reference the chunked form must equal."""
+    out = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))
+    for i in range(q.shape[1]):
+        state = state * g[:, i].exp()[:, None, None]
+        kt = k[:, i]
+        if beta is not None:
+            mem = torch.einsum("hk,hkv->hv", kt, state)
+            delta = (v[:, i] - mem) * beta[:, i, None]
+        else:
+            delta = v[:, i]
+        state = state + kt[:, :, None] * delta[:, None, :]
+        out[:, i] = torch.einsum("hk,hkv->hv", q[:, i], state)
+        if (start + i + 1) % chunk_tokens == 0:
+            state = state.to(state_dtype).float()
+    return out, state
+
+
+class LinearMixer(nn.Module):
+    """KDA / Gated DeltaNet (``rule: delta``) or Lightning (``rule: decay``) with an optional short conv.
+
+    Simplification: the decay gate is one scalar per head and token (GDN style); KDA's channel-wise gate
+    changes nothing in the cache geometry. q and k are L2-normalised, as in GDN and KDA.
+    """
+
+    def __init__(self, spec: LinearLayer, layer_index: int, hidden: int, n_layers: int, chunk_tokens: int,
+                 kv_dtype: str, state_dtype: str, gen: torch.Generator, device: torch.device) -> None:
+        super().__init__()
+        self.spec, self.layer_index, self.chunk_tokens = spec, layer_index, chunk_tokens
+        self.kv_dtype, self.state_dtype = torch_dtype(kv_dtype), torch_dtype(state_dtype)
+        h, hk, dk, dv = spec.heads, spec.qk_heads, spec.key_dim, spec.value_dim
+        self.widths = (hk * dk, hk * dk, h * dv)
+        self.w_qkv = make_param(gen, (sum(self.widths), hidden), hidden**-0.5, device)
+        if spec.conv_kernel:
+            self.w_conv = make_param(gen, (spec.conv_channels, spec.conv_kernel), spec.conv_kernel**-0.5, device)
+        if spec.rule == "delta":
+            self.w_decay = make_param(gen, (h, hidden), 0.1 * hidden**-0.5, device)
+            self.w_beta = make_param(gen, (h, hidden), hidden**-0.5, device)
+        else:  # Lightning: fixed ALiBi-style decay slope per head
+            slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], dtype=torch.float32)
+            self.register_buffer("neg_slopes", -slopes.to(device), persistent=False)
+        self.w_o = make_param(gen, (hidden, h * dv), (h * dv) ** -0.5 / math.sqrt(2 * n_layers), device)
+
+    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False) -> tuple[torch.Tensor, LayerKV]:
+        sp = self.spec
+        t = x.shape[0]
+        h, hk, dk, dv = sp.heads, sp.qk_heads, sp.key_dim, sp.value_dim
+        qkv = x @ self.w_qkv.T
+        conv_state = None
+        if sp.conv_kernel:
+            qkv = qkv.to(self.kv_dtype)
+            before = prev.tensors["conv"].to(x.device) if prev else qkv.new_zeros((sp.conv_kernel - 1, sp.conv_channels))
+            seq = torch.cat((before, qkv), dim=0)
+            conv_state = seq[-(sp.conv_kernel - 1):].clone()
+            seq = seq.float()
+            qkv = sum(seq[j:j + t] * self.w_conv[:, j] for j in range(sp.conv_kernel))  # depthwise causal conv
+        qkv = F.silu(qkv)
+        q, k, v = qkv.split(self.widths, dim=-1)
+        q = F.normalize(q.reshape(t, hk, dk), dim=-1) * dk**-0.5
+        k = F.normalize(k.reshape(t, hk, dk), dim=-1)
+        if h != hk:
+            q, k = q.repeat_interleave(h // hk, dim=1), k.repeat_interleave(h // hk, dim=1)
+        q, k, v = (z.transpose(0, 1).contiguous() for z in (q, k, v.reshape(t, h, dv)))
+        if sp.rule == "delta":
+            g = F.logsigmoid(x @ self.w_decay.T + 3.0).T  # per-token log decay, about -0.05
+            beta = torch.sigmoid(x @ self.w_beta.T).T
+        else:
+            g = self.neg_slopes[:, None].expand(h, t)
+            beta = None
+        state = prev.tensors["state"].to(x.device).float() if prev else x.new_zeros((h, dk, dv))
+        core = linear_attention_recurrent if recurrent else linear_attention_chunked
+        o, state = core(q, k, v, g, beta, state, start, self.chunk_tokens, self.state_dtype)
+        y = rms_norm(o.transpose(0, 1)).reshape(t, h * dv) @ self.w_o.T
+        tensors = {"state": state.to(self.state_dtype).contiguous()}
+        if conv_state is not None:
+            tensors["conv"] = conv_state
+        return y, LayerKV(self.layer_index, "linear", tensors)
+
+
+# ---------------------------------------------------------------------------------- attention
+
+
+class GQAMixer(nn.Module):
+    """Full attention with grouped KV heads and RoPE; with a window it is SWA and keeps only the window."""
+
+    def __init__(self, spec: GQALayer, layer_index: int, hidden: int, n_layers: int, q_per_kv: int,
+                 kv_dtype: str, gen: torch.Generator, device: torch.device) -> None:
+        super().__init__()
+        self.spec, self.layer_index, self.q_per_kv = spec, layer_index, q_per_kv
+        self.kv_dtype = torch_dtype(kv_dtype)
+        self.window = spec.window if isinstance(spec, SWALayer) else None
+        kvh, dk, dv = spec.kv_heads, spec.k_head_dim, spec.v_head_dim
+        self.w_q = make_param(gen, (kvh * q_per_kv * dk, hidden), hidden**-0.5, device)
+        self.w_k = make_param(gen, (kvh * dk, hidden), hidden**-0.5, device)
+        self.w_v = make_param(gen, (kvh * dv, hidden), hidden**-0.5, device)
+        self.w_o = make_param(gen, (hidden, kvh * q_per_kv * dv), (kvh * q_per_kv * dv) ** -0.5 / math.sqrt(2 * n_layers), device)
+
+    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False) -> tuple[torch.Tensor, LayerKV]:
+        sp = self.spec
+        t = x.shape[0]
+        kvh, dk, dv = sp.kv_heads, sp.k_head_dim, sp.v_head_dim
+        q = rope((x @ self.w_q.T).view(t, kvh, self.q_per_kv, dk), start)
+        k = rope((x @ self.w_k.T).view(t, kvh, dk), start).to(self.kv_dtype)
+        v = (x @ self.w_v.T).view(t, kvh, dv).to(self.kv_dtype)
+        if prev is not None:
+            k = torch.cat((prev.tensors["k"].to(x.device), k), dim=0)
+            v = torch.cat((prev.tensors["v"].to(x.device), v), dim=0)
+        k_start = start + t - k.shape[0]
+        o = attend(q, k.float(), v.float(), start, k_start, self.window, dk**-0.5)
+        y = o.reshape(t, -1) @ self.w_o.T
+        if self.window is not None and k.shape[0] > self.window:
+            k, v = k[-self.window:].clone(), v[-self.window:].clone()
+        return y, LayerKV(self.layer_index, sp.kind, {"k": k.contiguous(), "v": v.contiguous()})
+
+
+class MLAMixer(nn.Module):
+    """Multi-head latent attention caching only the normalised latent and the shared RoPE key.
+
+    Prefill expands the latent to per-head keys and values; decode (few query tokens) uses the
+    absorbed form, attending over the latent directly: the same scores at a fraction of the work.
+    """
+
+    ABSORB_MAX_TOKENS = 16
+
+    def __init__(self, spec: MLALayer, layer_index: int, hidden: int, n_layers: int, heads: int, nope_dim: int,
+                 v_dim: int, kv_dtype: str, gen: torch.Generator, device: torch.device) -> None:
+        super().__init__()
+        self.spec, self.layer_index = spec, layer_index
+        self.heads, self.nope_dim, self.v_dim = heads, nope_dim, v_dim
+        self.kv_dtype = torch_dtype(kv_dtype)
+        r, dr = spec.kv_lora_rank, spec.rope_dim
+        self.w_q = make_param(gen, (heads * (nope_dim + dr), hidden), hidden**-0.5, device)
+        self.w_dkv = make_param(gen, (r, hidden), hidden**-0.5, device)
+        self.w_kr = make_param(gen, (dr, hidden), hidden**-0.5, device)
+        self.w_uk = make_param(gen, (heads * nope_dim, r), r**-0.5, device)
+        self.w_uv = make_param(gen, (heads * v_dim, r), r**-0.5, device)
+        self.w_o = make_param(gen, (hidden, heads * v_dim), (heads * v_dim) ** -0.5 / math.sqrt(2 * n_layers), device)
+
+    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False) -> tuple[torch.Tensor, LayerKV]:
+        t = x.shape[0]
+        nh, dn, dvh = self.heads, self.nope_dim, self.v_dim
+        r, dr = self.spec.kv_lora_rank, self.spec.rope_dim
+        latent = rms_norm(x @ self.w_dkv.T).to(self.kv_dtype)
+        k_rope = rope(x @ self.w_kr.T, start).to(self.kv_dtype)
+        if prev is not None:
+            latent = torch.cat((prev.tensors["latent"].to(x.device), latent), dim=0)
+            k_rope = torch.cat((prev.tensors["k_rope"].to(x.device), k_rope), dim=0)
+        s = latent.shape[0]
+        lat, kr = latent.float(), k_rope.float()
+        q = (x @ self.w_q.T).view(t, nh, dn + dr)
+        q_nope, q_rope = q[..., :dn], rope(q[..., dn:], start)
+        scale = (dn + dr) ** -0.5
+        k_start = start + t - s
+        if t <= self.ABSORB_MAX_TOKENS:
+            q_lat = torch.einsum("thn,hnr->thr", q_nope, self.w_uk.view(nh, dn, r))
+            qq = torch.cat((q_lat, q_rope), dim=-1).view(t, 1, nh, r + dr)
+            kk = torch.cat((lat, kr), dim=-1).view(s, 1, r + dr)
+            o_lat = attend(qq, kk, lat.view(s, 1, r), start, k_start, None, scale).reshape(t, nh, r)
+            o = torch.einsum("thr,hvr->thv", o_lat, self.w_uv.view(nh, dvh, r))
+        else:
+            k_nope = (lat @ self.w_uk.T).view(s, nh, dn)
+            kk = torch.cat((k_nope, kr[:, None, :].expand(s, nh, dr)), dim=-1)
+            vv = (lat @ self.w_uv.T).view(s, nh, dvh)
+            qq = torch.cat((q_nope, q_rope), dim=-1).view(t, nh, 1, dn + dr)
+            o = attend(qq, kk, vv, start, k_start, None, scale).reshape(t, nh, dvh)
+        y = o.reshape(t, nh * dvh) @ self.w_o.T
+        return y, LayerKV(self.layer_index, "mla", {"latent": latent.contiguous(), "k_rope": k_rope.contiguous()})
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: mixer, then a SwiGLU MLP."""
+
+    def __init__(self, mixer: nn.Module, hidden: int, mlp: int, n_layers: int, gen: torch.Generator, device: torch.device) -> None:
+        super().__init__()
+        self.mixer = mixer
+        self.w_gate = make_param(gen, (mlp, hidden), hidden**-0.5, device)
+        self.w_up = make_param(gen, (mlp, hidden), hidden**-0.5, device)
+        self.w_down = make_param(gen, (hidden, mlp), mlp**-0.5 / math.sqrt(2 * n_layers), device)
+
+    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False) -> tuple[torch.Tensor, LayerKV]:
+        y, kv = self.mixer(rms_norm(x), start, prev, recurrent)
+        x = x + y
+        hmid = rms_norm(x)
+        x = x + (F.silu(hmid @ self.w_gate.T) * (hmid @ self.w_up.T)) @ self.w_down.T
+        return x, kv

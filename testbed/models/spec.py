@@ -1,0 +1,427 @@
+"""Model specs: the one place that knows a model's cache geometry, layer by layer.
+
+A spec is an ordered list of layers, each with its kind and the dimensions of what it caches:
+
+- ``linear`` (KDA / Gated DeltaNet / Lightning): a fixed recurrent state ``[heads, key_dim, value_dim]``
+  plus, with a short conv, a conv state ``[conv_kernel - 1, conv_channels]``. Same size at any length.
+- ``gqa`` (full attention, GQA/MHA): K ``[tokens, kv_heads, k_head_dim]`` and V ``[tokens, kv_heads, v_head_dim]``.
+- ``mla``: the latent ``[tokens, kv_lora_rank]`` and the RoPE key ``[tokens, rope_dim]``.
+- ``swa``: like gqa, but only the last ``min(tokens, window)`` positions.
+
+Byte counts (`ModelSpec.kv_bytes`), the runnable torch model (`torch_model`) and the KV wire format all
+derive their tensor shapes from `LayerSpec.tensor_shapes`, so they cannot disagree. Specs are YAML files
+(schema in docs/models.md); the presets live in ``presets/``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from testbed.errors import FieldError, UserError
+from testbed.scenario import Fields
+
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+
+# Cache dtypes: canonical torch name -> bytes per element. Aliases are accepted in files and options.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp8": "float8_e4m3fn"}
+DEFAULT_KV_DTYPE = "bfloat16"
+DEFAULT_STATE_DTYPE = "bfloat16"
+LINEAR_RULES = ("delta", "decay")
+
+
+def parse_dtype(v: Any) -> str:
+    """``"bf16"`` -> ``"bfloat16"``; refuses anything that is not a cache dtype."""
+    name = DTYPE_ALIASES.get(str(v).lower(), str(v).lower())
+    if name not in DTYPE_BYTES:
+        allowed = ", ".join(list(DTYPE_BYTES) + list(DTYPE_ALIASES))
+        raise ValueError(f"{v!r} is not a cache dtype; use one of: {allowed}")
+    return name
+
+
+def _whole(minimum: int) -> Any:
+    def parse(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f"{v!r} is not a whole number >= {minimum}")
+        return v
+
+    return parse
+
+
+def _even(v: Any) -> int:
+    n = _whole(2)(v)
+    if n % 2:
+        raise ValueError(f"{v!r} must be even (RoPE rotates pairs of dimensions)")
+    return n
+
+
+# ------------------------------------------------------------------------------------------ layers
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one cached tensor (names as in `testbed.kv.cache.TENSOR_NAMES`)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPE_BYTES[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer's cache geometry. Subclasses: `LinearLayer`, `GQALayer`, `MLALayer`, `SWALayer`."""
+
+    kind: ClassVar[str] = ""
+
+    def tensor_shapes(self, tokens: int, kv_dtype: str, state_dtype: str) -> dict[str, TensorSpec]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LinearLayer(LayerSpec):
+    """Linear attention with a fixed state. ``rule``: ``delta`` (gated delta rule: KDA, GDN) or
+    ``decay`` (gated linear attention with a fixed per-head decay: Lightning). The short conv runs over
+    the concatenated q, k, v features, so ``conv_channels = 2 * qk_heads * key_dim + heads * value_dim``."""
+
+    kind: ClassVar[str] = "linear"
+    heads: int
+    key_dim: int
+    value_dim: int
+    qk_heads: int
+    conv_kernel: int = 0
+    rule: str = "delta"
+    state_dtype: str | None = None  # overrides the model's state dtype for this layer
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.qk_heads * self.key_dim + self.heads * self.value_dim if self.conv_kernel else 0
+
+    def tensor_shapes(self, tokens: int, kv_dtype: str, state_dtype: str) -> dict[str, TensorSpec]:
+        out = {"state": TensorSpec((self.heads, self.key_dim, self.value_dim), state_dtype)}
+        if self.conv_kernel:
+            out["conv"] = TensorSpec((self.conv_kernel - 1, self.conv_channels), kv_dtype)
+        return out
+
+
+@dataclass(frozen=True)
+class GQALayer(LayerSpec):
+    kind: ClassVar[str] = "gqa"
+    kv_heads: int
+    k_head_dim: int
+    v_head_dim: int
+
+    def kept_tokens(self, tokens: int) -> int:
+        return tokens
+
+    def tensor_shapes(self, tokens: int, kv_dtype: str, state_dtype: str) -> dict[str, TensorSpec]:
+        n = self.kept_tokens(tokens)
+        return {
+            "k": TensorSpec((n, self.kv_heads, self.k_head_dim), kv_dtype),
+            "v": TensorSpec((n, self.kv_heads, self.v_head_dim), kv_dtype),
+        }
+
+
+@dataclass(frozen=True)
+class SWALayer(GQALayer):
+    """Sliding-window attention: keeps the last ``window`` positions (the query's own included).
+    A subclass of `GQALayer` (same tensors); tell them apart by ``kind``."""
+
+    kind: ClassVar[str] = "swa"
+    window: int = 1
+
+    def kept_tokens(self, tokens: int) -> int:
+        return min(tokens, self.window)
+
+
+@dataclass(frozen=True)
+class MLALayer(LayerSpec):
+    kind: ClassVar[str] = "mla"
+    kv_lora_rank: int
+    rope_dim: int
+
+    def tensor_shapes(self, tokens: int, kv_dtype: str, state_dtype: str) -> dict[str, TensorSpec]:
+        return {
+            "latent": TensorSpec((tokens, self.kv_lora_rank), kv_dtype),
+            "k_rope": TensorSpec((tokens, self.rope_dim), kv_dtype),
+        }
+
+
+LAYER_CLASSES: dict[str, type[LayerSpec]] = {c.kind: c for c in (LinearLayer, GQALayer, MLALayer, SWALayer)}
+
+
+# ------------------------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class KVBytes:
+    """KV bytes of one request. ``full_attention_bytes`` grows with the tokens (gqa, mla);
+    ``fixed_state_bytes`` is the linear layers' recurrent + conv state; ``window_bytes`` is the SWA
+    part (min(tokens, window) positions); ``total_bytes`` is their sum."""
+
+    full_attention_bytes: int
+    fixed_state_bytes: int
+    total_bytes: int
+    by_kind: dict[str, int]
+    window_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    layers: tuple[LayerSpec, ...]
+    kv_dtype: str = DEFAULT_KV_DTYPE
+    state_dtype: str = DEFAULT_STATE_DTYPE
+    description: str = ""
+    hf_repo: str = ""
+    source: str = ""  # the file it was read from
+
+    def layer_state_dtype(self, layer_index: int, state_dtype: str | None = None) -> str:
+        """An explicit `state_dtype` (the CLI's ``--state-dtype``) wins over the layer's and the model's."""
+        layer = self.layers[layer_index]
+        if state_dtype:
+            return parse_dtype(state_dtype)
+        return getattr(layer, "state_dtype", None) or self.state_dtype
+
+    def layer_tensors(self, layer_index: int, tokens: int, state_dtype: str | None = None) -> dict[str, TensorSpec]:
+        """Shapes and dtypes of what layer `layer_index` caches after `tokens` positions."""
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        layer = self.layers[layer_index]
+        return layer.tensor_shapes(tokens, self.kv_dtype, self.layer_state_dtype(layer_index, state_dtype))
+
+    def layer_bytes(self, layer_index: int, tokens: int, state_dtype: str | None = None) -> int:
+        return sum(t.nbytes for t in self.layer_tensors(layer_index, tokens, state_dtype).values())
+
+    def kv_bytes(self, tokens: int, state_dtype: str | None = None) -> KVBytes:
+        by_kind: dict[str, int] = {}
+        for i, layer in enumerate(self.layers):
+            by_kind[layer.kind] = by_kind.get(layer.kind, 0) + self.layer_bytes(i, tokens, state_dtype)
+        full = by_kind.get("gqa", 0) + by_kind.get("mla", 0)
+        fixed = by_kind.get("linear", 0)
+        window = by_kind.get("swa", 0)
+        return KVBytes(full, fixed, full + fixed + window, by_kind, window)
+
+    @property
+    def full_attention_bytes_per_token(self) -> int:
+        return self.kv_bytes(1).full_attention_bytes
+
+    def count_by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for layer in self.layers:
+            out[layer.kind] = out.get(layer.kind, 0) + 1
+        return out
+
+
+# ------------------------------------------------------------------------------------- YAML schema
+
+_SPEC_KEYS = ("name", "description", "hf_repo", "kv_dtype", "state_dtype", "geometries", "layers")
+
+
+def _parse_layer(f: Fields) -> LayerSpec:
+    kind = f.choice("kind", tuple(LAYER_CLASSES))
+    layer: LayerSpec
+    if kind == "linear":
+        heads = f.get("heads", _whole(1))
+        key_dim = f.get("key_dim", _whole(1))
+        qk_heads = f.get("qk_heads", _whole(1), heads)
+        layer = LinearLayer(
+            heads=heads,
+            key_dim=key_dim,
+            value_dim=f.get("value_dim", _whole(1), key_dim),
+            qk_heads=qk_heads,
+            conv_kernel=f.get("conv_kernel", _whole(0), 0),
+            rule=f.choice("rule", LINEAR_RULES, "delta"),
+            state_dtype=f.get("state_dtype", parse_dtype, None),
+        )
+        if heads % qk_heads:
+            raise f.error("qk_heads", f"{qk_heads} must divide heads ({heads}): each q/k head serves heads/qk_heads value heads")
+        if layer.conv_kernel == 1:
+            raise f.error("conv_kernel", "1 keeps no conv state; use 0 for no short conv or >= 2")
+        if f.has("conv_channels"):
+            channels = f.get("conv_channels", _whole(1))
+            if channels != layer.conv_channels:
+                raise f.error(
+                    "conv_channels",
+                    f"{channels} does not match the conv over q, k, v: 2 x qk_heads x key_dim + heads x value_dim = "
+                    f"{layer.conv_channels}" + ("" if layer.conv_kernel else " (no conv_kernel given, so 0)"),
+                )
+    elif kind in ("gqa", "swa"):
+        kv_heads = f.get("kv_heads", _whole(1))
+        if f.has("head_dim") and (f.has("k_head_dim") or f.has("v_head_dim")):
+            raise f.error("head_dim", "give either head_dim or k_head_dim and v_head_dim, not both")
+        if f.has("head_dim"):
+            k_dim = f.get("head_dim", _even)
+            v_dim = k_dim
+        else:
+            k_dim = f.get("k_head_dim", _even)
+            v_dim = f.get("v_head_dim", _whole(1))
+        if kind == "gqa":
+            layer = GQALayer(kv_heads, k_dim, v_dim)
+        else:
+            layer = SWALayer(kv_heads, k_dim, v_dim, window=f.get("window", _whole(1)))
+    else:
+        layer = MLALayer(kv_lora_rank=f.get("kv_lora_rank", _whole(1)), rope_dim=f.get("rope_dim", _even))
+    f.done()
+    return layer
+
+
+def _expand_layers(f: Fields, geometries: dict[str, LayerSpec]) -> tuple[LayerSpec, ...]:
+    """``layers:`` items: a geometry name, an inline geometry (has ``kind``), or ``{repeat: N, pattern: [names]}``."""
+    raw = f.data.get("layers")
+    f._read.add("layers")
+    if not isinstance(raw, list) or not raw:
+        raise f.error("layers", "must be a non-empty list of layers in model order (names from geometries, inline layers, or {repeat, pattern})")
+    known = ", ".join(geometries) or "(no geometries defined)"
+
+    def named(v: Any, where: str) -> LayerSpec:
+        if not isinstance(v, str) or v not in geometries:
+            raise FieldError(where, f"{v!r} is not a geometry name; defined: {known}", f.source)
+        return geometries[v]
+
+    out: list[LayerSpec] = []
+    for i, item in enumerate(raw):
+        where = f"{f.name('layers')}[{i}]"
+        if isinstance(item, dict) and "kind" in item:
+            out.append(_parse_layer(Fields(item, where, f.source)))
+        elif isinstance(item, dict):
+            g = Fields(item, where, f.source)
+            repeat = g.get("repeat", _whole(1), 1)
+            pattern = g.get("pattern", lambda v: v if isinstance(v, list) and v else _raise("must be a non-empty list of geometry names"))
+            g.done()
+            block = [named(v, f"{where}.pattern[{j}]") for j, v in enumerate(pattern)]
+            out.extend(block * repeat)
+        else:
+            out.append(named(item, where))
+    if len(out) > 4096:
+        raise f.error("layers", f"{len(out)} layers; at most 4096")
+    return tuple(out)
+
+
+def _raise(message: str) -> Any:
+    raise ValueError(message)
+
+
+def parse_model_spec(data: Any, source: str | None = None, default_name: str = "") -> ModelSpec:
+    """A spec from parsed YAML; every error names the field (``geometries.kda.heads``, ``layers[2]``)."""
+    f = Fields(data, "", source)
+    name = f.get("name", str, default_name) if default_name else f.get("name", str)
+    geometries: dict[str, LayerSpec] = {}
+    g = f.section("geometries")
+    for key in g.data:
+        geometries[str(key)] = _parse_layer(g.section(str(key)))
+    spec = ModelSpec(
+        name=name,
+        layers=_expand_layers(f, geometries),
+        kv_dtype=f.get("kv_dtype", parse_dtype, DEFAULT_KV_DTYPE),
+        state_dtype=f.get("state_dtype", parse_dtype, DEFAULT_STATE_DTYPE),
+        description=f.get("description", str, ""),
+        hf_repo=f.get("hf_repo", str, ""),
+        source=source or "",
+    )
+    f.done()
+    return spec
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}:" if mark else ""
+        raise UserError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _load_preset(path: str) -> ModelSpec:
+    """Presets are read once per process (specs are immutable)."""
+    return parse_model_spec(_read_yaml(Path(path)), path)
+
+
+def load_model_spec(name_or_file: str, base_dir: str | Path | None = None) -> ModelSpec:
+    """A preset name (``kimi-linear-48b``) or a YAML spec file; a relative file is also looked up under `base_dir`."""
+    text = str(name_or_file).strip()
+    if not text:
+        raise UserError(f"model name is empty; presets: {', '.join(list_presets())}")
+    preset = PRESETS_DIR / f"{text.lower()}.yaml"
+    if "/" not in text and not text.endswith((".yaml", ".yml")) and preset.exists():
+        return _load_preset(str(preset))
+    candidates = [Path(text)]
+    if base_dir is not None and not Path(text).is_absolute():
+        candidates.append(Path(base_dir) / text)
+    for path in candidates:
+        if path.is_file():
+            return parse_model_spec(_read_yaml(path), str(path), default_name=path.stem)
+    raise UserError(f"model {text!r}: not a preset and no such file; presets: {', '.join(list_presets())}")
+
+
+# -------------------------------------------------------------------------------- scenario section
+
+COMPUTE_MODES = ("torch", "profile")
+VARIANTS = ("faithful", "tiny")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """The scenario's ``model:`` section. `spec` is the geometry of the named model (what `profile`
+    mode charges on the wire); in `torch` mode `build_model(spec, variant, seed, device)` runs it."""
+
+    name: str
+    spec: ModelSpec
+    compute: str = "torch"
+    variant: str = "tiny"
+    state_dtype: str = DEFAULT_STATE_DTYPE
+    device: str = "auto"
+    seed: int | None = None  # None: the scenario's seed
+    profile: str | None = None  # compute-profile name for `profile` mode (see testbed.models.profiles)
+
+
+def parse_model_section(f: Fields) -> ModelSection:
+    name = f.get("name", str)
+    base = Path(f.source).parent if f.source else None
+    try:
+        spec = load_model_spec(name, base)
+    except UserError as exc:
+        raise f.error("name", str(exc)) from None
+    state_dtype = f.get("state_dtype", _state_dtype, None)
+    if state_dtype:
+        spec = replace(spec, state_dtype=state_dtype)
+    section = ModelSection(
+        name=name,
+        spec=spec,
+        compute=f.choice("compute", COMPUTE_MODES, "torch"),
+        variant=f.choice("variant", VARIANTS, "tiny"),
+        state_dtype=spec.state_dtype,
+        device=f.choice("device", DEVICES, "auto"),
+        seed=f.get("seed", _whole(0), None),
+        profile=f.get("profile", str, None),
+    )
+    f.done()
+    return section
+
+
+STATE_DTYPES = ("bfloat16", "float32", "float16")
+
+
+def _state_dtype(v: Any) -> str:
+    name = parse_dtype(v)
+    if name not in STATE_DTYPES:
+        raise ValueError(f"{v!r} is not a state dtype; use one of: {', '.join(STATE_DTYPES)}")
+    return name

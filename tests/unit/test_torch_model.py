@@ -1,0 +1,301 @@
+"""Runnable hybrid models: exact cache geometry, chunk-wise = recurrent, decode = longer prefill, determinism."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from testbed.kv.cache import TENSOR_NAMES, KVCache, LayerKV
+from testbed.models.layers import linear_attention_chunked, linear_attention_recurrent
+from testbed.models.spec import ModelSpec, list_presets, load_model_spec, parse_model_spec
+from testbed.models.torch_model import CacheMismatch, build_model, synthetic_cache, tiny_spec, vocab_size
+
+torch.set_num_threads(1)
+
+LAYERS = {
+    "delta": {"kind": "linear", "rule": "delta", "heads": 4, "qk_heads": 2, "key_dim": 8, "value_dim": 6, "conv_kernel": 4},
+    "decay": {"kind": "linear", "rule": "decay", "heads": 2, "key_dim": 8, "value_dim": 8},
+    "gqa": {"kind": "gqa", "kv_heads": 2, "k_head_dim": 12, "v_head_dim": 8},
+    "mla": {"kind": "mla", "kv_lora_rank": 16, "rope_dim": 4},
+    "swa": {"kind": "swa", "window": 6, "kv_heads": 2, "head_dim": 8},
+}
+HYBRID = ["delta", "gqa", "swa", "decay", "mla", "delta"]
+
+
+def small_spec(kinds: list[str], kv_dtype: str = "bfloat16", state_dtype: str = "bfloat16") -> ModelSpec:
+    return parse_model_spec({"name": "-".join(kinds), "kv_dtype": kv_dtype, "state_dtype": state_dtype,
+                             "geometries": {k: LAYERS[k] for k in set(kinds)}, "layers": kinds})
+
+
+def prompt(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def cache_bytes_match_spec(model, cache: KVCache) -> None:
+    assert cache.nbytes == model.spec.kv_bytes(cache.tokens).total_bytes
+    for i, layer in enumerate(cache.layers):
+        want = model.spec.layer_tensors(i, cache.tokens)
+        assert layer.layer_index == i and layer.kind == model.spec.layers[i].kind
+        assert tuple(layer.tensors) == tuple(want) == tuple(n for n in TENSOR_NAMES[layer.kind] if n in want)
+        for name, ts in want.items():
+            t = layer.tensors[name]
+            assert tuple(t.shape) == ts.shape and t.is_contiguous()
+
+
+# ------------------------------------------------------------------------------- linear attention
+
+
+@pytest.mark.parametrize("rule", ["delta", "decay"])
+@pytest.mark.parametrize("start", [0, 5])
+def test_chunkwise_linear_attention_equals_token_by_token_recurrence(rule: str, start: int) -> None:
+    gen = torch.Generator().manual_seed(3)
+    h, t, dk, dv = 3, 37, 8, 5
+    q = torch.nn.functional.normalize(torch.randn(h, t, dk, generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(h, t, dk, generator=gen), dim=-1)
+    v = torch.randn(h, t, dv, generator=gen)
+    g = -torch.rand(h, t, generator=gen) * 0.5
+    beta = torch.rand(h, t, generator=gen) if rule == "delta" else None
+    s0 = torch.randn(h, dk, dv, generator=gen) * 0.1
+    o_c, s_c = linear_attention_chunked(q, k, v, g, beta, s0, start, 8, torch.float32)
+    o_r, s_r = linear_attention_recurrent(q, k, v, g, beta, s0, start, 8, torch.float32)
+    assert torch.allclose(o_c, o_r, atol=1e-4, rtol=0)
+    assert torch.allclose(s_c, s_r, atol=1e-4, rtol=0)
+    assert float(o_r.abs().max()) > 0.1  # not trivially zero
+
+
+@pytest.mark.parametrize("kind", ["delta", "decay"])
+def test_linear_layer_prefill_chunked_equals_recurrent_in_the_model(kind: str) -> None:
+    model = build_model(small_spec([kind], "float32", "float32"), "faithful", seed=0, device="cpu")
+    mixer = model.blocks[0].mixer
+    x = torch.randn(150, model.hidden_size, generator=torch.Generator().manual_seed(0))
+    y_c, kv_c = mixer(x, 0, None, recurrent=False)
+    y_r, kv_r = mixer(x, 0, None, recurrent=True)
+    assert 150 % model.variant.chunk_tokens and 150 > 2 * model.variant.chunk_tokens  # several chunks, the last partial
+    assert torch.allclose(y_c, y_r, atol=1e-4, rtol=0)
+    for name in kv_c.tensors:
+        assert torch.allclose(kv_c.tensors[name], kv_r.tensors[name], atol=1e-4, rtol=0)
+
+
+def test_linear_state_is_fixed_size_whatever_the_length() -> None:
+    model = build_model(small_spec(["delta"]), "faithful", seed=0, device="cpu")
+    sizes = {model.prefill(prompt(n, model.vocab_size))[1].nbytes for n in (1, 3, 70)}
+    assert sizes == {4 * 8 * 6 * 2 + 3 * (2 * 2 * 8 + 4 * 6) * 2}
+
+
+# ---------------------------------------------------------------------------------------- SWA
+
+
+def test_swa_cache_never_exceeds_its_window() -> None:
+    model = build_model(small_spec(["swa", "gqa"]), "faithful", seed=0, device="cpu")
+    window = LAYERS["swa"]["window"]
+    for n in (1, window - 1, window, window + 7):
+        _, cache = model.prefill(prompt(n, model.vocab_size))
+        assert cache.layers[0].tensors["k"].shape[0] == min(n, window)
+        assert cache.layers[1].tensors["k"].shape[0] == n
+        for step in range(window + 2):
+            model.decode(step % model.vocab_size, cache)
+            assert cache.layers[0].tensors["k"].shape[0] == min(cache.tokens, window)
+            assert cache.layers[0].tensors["v"].shape[0] == min(cache.tokens, window)
+        cache_bytes_match_spec(model, cache)
+
+
+def test_swa_only_sees_its_window() -> None:
+    """Tokens more than `window` positions back cannot change an SWA-only model's next logits."""
+    spec = parse_model_spec({"name": "swa1", "kv_dtype": "float32", "layers": [LAYERS["swa"]]})
+    model = build_model(spec, "faithful", seed=0, device="cpu")
+    a = prompt(20, model.vocab_size, seed=1)
+    b = a.clone()
+    b[:20 - LAYERS["swa"]["window"]] = prompt(20 - LAYERS["swa"]["window"], model.vocab_size, seed=2)
+    assert not torch.equal(a, b)
+    la, _ = model.prefill(a)
+    lb, _ = model.prefill(b)
+    assert torch.allclose(la[-1], lb[-1], atol=1e-5)
+    assert not torch.allclose(la[5], lb[5], atol=1e-3)
+
+
+# --------------------------------------------------------------------- decode, prefix, determinism
+
+
+@pytest.mark.parametrize("kinds", [["delta"], ["decay"], ["gqa"], ["mla"], ["swa"], HYBRID], ids=lambda k: "+".join(k))
+def test_decode_from_a_cache_equals_a_longer_prefill(kinds: list[str]) -> None:
+    """fp32 caches: the recurrent/absorbed decode path is the same function as the chunked prefill."""
+    model = build_model(small_spec(kinds, "float32", "float32"), "faithful", seed=0, device="cpu")
+    ids = prompt(134, model.vocab_size)
+    full, _ = model.prefill(ids)
+    _, cache = model.prefill(ids[:125])
+    for i in range(125, 134):  # crosses the chunk boundary at 128
+        logits = model.decode(int(ids[i]), cache)
+        assert torch.allclose(logits, full[i], atol=1e-4, rtol=0), i
+    assert cache.tokens == 134
+    cache_bytes_match_spec(model, cache)
+
+
+def test_decode_with_bf16_caches_stays_close_to_prefill_and_picks_the_same_tokens() -> None:
+    model = build_model(small_spec(HYBRID), "faithful", seed=0, device="cpu")
+    ids = prompt(134, model.vocab_size)
+    full, _ = model.prefill(ids)
+    _, cache = model.prefill(ids[:125])
+    for i in range(125, 134):
+        logits = model.decode(int(ids[i]), cache)
+        assert torch.allclose(logits, full[i], atol=2e-2, rtol=0)
+        assert int(logits.argmax()) == int(full[i].argmax())
+
+
+def test_prefill_resumed_from_a_block_aligned_prefix_equals_a_full_prefill() -> None:
+    """Default bf16 caches: the prefix hit continues exactly where the full prefill would be."""
+    model = build_model(small_spec(HYBRID), "tiny", seed=0, device="cpu")
+    ids = prompt(40, model.vocab_size)
+    full, full_cache = model.prefill(ids)
+    boundary = 2 * model.variant.chunk_tokens
+    _, prefix = model.prefill(ids[:boundary])
+    resumed, cache = model.prefill(ids[boundary:], cache=prefix)
+    assert cache.tokens == 40
+    assert torch.allclose(resumed, full[boundary:], atol=1e-4, rtol=0)
+    for a, b in zip(cache.layers, full_cache.layers):
+        for name in a.tensors:
+            assert torch.allclose(a.tensors[name].float(), b.tensors[name].float(), atol=1e-3, rtol=0)
+
+
+def test_prefill_and_decode_never_write_into_a_given_cache() -> None:
+    model = build_model(small_spec(HYBRID), "tiny", seed=0, device="cpu")
+    _, prefix = model.prefill(prompt(16, model.vocab_size))
+    snapshot = [{n: t.clone() for n, t in layer.tensors.items()} for layer in prefix.layers]
+    model.prefill(prompt(5, model.vocab_size, seed=4), cache=prefix)
+    shared = KVCache("r", prefix.model, prefix.tokens, list(prefix.layers))
+    model.decode(3, shared)
+    assert prefix.tokens == 16 and shared.tokens == 17
+    for layer, snap in zip(prefix.layers, snapshot):
+        for name, t in layer.tensors.items():
+            assert torch.equal(t, snap[name])
+
+
+def test_same_seed_gives_bit_identical_logits_and_another_seed_does_not() -> None:
+    spec = load_model_spec("kimi-linear-48b")
+    ids = prompt(19, 256)
+    a, ca = build_model(spec, "tiny", seed=5, device="cpu").prefill(ids)
+    b, cb = build_model(spec, "tiny", seed=5, device="cpu").prefill(ids)
+    c, _ = build_model(spec, "tiny", seed=6, device="cpu").prefill(ids)
+    assert torch.equal(a, b)
+    assert all(torch.equal(x.tensors[n], y.tensors[n]) for x, y in zip(ca.layers, cb.layers) for n in x.tensors)
+    assert not torch.allclose(a, c, atol=1e-2)
+
+
+def test_on_layer_streams_each_layer_in_order_as_returned() -> None:
+    model = build_model(small_spec(HYBRID), "tiny", seed=0, device="cpu")
+    seen: list[LayerKV] = []
+    _, cache = model.prefill(prompt(9, model.vocab_size), on_layer=seen.append, request_id="req-1")
+    assert [layer.layer_index for layer in seen] == list(range(len(HYBRID)))
+    assert all(s is c for s, c in zip(seen, cache.layers))
+    assert cache.request_id == "req-1" and cache.model == model.spec.name
+
+
+def test_generate_is_greedy_decoding() -> None:
+    model = build_model(small_spec(HYBRID), "tiny", seed=0, device="cpu")
+    ids = prompt(10, model.vocab_size)
+    out = model.generate(ids, 4)
+    logits, cache = model.prefill(ids)
+    want = [int(logits[-1].argmax())]
+    while len(want) < 4:
+        want.append(int(model.decode(want[-1], cache).argmax()))
+    assert out == want and len(out) == 4
+    assert model.generate(ids, 0) == []
+
+
+# ------------------------------------------------------------------------------ variants, presets
+
+
+@pytest.mark.parametrize("name", ["kimi-linear-48b", "mimo-v2-flash", "qwen3-next-80b", "deepseek-v3"])
+def test_faithful_variant_caches_exactly_the_spec_bytes(name: str) -> None:
+    spec = load_model_spec(name)
+    model = build_model(spec, "faithful", seed=0, device="cpu")
+    assert model.spec == spec
+    _, cache = model.prefill(prompt(9, model.vocab_size))
+    assert cache.nbytes == spec.kv_bytes(9).total_bytes
+    cache_bytes_match_spec(model, cache)
+    before = cache.nbytes
+    model.decode(1, cache)
+    window_growth = spec.kv_bytes(10).window_bytes - spec.kv_bytes(9).window_bytes
+    assert cache.nbytes - before == spec.full_attention_bytes_per_token + window_growth
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_tiny_variant_of_every_preset_keeps_the_layer_pattern_and_runs(name: str) -> None:
+    spec = load_model_spec(name)
+    model = build_model(spec, "tiny", seed=0, device="cpu")
+    assert model.vocab_size == vocab_size(spec, "tiny")
+    assert [layer.kind for layer in model.spec.layers] == [layer.kind for layer in spec.layers]
+    assert model.spec == tiny_spec(spec) and model.source_spec == spec
+    logits, cache = model.prefill(prompt(6, model.vocab_size))
+    assert logits.shape == (6, model.vocab_size) and torch.isfinite(logits).all()
+    model.decode(2, cache)
+    cache_bytes_match_spec(model, cache)
+
+
+def test_synthetic_cache_has_the_spec_geometry_and_the_model_accepts_it() -> None:
+    model = build_model(small_spec(HYBRID), "faithful", seed=0, device="cpu")
+    cache = synthetic_cache(model.spec, 11, request_id="s")
+    assert cache.nbytes == model.spec.kv_bytes(11).total_bytes
+    model.check_cache(cache)
+    assert torch.isfinite(model.decode(0, cache)).all()
+
+
+def test_a_cache_that_does_not_fit_is_refused_with_a_clear_error() -> None:
+    model = build_model(small_spec(HYBRID), "tiny", seed=0, device="cpu")
+    _, cache = model.prefill(prompt(8, model.vocab_size))
+    with pytest.raises(CacheMismatch, match="cache has 5 layers"):
+        model.decode(1, dataclasses.replace(cache, layers=cache.layers[:-1]))
+    wrong_tokens = dataclasses.replace(cache, layers=list(cache.layers), tokens=9)
+    with pytest.raises(CacheMismatch, match=r"layer 1 \(gqa\) tensor k: \(8, 2, 2\) bfloat16, expected \(9, 2, 2\)"):
+        model.decode(1, wrong_tokens)
+    swapped = list(cache.layers)
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    with pytest.raises(CacheMismatch, match="cache layer 0 is 'gqa'"):
+        model.prefill([1], cache=dataclasses.replace(cache, layers=swapped))
+    as_fp32 = [LayerKV(x.layer_index, x.kind, {n: t.float() for n, t in x.tensors.items()}) for x in cache.layers]
+    with pytest.raises(CacheMismatch, match="float32, expected"):
+        model.decode(1, dataclasses.replace(cache, layers=as_fp32))
+
+
+def test_bad_token_ids_and_variants_are_refused() -> None:
+    from testbed.errors import UserError
+
+    model = build_model(small_spec(["gqa"]), "tiny", seed=0, device="cpu")
+    with pytest.raises(ValueError, match="within 0..255"):
+        model.prefill([0, 256])
+    with pytest.raises(ValueError, match="at least one token"):
+        model.prefill([])
+    with pytest.raises(UserError, match="faithful, tiny"):
+        build_model(small_spec(["gqa"]), "huge")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (this host has none); the CPU path is tested above")
+def test_cuda_model_matches_the_cpu_model() -> None:
+    spec = small_spec(HYBRID, "float32", "float32")
+    ids = prompt(20, 512)
+    cpu, _ = build_model(spec, "faithful", seed=0, device="cpu").prefill(ids)
+    gpu, cache = build_model(spec, "faithful", seed=0, device="cuda").prefill(ids)
+    assert cache.layers[0].tensors["state"].is_cuda
+    assert torch.allclose(cpu, gpu.cpu(), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("kinds", [["gqa"], ["swa"], ["mla"]], ids=lambda k: k[0])
+def test_attention_in_query_blocks_equals_one_block(kinds: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long prompts attend in query blocks to bound memory; the blocks must not change the result."""
+    import testbed.models.layers as layers
+
+    model = build_model(small_spec(kinds, "float32"), "faithful", seed=0, device="cpu")
+    ids = prompt(40, model.vocab_size)
+    whole, _ = model.prefill(ids)
+    monkeypatch.setattr(layers, "_ATTN_BLOCK_ELEMS", 64)  # a few queries per block
+    blocked, _ = model.prefill(ids)
+    assert torch.allclose(whole, blocked, atol=1e-5, rtol=0)
+
+
+def test_linear_chunks_divide_the_prefix_cache_block_so_block_boundaries_are_exact_resume_points() -> None:
+    from traffic.request import BLOCK_TOKENS
+
+    from testbed.models.torch_model import VARIANTS
+
+    assert all(BLOCK_TOKENS % v.chunk_tokens == 0 for v in VARIANTS.values())
