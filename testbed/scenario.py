@@ -107,6 +107,13 @@ def number(v: Any) -> float:
     return float(v)
 
 
+def positive_number(v: Any) -> float:
+    x = number(v)
+    if x <= 0:
+        raise ValueError(f"{v!r} must be > 0")
+    return x
+
+
 # --------------------------------------------------------------------------------------------- network
 
 JITTER_DISTRIBUTIONS = ("normal", "uniform", "pareto", "paretonormal")
@@ -263,8 +270,7 @@ def parse_wan(f: Fields) -> WanSpec:
     backend = f.choice("backend", BACKENDS, "auto")
     shaper = f.choice("shaper", SHAPERS, "htb")
     common = Fields({k: f.data[k] for k in _DIRECTION_KEYS if k in f.data}, f.path, f.source)
-    for k in _DIRECTION_KEYS:
-        f._read.add(k)
+    f._read.update(_DIRECTION_KEYS + DIRECTIONS)
     base = _read_direction(common, None)
     dirs = {d: _read_direction(f.section(d), base) if f.has(d) else base for d in DIRECTIONS}
     for d in DIRECTIONS:

@@ -1,7 +1,239 @@
-"""Subcommands of this area (filled in by its issue)."""
+"""Subcommands of the network area: doctor, net up/exec/down, clean, calibrate."""
+
+from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import HostError, UserError
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    return None
+    p = sub.add_parser("doctor", help="what this host supports and which WAN backend a run would use")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_doctor)
+
+    net = sub.add_parser("net", help="bring up only the network of a scenario, run commands in its hosts, tear it down")
+    nsub = net.add_subparsers(dest="net_command", metavar="{up,exec,down}")
+    up = nsub.add_parser("up", help="bring up the two datacenters and the WAN (Ctrl-C or `prfaas net down` ends it)")
+    up.add_argument("scenario", help="scenario file or ready scenario name (e.g. net-default)")
+    up.add_argument("--detach", action="store_true", help="return once the network is up; it runs until `prfaas net down`")
+    up.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field, e.g. wan.rate=20Gbps")
+    up.add_argument("--telemetry", type=Path, metavar="FILE", help="write the WAN telemetry (parquet) here when the network stops")
+    up.set_defaults(func=cmd_net_up)
+    ex = nsub.add_parser("exec", help="run a command inside a host of the running network: net exec HOST -- CMD...")
+    ex.add_argument("host")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    ex.add_argument("--id", dest="net_id", help="which network (tag or owner pid) when several run")
+    ex.set_defaults(func=cmd_net_exec)
+    down = nsub.add_parser("down", help="tear down the running network")
+    down.add_argument("--id", dest="net_id", help="which network (tag or owner pid) when several run")
+    down.set_defaults(func=cmd_net_down)
+    net.set_defaults(func=lambda a: (net.print_help(), 2)[1])
+
+    c = sub.add_parser("clean", help="remove what a crashed or killed run left behind (namespaces, bridges, processes, sysctls)")
+    c.add_argument("--all", action="store_true", help="also stop networks whose owner process is still running")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_clean)
+
+    cal = sub.add_parser("calibrate", help="configured vs achieved WAN rate, RTT and loss on this host")
+    cal.add_argument("scenario", nargs="?", default="net-default")
+    cal.add_argument("--json", dest="json_file", type=Path, metavar="FILE", help="write the figures as JSON")
+    cal.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    cal.add_argument("--streams", type=int, default=4)
+    cal.add_argument("--duration", type=float, default=5.0, help="seconds per iperf3 run")
+    cal.set_defaults(func=cmd_calibrate)
+
+
+# ------------------------------------------------------------------------------------------------ doctor
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from testbed.net import doctor
+
+    rep = doctor.report()
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"prfaas doctor: kernel {rep['kernel']}, {rep['cpus']} CPUs")
+        t.add_column("check")
+        t.add_column("")
+        t.add_column("detail")
+        for c in rep["checks"]:
+            mark = "[green]ok[/]" if c["ok"] else ("[red]missing[/]" if c["required"] else "[yellow]absent[/]")
+            t.add_row(c["name"], mark, c["detail"])
+        con = Console()
+        con.print(t)
+        con.print(f"WAN backend a run would use (wan.backend: auto): [bold]{rep['backend_auto']}[/]")
+        if rep["missing"]:
+            con.print(f"[red]not ready:[/] {', '.join(rep['missing'])}")
+    return 0 if rep["ready"] else 1
+
+
+# -------------------------------------------------------------------------------------------------- net
+
+
+def _describe_table(desc: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    from testbed.units import format_bytes, format_duration, format_rate
+
+    t = Table(title=f"WAN: backend {desc['backend']} ({desc['backend_reason']}), shaper {desc['shaper']}, scale {desc['scale']:g} ({desc['scale_source']})")
+    for col in ("direction", "rate emulated (wire)", "delay", "jitter", "loss", "queue (wire)"):
+        t.add_column(col)
+    for name, d in desc["directions"].items():
+        t.add_row(name, f"{format_rate(d['rate_emulated_bps'])} ({format_rate(d['rate_wire_bps'])})", format_duration(d["delay_s"]),
+                  f"{format_duration(d['jitter_s'])} {d['jitter_distribution']}" if d["jitter_s"] else "-",
+                  f"{d['loss_mean']:.3%} {d['loss_model']}", f"{d['queue']} ({format_bytes(d['queue_wire_bytes'])})")
+    return t
+
+
+def cmd_net_up(args: argparse.Namespace) -> int:
+    from testbed.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, args.overrides)  # refuses bad input before anything starts
+    if args.detach:
+        return _detach(args)
+    from rich.console import Console
+
+    from testbed.net.emulation import Network
+
+    con = Console()
+    with con.status("bringing up the network"):
+        net = Network(scenario, telemetry_path=args.telemetry).start()
+    try:
+        con.print(_describe_table(net.describe()))
+        hosts = ", ".join(f"{h} {ip}" for h, ip in sorted(net.addresses.items()))
+        con.print(f"hosts: {hosts}")
+        con.print("up. `prfaas net exec HOST -- CMD` from another terminal; Ctrl-C or `prfaas net down` ends it.")
+        sys.stdout.flush()
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        net.stop()
+        log = os.environ.pop("PRFAAS_NET_LOG", None)  # set by --detach: a clean stop leaves no log behind
+        if log and not net.teardown_errors:
+            Path(log).unlink(missing_ok=True)
+    return 0
+
+
+def _detach(args: argparse.Namespace) -> int:
+    from testbed.net import state
+
+    argv = [sys.executable, "-m", "testbed.cli", "net", "up", str(args.scenario)]
+    for o in args.overrides:
+        argv += ["--set", o]
+    if args.telemetry:
+        argv += ["--telemetry", str(args.telemetry.resolve())]
+    state.STATE_DIR.mkdir(parents=True, exist_ok=True)
+    log = state.STATE_DIR / f"net-up-{os.getpid()}.log"
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PRFAAS_NET_LOG=str(log), PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+    with open(log, "w") as fh:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for _, d in state.list_states():
+            if d.get("owner_pid") == child.pid and d.get("ready"):
+                print(f"network {d['tag']} up (pid {child.pid}; log {log}); `prfaas net down` ends it")
+                return 0
+        if child.poll() is not None:
+            lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
+            raise UserError(lines[-1].removeprefix("prfaas: error: ") if lines else f"net up exited with status {child.returncode}")
+        time.sleep(0.1)
+    child.terminate()
+    raise HostError(f"the network did not come up within 120 s (log {log})")
+
+
+def _find_network(net_id: str | None) -> dict[str, Any]:
+    from testbed.net import state
+
+    live = [d for _, d in state.live_states() if d.get("ready")]
+    if net_id:
+        live = [d for d in live if net_id in (str(d.get("tag")), str(d.get("owner_pid")))]
+    if not live:
+        raise UserError("no network is running" + (f" with id {net_id}" if net_id else "") + " (start one with `prfaas net up SCENARIO --detach`)")
+    if len(live) > 1:
+        ids = ", ".join(f"{d['tag']} ({d.get('scenario')}, pid {d['owner_pid']})" for d in live)
+        raise UserError(f"several networks run: {ids}; choose one with --id")
+    return live[0]
+
+
+def cmd_net_exec(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    while cmd[:1] == ["--id"] and len(cmd) >= 2:  # `net exec HOST --id X -- CMD`: the remainder swallowed it
+        args.net_id, cmd = cmd[1], cmd[2:]
+    cmd = cmd[1:] if cmd[:1] == ["--"] else cmd
+    if not cmd:
+        raise UserError("net exec: give a command after --, e.g. prfaas net exec pd-d0 -- ip addr")
+    d = _find_network(args.net_id)
+    hosts = d.get("hosts", {})
+    if args.host not in hosts:
+        raise UserError(f"net exec: no host {args.host!r}; hosts: {', '.join(sorted(hosts))}")
+    return subprocess.call(["mnexec", "-a", str(hosts[args.host]["pid"]), *cmd])
+
+
+def cmd_net_down(args: argparse.Namespace) -> int:
+    from testbed.net import cleanup, state
+
+    d = _find_network(args.net_id)
+    pid = int(d["owner_pid"])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and state.is_alive(pid, d.get("owner_start")):
+        time.sleep(0.1)
+    if state.is_alive(pid, d.get("owner_start")):
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    cleanup.clean()
+    print(f"network {d['tag']} down")
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    from testbed.net import cleanup
+
+    rep = cleanup.clean(include_live=args.all)
+    if args.json:
+        print(json.dumps(rep.as_dict(), indent=1))
+    elif rep.nothing:
+        print("nothing to clean" + (f"; still running: {'; '.join(rep.skipped_live)} (use --all to stop them)" if rep.skipped_live else ""))
+    else:
+        print(f"removed: {len(rep.networks)} network(s), {len(rep.processes)} process(es), bridges {rep.bridges or '-'}, "
+              f"restored sysctls {rep.sysctls or '-'}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from testbed.net.calibrate import calibrate, print_table
+    from testbed.net.emulation import Network
+    from testbed.scenario import load_scenario
+
+    if args.streams < 1 or args.duration <= 0:
+        raise UserError("calibrate: --streams must be >= 1 and --duration > 0")
+    scenario = load_scenario(args.scenario, args.overrides)
+    con = Console()
+    with con.status("bringing up the network") as status:
+        with Network(scenario) as net:
+            cal = calibrate(net, streams=args.streams, duration_s=args.duration, progress=lambda m: status.update(m))
+            desc = net.describe()
+    print_table(cal, con)
+    if args.json_file:
+        args.json_file.parent.mkdir(parents=True, exist_ok=True)
+        args.json_file.write_text(json.dumps({"calibration": cal.as_dict(), "network": desc}, indent=1))
+        con.print(f"wrote {args.json_file}")
+    return 0

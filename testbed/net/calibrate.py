@@ -1,0 +1,188 @@
+"""`prfaas calibrate`: configured vs achieved WAN figures on this host, measured across the real WAN.
+
+Rate: multi-stream iperf3 (TCP) from a PrfaaS host to a PD host and back (``-R``). RTT: ping with
+10 ms spacing, p50/p99/std from every reply. Loss: a UDP iperf3 burst (tens of thousands of datagrams
+in about a second) per direction. Every figure is given on the wire and in emulated units (x scale).
+The same measuring functions serve `benchmarks/wan_fidelity.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from testbed.errors import HostError
+
+IPERF_PORT = 5201
+_TIME_RE = re.compile(r"time=([0-9.]+) ms")
+
+
+@dataclass(frozen=True)
+class RttStats:
+    count: int
+    replies: int
+    p50_s: float
+    p99_s: float
+    mean_s: float
+    std_s: float
+
+    @property
+    def loss(self) -> float:
+        return 1 - self.replies / self.count if self.count else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, int(round(q / 100 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+def parse_ping_rtts_s(text: str) -> list[float]:
+    return [float(m) / 1e3 for m in _TIME_RE.findall(text)]
+
+
+def measure_rtt(net: Any, src: str, dst: str, *, count: int = 200, interval_s: float = 0.01) -> RttStats:
+    out = net.run(src, ["ping", "-n", "-c", str(count), "-i", f"{interval_s:g}", "-W", "2", net.host_ip(dst)], timeout_s=count * interval_s + 30)
+    rtts = parse_ping_rtts_s(out.stdout)
+    if not rtts:
+        return RttStats(count, 0, float("nan"), float("nan"), float("nan"), float("nan"))
+    return RttStats(count, len(rtts), percentile(rtts, 50), percentile(rtts, 99), statistics.fmean(rtts),
+                    statistics.pstdev(rtts))
+
+
+class IperfServer:
+    """An iperf3 server in a host, for as long as the `with` block lasts."""
+
+    def __init__(self, net: Any, host: str, port: int = IPERF_PORT) -> None:
+        self.net, self.host, self.port = net, host, port
+
+    def __enter__(self) -> "IperfServer":
+        self.proc = self.net.popen(self.host, ["iperf3", "-s", "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # wait until it listens
+            r = self.net.run(self.host, ["ss", "-Hltn", f"sport = :{self.port}"], timeout_s=5)
+            if r.stdout.strip():
+                return self
+            time.sleep(0.05)
+        raise HostError(f"iperf3 server on {self.host} did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _iperf(net: Any, src: str, dst: str, args: list[str], timeout_s: float, port: int) -> dict[str, Any]:
+    r = net.run(src, ["iperf3", "-J", "-c", net.host_ip(dst), "-p", str(port), *args], timeout_s=timeout_s)
+    try:
+        data = json.loads(r.stdout)
+    except ValueError:
+        raise HostError(f"iperf3 from {src} to {dst} failed: {(r.stderr or r.stdout).strip()[:200]}") from None
+    if "error" in data:
+        raise HostError(f"iperf3 from {src} to {dst}: {data['error']}")
+    return data
+
+
+def measure_rate_bps(net: Any, src: str, dst: str, *, streams: int = 4, duration_s: float = 5, omit_s: float = 1,
+                     reverse: bool = False, port: int = IPERF_PORT) -> float:
+    """Achieved TCP goodput on the wire (receiver side), `omit_s` of slow start left out."""
+    args = ["-P", str(streams), "-t", f"{duration_s:g}", "-O", f"{omit_s:g}"] + (["-R"] if reverse else [])
+    data = _iperf(net, src, dst, args, duration_s + omit_s + 30, port)
+    return float(data["end"]["sum_received"]["bits_per_second"])
+
+
+def measure_udp_loss(net: Any, src: str, dst: str, *, datagrams: int = 20000, rate_bps: float = 200e6,
+                     size_bytes: int = 1200, reverse: bool = False, port: int = IPERF_PORT) -> tuple[int, int]:
+    """(lost, sent) of a UDP burst of about `datagrams` packets."""
+    duration_s = datagrams * size_bytes * 8 / rate_bps
+    # -k: exactly `datagrams` packets. -w 8M: a receive buffer that absorbs the delay line's batched
+    # releases, so that only the WAN loses packets.
+    args = ["-u", "-b", f"{int(rate_bps)}", "-l", str(size_bytes), "-k", str(datagrams), "-w", "8M"] + (["-R"] if reverse else [])
+    try:
+        data = _iperf(net, src, dst, args, 3 * duration_s + 30, port)
+    except HostError:  # iperf3's control connection is occasionally reset on a saturated host: one retry
+        time.sleep(0.5)
+        data = _iperf(net, src, dst, args, 3 * duration_s + 30, port)
+    s = data["end"]["sum"]
+    return int(s["lost_packets"]), int(s["packets"])
+
+
+@dataclass(frozen=True)
+class DirectionCalibration:
+    direction: str
+    configured_wire_bps: float
+    achieved_wire_bps: float
+    configured_emulated_bps: float
+    achieved_emulated_bps: float
+    rate_ratio: float
+    configured_loss: float
+    measured_loss: float
+    udp_datagrams: int
+
+
+@dataclass(frozen=True)
+class Calibration:
+    backend: str
+    scale: float
+    streams: int
+    duration_s: float
+    configured_rtt_s: float
+    rtt_p50_s: float
+    rtt_p99_s: float
+    rtt_std_s: float
+    ping_loss: float
+    directions: list[DirectionCalibration]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def calibrate(net: Any, *, streams: int = 4, duration_s: float = 5, pings: int = 200, datagrams: int = 20000,
+              progress: Any = None) -> Calibration:
+    """Measure the running network `net` (a testbed.net.emulation.Network)."""
+    src, dst = net.scenario.topology.prfaas.host_names()[0], "pd-d0"
+    wan = net.scenario.wan
+    step = progress or (lambda msg: None)
+    step("ping across the WAN")
+    rtt = measure_rtt(net, src, dst, count=pings)
+    dirs = []
+    with IperfServer(net, dst):
+        for name, reverse in (("prfaas_to_pd", False), ("pd_to_prfaas", True)):
+            spec = wan.direction(name)
+            step(f"iperf3 {streams} streams, {name}")
+            achieved = measure_rate_bps(net, src, dst, streams=streams, duration_s=duration_s, reverse=reverse)
+            step(f"UDP loss probe, {name}")
+            lost, sent = measure_udp_loss(net, src, dst, datagrams=datagrams, reverse=reverse,
+                                          rate_bps=min(200e6, spec.rate_bps / net.scale / 4))
+            wire = spec.rate_bps / net.scale
+            dirs.append(DirectionCalibration(name, wire, achieved, spec.rate_bps, achieved * net.scale, achieved / wire,
+                                             spec.loss.mean_rate, lost / sent if sent else float("nan"), sent))
+    return Calibration(net.backend, net.scale, streams, duration_s, wan.prfaas_to_pd.delay_s + wan.pd_to_prfaas.delay_s,
+                       rtt.p50_s, rtt.p99_s, rtt.std_s, rtt.loss, dirs)
+
+
+def print_table(cal: Calibration, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from testbed.units import format_duration, format_rate
+
+    console = console or Console()
+    t = Table(title=f"WAN calibration (backend {cal.backend}, scale {cal.scale:g}: emulated = wire x {cal.scale:g})")
+    for col in ("direction", "configured (wire)", "TCP goodput (wire)", "ratio (max 0.956)", "loss configured", "loss measured"):
+        t.add_column(col, justify="right")
+    for d in cal.directions:
+        t.add_row(d.direction,
+                  f"{format_rate(d.configured_emulated_bps)} ({format_rate(d.configured_wire_bps)})",
+                  f"{format_rate(d.achieved_emulated_bps)} ({format_rate(d.achieved_wire_bps)})",
+                  f"{d.rate_ratio:.3f}", f"{d.configured_loss:.3%}", f"{d.measured_loss:.3%} of {d.udp_datagrams}")
+    console.print(t)
+    console.print(f"RTT configured {format_duration(cal.configured_rtt_s)}: p50 {format_duration(cal.rtt_p50_s)}, "
+                  f"p99 {format_duration(cal.rtt_p99_s)}, std {format_duration(cal.rtt_std_s)}, ping loss {cal.ping_loss:.2%}")

@@ -1,0 +1,375 @@
+"""`Network`: one scenario's two datacenters and WAN, up and running on this host, and torn down again.
+
+It builds the Mininet topology (topologies/two_dc.py), gives every host its address and route, turns
+the gateways into routers, sets the host sysctls a run needs (restored afterwards), starts the WAN
+(testbed.net.wan), its schedule and telemetry, and writes a state file (testbed.net.state) so that
+`prfaas net exec/down/clean` can act on it from another process. `stop()` always tears everything
+down, whatever failed before; SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread while a
+network runs, so `with Network(...)` cleans up on Ctrl-C, `kill` and a closed terminal alike.
+
+Scale: wire rate = emulated rate / scale. `scale: auto` picks the smallest S that keeps every scheduled
+WAN rate / S within the host's capacity: `PRFAAS_CAPACITY_BPS` if set, else `DEFAULT_CAPACITY_BPS`
+(5 Gbps: what a 2-core host's delay line holds with margin; see docs/network.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from testbed import clock
+from testbed.errors import HostError
+from testbed.net import shaping, state
+from testbed.net.schedule import ScheduleRunner, expand_schedule
+from testbed.net.telemetry import DEFAULT_PERIOD_S, Telemetry
+from testbed.net.wan import GatewayPort, Wan, resolve_backend
+from testbed.scenario import DIRECTIONS, Scenario
+
+DEFAULT_CAPACITY_BPS = 5e9
+HOST_TCP_MEM = "4096 131072 67108864"  # per-namespace TCP buffers: room for a 10 Gbps x 40 ms BDP
+_counter = iter(range(1, 1 << 20))
+
+
+def host_capacity_bps() -> tuple[float, str]:
+    v = os.environ.get("PRFAAS_CAPACITY_BPS")
+    if v:
+        return float(v), "PRFAAS_CAPACITY_BPS"
+    return DEFAULT_CAPACITY_BPS, "default (5 Gbps)"
+
+
+def _new_tag() -> str:
+    return f"{(os.getpid() * 31 + next(_counter)) & 0xFFFFF:05x}"
+
+
+class Network:
+    """The network of a scenario. ``with Network(sc) as net: net.run("pd-p0", ["ping", ...])``."""
+
+    def __init__(self, scenario: Scenario, *, scale: float | None = None, telemetry_path: Path | None = None,
+                 telemetry_period_s: float = DEFAULT_PERIOD_S) -> None:
+        self.scenario = scenario
+        if scale is not None:
+            self.scale, self.scale_source = float(scale), "given to Network()"
+        elif scenario.scale == "auto":
+            cap, where = host_capacity_bps()
+            self.scale, self.scale_source = scenario.resolve_scale(cap), f"auto, capacity {cap / 1e9:g} Gbps from {where}"
+        else:
+            self.scale, self.scale_source = float(scenario.scale), "scenario"
+        if self.scale < 1:
+            raise HostError(f"scale: {self.scale:g} must be >= 1")
+        self.telemetry_path = telemetry_path
+        self.telemetry_period_s = telemetry_period_s
+        self.tag = _new_tag()
+        self.t0_s: float | None = None
+        self.net: Any = None
+        self.wan: Wan | None = None
+        self.schedule: ScheduleRunner | None = None
+        self.telemetry: Telemetry | None = None
+        self.backend, self.backend_reason = "", ""
+        self.addresses: dict[str, str] = {}
+        self._listeners: list[Callable[[dict], None]] = []
+        self._procs: list[subprocess.Popen] = []
+        self._state_file: Path | None = None
+        self._netns_inodes: set[int] = set()
+        self._old_handlers: dict[int, Any] = {}
+        self._stopped = False
+        self._lock = threading.Lock()
+        self.teardown_errors: list[str] = []
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> "Network":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> "Network":
+        if os.geteuid() != 0:
+            raise HostError("the network needs root (network namespaces, qdiscs): run with sudo")
+        self.backend, self.backend_reason = resolve_backend(self.scenario.wan.backend)
+        for d in DIRECTIONS:  # refuse impossible shaping before anything exists
+            shaping.plan_shaping(self.scenario.wan.direction(d), shaper=self.scenario.wan.shaper, scale=self.scale)
+        self._install_signal_handlers()
+        atexit.register(self.stop)
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        from mininet.link import Link
+        from mininet.log import setLogLevel
+        from mininet.net import Mininet
+
+        from topologies.two_dc import NetlinkBridge, TwoDatacenterTopo, addressing, bridge_name, gateway_name
+
+        setLogLevel("warning")
+        topo_spec = self.scenario.topology
+        self.addresses = addressing(topo_spec).ips
+        self._state_file = state.state_path(os.getpid(), self.tag)
+        self._state = {
+            "owner_pid": os.getpid(), "owner_start": state.process_start_ticks(os.getpid()), "tag": self.tag,
+            "scenario": self.scenario.name, "source": self.scenario.source, "ready": False,
+            "bridges": [bridge_name(dc, self.tag) for dc in ("prfaas", "pd")], "hosts": {}, "processes": [],
+        }
+        with state.locked():
+            state.write_state(self._state_file, self._state)
+            self.sysctls_set = state.save_and_set_sysctls()
+        self.net = Mininet(topo=TwoDatacenterTopo(topo_spec, tag=self.tag), switch=NetlinkBridge, controller=None,
+                           link=Link, build=False, waitConnected=False)
+        self.net.build()
+        for h in self.net.hosts:  # record namespaces at once, so that clean can find them after a SIGKILL
+            ino = state.netns_inode(h.pid)
+            self._netns_inodes.add(ino or 0)
+            self._state["hosts"][h.name] = {"pid": h.pid, "netns_inode": ino, "ip": self.addresses.get(h.name)}
+        state.write_state(self._state_file, self._state)
+        self.net.start()
+        for h in self.net.hosts:
+            h.cmd(f"sysctl -qw net.ipv4.tcp_rmem='{HOST_TCP_MEM}' net.ipv4.tcp_wmem='{HOST_TCP_MEM}'")
+        if topo_spec.lan_rate_bps:
+            self._shape_lan(topo_spec.lan_rate_bps)
+        from topologies.two_dc import SUBNETS, WAN_IPS, wan_ifname
+
+        ports = {}
+        for dc, peer, direction in (("prfaas", "pd", "prfaas_to_pd"), ("pd", "prfaas", "pd_to_prfaas")):
+            gw = self.net.get(gateway_name(dc))
+            gw.cmd("sysctl -qw net.ipv4.ip_forward=1")
+            out = gw.cmd(f"ip route replace {SUBNETS[peer]} via {WAN_IPS[peer]} dev {wan_ifname(dc)}")
+            if out.strip():
+                raise HostError(f"route on {gw.name}: {out.strip()}")
+            ports[direction] = GatewayPort(gw.name, wan_ifname(dc), f"/proc/{gw.pid}/ns/net", self._gateway_popen(gw))
+        self.wan = Wan(self.scenario.wan, ports, scale=self.scale, backend=self.backend, seed=self.scenario.seed)
+        self.wan.start()
+        self.t0_s = clock.now_s()
+        self.telemetry = Telemetry(self.wan.sample, DIRECTIONS, t0_s=self.t0_s, scale=self.scale, period_s=self.telemetry_period_s)
+        for fn in self._listeners:
+            self.telemetry.add_listener(fn)
+        self.schedule = ScheduleRunner(expand_schedule(self.scenario.wan.schedule), self.wan.apply, self.t0_s)
+        self.telemetry.start()
+        self.schedule.start()
+        self._state.update(ready=True, t0_s=self.t0_s, processes=self._tracked_pids(), backend=self.backend, scale=self.scale)
+        state.write_state(self._state_file, self._state)
+
+    def _shape_lan(self, rate_bps: float) -> None:
+        """`topology.lan_rate`: both ends of every intra-datacenter link (host egress, bridge-port egress)."""
+        from pyroute2 import IPRoute
+
+        from testbed.scenario import LinkDirectionSpec
+        from testbed.units import QueueLimit
+
+        plan = shaping.plan_shaping(LinkDirectionSpec(rate_bps=rate_bps, queue=QueueLimit("packets", 1000)), scale=self.scale)
+        with IPRoute() as root:
+            for link in self.net.links:
+                for intf in (link.intf1, link.intf2):
+                    if intf.node in self.net.switches:
+                        shaping.apply_plan(root, root.link_lookup(ifname=intf.name)[0], plan)
+                    elif not intf.name.endswith("-wan"):
+                        with IPRoute(netns=f"/proc/{intf.node.pid}/ns/net") as ipr:
+                            shaping.apply_plan(ipr, ipr.link_lookup(ifname=intf.name)[0], plan)
+
+    def _gateway_popen(self, gw: Any) -> Callable[[list[str]], subprocess.Popen]:
+        def popen(argv: list[str]) -> subprocess.Popen:
+            p = gw.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self._procs.append(p)
+            return p
+
+        return popen
+
+    def stop(self) -> None:
+        """Tear everything down; safe to call twice and after a failed start."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        errors = self.teardown_errors
+
+        def step(name: str, fn: Callable[[], Any]) -> None:
+            try:
+                fn()
+            except BaseException as exc:  # keep tearing down; report at the end
+                errors.append(f"{name}: {exc}")
+
+        if self.schedule:
+            step("schedule", self.schedule.stop)
+        if self.telemetry:
+            step("telemetry", self.telemetry.stop)
+            if self.telemetry_path:
+                step("telemetry file", lambda: self.telemetry.write_parquet(self.telemetry_path))
+        if self.wan:
+            step("wan", self.wan.stop)
+        step("processes", self._kill_processes)
+        if self.net is not None:
+            step("mininet", self.net.stop)
+        step("leftover processes", self._kill_processes)
+        step("bridges", self._delete_bridges)
+        if self._state_file:
+            def release() -> None:
+                with state.locked():
+                    state.restore_sysctls_if_last(exclude=self._state_file)
+                    self._state_file.unlink(missing_ok=True)
+
+            step("state", release)
+        self._restore_signal_handlers()
+        try:
+            atexit.unregister(self.stop)
+        except Exception:
+            pass
+
+    def _tracked_pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.poll() is None]
+
+    def _kill_processes(self) -> None:
+        """Every process we started, and every process still inside one of our namespaces."""
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self._procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (p.stdout, p.stderr, p.stdin):
+                if stream is not None:
+                    try:
+                        stream.close()
+                    except OSError:
+                        pass
+        shells = {h.shell.pid for h in self.net.hosts if getattr(h, "shell", None)} if self.net else set()
+        kill_pids(p for p in state.pids_in_netns(self._netns_inodes) if p not in shells)
+
+    def _delete_bridges(self) -> None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            for name in self._state.get("bridges", []) if hasattr(self, "_state") else []:
+                if ipr.link_lookup(ifname=name):
+                    ipr.link("del", ifname=name)
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        owner = os.getpid()
+
+        def interrupt(signum: int, frame: Any) -> None:
+            if os.getpid() != owner:  # a forked helper (pyroute2's netns child): die as by default
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+                return
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self._old_handlers[sig] = signal.signal(sig, interrupt)
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers.clear()
+
+    # ------------------------------------------------------------------------------------------ access
+
+    def _node(self, host: str) -> Any:
+        if self.net is None or self._stopped:
+            raise HostError("the network is not running")
+        try:
+            return self.net.get(host)
+        except KeyError:
+            raise HostError(f"no host {host!r}; hosts: {', '.join(sorted(self.addresses))}") from None
+
+    def host_ip(self, host: str) -> str:
+        if host not in self.addresses:
+            raise HostError(f"no host {host!r}; hosts: {', '.join(sorted(self.addresses))}")
+        return self.addresses[host]
+
+    def hosts(self) -> list[str]:
+        return sorted(self.addresses)
+
+    def popen(self, host: str, argv: list[str], **kwargs: Any) -> subprocess.Popen:
+        """Start argv inside the host's namespace (its own session); stopped at the latest by stop()."""
+        kwargs.setdefault("stdout", None)
+        kwargs.setdefault("stderr", None)
+        p = self._node(host).popen(list(argv), **kwargs)
+        self._procs.append(p)
+        return p
+
+    def run(self, host: str, argv: list[str], timeout_s: float = 30) -> subprocess.CompletedProcess:
+        p = self.popen(host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = p.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            raise
+        return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+    def add_telemetry_listener(self, fn: Callable[[dict], None]) -> None:
+        self._listeners.append(fn)
+        if self.telemetry:
+            self.telemetry.add_listener(fn)
+
+    def since_start_s(self) -> float:
+        return clock.now_s() - (self.t0_s or clock.now_s())
+
+    def describe(self) -> dict[str, Any]:
+        """For environment.json: how the WAN was emulated, in emulated units with the wire figures beside."""
+        from testbed.net.netem import netem_available
+
+        wan = self.scenario.wan
+        dirs = {}
+        for d in DIRECTIONS:
+            spec = wan.direction(d)
+            plan = shaping.plan_shaping(spec, shaper=wan.shaper, scale=self.scale, rtt_s=wan.prfaas_to_pd.delay_s + wan.pd_to_prfaas.delay_s)
+            dirs[d] = {
+                "rate_emulated_bps": spec.rate_bps, "rate_wire_bps": plan.rate_bps, "delay_s": spec.delay_s,
+                "jitter_s": spec.jitter_s, "jitter_distribution": spec.jitter_distribution, "reorder": spec.reorder,
+                "loss_mean": spec.loss.mean_rate, "loss_model": spec.loss.model, "queue": str(spec.queue),
+                "queue_wire_bytes": plan.queue_bytes, "burst_wire_bytes": plan.burst_bytes,
+            }
+        return {
+            "backend": self.backend, "backend_reason": self.backend_reason, "shaper": wan.shaper,
+            "scale": self.scale, "scale_source": self.scale_source, "netem_available": netem_available()[0],
+            "kernel": platform.release(), "directions": dirs,
+            "schedule": [a.describe() + f" @ {a.at_s:g}s" for a in expand_schedule(wan.schedule)],
+            "schedule_fired": [f"{t:.3f}s {a.describe()}" for t, a in (self.schedule.fired if self.schedule else [])],
+            "schedule_errors": list(self.schedule.errors) if self.schedule else [],
+            "telemetry_period_s": self.telemetry_period_s, "hosts": dict(self.addresses),
+        }
+
+
+def kill_pids(pids: Any, grace_s: float = 2.0) -> list[int]:
+    """SIGTERM, then SIGKILL whatever is left after `grace_s`."""
+    pids = list(pids)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if state.process_start_ticks(p) is not None and not _is_zombie(p)]
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

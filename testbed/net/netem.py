@@ -1,0 +1,105 @@
+"""netem: delay, jitter, loss in the kernel, where the kernel has `sch_netem`.
+
+`plan_netem` is pure (unit-tested everywhere); `netem_tc_argv` turns the plan into the `tc` command
+that hangs netem under the HTB class of `testbed.net.shaping` (handle 10:, parent 1:10), replacing the
+bfifo leaf. `tc` is used here, not pyroute2, because pyroute2's netem module cannot express delay
+distributions, the Gilbert-Elliott loss model or netem's `rate` (all needed here).
+
+In-order jitter: netem's tfifo sorts packets by their send time, so plain jitter reorders. When
+`reorder` is false and there is jitter, the plan sets netem's own `rate` to the wire rate: netem then
+schedules each packet after the previous one (time_to_send = max(own, previous) + serialisation),
+which keeps order (tc-netem(8), "rate"). With `reorder: true` the rate is left out and tfifo reorders.
+
+Queue: netem's `limit` is in packets and must hold every packet in flight over the delay plus the
+scenario's queue, so limit = (rate x (delay + 4 jitter) + queue bytes) / MTU, at least 1000.
+
+`netem_available()` asks the kernel: it tries to add a netem qdisc to `lo` inside a throwaway network
+namespace (`unshare --net`), which disappears with the process.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from testbed.net.shaping import CLASS_HANDLE, LEAF_HANDLE, MTU_BYTES, ShapingPlan
+from testbed.scenario import LinkDirectionSpec, LossSpec
+
+MIN_LIMIT_PACKETS = 1000
+
+
+@dataclass(frozen=True)
+class NetemPlan:
+    delay_s: float
+    jitter_s: float
+    distribution: str
+    loss: LossSpec
+    limit_packets: int
+    rate_bps: float | None  # set only to keep jittered packets in order
+    reorder: bool
+
+    def tc_options(self) -> list[str]:
+        """netem's options as tc(8) words."""
+        opts = ["limit", str(self.limit_packets), "delay", _usec(self.delay_s)]
+        if self.jitter_s > 0:
+            opts.append(_usec(self.jitter_s))
+            if self.distribution != "uniform":  # netem's jitter is uniform unless a table is named
+                opts += ["distribution", self.distribution]
+        if self.loss.model == "random" and self.loss.rate > 0:
+            opts += ["loss", "random", _pct(self.loss.rate)]
+        elif self.loss.model == "gilbert-elliott" and self.loss.p > 0:
+            opts += ["loss", "gemodel", _pct(self.loss.p), _pct(self.loss.r), _pct(self.loss.bad_loss), _pct(self.loss.good_loss)]
+        if self.rate_bps:
+            opts += ["rate", f"{int(self.rate_bps)}bit"]
+        return opts
+
+
+def _usec(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f}us"
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:.6g}%"
+
+
+def plan_netem(direction: LinkDirectionSpec, shaping: ShapingPlan) -> NetemPlan:
+    in_flight_bytes = shaping.rate_bps / 8 * (direction.delay_s + 4 * direction.jitter_s)
+    limit = max(MIN_LIMIT_PACKETS, math.ceil((in_flight_bytes + shaping.queue_bytes) / MTU_BYTES))
+    keep_order = direction.jitter_s > 0 and not direction.reorder
+    return NetemPlan(
+        delay_s=direction.delay_s,
+        jitter_s=direction.jitter_s,
+        distribution=direction.jitter_distribution,
+        loss=direction.loss,
+        limit_packets=limit,
+        rate_bps=shaping.rate_bps if keep_order else None,
+        reorder=direction.reorder,
+    )
+
+
+def netem_tc_argv(ifname: str, plan: NetemPlan, *, command: str = "replace") -> list[str]:
+    """``tc qdisc replace dev IF parent 1:10 handle 10: netem ...`` (netem as the HTB class's leaf)."""
+    parent = f"{CLASS_HANDLE >> 16:x}:{CLASS_HANDLE & 0xFFFF:x}"
+    handle = f"{LEAF_HANDLE >> 16:x}:"
+    return ["tc", "qdisc", command, "dev", ifname, "parent", parent, "handle", handle, "netem", *plan.tc_options()]
+
+
+@functools.lru_cache(maxsize=1)
+def netem_available() -> tuple[bool, str]:
+    """(available, reason). Tries netem on `lo` of a throwaway namespace; needs root and unshare."""
+    if not shutil.which("unshare") or not shutil.which("tc"):
+        return False, "cannot probe: unshare or tc is missing"
+    try:
+        r = subprocess.run(
+            ["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+            capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"cannot probe: {exc}"
+    if r.returncode == 0:
+        return True, "sch_netem present"
+    err = (r.stderr or r.stdout).strip().splitlines()
+    return False, f"kernel refused netem: {err[0] if err else 'exit ' + str(r.returncode)}"

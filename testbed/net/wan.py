@@ -1,0 +1,237 @@
+"""The WAN: per direction, rate shaping plus delay/jitter/loss on the sending gateway's WAN egress.
+
+Who knows what: `shaping` knows qdiscs, `netem` knows netem, `delayline` knows the NFQUEUE element;
+this module picks the backend, puts one `DirectionEmulator` on each gateway and applies schedule
+actions to them. Path of a packet from prfaas to pd with the delay line backend:
+
+    prfaas host -> prfaas-gw FORWARD (NFQUEUE: delay, jitter, loss) -> HTB on prfaas-gw-wan (rate, queue)
+    -> veth -> pd-gw -> pd host
+
+With netem: the same HTB, with netem as the class's leaf instead of the bfifo.
+A link `down` inserts an iptables-legacy DROP rule for the WAN egress in the gateway's namespace
+(routes stay in place, so the link comes back exactly as it was).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Protocol
+
+from testbed.errors import HostError
+from testbed.net import netem, shaping
+from testbed.net.schedule import ScheduleAction
+from testbed.scenario import DIRECTIONS, LinkDirectionSpec, WanSpec
+
+Popen = Callable[[list[str]], subprocess.Popen]
+DOWN_COMMENT = "prfaas-wan-down"
+QUEUE_NUMS = {"prfaas_to_pd": 1, "pd_to_prfaas": 2}
+
+
+def resolve_backend(requested: str) -> tuple[str, str]:
+    """(backend, why). `netem` on a kernel without it is refused before anything starts."""
+    ok, reason = netem.netem_available()
+    if requested == "netem" and not ok:
+        raise HostError(f"wan.backend: netem is not available on this kernel ({reason}); use 'delayline' or 'auto'")
+    if requested == "auto":
+        return ("netem", f"auto: {reason}") if ok else ("delayline", f"auto: {reason}")
+    return requested, f"asked for in the scenario ({reason})"
+
+
+@dataclass
+class GatewayPort:
+    """Where one direction leaves: the sending gateway's WAN interface, reached through its namespace."""
+
+    gateway: str
+    ifname: str
+    netns_path: str  # /proc/PID/ns/net of the gateway's shell
+    popen: Popen  # runs argv inside the gateway's namespace
+
+
+def _run(popen: Popen, argv: list[str], timeout_s: float = 10) -> None:
+    proc = popen(argv)
+    out, err = proc.communicate(timeout=timeout_s)
+    if proc.returncode != 0:
+        text = (err or out or b"").decode(errors="replace").strip() if isinstance(err or out, bytes) else str(err or out)
+        raise RuntimeError(f"{' '.join(argv)}: exit {proc.returncode}: {text}")
+
+
+class DirectionEmulator(Protocol):
+    def start(self) -> None: ...
+    def update(self, spec: LinkDirectionSpec) -> None: ...
+    def sample(self) -> dict[str, Any]: ...
+    def stop(self) -> None: ...
+
+
+class _Shaped:
+    """The part both backends share: an HTB/TBF plan on the egress, kept in step with the spec."""
+
+    leaf = True
+
+    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, shaper: str, scale: float, rtt_s: float) -> None:
+        from pyroute2 import IPRoute
+
+        self.port, self.spec, self.scale, self.rtt_s = port, spec, scale, rtt_s
+        self.plan = shaping.plan_shaping(spec, shaper=shaper, scale=scale, rtt_s=rtt_s)
+        self.ipr = IPRoute(netns=port.netns_path)
+        self.ifindex = self.ipr.link_lookup(ifname=port.ifname)[0]
+        self.lock = threading.Lock()
+
+    def _shape(self) -> None:
+        with self.lock:
+            shaping.apply_plan(self.ipr, self.ifindex, self.plan, leaf=self.leaf)
+
+    def _reshape(self, spec: LinkDirectionSpec) -> None:
+        new = shaping.with_rate(self.plan, spec, scale=self.scale, rtt_s=self.rtt_s)
+        with self.lock:
+            shaping.update_plan(self.ipr, self.ifindex, new, leaf=self.leaf)
+        self.plan, self.spec = new, spec
+
+    def _qdisc_sample(self) -> dict[str, Any]:
+        with self.lock:
+            st = shaping.read_qdisc_stats(self.ipr, self.ifindex)
+        return {
+            "tx_bytes": st.tx_bytes, "tx_packets": st.tx_packets, "drops": st.drops, "overlimits": st.overlimits,
+            "backlog_bytes": st.backlog_bytes, "backlog_packets": st.backlog_packets,
+            "rate_bps": self.plan.rate_bps, "queue_limit_bytes": self.plan.queue_bytes,
+        }
+
+    def _close(self) -> None:
+        with self.lock:
+            try:
+                shaping.clear_root(self.ipr, self.ifindex)
+            except Exception:
+                pass  # the namespace may already be gone
+            self.ipr.close()
+
+
+class DelayLineEmulator(_Shaped):
+    """HTB/TBF (rate, queue) + the userspace NFQUEUE delay line (delay, jitter, loss) of testbed.net.delayline."""
+
+    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, shaper: str, scale: float, rtt_s: float, queue_num: int, seed: int) -> None:
+        super().__init__(port, spec, shaper, scale, rtt_s)
+        from testbed.net import delayline
+
+        self.delayline_mod = delayline
+        self.seed = seed
+        self.line = delayline.DelayLineProcess(port.popen, port.ifname, queue_num, delayline.build_config(spec, seed))
+
+    def start(self) -> None:
+        self._shape()
+        self.line.start()
+
+    def update(self, spec: LinkDirectionSpec) -> None:
+        self._reshape(spec)
+        self.line.update(self.delayline_mod.build_config(spec, self.seed))
+
+    def sample(self) -> dict[str, Any]:
+        out = self._qdisc_sample()
+        try:
+            st = self.line.stats()
+            out.update(
+                delayline_queued_packets=st.queued_packets, delayline_queued_bytes=st.queued_bytes,
+                delayline_forwarded_packets=st.forwarded_packets, delayline_dropped_loss=st.dropped_loss,
+                delayline_dropped_overflow=st.dropped_overflow,
+            )
+        except Exception:
+            pass  # a sample without the delay line's counters is still a sample
+        return out
+
+    def stop(self) -> None:
+        try:
+            self.line.stop()
+        finally:
+            self._close()
+
+
+class NetemEmulator(_Shaped):
+    """HTB (rate) with netem (delay, jitter, loss, in-order queue) as the class's leaf."""
+
+    leaf = False
+
+    def start(self) -> None:
+        self._shape()
+        _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, netem.plan_netem(self.spec, self.plan)))
+
+    def update(self, spec: LinkDirectionSpec) -> None:
+        self._reshape(spec)
+        _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, netem.plan_netem(spec, self.plan), command="change"))
+
+    def sample(self) -> dict[str, Any]:
+        return self._qdisc_sample()
+
+    def stop(self) -> None:
+        self._close()
+
+
+class Wan:
+    """Both directions of the WAN; `apply(action)` is what the schedule calls."""
+
+    def __init__(self, spec: WanSpec, ports: dict[str, GatewayPort], *, scale: float, backend: str, seed: int) -> None:
+        self.spec, self.ports, self.scale, self.backend, self.seed = spec, ports, scale, backend, seed
+        self.current = {d: spec.direction(d) for d in DIRECTIONS}
+        self.link_up = {d: True for d in DIRECTIONS}
+        self.saved: dict[tuple[int, str], dict[str, Any]] = {}
+        self.emulators: dict[str, DirectionEmulator] = {}
+        self.applied: list[str] = []
+
+    def rtt_s(self) -> float:
+        return self.spec.prfaas_to_pd.delay_s + self.spec.pd_to_prfaas.delay_s
+
+    def start(self) -> None:
+        for d in DIRECTIONS:
+            port, spec = self.ports[d], self.current[d]
+            if self.backend == "netem":
+                em: DirectionEmulator = NetemEmulator(port, spec, self.spec.shaper, self.scale, self.rtt_s())
+            else:
+                em = DelayLineEmulator(port, spec, self.spec.shaper, self.scale, self.rtt_s(), QUEUE_NUMS[d], self.seed + QUEUE_NUMS[d])
+            self.emulators[d] = em
+            em.start()
+
+    def set_direction(self, direction: str, spec: LinkDirectionSpec) -> None:
+        self.emulators[direction].update(spec)
+        self.current[direction] = spec
+
+    def set_link_up(self, direction: str, up: bool) -> None:
+        if self.link_up[direction] == up:
+            return
+        port = self.ports[direction]
+        op = "-I" if not up else "-D"
+        rule = ["FORWARD", *(["1"] if op == "-I" else []), "-o", port.ifname, "-m", "comment", "--comment", DOWN_COMMENT, "-j", "DROP"]
+        _run(port.popen, ["iptables-legacy", "-w", op, *rule])
+        self.link_up[direction] = up
+
+    def apply(self, action: ScheduleAction) -> None:
+        for d in action.directions:
+            if action.kind == "down":
+                self.set_link_up(d, False)
+            elif action.kind == "up":
+                self.set_link_up(d, True)
+            elif action.kind == "change":
+                cur = self.current[d]
+                self.saved[(action.event_index, d)] = {k: getattr(cur, k) for k, _ in action.changes}
+                self.set_direction(d, replace(cur, **dict(action.changes)))
+            elif action.kind == "revert":
+                before = self.saved.pop((action.event_index, d), {})
+                self.set_direction(d, replace(self.current[d], **before))
+        self.applied.append(action.describe())
+
+    def sample(self, direction: str) -> dict[str, Any]:
+        out = self.emulators[direction].sample()
+        out["link_up"] = self.link_up[direction]
+        out["rate_emulated_bps"] = self.current[direction].rate_bps
+        out["delay_s"] = self.current[direction].delay_s
+        out["loss"] = self.current[direction].loss.mean_rate
+        return out
+
+    def stop(self) -> None:
+        errors = []
+        for d, em in list(self.emulators.items()):
+            try:
+                em.stop()
+            except Exception as exc:
+                errors.append(f"{d}: {exc}")
+        self.emulators.clear()
+        if errors:
+            raise RuntimeError("; ".join(errors))

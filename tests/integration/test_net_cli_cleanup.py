@@ -1,0 +1,87 @@
+"""`prfaas net up --detach / exec / down`, bad input, and `prfaas clean` after a SIGKILLed run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.net import cleanup, state
+
+REPO = Path(__file__).resolve().parents[2]
+SETS = ["--set", "wan.delay=2ms", "--set", "scale=10"]
+
+
+def prfaas(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def our_bridges():
+    return set(cleanup._our_bridges())
+
+
+def test_net_up_detach_exec_down_leaves_nothing():
+    before = {p.name for p, _ in state.list_states()}
+    r = prfaas("net", "up", "net-default", "--detach", *SETS)
+    try:
+        assert r.returncode == 0, r.stderr
+        mine = [d for p, d in state.list_states() if p.name not in before]
+        assert len(mine) == 1 and mine[0]["ready"]
+        tag = mine[0]["tag"]
+        ex = prfaas("net", "exec", "pd-d0", "--id", tag, "--", "ping", "-c", "2", "-i", "0.2", "10.1.0.10")
+        assert ex.returncode == 0 and "2 received" in ex.stdout, ex.stdout + ex.stderr
+        code = prfaas("net", "exec", "pd-d0", "--id", tag, "--", "sh", "-c", "exit 7")
+        assert code.returncode == 7
+        bad = prfaas("net", "exec", "nohost", "--id", tag, "--", "true")
+        assert bad.returncode == 2 and "no host 'nohost'" in bad.stderr and "Traceback" not in bad.stderr
+        inodes = {h["netns_inode"] for h in mine[0]["hosts"].values()}
+        bridges = set(mine[0]["bridges"])
+    finally:
+        down = prfaas("net", "down", "--id", mine[0]["tag"]) if r.returncode == 0 and mine else None
+    assert down is not None and down.returncode == 0, down and down.stderr
+    assert not state.pids_in_netns(inodes)
+    assert not (bridges & our_bridges())
+    assert {p.name for p, _ in state.list_states()} == before
+
+
+@pytest.mark.parametrize("override, field", [
+    ("wan.rate=-5Gbps", "wan.rate"),
+    ("wan.loss=150%", "wan.loss"),
+    ("wan.jitter=20ms", "wan.jitter"),
+    ("wan.colour=red", "wan.colour"),
+    ("wan.schedule=[{at: 20s, rate: 1Gbps}, {at: 10s, rate: 2Gbps}]", "wan.schedule[1].at"),
+])
+def test_bad_input_is_one_line_exit_2_and_starts_nothing(override, field):
+    before = our_bridges()
+    r = prfaas("net", "up", "net-default", "--set", override)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and field in r.stderr and "Traceback" not in r.stderr
+    assert our_bridges() == before
+
+
+def test_clean_removes_what_a_sigkilled_run_left():
+    child = subprocess.Popen([sys.executable, "-m", "testbed.cli", "net", "up", "net-default", *SETS], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    data = None
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and data is None:
+            data = next((d for _, d in state.list_states() if d.get("owner_pid") == child.pid and d.get("ready")), None)
+            time.sleep(0.1)
+        assert data, "net up did not come up"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    inodes = {h["netns_inode"] for h in data["hosts"].values()}
+    time.sleep(0.5)
+    left = state.pids_in_netns(inodes)  # delay lines or other processes that outlived their owner, if any
+    assert set(data["bridges"]) <= our_bridges(), "the bridges of a SIGKILLed run stay in the root namespace"
+    rep = cleanup.clean()
+    assert set(left) <= set(rep.processes)
+    assert set(data["bridges"]) <= set(rep.bridges)
+    assert not state.pids_in_netns(inodes)
+    assert not (set(data["bridges"]) & our_bridges())
+    assert not any(d.get("owner_pid") == child.pid for _, d in state.list_states())

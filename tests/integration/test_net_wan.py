@@ -1,0 +1,112 @@
+"""Each WAN property on real namespaces (delay-line backend here; netem where the kernel has it).
+
+Bounds are loose sanity bounds (a shared 2-core host); the tight figures are benchmarks/wan_fidelity.py.
+"""
+
+import subprocess
+
+import pytest
+
+from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss
+from testbed.net.emulation import Network
+from testbed.net.netem import netem_available
+from testbed.net.schedule import ScheduleAction
+from testbed.scenario import LossSpec, parse_scenario
+
+DIRS = ("prfaas_to_pd", "pd_to_prfaas")
+
+
+def scenario(**wan):
+    return parse_scenario({"name": "it-wan", "scale": 10, "duration": "120s",
+                           "topology": {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 0, "decode": 1, "cross": 0}},
+                           "wan": {"rate": "10Gbps", "delay": "10ms", **wan}})
+
+
+@pytest.fixture(scope="module")
+def net():
+    n = Network(scenario())
+    try:
+        n.start()
+        yield n
+    finally:
+        n.stop()
+    assert not n.teardown_errors
+
+
+def test_network_reports_backend_scale_and_wire_rates(net):
+    d = net.describe()
+    assert d["backend"] == ("netem" if netem_available()[0] else "delayline")
+    assert d["scale"] == 10
+    assert d["directions"]["prfaas_to_pd"]["rate_emulated_bps"] == 10e9
+    assert d["directions"]["prfaas_to_pd"]["rate_wire_bps"] == 1e9
+
+
+def test_hosts_route_across_the_wan_with_the_configured_delay(net):
+    rtt = measure_rtt(net, "prfaas-p0", "pd-d0", count=50, interval_s=0.02)
+    assert rtt.replies == 50
+    assert 0.0195 <= rtt.p50_s <= 0.025, rtt  # 2 x 10 ms one way
+
+
+def test_rate_is_shaped_to_the_wire_rate(net):
+    with IperfServer(net, "pd-d0"):
+        bps = measure_rate_bps(net, "prfaas-p0", "pd-d0", streams=4, duration_s=3, omit_s=1)
+    assert 0.6e9 <= bps <= 1.05e9, bps  # configured 1 Gbps on the wire
+
+
+def test_loss_change_at_runtime_is_measured_and_reverted(net):
+    net.wan.apply(ScheduleAction(0, 99, ("prfaas_to_pd",), "change", (("loss", LossSpec("random", 0.05)),)))
+    try:
+        with IperfServer(net, "pd-d0", port=5301):
+            lost, sent = measure_udp_loss(net, "prfaas-p0", "pd-d0", datagrams=10000, rate_bps=100e6, port=5301)
+    finally:
+        net.wan.apply(ScheduleAction(0, 99, ("prfaas_to_pd",), "revert", (("loss", None),)))
+    assert sent >= 8000
+    assert 0.03 <= lost / sent <= 0.07, (lost, sent)
+    assert net.wan.current["prfaas_to_pd"].loss.rate == 0.0
+
+
+def test_jitter_spreads_rtt_without_reordering(net):
+    from dataclasses import replace
+
+    base = net.wan.current["prfaas_to_pd"]
+    net.wan.set_direction("prfaas_to_pd", replace(base, jitter_s=0.003, jitter_distribution="normal"))
+    try:
+        rtt = measure_rtt(net, "prfaas-p0", "pd-d0", count=100, interval_s=0.01)
+    finally:
+        net.wan.set_direction("prfaas_to_pd", base)
+    assert 0.0015 <= rtt.std_s <= 0.0045, rtt  # configured 3 ms
+    assert rtt.replies == 100
+
+
+def test_link_down_drops_everything_and_up_restores(net):
+    net.wan.apply(ScheduleAction(0, 98, DIRS, "down"))
+    try:
+        r = net.run("prfaas-p0", ["ping", "-c", "3", "-i", "0.1", "-W", "1", net.host_ip("pd-d0")])
+        assert r.returncode != 0 and " 0 received" in r.stdout
+    finally:
+        net.wan.apply(ScheduleAction(0, 98, DIRS, "up"))
+    assert net.run("prfaas-p0", ["ping", "-c", "2", "-i", "0.1", net.host_ip("pd-d0")]).returncode == 0
+
+
+def test_popen_runs_inside_the_host_namespace(net):
+    out = net.run("pd-d0", ["ip", "-4", "-o", "addr", "show"]).stdout
+    assert net.host_ip("pd-d0") in out and net.host_ip("prfaas-p0") not in out
+
+
+@pytest.mark.skipif(not netem_available()[0], reason=f"netem runtime path: {netem_available()[1]} (its configuration is unit-tested in tests/unit/test_netem.py)")
+def test_netem_backend_runs_delay_on_the_kernel():
+    with Network(scenario(backend="netem")) as n:
+        rtt = measure_rtt(n, "prfaas-p0", "pd-d0", count=30, interval_s=0.02)
+        assert 0.0195 <= rtt.p50_s <= 0.025
+
+
+def test_netem_backend_on_a_kernel_without_netem_is_refused_before_anything_starts():
+    if netem_available()[0]:
+        pytest.skip("this kernel has netem")
+    from testbed.errors import HostError
+    from testbed.net import state
+
+    before = {p.name for p, _ in state.list_states()}
+    with pytest.raises(HostError, match="wan.backend: netem"):
+        Network(scenario(backend="netem")).start()
+    assert {p.name for p, _ in state.list_states()} == before

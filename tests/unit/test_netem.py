@@ -1,0 +1,62 @@
+"""netem plan: delay, jitter with distribution, in-order trick, random and Gilbert-Elliott loss, limit."""
+
+import pytest
+
+from testbed.net import netem, shaping
+from testbed.scenario import LinkDirectionSpec, LossSpec
+
+
+def plan_for(**kw):
+    d = LinkDirectionSpec(rate_bps=kw.pop("rate_bps", 1e9), **kw)
+    return netem.plan_netem(d, shaping.plan_shaping(d))
+
+
+def test_delay_only():
+    p = plan_for(delay_s=0.01)
+    assert p.tc_options() == ["limit", str(p.limit_packets), "delay", "10000us"]
+
+
+def test_jitter_in_order_sets_netem_rate_to_the_wire_rate():
+    p = plan_for(delay_s=0.02, jitter_s=0.002, jitter_distribution="normal")
+    opts = p.tc_options()
+    assert opts[opts.index("delay"):opts.index("delay") + 5] == ["delay", "20000us", "2000us", "distribution", "normal"]
+    assert opts[-2:] == ["rate", "1000000000bit"]
+
+
+def test_jitter_with_reorder_has_no_rate():
+    p = plan_for(delay_s=0.02, jitter_s=0.03, reorder=True, jitter_distribution="pareto")
+    assert "rate" not in p.tc_options() and "pareto" in p.tc_options()
+
+
+def test_uniform_jitter_uses_netem_default_table():
+    p = plan_for(delay_s=0.02, jitter_s=0.002, jitter_distribution="uniform")
+    assert "distribution" not in p.tc_options()
+
+
+def test_random_loss_in_percent():
+    p = plan_for(delay_s=0.01, loss=LossSpec("random", 0.001))
+    opts = p.tc_options()
+    assert opts[opts.index("loss"):opts.index("loss") + 3] == ["loss", "random", "0.1%"]
+
+
+def test_gilbert_elliott_loss_is_gemodel_p_r_1h_1k():
+    p = plan_for(delay_s=0.01, loss=LossSpec("gilbert-elliott", p=0.01, r=0.3, bad_loss=0.5, good_loss=0.001))
+    opts = p.tc_options()
+    assert opts[opts.index("loss"):] == ["loss", "gemodel", "1%", "30%", "50%", "0.1%"]
+
+
+def test_limit_holds_in_flight_packets_plus_queue():
+    d = LinkDirectionSpec(rate_bps=10e9, delay_s=0.05)
+    sp = shaping.plan_shaping(d)
+    p = netem.plan_netem(d, sp)
+    in_flight = 10e9 / 8 * 0.05
+    assert p.limit_packets == pytest.approx((in_flight + sp.queue_bytes) / 1500, abs=1)
+
+
+def test_limit_never_below_netem_default():
+    assert plan_for(delay_s=0.0001, rate_bps=1e6).limit_packets == netem.MIN_LIMIT_PACKETS
+
+
+def test_tc_argv_puts_netem_under_the_htb_class():
+    argv = netem.netem_tc_argv("pd-gw-wan", plan_for(delay_s=0.01))
+    assert argv[:10] == ["tc", "qdisc", "replace", "dev", "pd-gw-wan", "parent", "1:10", "handle", "10:", "netem"]

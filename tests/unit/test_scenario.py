@@ -1,0 +1,102 @@
+"""Scenario validation (network part) and the units parser: table-driven; every error names its field."""
+
+import pytest
+
+from testbed import units
+from testbed.errors import FieldError, UserError
+from testbed.net.schedule import expand_schedule
+from testbed.scenario import apply_overrides, load_scenario, parse_scenario
+
+
+def wan(**kw):
+    return {"wan": {"rate": "10Gbps", "delay": "10ms", **kw}}
+
+
+BAD = [
+    # (scenario, field named in the error, words of the allowed values)
+    (wan(rate="-5Gbps"), "wan.rate", "positive"),
+    (wan(rate=100), "wan.rate", "rate unit"),
+    (wan(rate="10Gbs"), "wan.rate", "rate unit"),
+    (wan(delay="10"), "wan.delay", "time unit"),
+    (wan(delay="-1ms"), "wan.delay", "negative"),
+    (wan(loss="150%"), "wan.loss", "out of range"),
+    (wan(loss={"model": "gilbert-elliott", "p": "1%", "r": "0%"}), "wan.loss.r", "bad state"),
+    (wan(loss={"model": "bursty"}), "wan.loss.model", "random, gilbert-elliott"),
+    (wan(jitter="20ms"), "wan.jitter", "reorder"),
+    (wan(jitter_distribution="gauss"), "wan.jitter_distribution", "normal, uniform, pareto"),
+    (wan(queue="-3p"), "wan.queue", "positive"),
+    (wan(queue="3 apples"), "wan.queue", "bandwidth-delay"),
+    (wan(backend="ns3"), "wan.backend", "auto, netem, delayline"),
+    (wan(shaper="cake"), "wan.shaper", "htb, tbf"),
+    (wan(colour="red"), "wan.colour", "allowed keys"),
+    (wan(prfaas_to_pd={"rate": "1Gbps", "speed": 3}), "wan.prfaas_to_pd.speed", "allowed keys"),
+    (wan(schedule=[{"at": "30s", "rate": "1Gbps"}, {"at": "10s", "rate": "2Gbps"}]), "wan.schedule[1].at", "time order"),
+    (wan(schedule=[{"at": "-1s", "rate": "1Gbps"}]), "wan.schedule[0].at", "negative"),
+    (wan(schedule=[{"at": "1s"}]), "wan.schedule[0].at", "at least one of"),
+    (wan(schedule=[{"at": "1s", "down": "3s", "for": "2s"}]), "wan.schedule[0].for", "own duration"),
+    (wan(schedule=[{"at": "1s", "rate": "fast"}]), "wan.schedule[0].rate", "Gbps"),
+    ({**wan(schedule=[{"at": "90s", "rate": "1Gbps"}]), "duration": "60s"}, "wan.schedule", "after the end"),
+    ({**wan(), "scale": 0.5}, "scale", ">= 1"),
+    ({**wan(), "topology": {"pd": {"decode": 0}}}, "topology.pd.decode", "at least 1"),
+    ({**wan(), "topology": {"prfaas": {"decode": 2}}}, "topology.prfaas.decode", "only prefills"),
+    ({**wan(), "topology": {"pd": {"prefill": -1}}}, "topology.pd.prefill", "whole number"),
+    ({**wan(), "tpology": {}}, "tpology", "allowed keys"),
+    ({"topology": {}}, "wan.rate", "required"),
+]
+
+
+@pytest.mark.parametrize("data, field, allowed", BAD, ids=[b[1] + ":" + b[2] for b in BAD])
+def test_bad_network_fields_are_refused_naming_field_and_allowed_values(data, field, allowed):
+    with pytest.raises(FieldError) as exc:
+        parse_scenario(data)
+    assert exc.value.field == field
+    assert allowed in str(exc.value)
+
+
+def test_per_direction_values_override_the_common_ones():
+    sc = parse_scenario(wan(pd_to_prfaas={"rate": "1Gbps", "delay": "30ms"}))
+    assert sc.wan.prfaas_to_pd.rate_bps == 10e9 and sc.wan.prfaas_to_pd.delay_s == 0.01
+    assert sc.wan.pd_to_prfaas.rate_bps == 1e9 and sc.wan.pd_to_prfaas.delay_s == 0.03
+
+
+def test_schedule_expands_for_into_change_and_revert_and_down_into_down_and_up():
+    sc = parse_scenario({**wan(schedule=[{"at": "30s", "rate": "20Gbps"}, {"at": "45s", "loss": "2%", "for": "5s"},
+                                         {"at": "60s", "down": "3s"}]), "duration": "90s"})
+    acts = [(a.at_s, a.kind) for a in expand_schedule(sc.wan.schedule)]
+    assert acts == [(30, "change"), (45, "change"), (50, "revert"), (60, "down"), (63, "up")]
+
+
+def test_overrides_are_read_as_yaml():
+    data = apply_overrides({"wan": {"rate": "1Gbps"}}, ["wan.rate=20Gbps", "seed=3"])
+    assert data == {"wan": {"rate": "20Gbps"}, "seed": 3}
+
+
+def test_override_without_equals_is_a_user_error():
+    with pytest.raises(UserError, match="key=value"):
+        apply_overrides({}, ["wan.rate"])
+
+
+def test_default_network_scenario_loads():
+    sc = load_scenario("net-default")
+    assert sc.scale == "auto" and sc.wan.prfaas_to_pd.rate_bps == 100e9 and sc.wan.backend == "auto"
+
+
+@pytest.mark.parametrize("text, parse, expected", [
+    ("100Gbps", units.parse_rate_bps, 100e9),
+    ("2.5 Mbit", units.parse_rate_bps, 2.5e6),
+    ("10ms", units.parse_duration_s, 0.01),
+    ("250us", units.parse_duration_s, 250e-6),
+    (0, units.parse_duration_s, 0.0),
+    ("0.1%", units.parse_fraction, 0.001),
+    (0.25, units.parse_fraction, 0.25),
+    ("2MB", units.parse_size_bytes, 2_000_000),
+    ("1MiB", units.parse_size_bytes, 1 << 20),
+])
+def test_units(text, parse, expected):
+    assert parse(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text, kind, value", [("1bdp", "bdp", 1), ("1000p", "packets", 1000), ("30MB", "bytes", 30e6)])
+def test_queue_units(text, kind, value):
+    q = units.parse_queue(text)
+    assert (q.kind, q.value) == (kind, value)
