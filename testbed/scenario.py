@@ -352,6 +352,13 @@ SECTION_PARSERS: dict[str, str] = {
 }
 
 
+# Checks across sections, run once the whole scenario is parsed (e.g. serving instances against the
+# topology): key -> "module:function(Scenario) -> None", called when the scenario has that section.
+SECTION_CHECKS: dict[str, str] = {
+    "serving": "testbed.serving.config:check_scenario",
+}
+
+
 def _section_parser(key: str) -> Callable[[Fields], Any]:
     module, func = SECTION_PARSERS[key].split(":")
     return getattr(importlib.import_module(module), func)
@@ -412,6 +419,10 @@ def parse_scenario(data: Any, source: str | None = None) -> Scenario:
     for e in sc.wan.schedule:
         if e.at_s > sc.duration_s:
             raise FieldError("wan.schedule", f"an entry at {e.at_s:g}s is after the end of the run (duration {sc.duration_s:g}s)", source)
+    for key, ref in SECTION_CHECKS.items():
+        if key in sc.sections:
+            module, func = ref.split(":")
+            getattr(importlib.import_module(module), func)(sc)
     return sc
 
 

@@ -1,0 +1,827 @@
+"""The router: an OpenAI-compatible front door that places each request's prefill and decode.
+
+For each ``POST /v1/completions`` it asks the global KV cache manager for the prefix match in every
+cluster, lets the policy decide (PrfaaS or PD-P, which instances), opens the decode stream
+(``POST /v1/decode``, PROTOCOL.md) and then the prefill (``POST /v1/prefill``) that ships the KV to
+that decode instance, relays the tokens to the client, and records one row per request. A background
+poller reads every worker's ``/v1/state`` (queues, prefix pools, the transport's congestion signal);
+the run pushes WAN samples to ``/v1/telemetry``; a control loop ticks the policy.
+
+Units: the router works in emulated units (wire x scale). WAN samples arrive in wire units unless
+they say ``"units": "emulated"``; metric names that carry bytes or bit rates end in ``_emulated``.
+Times in records are seconds since the run's start (`testbed.clock.run_t0`). See docs/router.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import math
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+from testbed import clock
+from testbed.errors import FieldError, UserError
+from testbed.scenario import Fields, boolean, positive_int, positive_number
+from testbed.serving.kvmanager import KVManager
+from testbed.serving.policy import (
+    ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
+    TelemetrySample, build_policy, parse_policy_section,
+)
+from traffic.request import BLOCK_TOKENS, Request
+
+COMPUTE_MODES = ("profile", "torch")
+RECORD_COLUMNS = (
+    "request_id", "arrival_s", "input_len", "cached_len", "uncached_len", "output_len", "route", "threshold",
+    "prefill_instance", "decode_instance", "prefill_start_s", "prefill_end_s", "kv_bytes", "wire_bytes", "kv_bytes_emulated",
+    "transfer_start_s", "transfer_end_s", "first_token_s", "finish_s", "status", "reason", "route_reason",
+    "cache_transfer_tokens",
+)
+
+
+# ------------------------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class PrefillInstanceConfig:
+    cluster: str  # "prfaas" | "pd"
+    instance: int
+    host: str  # IP address
+    port: int  # control port (8100 + instance)
+    standby: bool = False  # started for role flips; receives nothing until flipped in
+
+
+@dataclass(frozen=True)
+class DecodeInstanceConfig:
+    instance: int
+    host: str
+    port: int  # control port (8200 + instance)
+    kv_port: int  # KV receive port (9000 + instance)
+    standby: bool = False
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    prefill: tuple[PrefillInstanceConfig, ...]
+    decode: tuple[DecodeInstanceConfig, ...]
+    policy: PolicySpec = field(default_factory=PolicySpec)
+    host: str = "0.0.0.0"
+    port: int = 8000
+    wan_capacity_bps: float = 100e9  # PrfaaS -> PD egress capacity, emulated units, until telemetry says otherwise
+    scale: float = 1.0  # emulated = wire x scale
+    model: str = "prfaas"
+    compute: str = "profile"  # "torch": send prompt_token_ids to the workers
+    vocab_size: int = 32000
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 300.0  # longest silence from a worker before the request fails
+    state_poll_s: float = 0.5
+    state_timeout_s: float = 2.0
+    max_blocks_per_instance: int = 1 << 20
+
+    def to_mapping(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("prefill", "decode", "policy")}
+        d["prefill"] = [asdict(p) for p in self.prefill]
+        d["decode"] = [asdict(x) for x in self.decode]
+        d["policy"] = self.policy.to_mapping()
+        return d
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_mapping(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RouterConfig":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"router config {path}: {exc}") from None
+        return cls.from_mapping(data, str(path))
+
+    @classmethod
+    def from_mapping(cls, data: Any, source: str | None = None) -> "RouterConfig":
+        f = Fields(data, "", source)
+        d = cls((), ())
+        pos = positive_number
+
+        prefill = []
+        for p in f.items("prefill"):
+            prefill.append(PrefillInstanceConfig(p.choice("cluster", ("prfaas", "pd")), p.get("instance", positive_int),
+                                                 p.get("host", str), p.get("port", positive_int), p.get("standby", boolean, False)))
+            p.done()
+        decode = []
+        for x in f.items("decode"):
+            decode.append(DecodeInstanceConfig(x.get("instance", positive_int), x.get("host", str), x.get("port", positive_int),
+                                               x.get("kv_port", positive_int), x.get("standby", boolean, False)))
+            x.done()
+        cfg = cls(
+            prefill=tuple(prefill),
+            decode=tuple(decode),
+            policy=parse_policy_section(f.section("policy")),
+            host=f.get("host", str, d.host),
+            port=f.get("port", positive_int, d.port),
+            wan_capacity_bps=f.get("wan_capacity_bps", pos, d.wan_capacity_bps),
+            scale=f.get("scale", pos, d.scale),
+            model=f.get("model", str, d.model),
+            compute=f.choice("compute", COMPUTE_MODES, d.compute),
+            vocab_size=f.get("vocab_size", positive_int, d.vocab_size),
+            connect_timeout_s=f.get("connect_timeout_s", pos, d.connect_timeout_s),
+            request_timeout_s=f.get("request_timeout_s", pos, d.request_timeout_s),
+            state_poll_s=f.get("state_poll_s", pos, d.state_poll_s),
+            state_timeout_s=f.get("state_timeout_s", pos, d.state_timeout_s),
+            max_blocks_per_instance=f.get("max_blocks_per_instance", positive_int, d.max_blocks_per_instance),
+        )
+        f.done()
+        if not cfg.decode:
+            raise FieldError("decode", "needs at least one decode instance", source)
+        if not cfg.prefill:
+            raise FieldError("prefill", "needs at least one prefill instance", source)
+        for name, items in (("prefill", cfg.prefill), ("decode", cfg.decode)):
+            ids = [i.instance for i in items]
+            if len(set(ids)) != len(ids):
+                raise FieldError(name, f"instance ids must be unique, got {ids}", source)
+        return cfg
+
+
+# --------------------------------------------------------------------------------------- tokenising
+
+
+def tokenize(text: str, vocab_size: int) -> list[int]:
+    """Deterministic stand-in tokeniser: each whitespace-separated word hashed to one id."""
+    return [int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little") % vocab_size for w in text.split()]
+
+
+def block_hashes_of(token_ids: list[int]) -> list[int]:
+    """One hash per 512-token block of the prompt (the last may be partial), as in Mooncake traces."""
+    out = []
+    for i in range(0, len(token_ids), BLOCK_TOKENS):
+        block = token_ids[i:i + BLOCK_TOKENS]
+        digest = hashlib.blake2b(struct.pack(f"<{len(block)}q", *block), digest_size=8).digest()
+        out.append(int.from_bytes(digest, "little") >> 1)
+    return out
+
+
+def detokenize(token_id: int) -> str:
+    return f" t{token_id}"
+
+
+class BadRequest(Exception):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class Completion:
+    """A parsed client request."""
+
+    request_id: str
+    input_len: int
+    output_len: int
+    block_hashes: list[int]
+    token_ids: list[int] | None
+    stream: bool
+    model: str
+
+
+def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
+    """An OpenAI completions body, plus the testbed extension ``"prfaas": {"block_hashes", "input_len",
+    "request_id"}`` for hashed prompts without token text."""
+    if not isinstance(body, dict):
+        raise BadRequest("body", "the body must be a JSON object")
+    ext = body.get("prfaas") or {}
+    if not isinstance(ext, dict):
+        raise BadRequest("prfaas", "must be an object")
+    max_tokens = body.get("max_tokens", 16)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BadRequest("max_tokens", f"{max_tokens!r} is not a whole number >= 1")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    token_ids: list[int] | None
+    if "block_hashes" in ext:
+        hashes = ext["block_hashes"]
+        if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
+            raise BadRequest("prfaas.block_hashes", "must be a list of integers")
+        n = ext.get("input_len")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise BadRequest("prfaas.input_len", f"{n!r} is not a whole number >= 1 (needed with block_hashes)")
+        if len(hashes) > math.ceil(n / BLOCK_TOKENS):
+            raise BadRequest("prfaas.block_hashes", f"{len(hashes)} hashes for {n} tokens; at most one per {BLOCK_TOKENS} tokens")
+        token_ids = None
+    elif isinstance(prompt, str):
+        token_ids = tokenize(prompt, cfg.vocab_size)
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if any(t < 0 or t >= cfg.vocab_size for t in prompt):
+            raise BadRequest("prompt", f"token ids must lie in [0, {cfg.vocab_size})")
+        token_ids = list(prompt)
+    else:
+        raise BadRequest("prompt", "give a string, a list of token ids, or prfaas.block_hashes with prfaas.input_len")
+    if token_ids is not None:
+        if not token_ids:
+            raise BadRequest("prompt", "is empty")
+        n, hashes = len(token_ids), block_hashes_of(token_ids)
+    rid = ext.get("request_id") or f"cmpl-{uuid.uuid4().hex[:16]}"
+    if cfg.compute == "torch" and token_ids is None:
+        token_ids = Request(str(rid), 0.0, n, max_tokens, tuple(hashes)).prompt_token_ids(cfg.vocab_size)
+    return Completion(str(rid), n, max_tokens, hashes, token_ids, bool(body.get("stream", False)),
+                      str(body.get("model") or cfg.model))
+
+
+# ------------------------------------------------------------------------------------------- router
+
+
+class WorkerFailed(Exception):
+    """A worker failed the request or could not be reached; the message is the record's reason."""
+
+
+@dataclass
+class _Instance:
+    cfg: PrefillInstanceConfig | DecodeInstanceConfig
+    role: str
+    cluster: str
+    inflight: int = 0
+    healthy: bool = True
+    reported_queue: int = 0
+    retransmits: float = 0.0
+    send_queue_bytes: float = 0.0
+
+
+class Router:
+    """Owns the KV manager, the policy, the instance table and the records; `start()` serves HTTP."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.cfg = config
+        self.log = SchedulerLog()
+        self.prefill = {p.instance: _Instance(p, "prefill", p.cluster) for p in config.prefill}
+        self.decode = {d.instance: _Instance(d, "decode", "pd") for d in config.decode}
+        self.kv = KVManager({i: p.cluster for i, p in self.prefill.items()}, max_blocks_per_instance=config.max_blocks_per_instance)
+        standby = [("prefill", p.instance) for p in config.prefill if p.standby] + [("decode", d.instance) for d in config.decode if d.standby]
+        self.policy = build_policy(config.policy, self._states(self.prefill), self._states(self.decode), log=self.log,
+                                   capacity_bps=config.wan_capacity_bps, standby=standby)
+        self._lock = threading.Lock()
+        self._snapshot: tuple[tuple[InstanceState, ...], tuple[InstanceState, ...]] | None = None
+        self._records: list[dict[str, Any]] = []
+        self._inflight_ids: set[str] = set()
+        self._counts: dict[tuple[str, str], int] = {}
+        self._kv_bytes: dict[str, int] = {}
+        self._wan: dict[str, float] = {"egress_bps": 0.0, "capacity_bps": config.wan_capacity_bps, "backlog_bytes": 0.0, "drops": 0.0}
+        self._retrans_total = 0.0
+        self._stop = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle
+    def start(self) -> tuple[str, int]:
+        self._server = ThreadingHTTPServer((self.cfg.host, self.cfg.port), make_handler(self))
+        self._server.daemon_threads = True
+        server = self._server
+        for target, name in ((lambda: server.serve_forever(0.1), "router-http"), (self._poll_loop, "router-poll"),
+                             (self._control_loop, "router-control")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self.address
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._server is not None
+        return self._server.server_address[0], self._server.server_address[1]
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    # -- state for the policy
+    @staticmethod
+    def _states(table: dict[int, _Instance]) -> tuple[InstanceState, ...]:
+        return tuple(InstanceState(i, x.cluster, x.cfg.host, x.inflight, x.healthy) for i, x in table.items())
+
+    def _cluster_state(self, match: Any) -> ClusterState:
+        with self._lock:
+            if self._snapshot is None:  # rebuilt only after an in-flight count or health changed
+                self._snapshot = (self._states(self.prefill), self._states(self.decode))
+            return ClusterState(clock.now_s(), self._snapshot[0], self._snapshot[1], match)
+
+    def _changed(self, inst: _Instance, inflight: int = 0, healthy: bool | None = None) -> None:
+        """Every change of what the policy sees goes through here (caller holds the lock)."""
+        if inflight or (healthy is not None and healthy != inst.healthy):
+            inst.inflight += inflight
+            inst.healthy = inst.healthy if healthy is None else healthy
+            self._snapshot = None
+
+    def records(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(r) for r in self._records]
+
+    # -- one request
+    def decide(self, c: Completion, arrival_s: float) -> Decision:
+        match = self.kv.match(c.block_hashes, c.input_len)
+        return self.policy.decide(RequestView(c.request_id, c.input_len, c.output_len, arrival_s), self._cluster_state(match))
+
+    def serve(self, c: Completion) -> Iterator[dict[str, Any]]:
+        """Run one request; yields token events, and last the record (``{"record": ...}``). Never raises
+        for a worker fault: the record says failed, with the reason."""
+        arrival = clock.now_s()
+        rec: dict[str, Any] = dict.fromkeys(RECORD_COLUMNS)
+        rec.update(request_id=c.request_id, arrival_s=arrival, input_len=c.input_len, output_len=c.output_len, status="failed")
+        try:
+            with self._lock:
+                if c.request_id in self._inflight_ids:
+                    raise WorkerFailed(f"request id {c.request_id!r} is already in flight")
+                self._inflight_ids.add(c.request_id)
+            try:
+                dec = self.decide(c, arrival)
+            except NoInstanceError as exc:
+                raise WorkerFailed(str(exc)) from None
+            rec.update(route=dec.route, threshold=dec.threshold, cached_len=dec.cached_len, uncached_len=dec.uncached_len,
+                       prefill_instance=dec.prefill_instance, decode_instance=dec.decode_instance, route_reason=dec.reason,
+                       cache_transfer_tokens=dec.cache_transfer_tokens)
+            yield from self._run(c, dec, rec)
+        except WorkerFailed as exc:
+            rec["reason"] = str(exc)
+        except GeneratorExit:  # the client went away mid-stream
+            rec.update(status="failed", reason="client disconnected")
+            self._store(rec)
+            raise
+        finally:
+            with self._lock:
+                self._inflight_ids.discard(c.request_id)
+        self._store(rec)
+        yield {"record": rec}
+
+    def _store(self, rec: dict[str, Any]) -> None:
+        if rec["finish_s"] is None:
+            rec["finish_s"] = clock.now_s()
+        for k in ("arrival_s", "prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "first_token_s", "finish_s"):
+            if rec[k] is not None:
+                rec[k] = float(rec[k]) - clock.run_t0()
+        with self._lock:
+            self._records.append(rec)
+            key = (rec["route"] or "none", rec["status"])
+            self._counts[key] = self._counts.get(key, 0) + 1
+            if rec["kv_bytes_emulated"]:
+                self._kv_bytes[rec["route"]] = self._kv_bytes.get(rec["route"], 0) + rec["kv_bytes_emulated"]
+
+    def _run(self, c: Completion, dec: Decision, rec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        p, d = self.prefill[dec.prefill_instance], self.decode[dec.decode_instance]
+        with self._lock:
+            self._changed(p, +1)
+            self._changed(d, +1)
+        prefill_done = threading.Event()
+        prefill_result: dict[str, Any] = {}
+        conn: http.client.HTTPConnection | None = None
+        prefill_started = False
+        try:
+            dbody = {"request_id": c.request_id, "input_len": c.input_len, "output_len": c.output_len,
+                     "prompt_token_ids": c.token_ids if self.cfg.compute == "torch" else None}
+            conn = self._open(d, "/v1/decode", dbody)
+
+            def run_prefill() -> None:
+                try:
+                    prefill_result.update(self._prefill(c, dec, p, d))
+                except WorkerFailed as exc:
+                    prefill_result.update(status="failed", reason=str(exc))
+                finally:
+                    with self._lock:
+                        self._changed(p, -1)
+                    prefill_done.set()
+                    if prefill_result.get("status") != "ok":
+                        _abort(conn)  # unblocks the decode stream below at once
+
+            threading.Thread(target=run_prefill, daemon=True, name=f"prefill-{c.request_id}").start()
+            prefill_started = True
+            final: dict[str, Any] | None = None
+            try:
+                resp = conn.getresponse()
+                if resp.status != 200:
+                    raise WorkerFailed(f"decode instance {d.cfg.instance}: HTTP {resp.status} {resp.read(300)!r}")
+                for ev in _sse_events(resp):
+                    if ev.get("done"):
+                        final = ev
+                        break
+                    if rec["first_token_s"] is None:
+                        rec["first_token_s"] = float(ev.get("t_s") or clock.now_s())
+                    yield ev
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                if prefill_done.is_set() and prefill_result.get("status") != "ok":
+                    raise WorkerFailed(prefill_result.get("reason") or "prefill failed") from None
+                self._mark_unhealthy(d)
+                raise WorkerFailed(f"decode instance {d.cfg.instance} ({d.cfg.host}:{d.cfg.port}): {_why(exc)}") from None
+            if final is None:
+                if prefill_done.is_set() and prefill_result.get("status") != "ok":
+                    raise WorkerFailed(prefill_result.get("reason") or "prefill failed")
+                self._mark_unhealthy(d)
+                raise WorkerFailed(f"decode instance {d.cfg.instance}: stream ended before its final event")
+            if final.get("status") == "ok":  # the KV arrived, so the prefill's answer is (nearly) there
+                prefill_done.wait(timeout=min(5.0, self.cfg.request_timeout_s))
+            for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "kv_bytes", "wire_bytes"):
+                if prefill_result.get(k) is not None:
+                    rec[k] = prefill_result[k]
+            for k in ("transfer_start_s", "transfer_end_s", "first_token_s", "finish_s"):
+                if final.get(k) is not None and rec.get(k) is None:
+                    rec[k] = final[k]
+            if rec["kv_bytes"] is None and final.get("kv_bytes") is not None:
+                rec["kv_bytes"] = final["kv_bytes"]
+            if rec["kv_bytes"] is not None:
+                rec["kv_bytes_emulated"] = int(rec["kv_bytes"]) * self.cfg.scale
+            rec["finish_s"] = final.get("finish_s") or clock.now_s()
+            if final.get("status") != "ok":
+                raise WorkerFailed(f"decode instance {d.cfg.instance}: {final.get('reason') or 'failed'}")
+            if prefill_result.get("status") not in (None, "ok"):
+                raise WorkerFailed(prefill_result.get("reason") or "prefill failed")
+            rec["status"] = "ok"
+        finally:
+            _abort(conn)
+            with self._lock:
+                self._changed(d, -1)
+                if not prefill_started:
+                    self._changed(p, -1)
+
+    def _prefill(self, c: Completion, dec: Decision, p: _Instance, d: _Instance) -> dict[str, Any]:
+        body = {"request_id": c.request_id, "input_len": c.input_len, "cached_len": dec.cached_len,
+                "block_hashes": c.block_hashes, "prompt_token_ids": c.token_ids if self.cfg.compute == "torch" else None,
+                "decode": {"host": d.cfg.host, "kv_port": d.cfg.kv_port, "instance": d.cfg.instance},
+                "route": dec.route}
+        try:
+            conn = self._open(p, "/v1/prefill", body)
+            try:
+                resp = conn.getresponse()
+                raw = resp.read()
+            finally:
+                conn.close()
+            if resp.status != 200:
+                raise WorkerFailed(f"prefill instance {p.cfg.instance}: HTTP {resp.status} {raw[:300]!r}")
+            out = json.loads(raw)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            self._mark_unhealthy(p)
+            raise WorkerFailed(f"prefill instance {p.cfg.instance} ({p.cfg.host}:{p.cfg.port}): {_why(exc)}") from None
+        if out.get("status") != "ok":
+            raise WorkerFailed(f"prefill instance {p.cfg.instance}: {out.get('reason') or 'failed'}")
+        self.kv.add_keys(p.cfg.instance, self.kv.placement_keys(c.block_hashes, c.input_len))
+        if dec.route == "prfaas" and out.get("kv_bytes"):  # workers report wire bytes; the policy thinks emulated
+            self.policy.on_telemetry(TelemetrySample(clock.now_s(), transfer_uncached_len=dec.uncached_len,
+                                                     transfer_kv_bytes=int(int(out["kv_bytes"]) * self.cfg.scale)))
+        return out
+
+    def _open(self, inst: _Instance, path: str, body: dict[str, Any]) -> http.client.HTTPConnection:
+        """POST `body`; the response is read by the caller. Connect within the connect timeout, then
+        allow `request_timeout_s` of silence."""
+        conn = http.client.HTTPConnection(inst.cfg.host, inst.cfg.port, timeout=self.cfg.connect_timeout_s)
+        try:
+            conn.connect()
+            conn.sock.settimeout(self.cfg.request_timeout_s)
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        except OSError as exc:
+            conn.close()
+            self._mark_unhealthy(inst)
+            raise WorkerFailed(f"{inst.role} instance {inst.cfg.instance} ({inst.cfg.host}:{inst.cfg.port}): {_why(exc)}") from None
+        return conn
+
+    def _mark_unhealthy(self, inst: _Instance) -> None:
+        with self._lock:
+            self._changed(inst, healthy=False)
+
+    # -- telemetry and control
+    def on_wan_sample(self, s: dict[str, Any]) -> None:
+        """A WAN sample from the run: wire units unless ``units == "emulated"``."""
+        k = 1.0 if s.get("units") == "emulated" else self.cfg.scale
+        vals = {}
+        for name, mult in (("egress_bps", k), ("capacity_bps", k), ("backlog_bytes", k), ("drops", 1.0)):
+            v = s.get(name)
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                    raise BadRequest(name, f"{v!r} is not a number >= 0")
+                vals[name] = float(v) * mult
+        t = s.get("t_s")
+        t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else clock.now_s()
+        with self._lock:
+            self._wan.update(vals)
+            self._wan["t_s"] = t
+        self.policy.on_telemetry(TelemetrySample(t, egress_bps=vals.get("egress_bps"), capacity_bps=vals.get("capacity_bps"),
+                                                 backlog_bytes=vals.get("backlog_bytes"), drops=vals.get("drops")))
+
+    def _poll_once(self, pool: ThreadPoolExecutor) -> None:
+        insts = list(self.prefill.values()) + list(self.decode.values())
+        for inst, state in zip(insts, pool.map(self._get_state, insts)):
+            with self._lock:
+                self._changed(inst, healthy=state is not None)
+            if state is None:
+                continue
+            inst.reported_queue = int(state.get("queue_depth") or 0)
+            if inst.role == "prefill":
+                if isinstance(state.get("prefix_blocks"), list):
+                    self.kv.replace_instance(inst.cfg.instance, (h for h in state["prefix_blocks"] if isinstance(h, int)))
+                cong = state.get("congestion") or {}
+                if inst.cluster == "prfaas" and isinstance(cong, dict):
+                    r = float(cong.get("retransmits") or 0.0)
+                    self._retrans_total += max(0.0, r - inst.retransmits)
+                    inst.retransmits = r
+                    inst.send_queue_bytes = float(cong.get("send_queue_bytes") or 0.0)
+        sq = sum(p.send_queue_bytes for p in self.prefill.values() if p.cluster == "prfaas")
+        self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total, send_queue_bytes=sq))
+
+    def _get_state(self, inst: _Instance) -> dict[str, Any] | None:
+        try:
+            conn = http.client.HTTPConnection(inst.cfg.host, inst.cfg.port, timeout=self.cfg.state_timeout_s)
+            try:
+                conn.request("GET", "/v1/state")
+                resp = conn.getresponse()
+                if resp.status != 200:
+                    return None
+                out = json.loads(resp.read())
+                return out if isinstance(out, dict) else None
+            finally:
+                conn.close()
+        except (OSError, http.client.HTTPException, ValueError):
+            return None
+
+    def _poll_loop(self) -> None:
+        with ThreadPoolExecutor(max_workers=min(16, len(self.prefill) + len(self.decode))) as pool:
+            while not self._stop.wait(self.cfg.state_poll_s):
+                self._poll_once(pool)
+
+    def queue_sample(self) -> TelemetrySample:
+        def per(xs: list[_Instance]) -> float | None:
+            return sum(x.inflight for x in xs) / len(xs) if xs else None
+
+        with self._lock:
+            pf = [p for p in self.prefill.values() if p.cluster == "prfaas" and ("prefill", p.cfg.instance) in self.policy.active]
+            pdp = [p for p in self.prefill.values() if p.cluster == "pd" and ("prefill", p.cfg.instance) in self.policy.active]
+            dec = [d for d in self.decode.values() if ("decode", d.cfg.instance) in self.policy.active]
+            return TelemetrySample(clock.now_s(), prfaas_queue_per_instance=per(pf), pdp_queue_per_instance=per(pdp),
+                                   decode_queue_per_instance=per(dec))
+
+    def _control_loop(self) -> None:
+        interval = self.cfg.policy.control.interval_s
+        while not self._stop.wait(interval):
+            self.policy.on_telemetry(self.queue_sample())
+            self.policy.tick(clock.now_s())
+
+    # -- views
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            inst = [{"role": x.role, "cluster": x.cluster, "instance": i, "host": x.cfg.host, "port": x.cfg.port,
+                     "inflight": x.inflight, "reported_queue": x.reported_queue, "healthy": x.healthy,
+                     "active": (x.role, i) in self.policy.active}
+                    for table in (self.prefill, self.decode) for i, x in table.items()]
+            return {"role": "router", "policy": self.cfg.policy.name, "threshold": _finite(self.policy.threshold),
+                    "egress_utilization": self.policy.egress_utilization, "units": "emulated", "scale": self.cfg.scale,
+                    "wan": dict(self._wan), "inflight": len(self._inflight_ids), "instances": inst,
+                    "requests": [{"route": r, "status": s, "count": n} for (r, s), n in sorted(self._counts.items())]}
+
+    def metrics(self) -> str:
+        """Prometheus text exposition (version 0.0.4)."""
+        st = self.state()
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(f"{name}{labels} {_prom(value)}" for labels, value in samples)
+
+        t = self.policy.threshold
+        metric("prfaas_router_threshold_tokens", "gauge", "Offload threshold t on the uncached length (+Inf: never offload).",
+               [("", t)])
+        metric("prfaas_router_egress_utilization", "gauge", "PrfaaS->PD WAN egress utilisation seen by the policy (EWMA, 0-1).",
+               [("", self.policy.egress_utilization)])
+        metric("prfaas_router_bandwidth_scarce", "gauge", "1 when the policy treats WAN bandwidth as scarce.",
+               [("", float(getattr(self.policy, "bandwidth_scarce", lambda: True)()))])
+        metric("prfaas_router_congestion_events_per_s", "gauge", "WAN drops + PrfaaS TCP retransmits per second (policy's EWMA).",
+               [("", float(getattr(self.policy, "congestion_events_per_s", 0.0)))])
+        w = st["wan"]
+        metric("prfaas_router_wan_egress_bps_emulated", "gauge", "Last WAN egress sample, emulated bit/s (wire x scale).", [("", w["egress_bps"])])
+        metric("prfaas_router_wan_capacity_bps_emulated", "gauge", "Current WAN capacity, emulated bit/s.", [("", w["capacity_bps"])])
+        metric("prfaas_router_wan_backlog_bytes_emulated", "gauge", "WAN queue backlog, emulated bytes.", [("", w["backlog_bytes"])])
+        metric("prfaas_router_wan_drops_total", "counter", "WAN packet drops (cumulative, from the run's samples).", [("", w["drops"])])
+        metric("prfaas_router_scale", "gauge", "Emulated units per wire unit.", [("", self.cfg.scale)])
+        metric("prfaas_router_queue_depth", "gauge", "Requests in flight per worker instance (router's count).",
+               [(f'{{role="{x["role"]}",cluster="{x["cluster"]}",instance="{x["instance"]}"}}', x["inflight"]) for x in st["instances"]])
+        metric("prfaas_router_worker_queue_depth", "gauge", "Queue depth reported by the worker's /v1/state.",
+               [(f'{{role="{x["role"]}",cluster="{x["cluster"]}",instance="{x["instance"]}"}}', x["reported_queue"]) for x in st["instances"]])
+        metric("prfaas_router_instance_up", "gauge", "1 when the instance answered its last state poll and is active.",
+               [(f'{{role="{x["role"]}",cluster="{x["cluster"]}",instance="{x["instance"]}"}}', float(x["healthy"] and x["active"])) for x in st["instances"]])
+        metric("prfaas_router_requests_total", "counter", "Finished requests by route and status.",
+               [(f'{{route="{r["route"]}",status="{r["status"]}"}}', r["count"]) for r in st["requests"]])
+        metric("prfaas_router_requests_inflight", "gauge", "Requests in flight.", [("", st["inflight"])])
+        with self._lock:
+            kvb = dict(self._kv_bytes)
+        metric("prfaas_router_kv_bytes_total_emulated", "counter", "KV bytes shipped by finished requests, by route.",
+               [(f'{{route="{r}"}}', v) for r, v in sorted(kvb.items())])
+        rows = self.log.rows()
+        metric("prfaas_router_decisions_total", "counter", "Routing decisions by route.",
+               [(f'{{route="{r}"}}', sum(1 for x in rows if x["kind"] == "decision" and x.get("route") == r)) for r in ("prfaas", "pd")])
+        metric("prfaas_router_threshold_changes_total", "counter", "Changes of t by the control loop.",
+               [("", sum(1 for x in rows if x["kind"] == "threshold"))])
+        metric("prfaas_router_role_flips_total", "counter", "Long-term role flips of PD nodes.",
+               [("", sum(1 for x in rows if x["kind"] == "role_flip"))])
+        metric("prfaas_router_cached_prefix_keys", "gauge", "Prefix hit points known per cluster.",
+               [(f'{{cluster="{c}"}}', n) for c, n in self.kv.cluster_blocks().items()])
+        return "\n".join(out) + "\n"
+
+
+def _prom(x: float) -> str:
+    return ("+Inf" if x > 0 else "-Inf") if math.isinf(x) else f"{x:.10g}"
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _abort(conn: http.client.HTTPConnection | None) -> None:
+    """Close a worker connection from any thread (a blocked read returns at once)."""
+    if conn is None:
+        return
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    conn.close()
+
+
+def _sse_events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
+    """JSON objects of ``data:`` lines of a server-sent event stream."""
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        line = line.strip()
+        if line.startswith(b"data:"):
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                return
+            obj = json.loads(payload)
+            if isinstance(obj, dict):
+                yield obj
+
+
+# ------------------------------------------------------------------------------------------- HTTP
+
+
+def _chunk(c: Completion, created: int, text: str, finish: str | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    out = {"id": c.request_id, "object": "text_completion", "created": created, "model": c.model,
+           "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+    if extra:
+        out.update(extra)
+    return out
+
+
+def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"  # one response per connection; a stream ends when we close
+
+        def log_message(self, fmt: str, *args: Any) -> None:  # the records are the log
+            return None
+
+        def _send(self, code: int, obj: Any, ctype: str = "application/json") -> None:
+            data = obj.encode() if isinstance(obj, str) else json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, code: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> None:
+            self._send(code, {"error": {"message": message, "type": kind, "param": param, "code": None}})
+
+        def do_GET(self) -> None:
+            path = self.path.split("?")[0]
+            if path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": router.cfg.model, "object": "model", "created": 0, "owned_by": "prfaas-testbed"}]})
+            elif path == "/metrics":
+                self._send(200, router.metrics(), "text/plain; version=0.0.4")
+            elif path == "/v1/state":
+                self._send(200, router.state())
+            elif path == "/v1/records":
+                self._send(200, router.records())
+            elif path == "/v1/scheduler":
+                self._send(200, [dict(r, t_s=r["t_s"] - clock.run_t0()) for r in router.log.rows()])
+            elif path == "/healthz":
+                self._send(200, {"ok": True})
+            else:
+                self._error(404, f"no such path {path}")
+
+        def _body(self) -> Any:
+            n = int(self.headers.get("Content-Length") or 0)
+            try:
+                return json.loads(self.rfile.read(n) or b"null")
+            except ValueError as exc:
+                raise BadRequest("body", f"not valid JSON: {exc}") from None
+
+        def do_POST(self) -> None:
+            path = self.path.split("?")[0]
+            try:
+                if path == "/v1/completions":
+                    self._completion(parse_completion(self._body(), router.cfg))
+                elif path == "/v1/telemetry":
+                    body = self._body()
+                    for s in body if isinstance(body, list) else [body]:
+                        if not isinstance(s, dict):
+                            raise BadRequest("body", "a sample must be a JSON object")
+                        router.on_wan_sample(s)
+                    self._send(200, {"ok": True})
+                else:
+                    self._error(404, f"no such path {path}")
+            except BadRequest as exc:
+                self._error(400, f"{exc.param}: {exc}", exc.param)
+
+        def _completion(self, c: Completion) -> None:
+            created = int(time.time())
+            events = router.serve(c)
+            if not c.stream:
+                tokens, rec = [], None
+                for ev in events:
+                    if "record" in ev:
+                        rec = ev["record"]
+                    else:
+                        tokens.append(int(ev.get("token_id", 0)))
+                assert rec is not None
+                if rec["status"] != "ok":
+                    self._error(502, f"request {c.request_id} failed: {rec['reason']}", kind="worker_error")
+                    return
+                body = _chunk(c, created, "".join(map(detokenize, tokens)), "length",
+                              {"usage": {"prompt_tokens": c.input_len, "completion_tokens": len(tokens),
+                                         "total_tokens": c.input_len + len(tokens)},
+                               "prfaas": {"route": rec["route"], "cached_len": rec["cached_len"]}})
+                self._send(200, body)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            sent = 0
+            try:
+                for ev in events:
+                    if "record" in ev:
+                        rec = ev["record"]
+                        if rec["status"] == "ok":
+                            last = _chunk(c, created, "", "length", {"usage": {"prompt_tokens": c.input_len, "completion_tokens": sent,
+                                                                               "total_tokens": c.input_len + sent},
+                                                                     "prfaas": {"route": rec["route"], "cached_len": rec["cached_len"]}})
+                        else:
+                            last = {"error": {"message": f"request {c.request_id} failed: {rec['reason']}", "type": "worker_error",
+                                              "param": None, "code": None}}
+                        self.wfile.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+                    else:
+                        self.wfile.write(f"data: {json.dumps(_chunk(c, created, detokenize(int(ev.get('token_id', 0))), None))}\n\n".encode())
+                        sent += 1
+                    self.wfile.flush()
+            except OSError:  # the client went away: closing the generator aborts the worker streams
+                events.close()
+
+    return Handler
+
+
+# --------------------------------------------------------------------------------------- entry point
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m testbed.serving.router", description="The PrfaaS router (see docs/router.md).")
+    ap.add_argument("--config", required=True, help="JSON file of a RouterConfig")
+    ap.add_argument("--out", help="on exit, write scheduler.parquet and router_requests.parquet here")
+    args = ap.parse_args(argv)
+    try:
+        cfg = RouterConfig.load(args.config)
+        router = Router(cfg)
+        host, port = router.start()
+    except (UserError, OSError) as exc:
+        print(f"prfaas router: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"router listening on {host}:{port} policy={cfg.policy.name}", file=sys.stderr, flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    router.stop()
+    if args.out:
+        import pandas as pd
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        router.log.to_frame().to_parquet(out / "scheduler.parquet")
+        pd.DataFrame(router.records(), columns=list(RECORD_COLUMNS)).to_parquet(out / "router_requests.parquet")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Policies: selective offload on the uncached length, cache-aware cluster choice, control of t, baselines."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from testbed import clock
+from testbed.errors import FieldError
+from testbed.kv.pool import chain_block_hashes
+from testbed.scenario import Fields
+from testbed.serving.kvmanager import KVManager
+from testbed.serving.policy import (
+    ClusterState, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog, TelemetrySample,
+    build_policy, parse_policy_section,
+)
+
+B = 512
+K = 1024
+CAP = 100e9
+PREFILL = (InstanceState(0, "prfaas", "10.1.0.1"), InstanceState(1, "prfaas", "10.1.0.2"),
+           InstanceState(2, "pd", "10.2.0.1"), InstanceState(3, "pd", "10.2.0.2"))
+DECODE = (InstanceState(10, "pd", "10.2.0.11"), InstanceState(11, "pd", "10.2.0.12"))
+
+
+def spec(**kw: object) -> PolicySpec:
+    return parse_policy_section(Fields(kw, "policy"))
+
+
+def make(name: str = "prfaas", prefill=PREFILL, decode=DECODE, standby=(), **kw: object):
+    return build_policy(spec(name=name, **kw), prefill, decode, log=SchedulerLog(), capacity_bps=CAP, standby=standby)
+
+
+def state(kv: KVManager | None = None, hashes=(), input_len: int = 1, prefill=PREFILL, decode=DECODE, now: float | None = None) -> ClusterState:
+    kv = kv or KVManager({p.instance: p.cluster for p in PREFILL})
+    return ClusterState(clock.now_s() if now is None else now, prefill, decode, kv.match(list(hashes), input_len))
+
+
+def req(n: int, rid: str = "r") -> RequestView:
+    return RequestView(rid, n, 16, 0.0)
+
+
+# ------------------------------------------------------------------------------ selective offload
+
+
+@pytest.mark.parametrize("name", ["prfaas", "fixed-threshold"])
+def test_uncached_length_above_t_goes_to_prfaas_and_at_or_below_to_pd_p(name: str) -> None:
+    pol = make(name, threshold="8K")
+    long_ = pol.decide(req(8 * K + 1), state(input_len=8 * K + 1))
+    short = pol.decide(req(8 * K), state(input_len=8 * K))
+    assert (long_.route, long_.uncached_len, long_.threshold) == ("prfaas", 8 * K + 1, 8 * K)
+    assert long_.prefill_instance in (0, 1)
+    assert (short.route, short.uncached_len) == ("pd", 8 * K)
+    assert short.prefill_instance in (2, 3)
+    assert long_.decode_instance in (10, 11)
+
+
+def test_a_pd_prefix_hit_reduces_the_uncached_length_below_t_and_keeps_the_request_local() -> None:
+    kv = KVManager({p.instance: p.cluster for p in PREFILL})
+    hashes = list(range(1, 41))  # 40 blocks = 20K tokens
+    kv.replace_instance(3, chain_block_hashes(hashes[:30]))  # 15K cached on PD-P instance 3
+    pol = make(threshold="8K")
+    d = pol.decide(req(40 * B), state(kv, hashes, 40 * B))
+    assert (d.route, d.prefill_instance, d.cached_len, d.uncached_len) == ("pd", 3, 30 * B, 10 * B - 0)
+    # without the hit the same request is offloaded
+    miss = pol.decide(req(40 * B), state(None, hashes, 40 * B))
+    assert (miss.route, miss.cached_len, miss.uncached_len) == ("prfaas", 0, 40 * B)
+
+
+def test_an_offloaded_request_reuses_the_prfaas_prefix_on_the_holding_instance() -> None:
+    kv = KVManager({p.instance: p.cluster for p in PREFILL})
+    hashes = list(range(100, 180))  # 40K tokens
+    kv.replace_instance(1, chain_block_hashes(hashes[:20]))
+    d = make(threshold="8K").decide(req(80 * B), state(kv, hashes, 80 * B))
+    assert (d.route, d.prefill_instance, d.cached_len, d.uncached_len) == ("prfaas", 1, 20 * B, 60 * B)
+
+
+def test_a_busy_cache_holder_is_skipped_for_the_least_loaded_instance() -> None:
+    kv = KVManager({p.instance: p.cluster for p in PREFILL})
+    hashes = list(range(1, 41))
+    kv.replace_instance(0, chain_block_hashes(hashes[:4]))
+    busy = (InstanceState(0, "prfaas", queue_depth=5), InstanceState(1, "prfaas", queue_depth=0)) + PREFILL[2:]
+    d = make(threshold="8K", cache_affinity_slack=2).decide(req(40 * B), state(kv, hashes, 40 * B, prefill=busy))
+    assert (d.prefill_instance, d.cached_len) == (1, 0)
+
+
+def test_bandwidth_scarce_decides_per_cluster_and_abundant_uses_the_longest_prefix_anywhere() -> None:
+    kv = KVManager({p.instance: p.cluster for p in PREFILL})
+    hashes = list(range(1, 41))  # 20K tokens
+    kv.replace_instance(0, chain_block_hashes(hashes[:36]))  # 18K cached in PrfaaS only
+    pol = make(threshold="8K", cross_cluster_cache=True, abundant_below=0.5)
+    now = clock.now_s()
+    pol.on_telemetry(TelemetrySample(now, egress_bps=0.1 * CAP, capacity_bps=CAP))
+    abundant = pol.decide(req(40 * B), state(kv, hashes, 40 * B, now=now))
+    assert not abundant.bandwidth_scarce
+    assert (abundant.route, abundant.cached_len, abundant.uncached_len, abundant.cache_transfer_tokens) == ("pd", 36 * B, 4 * B, 36 * B)
+    pol.on_telemetry(TelemetrySample(now + 5, egress_bps=0.8 * CAP, capacity_bps=CAP))
+    scarce = pol.decide(req(40 * B), state(kv, hashes, 40 * B, now=now + 5))
+    assert scarce.bandwidth_scarce
+    assert (scarce.route, scarce.cached_len, scarce.uncached_len, scarce.cache_transfer_tokens) == ("prfaas", 36 * B, 4 * B, 0)
+
+
+def test_no_healthy_prfaas_instance_falls_back_to_pd_and_no_decode_instance_is_an_error() -> None:
+    sick = (InstanceState(0, "prfaas", healthy=False), InstanceState(1, "prfaas", healthy=False)) + PREFILL[2:]
+    d = make(threshold="8K").decide(req(64 * K), state(input_len=64 * K, prefill=sick))
+    assert d.route == "pd" and "fallback" in d.reason
+    with pytest.raises(NoInstanceError, match="decode"):
+        make().decide(req(100), state(input_len=100, decode=(InstanceState(10, "pd", healthy=False),)))
+
+
+# ---------------------------------------------------------------------------------- control of t
+
+
+def drive(pol, t0: float, seconds: float, util: float, step: float = 0.1, **extra: float) -> None:
+    t = t0
+    while t < t0 + seconds - 1e-9:
+        t += step
+        pol.on_telemetry(TelemetrySample(t, egress_bps=util * CAP, capacity_bps=CAP, **extra))
+        pol.tick(t)
+
+
+def test_t_rises_within_two_seconds_when_egress_utilisation_nears_capacity() -> None:
+    pol = make(threshold="8K")
+    t0 = clock.now_s()
+    drive(pol, t0, 5.0, 0.3)
+    assert pol.threshold == 8 * K
+    drive(pol, t0 + 5.0, 2.0, 1.0)
+    assert pol.threshold >= 1.5 * 8 * K
+    first = pol.log.rows("threshold")[0]
+    assert first["t_s"] - (t0 + 5.0) <= 2.0 and "utilisation" in first["reason"] and first["old_threshold"] == 8 * K
+
+
+def test_raises_are_rate_limited_to_one_per_raise_interval() -> None:
+    pol = make(threshold="8K", control={"raise_interval": "0.5s", "raise_factor": 2})
+    t0 = clock.now_s()
+    pol.on_telemetry(TelemetrySample(t0, egress_bps=CAP, capacity_bps=CAP))
+    for i in range(5):  # five ticks within 0.4 s
+        pol.tick(t0 + 0.1 * i)
+    assert pol.threshold == 16 * K and len(pol.log.rows("threshold")) == 1
+
+
+def test_t_rises_on_transport_congestion_while_the_link_is_busy_inside_the_hysteresis_band() -> None:
+    pol = make(threshold="8K", control={"congestion_events_per_s": 100})
+    t0 = clock.now_s()
+    drive(pol, t0, 2.0, 0.7)  # busy but below high_utilization: no raise from utilisation alone
+    assert pol.threshold == 8 * K
+    for i in range(1, 11):  # 50 retransmits per 0.1 s = 500/s
+        t = t0 + 2.0 + 0.1 * i
+        pol.on_telemetry(TelemetrySample(t, egress_bps=0.7 * CAP, capacity_bps=CAP, retransmits=50.0 * i))
+        pol.tick(t)
+    assert pol.threshold > 8 * K
+    assert "congestion" in pol.log.rows("threshold")[0]["reason"]
+
+
+def test_losses_of_a_lone_transfer_on_a_mostly_idle_link_do_not_raise_t() -> None:
+    """TCP fills a drop-tail queue and loses packets even when the link is idle on average."""
+    pol = make(threshold="8K", control={"congestion_events_per_s": 100})
+    t0 = clock.now_s()
+    for i in range(1, 31):
+        t = t0 + 0.1 * i
+        pol.on_telemetry(TelemetrySample(t, egress_bps=0.2 * CAP, capacity_bps=CAP, drops=100.0 * i))  # 1000/s
+        pol.tick(t)
+    assert pol.congestion_events_per_s > 500 and pol.threshold == 8 * K
+
+
+def test_t_rises_when_the_prfaas_queue_surges() -> None:
+    pol = make(threshold="8K", control={"queue_high": 4})
+    t0 = clock.now_s()
+    pol.on_telemetry(TelemetrySample(t0, prfaas_queue_per_instance=6.0))
+    pol.tick(t0)
+    assert pol.threshold == 12 * K and "queue" in pol.log.rows("threshold")[0]["reason"]
+
+
+def test_t_falls_back_to_base_only_after_a_calm_hold_and_not_inside_the_hysteresis_band() -> None:
+    pol = make(threshold="8K", control={"hold": "3s", "high_utilization": 0.9, "low_utilization": 0.6})
+    t0 = clock.now_s()
+    drive(pol, t0, 2.0, 1.0)
+    drive(pol, t0 + 2.0, 2.0, 0.75)  # the utilisation EWMA (tau 0.5 s) settles into the band
+    raised = pol.threshold
+    assert raised > 8 * K
+    drive(pol, t0 + 4.0, 8.0, 0.75)  # inside the band: hold t
+    assert pol.threshold == raised
+    drive(pol, t0 + 12.0, 2.0, 0.1)  # calm, but shorter than the hold (the EWMA needs ~1 s to drop too)
+    assert pol.threshold == raised
+    drive(pol, t0 + 14.0, 60.0, 0.1)
+    assert pol.threshold == 8 * K  # back to base, never below it
+    lowers = [r for r in pol.log.rows("threshold") if r["reason"].startswith("lower")]
+    assert len(lowers) >= 2 and all(b["t_s"] - a["t_s"] >= 3.0 - 1e-9 for a, b in zip(lowers, lowers[1:]))
+    assert min(r["threshold"] for r in pol.log.rows("threshold")) == 8 * K
+
+
+def test_the_re_search_jumps_t_to_the_smallest_value_whose_predicted_demand_fits() -> None:
+    pol = make(threshold="1K", min_threshold="1K", kv_bytes_per_token="1MB", control={"min_samples": 10, "target_utilization": 0.8})
+    t0 = clock.now_s()
+    lengths = [2 * K, 4 * K, 8 * K, 16 * K, 32 * K] * 2  # one arrival per second for 10 s
+    for i, n in enumerate(lengths):
+        pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + i))
+    now = t0 + 10
+    span = now - t0
+    demand = lambda t: sum(n * 1e6 * 8 for n in lengths if n > t) / span  # noqa: E731
+    fit = pol.fit_threshold(0.8 * demand(0), now)
+    assert fit == 8 * K  # keeping the 2K, 4K and 8K requests local is just enough
+    assert demand(fit) <= 0.8 * demand(0) < demand(4 * K)
+    pol.capacity_bps = demand(0) / 2.0  # a dip: target 40% of the demand
+    pol.on_telemetry(TelemetrySample(now, egress_bps=pol.capacity_bps))
+    pol.tick(now)
+    assert pol.threshold == pol.fit_threshold(0.8 * pol.capacity_bps, now) == 32 * K  # 64/124 of demand > 40%
+
+
+# ------------------------------------------------------------------------------------- baselines
+
+
+def test_fixed_threshold_never_moves_t_under_pressure() -> None:
+    pol = make("fixed-threshold", threshold="8K")
+    drive(pol, clock.now_s(), 5.0, 1.0)
+    assert pol.threshold == 8 * K and pol.log.rows("threshold") == []
+
+
+def test_homogeneous_pd_and_all_local_never_offload_and_naive_heterogeneous_always_does() -> None:
+    for name in ("homogeneous-pd", "all-local"):
+        d = make(name).decide(req(128 * K), state(input_len=128 * K))
+        assert (d.route, d.threshold) == ("pd", math.inf) and d.prefill_instance in (2, 3)
+    d = make("naive-heterogeneous").decide(req(100), state(input_len=100))
+    assert (d.route, d.threshold) == ("prfaas", 0.0) and d.prefill_instance in (0, 1)
+
+
+def test_homogeneous_pd_fails_rather_than_use_prfaas_when_pd_p_is_down() -> None:
+    sick = PREFILL[:2] + (InstanceState(2, "pd", healthy=False), InstanceState(3, "pd", healthy=False))
+    with pytest.raises(NoInstanceError):
+        make("homogeneous-pd").decide(req(100), state(input_len=100, prefill=sick))
+
+
+# ------------------------------------------------------------------------------------ role flips
+
+
+def test_a_pd_host_flips_from_decode_to_prefill_when_prefill_is_the_bottleneck() -> None:
+    prefill = PREFILL[:2] + (InstanceState(2, "pd", "10.2.0.1"), InstanceState(3, "pd", "10.2.0.11"))
+    pol = make(prefill=prefill, standby=[("prefill", 3)], role_flip={"enabled": True, "period": "10s", "prefill_queue_high": 4})
+    assert ("prefill", 3) not in pol.active
+    t0 = clock.now_s()
+    pol.on_telemetry(TelemetrySample(t0, pdp_queue_per_instance=8.0, decode_queue_per_instance=2.0))
+    pol.tick(t0 + 11)
+    assert ("prefill", 3) in pol.active and ("decode", 10) not in pol.active
+    flip = pol.log.rows("role_flip")
+    assert len(flip) == 1 and "10.2.0.11: decode 10 -> prefill 3" in flip[0]["reason"]
+    d = pol.decide(req(100), state(input_len=100, prefill=prefill))
+    assert d.decode_instance == 11
+
+
+# ---------------------------------------------------------------------------------- the section
+
+
+@pytest.mark.parametrize(
+    "section, field",
+    [
+        ({"name": "best-effort"}, "policy.name"),
+        ({"threshold": "12 apples"}, "policy.threshold"),
+        ({"threshold": "16K", "max_threshold": "8K"}, "policy.threshold"),
+        ({"control": {"low_utilization": 0.95}}, "policy.control.low_utilization"),
+        ({"control": {"raise_factor": 0.5}}, "policy.control.raise_factor"),
+        ({"control": {"hold": 3}}, "policy.control.hold"),
+        ({"control": {"speed": 1}}, "policy.control.speed"),
+        ({"role_flip": {"enabled": "yes"}}, "policy.role_flip.enabled"),
+        ({"thresold": "8K"}, "policy.thresold"),
+    ],
+)
+def test_a_bad_policy_section_names_the_field(section: dict, field: str) -> None:
+    with pytest.raises(FieldError) as err:
+        parse_policy_section(Fields(section, "policy"))
+    assert err.value.field == field
+
+
+def test_the_section_round_trips_through_its_mapping() -> None:
+    s = spec(name="prfaas", threshold="16K", control={"hold": "5s", "high_utilization": "95%"}, role_flip={"enabled": True})
+    assert parse_policy_section(Fields(s.to_mapping(), "policy")) == s
+    assert s.threshold_tokens == 16 * K and s.control.hold_s == 5.0 and s.control.high_utilization == 0.95
+
+
+def test_the_scheduler_log_frame_holds_decisions_and_threshold_changes_with_times() -> None:
+    pol = make(threshold="8K")
+    t0 = clock.now_s()
+    pol.decide(req(64 * K, "a"), state(input_len=64 * K, now=t0))
+    drive(pol, t0, 1.0, 1.0)
+    df = pol.log.to_frame()
+    assert list(df["kind"]).count("decision") == 1 and (df["kind"] == "threshold").sum() >= 1
+    row = df[df["kind"] == "decision"].iloc[0]
+    assert (row["request_id"], row["route"], row["uncached_len"]) == ("a", "prfaas", 64 * K)
+    assert df["t_s"].is_monotonic_increasing
+    control = df[df["kind"] == "control"]
+    assert len(control) == 10 and control["egress_utilization"].iloc[-1] > 0.8 and control["threshold"].iloc[-1] == pol.threshold
+
+
+def test_wan_drops_and_transport_retransmits_add_up_to_congestion() -> None:
+    pol = make(threshold="8K", control={"congestion_events_per_s": 200})
+    t0 = clock.now_s()
+    for i in range(1, 21):  # 120 drops/s from the WAN samples and 120 retransmits/s from the worker polls
+        t = t0 + 0.1 * i
+        pol.on_telemetry(TelemetrySample(t, egress_bps=0.7 * CAP, capacity_bps=CAP, drops=12.0 * i))
+        pol.on_telemetry(TelemetrySample(t + 0.05, retransmits=12.0 * i))
+    assert 200 <= pol.congestion_events_per_s <= 260
+    pol.tick(t0 + 2.1)
+    assert pol.threshold == 12 * K and "congestion" in pol.log.rows("threshold")[0]["reason"]
+
+
+def test_a_wan_outage_counts_as_saturation_not_as_calm() -> None:
+    pol = make(threshold="8K")
+    t0 = clock.now_s()
+    drive(pol, t0, 2.0, 0.3)
+    for i in range(1, 11):  # link down: the run reports capacity 0 and no egress
+        pol.on_telemetry(TelemetrySample(t0 + 2 + 0.1 * i, egress_bps=0.0, capacity_bps=0.0))
+        pol.tick(t0 + 2 + 0.1 * i)
+    assert pol.threshold > 8 * K and pol.capacity_bps == CAP
+
+
+def test_with_a_demand_model_t_jumps_to_the_fit_once_and_steps_further_only_if_pressure_outlasts_the_settle_time() -> None:
+    pol = make(threshold="1K", min_threshold="1K", kv_bytes_per_token="1MB", control={"settle": "2s", "raise_interval": "0.5s"})
+    t0 = clock.now_s()
+    for i, n in enumerate([2 * K, 4 * K, 8 * K, 16 * K, 32 * K] * 8):  # 40 arrivals over the last 10 s
+        pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.25 * i))
+    now = t0 + 10
+    pol.capacity_bps = 1e12  # ample: D(t)/C is small, only the measured utilisation is high
+    fit = pol.fit_threshold(0.8 * 1e11, now)
+    pol.capacity_bps = 1e11
+    for k in range(15):  # 1.5 s of saturation: one jump to the fit, no blind steps yet
+        pol.on_telemetry(TelemetrySample(now + 0.1 * k, egress_bps=1e11))
+        pol.tick(now + 0.1 * k)
+    assert pol.threshold == fit and len(pol.log.rows("threshold")) == 1
+    for k in range(15, 26):  # the pressure outlasts the 2 s settle time: one x1.5 step
+        pol.on_telemetry(TelemetrySample(now + 0.1 * k, egress_bps=1e11))
+        pol.tick(now + 0.1 * k)
+    assert pol.threshold == 1.5 * fit and len(pol.log.rows("threshold")) == 2
+
+
+def test_without_cross_cluster_cache_the_per_cluster_rule_holds_even_when_bandwidth_is_abundant() -> None:
+    kv = KVManager({p.instance: p.cluster for p in PREFILL})
+    hashes = list(range(1, 41))
+    kv.replace_instance(0, chain_block_hashes(hashes[:36]))  # the long prefix sits in PrfaaS only
+    pol = make(threshold="8K", cross_cluster_cache=False)
+    now = clock.now_s()
+    pol.on_telemetry(TelemetrySample(now, egress_bps=0.1 * CAP, capacity_bps=CAP))
+    d = pol.decide(req(40 * B), state(kv, hashes, 40 * B, now=now))
+    assert not d.bandwidth_scarce
+    assert (d.route, d.cached_len, d.cache_transfer_tokens) == ("prfaas", 36 * B, 0)
+
+
+def test_a_pd_host_flips_from_prefill_to_decode_when_decode_is_the_bottleneck() -> None:
+    prefill = PREFILL[:2] + (InstanceState(2, "pd", "10.2.0.1"), InstanceState(3, "pd", "10.2.0.2"))
+    decode = DECODE + (InstanceState(12, "pd", "10.2.0.2"),)
+    pol = make(prefill=prefill, decode=decode, standby=[("decode", 12)],
+               role_flip={"enabled": True, "period": "10s", "bs_max": 10, "decode_load_high": 0.9})
+    t0 = clock.now_s()
+    pol.on_telemetry(TelemetrySample(t0, pdp_queue_per_instance=0.0, decode_queue_per_instance=9.5))
+    pol.tick(t0 + 5)
+    assert ("decode", 12) not in pol.active  # not before the period
+    pol.tick(t0 + 11)
+    assert ("decode", 12) in pol.active and ("prefill", 3) not in pol.active
+    assert pol.decide(req(100), state(input_len=100, prefill=prefill, decode=decode)).prefill_instance == 2
+    pol.on_telemetry(TelemetrySample(t0 + 12, decode_queue_per_instance=9.5))
+    pol.tick(t0 + 22)  # the last active PD-P instance is never flipped away (min_prefill 1)
+    assert ("prefill", 2) in pol.active and len(pol.log.rows("role_flip")) == 1

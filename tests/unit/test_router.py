@@ -1,0 +1,406 @@
+"""The router on loopback, with small fake prefill and decode workers defined here (PROTOCOL.md shapes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed import clock
+from testbed.errors import FieldError
+from testbed.kv.pool import chain_block_hashes
+from testbed.serving.policy import parse_policy_section
+from testbed.scenario import Fields
+from testbed.serving.router import (
+    DecodeInstanceConfig, PrefillInstanceConfig, Router, RouterConfig, block_hashes_of, tokenize,
+)
+
+B = 512
+KV_BYTES_PER_TOKEN = 1000
+
+
+class FakeWorkers:
+    """Prefill instances "ship" KV by setting an event the decode instance waits on (the transport's role)."""
+
+    def __init__(self) -> None:
+        self.kv_arrived: dict[str, threading.Event] = {}
+        self.prefill_bodies: list[dict[str, Any]] = []
+        self.prefix_blocks: dict[int, list[int]] = {}
+        self.decode_mode: dict[int, str] = {}  # instance -> "ok" | "die" | "hang"
+        self.servers: list[ThreadingHTTPServer] = []
+        self.lock = threading.Lock()
+
+    def event(self, rid: str) -> threading.Event:
+        with self.lock:
+            return self.kv_arrived.setdefault(rid, threading.Event())
+
+    def serve(self, handler: type[BaseHTTPRequestHandler]) -> int:
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+        self.servers.append(srv)
+        return srv.server_address[1]
+
+    def prefill(self, instance: int) -> int:
+        fw = self
+
+        class H(_Base):
+            def do_POST(self) -> None:
+                body = self.body()
+                fw.prefill_bodies.append(body)
+                start = clock.now_s()
+                time.sleep(0.01)
+                uncached = body["input_len"] - body["cached_len"]
+                fw.event(body["request_id"]).set()
+                now = clock.now_s()
+                self.json({"status": "ok", "reason": None, "prefill_start_s": start, "prefill_end_s": now,
+                           "transfer_start_s": start, "transfer_end_s": now, "kv_bytes": uncached * KV_BYTES_PER_TOKEN,
+                           "wire_bytes": uncached * KV_BYTES_PER_TOKEN + 64})
+
+            def state(self) -> dict[str, Any]:
+                return {"role": "prefill", "instance": instance, "queue_depth": 0, "busy": False,
+                        "prefix_blocks": fw.prefix_blocks.get(instance, []), "congestion": {"retransmits": 0}}
+
+        return self.serve(H)
+
+    def decode(self, instance: int) -> int:
+        fw = self
+
+        class H(_Base):
+            def do_POST(self) -> None:
+                body = self.body()
+                mode = fw.decode_mode.get(instance, "ok")
+                if mode == "hang":
+                    time.sleep(30)
+                    return
+                if not fw.event(body["request_id"]).wait(5):
+                    self.sse_start()
+                    self.sse({"done": True, "status": "failed", "reason": "KV did not arrive"})
+                    return
+                self.sse_start()
+                t_first = None
+                for i in range(body["output_len"]):
+                    if mode == "die" and i == 2:
+                        self.connection.close()  # the process "dies": no final event
+                        return
+                    t = clock.now_s()
+                    t_first = t_first or t
+                    self.sse({"token_id": 100 + i, "index": i, "t_s": t})
+                self.sse({"done": True, "status": "ok", "reason": None, "kv_bytes": 0, "transfer_start_s": None,
+                          "transfer_end_s": None, "first_token_s": t_first, "finish_s": clock.now_s()})
+
+            def state(self) -> dict[str, Any]:
+                return {"role": "decode", "instance": instance, "queue_depth": 0, "busy": False, "prefix_blocks": [], "congestion": {}}
+
+        return self.serve(H)
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.shutdown()
+            s.server_close()
+
+
+class _Base(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, *a: Any) -> None:
+        return None
+
+    def body(self) -> dict[str, Any]:
+        return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def json(self, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def sse_start(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+
+    def sse(self, obj: Any) -> None:
+        self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
+        self.wfile.flush()
+
+    def do_GET(self) -> None:
+        self.json(self.state())
+
+
+def make_config(fw: FakeWorkers, policy: dict[str, Any] | None = None, **kw: Any) -> RouterConfig:
+    prefill = (PrefillInstanceConfig("prfaas", 0, "127.0.0.1", fw.prefill(0)),
+               PrefillInstanceConfig("pd", 1, "127.0.0.1", fw.prefill(1)))
+    decode = tuple(DecodeInstanceConfig(j, "127.0.0.1", fw.decode(j), 9000 + j) for j in (0, 1))
+    spec = parse_policy_section(Fields(policy or {"name": "prfaas", "threshold": "8K"}, "policy"))
+    opts = dict(host="127.0.0.1", port=0, scale=10.0, wan_capacity_bps=10e9, request_timeout_s=5.0, state_poll_s=0.1)
+    opts.update(kw)
+    return RouterConfig(prefill, decode, spec, **opts)
+
+
+@pytest.fixture
+def fw():
+    w = FakeWorkers()
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture
+def router(fw):
+    routers: list[Router] = []
+
+    def start(**kw: Any) -> Router:
+        r = Router(make_config(fw, **kw))
+        r.start()
+        routers.append(r)
+        return r
+
+    try:
+        yield start
+    finally:
+        for r in routers:
+            r.stop()
+
+
+def url(r: Router, path: str) -> str:
+    return f"http://127.0.0.1:{r.address[1]}{path}"
+
+
+def post(r: Router, path: str, body: Any, timeout: float = 20) -> tuple[int, Any]:
+    req = urllib.request.Request(url(r, path), json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def get_text(r: Router, path: str) -> str:
+    with urllib.request.urlopen(url(r, path), timeout=10) as resp:
+        return resp.read().decode()
+
+
+# ------------------------------------------------------------------------------------------- tests
+
+
+def test_the_openai_client_streams_a_completion_through_the_router(router) -> None:
+    openai = pytest.importorskip("openai", reason="the openai package is a test dependency")
+    r = router()
+    client = openai.OpenAI(base_url=url(r, "/v1"), api_key="unused", max_retries=0)
+    chunks = list(client.completions.create(model="prfaas", prompt="the quick brown fox", max_tokens=5, stream=True))
+    texts = [c.choices[0].text for c in chunks if c.choices[0].text]
+    assert texts == [" t100", " t101", " t102", " t103", " t104"]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    (rec,) = r.records()
+    assert (rec["status"], rec["route"], rec["input_len"], rec["output_len"]) == ("ok", "pd", 4, 5)
+    assert rec["arrival_s"] <= rec["prefill_start_s"] <= rec["prefill_end_s"] <= rec["first_token_s"] <= rec["finish_s"]
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["prfaas"]
+
+
+def test_non_streaming_token_id_prompts_return_all_tokens_and_usage(router) -> None:
+    r = router()
+    code, body = post(r, "/v1/completions", {"prompt": list(range(300)), "max_tokens": 3})
+    assert code == 200
+    assert body["choices"][0]["text"] == " t100 t101 t102"
+    assert body["usage"] == {"prompt_tokens": 300, "completion_tokens": 3, "total_tokens": 303}
+
+
+def test_long_hashed_prompts_are_offloaded_and_a_prefix_hit_cuts_the_kv_bytes(router, fw) -> None:
+    r = router()
+    hashes = list(range(1, 41))  # 40 blocks
+    code, _ = post(r, "/v1/completions", {"max_tokens": 2, "prfaas": {"block_hashes": hashes, "input_len": 40 * B, "request_id": "a"}})
+    assert code == 200
+    more = hashes + [77, 78]
+    code, _ = post(r, "/v1/completions", {"max_tokens": 2, "prfaas": {"block_hashes": more, "input_len": 42 * B, "request_id": "b"}})
+    assert code == 200
+    a, b = r.records()
+    assert (a["route"], a["prefill_instance"], a["cached_len"], a["kv_bytes"]) == ("prfaas", 0, 0, 40 * B * KV_BYTES_PER_TOKEN)
+    assert (b["route"], b["prefill_instance"], b["cached_len"], b["uncached_len"]) == ("prfaas", 0, 40 * B, 2 * B)
+    assert b["kv_bytes"] == 2 * B * KV_BYTES_PER_TOKEN
+    assert b["kv_bytes_emulated"] == 10 * b["kv_bytes"]  # scale 10: the policy works in emulated bytes
+    assert r.policy.kv_bytes_model()(1000) == pytest.approx(1000 * KV_BYTES_PER_TOKEN * 10)
+    sent = fw.prefill_bodies[1]
+    assert sent["cached_len"] == 40 * B and sent["block_hashes"] == more
+    assert sent["decode"]["kv_port"] == 9000 + sent["decode"]["instance"]
+
+
+def test_worker_prefix_pools_reported_in_state_steer_requests_to_the_holder(router, fw) -> None:
+    hashes = list(range(500, 540))
+    fw.prefix_blocks[1] = chain_block_hashes(hashes[:36])  # PD-P instance 1 holds 18K tokens
+    r = router()
+    deadline = time.monotonic() + 5
+    while r.kv.blocks_held(1) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    code, _ = post(r, "/v1/completions", {"max_tokens": 1, "prfaas": {"block_hashes": hashes, "input_len": 40 * B}})
+    (rec,) = r.records()
+    assert code == 200 and (rec["route"], rec["prefill_instance"], rec["cached_len"]) == ("pd", 1, 36 * B)
+
+
+def test_a_decode_worker_dying_mid_request_gives_a_failed_record_with_a_reason_and_no_hang(router, fw) -> None:
+    fw.decode_mode = {0: "die", 1: "die"}
+    r = router()
+    t0 = time.monotonic()
+    code, body = post(r, "/v1/completions", {"prompt": "hello there", "max_tokens": 8})
+    assert time.monotonic() - t0 < 5
+    assert code == 502 and "failed" in body["error"]["message"]
+    (rec,) = r.records()
+    assert rec["status"] == "failed" and "decode instance" in rec["reason"] and "final event" in rec["reason"]
+    assert all(x.inflight == 0 for x in list(r.prefill.values()) + list(r.decode.values()))
+
+
+def test_a_streaming_client_sees_an_error_when_the_decode_worker_dies(router, fw) -> None:
+    openai = pytest.importorskip("openai", reason="the openai package is a test dependency")
+    fw.decode_mode = {0: "die", 1: "die"}
+    r = router()
+    client = openai.OpenAI(base_url=url(r, "/v1"), api_key="unused", max_retries=0)
+    with pytest.raises(openai.APIError, match="failed"):
+        list(client.completions.create(model="prfaas", prompt="a b c", max_tokens=8, stream=True))
+    assert r.records()[0]["status"] == "failed"
+
+
+def test_a_silent_decode_worker_times_out_instead_of_hanging(router, fw) -> None:
+    fw.decode_mode = {0: "hang", 1: "hang"}
+    r = router(request_timeout_s=0.5)
+    t0 = time.monotonic()
+    code, _ = post(r, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert code == 502 and time.monotonic() - t0 < 4
+    assert "timed out" in r.records()[0]["reason"]
+
+
+def test_an_unreachable_prefill_worker_fails_the_request_and_the_next_one_avoids_it(router, fw) -> None:
+    r = router(state_poll_s=60)
+    dead = r.prefill[1]
+    object.__setattr__(dead.cfg, "port", 1)  # nothing listens on port 1
+    code, _ = post(r, "/v1/completions", {"prompt": "short prompt", "max_tokens": 2})
+    assert code == 502
+    rec = r.records()[0]
+    assert rec["status"] == "failed" and "prefill instance 1" in rec["reason"]
+    code, _ = post(r, "/v1/completions", {"prompt": "short prompt again", "max_tokens": 2})
+    assert code == 200 and r.records()[1]["route"] == "prfaas" and "fallback" in r.records()[1]["route_reason"]
+
+
+def test_metrics_expose_the_threshold_and_it_rises_after_wan_telemetry_shows_saturation(router) -> None:
+    r = router(policy={"name": "prfaas", "threshold": "8K", "control": {"interval": "50ms"}})
+    text = get_text(r, "/metrics")
+    assert "prfaas_router_threshold_tokens 8192\n" in text
+    assert 'prfaas_router_queue_depth{role="prefill",cluster="prfaas",instance="0"} 0' in text
+    # wire units: 1 Gbit/s on a 1 Gbit/s wire at scale 10 -> 10 Gbit/s emulated
+    for i in range(10):
+        code, _ = post(r, "/v1/telemetry", {"t_s": clock.now_s(), "egress_bps": 1e9, "capacity_bps": 1e9, "backlog_bytes": 1000, "drops": 0})
+        assert code == 200
+        time.sleep(0.05)
+    deadline = time.monotonic() + 2
+    while r.policy.threshold == 8192 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = get_text(r, "/metrics")
+    t = float(next(l.split()[1] for l in text.splitlines() if l.startswith("prfaas_router_threshold_tokens ")))
+    assert t >= 1.5 * 8192
+    assert "prfaas_router_wan_capacity_bps_emulated 1e+10" in text
+    assert "prfaas_router_threshold_changes_total" in text
+
+
+def test_bad_client_requests_get_400_naming_the_field(router) -> None:
+    r = router()
+    for body, param in (({"prompt": "x", "max_tokens": 0}, "max_tokens"), ({"max_tokens": 2}, "prompt"),
+                        ({"prfaas": {"block_hashes": [1, 2, 3], "input_len": 100}}, "prfaas.block_hashes")):
+        code, out = post(r, "/v1/completions", body)
+        assert code == 400 and out["error"]["param"] == param
+    code, out = post(r, "/v1/telemetry", {"egress_bps": "fast"})
+    assert code == 400 and out["error"]["param"] == "egress_bps"
+    assert r.records() == []
+
+
+def test_text_prompts_tokenise_deterministically_into_block_hashes() -> None:
+    a = tokenize("one two three " * 400, 32000)
+    assert a == tokenize("one two three " * 400, 32000) and len(a) == 1200 and max(a) < 32000
+    h = block_hashes_of(a)
+    assert len(h) == 3 and h[:2] == block_hashes_of(a[:1024]) and h != block_hashes_of(a[1:])
+
+
+def test_the_config_round_trips_and_a_bad_field_is_named(tmp_path: Path, fw) -> None:
+    cfg = make_config(fw)
+    cfg.save(tmp_path / "c.json")
+    assert RouterConfig.load(tmp_path / "c.json") == cfg
+    bad = cfg.to_mapping()
+    bad["decode"][0]["kv_port"] = "x"
+    with pytest.raises(FieldError) as err:
+        RouterConfig.from_mapping(bad)
+    assert err.value.field == "decode[0].kv_port"
+    bad = cfg.to_mapping()
+    bad["policy"]["name"] = "magic"
+    with pytest.raises(FieldError, match="policy.name"):
+        RouterConfig.from_mapping(bad)
+
+
+def test_the_entry_point_serves_from_a_config_file_and_writes_its_logs(tmp_path: Path, fw) -> None:
+    cfg = make_config(fw)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from dataclasses import replace
+
+    replace(cfg, port=port).save(tmp_path / "router.json")
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.serving.router", "--config", str(tmp_path / "router.json"),
+                             "--out", str(tmp_path / "out")], stderr=subprocess.PIPE, text=True)
+    try:
+        assert "listening" in proc.stderr.readline()
+        body = json.dumps({"prompt": "hello", "max_tokens": 2}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert json.loads(resp.read())["choices"][0]["text"] == " t100 t101"
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # wait for one tick of the control loop
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/scheduler", timeout=10) as resp:
+                if any(row["kind"] == "control" for row in json.loads(resp.read())):
+                    break
+            time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    import pandas as pd
+
+    assert proc.returncode == 0
+    sched = pd.read_parquet(tmp_path / "out" / "scheduler.parquet")
+    reqs = pd.read_parquet(tmp_path / "out" / "router_requests.parquet")
+    assert (sched["kind"] == "decision").sum() == 1 and list(reqs["status"]) == ["ok"]
+    assert (sched["kind"] == "control").sum() >= 1 and (sched.loc[sched["kind"] == "control", "threshold"] == 8192).all()
+
+
+def test_an_unreachable_decode_worker_fails_fast_and_leaves_no_request_counted_in_flight(router) -> None:
+    r = router(state_poll_s=60)
+    for d in r.decode.values():
+        object.__setattr__(d.cfg, "port", 1)
+    code, _ = post(r, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert code == 502 and "decode instance" in r.records()[0]["reason"]
+    assert all(x.inflight == 0 for x in list(r.prefill.values()) + list(r.decode.values()))
+
+
+def test_standby_instances_receive_nothing_until_a_role_flip_activates_them(fw) -> None:
+    from dataclasses import replace
+
+    cfg = make_config(fw)
+    cfg = replace(cfg, decode=(cfg.decode[0], replace(cfg.decode[1], standby=True)))
+    r = Router(cfg)
+    r.start()
+    try:
+        for _ in range(3):
+            assert post(r, "/v1/completions", {"prompt": "x y", "max_tokens": 1})[0] == 200
+        assert [rec["decode_instance"] for rec in r.records()] == [0, 0, 0]
+        assert 'prfaas_router_instance_up{role="decode",cluster="pd",instance="1"} 0' in get_text(r, "/metrics")
+    finally:
+        r.stop()
