@@ -1,7 +1,185 @@
-"""Subcommands of this area (filled in by its issue)."""
+"""Subcommands of the analysis area: ``model``, ``report``, ``sweep``, ``wall``."""
+
+from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import UserError
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    return None
+    m = sub.add_parser("model", help="the analytical throughput model (Eqs. 3-8) and its grid search")
+    src = m.add_mutually_exclusive_group(required=True)
+    src.add_argument("--scenario", metavar="FILE", help="model the clusters, WAN and workload of a scenario")
+    src.add_argument("--paper-case-study", action="store_true", help="the paper's case study (32 H200 + 64 H20, 100 Gbps)")
+    m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override (with --scenario)")
+    m.add_argument("--reading", choices=("literal", "mean"), default="literal", help="primary reading of Eq. 3 (the other is shown beside it)")
+    m.add_argument("--step", type=float, default=64.0, metavar="TOKENS", help="threshold grid step (default 64 tokens)")
+    m.add_argument("--json", action="store_true", help="print JSON")
+    m.add_argument("--plots", metavar="DIR", help="write Lambda-vs-t and Lambda-vs-split figures here")
+    m.set_defaults(func=cmd_model)
+
+    r = sub.add_parser("report", help="report.html and plots of one run or a comparison of several")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    r.add_argument("--out", metavar="DIR", help="where report.html and plots/ go (default: the run directory; required for several)")
+    r.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("sweep", help="run a grid of scenario variations, resumable, ending in one comparison report")
+    s.add_argument("scenario", metavar="SCENARIO")
+    s.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="e.g. --grid wan.rate=10Gbps,40Gbps --grid seed=1,2")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to every point")
+    s.add_argument("--out", required=True, metavar="DIR")
+    s.set_defaults(func=cmd_sweep)
+
+    w = sub.add_parser("wall", help="the bandwidth wall: Phi_kv per model (published, profiles, measured) and cluster egress")
+    w.add_argument("--measure", nargs="*", metavar="MODEL", help="also time prefill of these torch models here (default: kimi-linear-48b minimax-m2.5)")
+    w.add_argument("--lengths", default="128,256,512", help="token counts to measure (comma separated; default 128,256,512)")
+    w.add_argument("--variant", default="faithful", help="torch model variant (faithful keeps the real KV geometry)")
+    w.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    w.add_argument("--gpus", type=int, default=512, help="cluster size for Eq. 2 (default 512)")
+    w.add_argument("--save", metavar="DIR", help="write measured points as DIR/measured-MODEL.csv (a profile for `load_profile`)")
+    w.add_argument("--json", action="store_true")
+    w.add_argument("--plots", metavar="DIR", help="write the bandwidth-wall figure here")
+    w.set_defaults(func=cmd_wall)
+
+
+def _print_json(doc: Any) -> None:
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from analysis import throughput_model as tm
+
+    if args.step <= 0:
+        raise UserError("--step must be > 0 tokens")
+    if args.paper_case_study:
+        cm, homo, dist = tm.paper_case_study()
+        inputs = dict(tm.CASE_STUDY_INPUTS)
+    else:
+        from testbed.scenario import load_scenario
+
+        cm, homo, dist, inputs = tm.cluster_model_from_scenario(load_scenario(args.scenario, args.set))
+    other = "mean" if args.reading == "literal" else "literal"
+    primary = tm.evaluate(cm, homo, dist, args.reading, args.step)
+    alt = tm.evaluate(cm, homo, dist, other, args.step)
+    doc = tm.results_json(primary, alt, inputs)
+    if args.plots:
+        from analysis import plots
+
+        d = Path(args.plots)
+        doc["plots"] = [str(plots.save(plots.lambda_vs_threshold(primary["prfaas_pd"], alt["prfaas_pd"]), d / "lambda_vs_threshold.png")),
+                        str(plots.save(plots.lambda_vs_split(primary["prfaas_pd"]), d / "lambda_vs_split.png"))]
+    if args.json:
+        _print_json(doc)
+        return 0
+    print_model(doc)
+    return 0
+
+
+def print_model(doc: dict[str, Any]) -> None:
+    print("Inputs:")
+    for k, v in doc["inputs"].items():
+        print(f"  {k}: {v}")
+    print(f"\nThroughput model (Eqs. 3-8), {doc['reading']} reading of Eq. 3; Theta and Lambda in requests/s, egress in Gbps")
+    head = ("configuration", "t(tokens)", "p", "Np/Nd", "Th_prfaas", "Th_pdp", "Th_pdd", "Lambda_max", "x_homog", "egress", "bottleneck", "Lambda(other)")
+    f = lambda v, d=4: "-" if v is None else f"{v:.{d}g}"  # noqa: E731
+    rows = [head]
+    for name in ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous"):
+        s = doc[name]
+        rows.append((name, f(s.get("threshold"), 6), f(s.get("offload_fraction"), 3), f"{s['n_p']}/{s['n_d']}", f(s.get("theta_prfaas")),
+                     f(s.get("theta_pdp")), f(s.get("theta_pdd")), f(s["lambda_max"]), f(doc["speedup_vs_homogeneous_pd"][name], 3),
+                     f(s.get("egress_gbps"), 3), s["bottleneck"], f(s["other_reading"]["lambda_max"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    for p in doc.get("plots", []):
+        print(f"wrote {p}")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import time
+
+    from analysis.report import write_report
+
+    t0 = time.perf_counter()
+    path = write_report(args.run_dirs, args.out)
+    print(f"wrote {path} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from analysis.sweep import run_sweep
+
+    man = run_sweep(args.scenario, args.grid, args.out, args.set)
+    failed = {k: v["status"] for k, v in man["points"].items() if v["status"].startswith(("failed", "incomplete"))}
+    for k, v in man["points"].items():
+        print(f"{k}: {v['status']}")
+    if "report" in man:
+        print(f"wrote {man['report']}")
+    return 1 if failed else 0
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--lengths {text!r}: use whole numbers separated by commas, e.g. 128,256,512") from None
+    if not out or any(x < 1 for x in out):
+        raise UserError("--lengths: every length must be >= 1 token")
+    return out
+
+
+def cmd_wall(args: argparse.Namespace) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from analysis import bandwidth_wall as bw
+
+    published = bw.published_table()
+    curves = [bw.profile_curve(m, p, np.geomspace(1024, 131072, 40)) for m, p in bw.PROFILE_CURVES.items()]
+    measured = None
+    if args.measure is not None:
+        from rich.progress import Progress
+
+        models = args.measure or ["kimi-linear-48b", "minimax-m2.5"]
+        lengths = _lengths(args.lengths)
+        parts = []
+        with Progress() as bar:
+            task = bar.add_task("timing prefill", total=len(models) * len(lengths))
+            for m in models:
+                parts.append(bw.measure(m, lengths, args.variant, args.device, progress=lambda: bar.advance(task)))
+        measured = pd.concat(parts, ignore_index=True)
+        if args.save:
+            d = Path(args.save)
+            d.mkdir(parents=True, exist_ok=True)
+            for m, part in measured.groupby("model"):
+                part[["tokens", "prefill_s", "kv_bytes", "phi_gbps", "source"]].to_csv(d / f"measured-{m}.csv", index=False)
+    if args.gpus < 1:
+        raise UserError("--gpus must be at least 1")
+    cluster = bw.cluster_table(args.gpus)
+    doc: dict[str, Any] = {"published": published.to_dict("records"), "cluster_egress": cluster.to_dict("records")}
+    if measured is not None:
+        doc["measured"] = measured.to_dict("records")
+    if args.plots:
+        from analysis.plots import save
+
+        doc["plots"] = [str(save(bw.wall_figure(published, curves, measured, args.gpus), Path(args.plots) / "bandwidth_wall.png"))]
+    if args.json:
+        _print_json(doc)
+        return 0
+    pd.set_option("display.width", 200)
+    print("Phi_kv per 8xH200 instance, published (paper Tables 3 and 5); implied prefill = S_kv / Phi_kv with our specs' bytes")
+    print(published.pivot(index="model", columns="tokens", values="phi_gbps").to_string(float_format=lambda v: f"{v:.2f}"))
+    print(f"\nEq. 2 cluster egress, {args.gpus} GPUs, 8 per instance, L_avg = 32K (Gbps; link lines 10 and 100 Gbps)")
+    print(cluster[["model", "kind", "phi_gbps", "egress_gbps", "fits_10gbps", "fits_100gbps"]].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    if measured is not None:
+        print("\nMeasured here (real forward passes; KV bytes of the cache produced):")
+        print(measured.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    for p in doc.get("plots", []):
+        print(f"wrote {p}")
+    return 0

@@ -1,0 +1,145 @@
+"""Summary metrics of a run: the one place TTFT, TPOT, throughput, offload fraction and egress are computed.
+
+The serving plane calls `summarize` to write ``summary.json``; reports call it again on loaded runs, so
+a number in a report and in ``summary.json`` always comes from the same code.
+
+Conventions (docs/analysis.md): times in ``requests.parquet`` are seconds from run start; a request is
+ok when ``status == "ok"``; it was offloaded when ``route`` starts with ``prfaas``; ``kv_bytes`` are
+bytes on the wire (already divided by the scenario's ``scale``), so emulated egress = wire x scale.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+REQUEST_COLUMNS = (
+    "request_id", "arrival_s", "input_len", "cached_len", "output_len", "route", "threshold",
+    "prefill_start_s", "prefill_end_s", "kv_bytes", "transfer_start_s", "transfer_end_s",
+    "first_token_s", "finish_s", "status",
+)
+OFFLOAD_ROUTE_PREFIX = "prfaas"
+
+
+def _num(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def stats(values: Any, quantiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, float | None]:
+    """mean and the given percentiles of the finite values (None when there are none)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    out: dict[str, float | None] = {"mean": float(v.mean()) if v.size else None}
+    for q in quantiles:
+        out[f"p{q}"] = float(np.percentile(v, q)) if v.size else None
+    return out
+
+
+def ok_mask(df: pd.DataFrame) -> pd.Series:
+    return df["status"].astype(str) == "ok"
+
+
+def offloaded_mask(df: pd.DataFrame) -> pd.Series:
+    return df["route"].astype(str).str.startswith(OFFLOAD_ROUTE_PREFIX)
+
+
+def ttft_s(df: pd.DataFrame) -> pd.Series:
+    """Time to first token: first token minus arrival."""
+    return df["first_token_s"] - df["arrival_s"]
+
+
+def tpot_s(df: pd.DataFrame) -> pd.Series:
+    """Time per output token after the first: (finish - first token) / (output_len - 1); NaN for 1-token outputs."""
+    n = (df["output_len"].astype(float) - 1).where(lambda x: x > 0)
+    return (df["finish_s"] - df["first_token_s"]) / n
+
+
+def egress_series_bps(link: pd.DataFrame | None, scale: float = 1.0, direction: str = "prfaas_to_pd", window_s: float = 0.0) -> pd.Series | None:
+    """Emulated WAN rate (bit/s) through the PrfaaS->PD qdisc (KV and any cross traffic), from differenced
+    cumulative ``tx_bytes`` (or ``tx_bps``) in ``link.parquet``; with `window_s`, averaged over windows that long."""
+    if link is None or link.empty or "t_s" not in link:
+        return None
+    d = link[link["direction"] == direction] if "direction" in link else link
+    d = d.sort_values("t_s")
+    if "tx_bytes" in d and len(d) > 1:
+        t = d["t_s"].to_numpy(float)
+        b = d["tx_bytes"].to_numpy(float)
+        if window_s > 0:
+            idx = np.unique(np.searchsorted(t, np.arange(t[0], t[-1] + window_s, window_s)).clip(0, len(t) - 1))
+            t, b = t[idx], b[idx]
+        dt = np.diff(t)
+        ok = dt > 0
+        return pd.Series((np.diff(b) * 8 / np.where(ok, dt, 1))[ok] * scale, index=t[1:][ok])
+    if "tx_bps" in d:
+        return pd.Series(d["tx_bps"].to_numpy(float) * scale, index=d["t_s"].to_numpy(float)).dropna()
+    return None
+
+
+def kv_egress_series_bps(requests: pd.DataFrame, scale: float = 1.0, bin_s: float = 1.0) -> pd.Series:
+    """Emulated KV egress (bit/s) of offloaded requests per `bin_s` bin: each transfer's ``kv_bytes`` spread
+    evenly over [transfer_start_s, transfer_end_s]. Cross traffic is not in it (see `egress_series_bps`)."""
+    df = requests[offloaded_mask(requests)] if len(requests) else requests
+    df = df.dropna(subset=["transfer_start_s", "transfer_end_s", "kv_bytes"]) if len(df) else df
+    if not len(df):
+        return pd.Series([], dtype=float)
+    s = df["transfer_start_s"].to_numpy(float)
+    dur = np.maximum(df["transfer_end_s"].to_numpy(float) - s, 1e-9)
+    bits = df["kv_bytes"].to_numpy(float) * 8 * scale
+    lo = min(float(requests["arrival_s"].min()), float(s.min()))
+    hi = max(float(np.nanmax(requests["finish_s"].to_numpy(float))) if requests["finish_s"].notna().any() else 0.0, float((s + dur).max()))
+    edges = np.arange(lo, hi + bin_s, bin_s)
+    done = (bits / dur) * np.clip(edges[:, None] - s[None, :], 0, dur[None, :])  # bits sent by each edge
+    return pd.Series(np.diff(done.sum(axis=1)) / bin_s, index=edges[:-1] + bin_s / 2)
+
+
+def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale: float = 1.0, policy: str = "",
+              model: str = "", duration_s: float | None = None) -> dict[str, Any]:
+    """The ``summary.json`` document of one run (keys of ARCHITECTURE.md, plus a few more).
+
+    Throughput counts ok requests over `duration_s` (default: first arrival to last finish).
+    ``egress_gbps``: KV of offloaded requests (``kv_bytes`` x `scale`, 1 s bins, `kv_egress_series_bps`);
+    ``wan_gbps``: everything the PrfaaS->PD WAN qdisc sent (KV + cross traffic), from link telemetry.
+    """
+    df = requests
+    total = int(len(df))
+    ok = ok_mask(df) if total else pd.Series([], dtype=bool)
+    good = df[ok]
+    if duration_s is None:
+        span = (_num(df["finish_s"].max()) or 0.0) - (_num(df["arrival_s"].min()) or 0.0) if total else 0.0
+        duration_s = span if span > 0 else None
+    ttft = ttft_s(good) if len(good) else pd.Series([], dtype=float)
+    tpot = tpot_s(good) if len(good) else pd.Series([], dtype=float)
+    off = offloaded_mask(df) if total else pd.Series([], dtype=bool)
+    wire = float(df.loc[off, "kv_bytes"].fillna(0).sum()) if total else 0.0
+    kv = kv_egress_series_bps(df, scale) if total else pd.Series([], dtype=float)
+    eg = {"mean": wire * 8 * scale / duration_s / 1e9 if duration_s else None,
+          "p99": float(np.percentile(kv, 99)) / 1e9 if len(kv) else None, "source": "requests kv_bytes x scale, 1 s bins"}
+    wan = egress_series_bps(link, scale)
+    wan_stats = ({"mean": float(wan.mean()) / 1e9, "p99": float(np.percentile(wan, 99)) / 1e9, "source": "link.parquet tx_bytes x scale"}
+                 if wan is not None and len(wan) else {"mean": None, "p99": None, "source": "no link telemetry"})
+    short = good[~offloaded_mask(good)] if len(good) else good
+    return {
+        "requests_total": total,
+        "requests_ok": int(ok.sum()),
+        "requests_failed": int(total - ok.sum()),
+        "duration_s": duration_s,
+        "throughput_rps": len(good) / duration_s if duration_s else None,
+        "output_tokens_per_s": float(good["output_len"].sum()) / duration_s if duration_s and len(good) else None,
+        "ttft_s": stats(ttft),
+        "ttft_short_s": stats(ttft_s(short)) if len(short) else stats([]),
+        "tpot_s": {k: v for k, v in stats(tpot, (50, 90)).items()},
+        "offload_fraction": float(off.mean()) if total else None,
+        "kv_wire_bytes_offloaded": wire,
+        "egress_gbps": eg,
+        "wan_gbps": wan_stats,
+        "scale": scale,
+        "policy": policy,
+        "model": model,
+    }

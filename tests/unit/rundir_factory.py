@@ -1,0 +1,67 @@
+"""Builds run directories that follow the documented contract (ARCHITECTURE.md "Run directory",
+docs/analysis.md for link/scheduler columns), for testing the analysis code before real runs exist.
+
+The numbers are synthetic but consistent (a request's TTFT >= its prefill, offloaded requests carry KV
+bytes, telemetry is cumulative); they are test inputs, never results.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from analysis.metrics import summarize
+
+
+def write_run_dir(out: Path, *, policy: str = "prfaas", duration_s: float = 30.0, rate_rps: float = 5.0, seed: int = 1,
+                  scale: float = 10.0, threshold: int = 19400, dip: tuple[float, float] | None = (10.0, 20.0)) -> Path:
+    rng = np.random.default_rng(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    n = max(2, int(rng.poisson(rate_rps * duration_s)))
+    arrival = np.sort(rng.uniform(0, duration_s, n))
+    inp = np.clip(rng.lognormal(9.9, 1.0, n), 128, 131072).astype(int)
+    cached = (rng.uniform(0, 0.3, n) * inp).astype(int)
+    unc = inp - cached
+    offload = unc > threshold if policy != "homogeneous-pd" else np.zeros(n, bool)
+    route = np.where(offload, "prfaas", "pd-p")
+    pre = np.where(offload, 0.39 + 4.1e-5 * unc + 9.5e-11 * unc**2, 0.39 + 1.41e-4 * unc)
+    pstart = arrival + rng.uniform(0.001, 0.05, n)
+    pend = pstart + pre
+    kv = np.where(offload, (172 * 2**20 + 17101 * unc) / scale, 0).astype(np.int64)
+    in_dip = (arrival > dip[0]) & (arrival < dip[1]) if dip else np.zeros(n, bool)
+    xfer = np.where(offload, kv * 8 / np.where(in_dip, 2e9, 10e9), 0.001)
+    tstart = pend - 0.1 * pre
+    tend = np.maximum(pend, tstart + xfer)
+    first = tend + 0.025
+    out_len = np.full(n, 64)
+    finish = first + 0.025 * (out_len - 1) * rng.uniform(1.0, 1.2, n)
+    status = np.where(rng.uniform(size=n) < 0.02, "failed", "ok")
+    req = pd.DataFrame({
+        "request_id": [f"r{i}" for i in range(n)], "arrival_s": arrival, "input_len": inp, "cached_len": cached,
+        "output_len": out_len, "route": route, "threshold": threshold, "prefill_start_s": pstart, "prefill_end_s": pend,
+        "kv_bytes": kv, "transfer_start_s": tstart, "transfer_end_s": tend, "first_token_s": first, "finish_s": finish,
+        "status": status,
+    })
+    t = np.arange(0, duration_s, 0.1)
+    rate = np.where(dip and (t > dip[0]) & (t < dip[1]), 2e9, 10e9) / scale if dip else np.full(t.size, 10e9 / scale)
+    tx = np.cumsum(rate / 8 * 0.1 * rng.uniform(0.3, 0.95, t.size))
+    link = pd.DataFrame({"t_s": t, "direction": "prfaas_to_pd", "rate_bps": rate, "tx_bytes": tx.astype(np.int64),
+                         "backlog_bytes": (rng.uniform(0, 1, t.size) * (rate < 5e8) * 3e6).astype(np.int64),
+                         "drops": np.cumsum(rng.poisson(0.2, t.size))})
+    sch = pd.DataFrame({"t_s": t[::10], "threshold": np.where((t[::10] > 11) & (t[::10] < 21), threshold * 2, threshold),
+                        "egress_utilisation": rng.uniform(0.3, 1.0, t[::10].size)})
+    req.to_parquet(out / "requests.parquet")
+    link.to_parquet(out / "link.parquet")
+    sch.to_parquet(out / "scheduler.parquet")
+    scen = {"name": f"synthetic-{policy}", "seed": seed, "scale": scale, "duration": f"{duration_s}s",
+            "wan": {"rate": "10Gbps", "delay": "10ms", "schedule": [{"at": f"{dip[0]}s", "rate": "2Gbps", "for": f"{dip[1] - dip[0]}s"}] if dip else []},
+            "policy": {"name": policy}}
+    (out / "scenario.yaml").write_text(yaml.safe_dump(scen))
+    (out / "environment.json").write_text(json.dumps({"host": "test", "kernel": "synthetic", "wan_backend": "delayline", "compute": "profile"}))
+    summary = summarize(req, link, scale=scale, policy=policy, model="paper-1t-hybrid")
+    (out / "summary.json").write_text(json.dumps(summary))
+    return out

@@ -1,0 +1,110 @@
+"""Compute profiles: fitted curves reproduce their sources; measured profiles load; bad files are refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from testbed.errors import UserError
+from testbed.models.profiles import available_profiles, load_profile
+
+TABLE5 = {1024: 0.44, 8192: 0.72, 32768: 1.84, 131072: 7.40}
+
+
+def test_h200_profile_reproduces_table5_and_the_derived_quadratic():
+    p = load_profile("h200-paper-1t-hybrid")
+    for l, t in TABLE5.items():
+        assert p.prefill_time_s(l) == pytest.approx(t, abs=0.015)
+    assert p.coefficients == pytest.approx((0.389, 4.107e-5, 9.476e-11), rel=2e-3)
+    assert "Table 5" in p.provenance and p.chip == "H200"
+
+
+def test_h20_profile_passes_through_both_calibration_points():
+    p = load_profile("h20-paper-1t-hybrid")
+    assert p.prefill_time_s(10200) == pytest.approx(1.83, abs=1e-9)
+    assert p.prefill_time_s(27500) == pytest.approx(4.27, abs=1e-9)
+    assert p.decode_step_s(20) == pytest.approx(0.025) and p.max_batch == 20
+    assert "ASSUMPTION" in p.provenance
+
+
+def test_short_names_h200_and_h20_are_the_case_study_profiles():
+    assert load_profile("h200").name == "h200-paper-1t-hybrid"
+    assert load_profile("h20").name == "h20-paper-1t-hybrid"
+
+
+@pytest.mark.parametrize("model,profile,phis", [
+    ("minimax-m2.5", "h200-minimax-m2.5", (4.94, 32.87, 59.93, 47.82)),
+    ("qwen3-235b", "h200-qwen3-235b", (4.12, 22.42, 33.35, 21.50)),
+])
+def test_dense_h200_profiles_give_back_table3_phi_with_the_spec_bytes(model, profile, phis):
+    spec_mod = pytest.importorskip("testbed.models.spec")
+    spec = spec_mod.load_model_spec(model)
+    p = load_profile(profile)
+    for l, phi in zip((1024, 8192, 32768, 131072), phis):
+        got = spec.kv_bytes(l).total_bytes * 8 / p.prefill_time_s(l) / 1e9
+        assert got == pytest.approx(phi, rel=0.05)
+
+
+@pytest.mark.parametrize("dense", ["minimax-m2.5", "qwen3-235b"])
+def test_h20_dense_profiles_scale_h200_by_the_hybrids_calibration_ratio(dense):
+    h200, h20 = load_profile("h200-paper-1t-hybrid"), load_profile("h20-paper-1t-hybrid")
+    ratio = np.mean([h20.prefill_time_s(l) / h200.prefill_time_s(l) for l in (10200, 27500)])
+    a, b = load_profile(f"h200-{dense}"), load_profile(f"h20-{dense}")
+    for l in (1024, 32768):
+        assert b.prefill_time_s(l) / a.prefill_time_s(l) == pytest.approx(ratio, rel=1e-3)
+
+
+def test_cached_prefix_only_charges_the_increment():
+    p = load_profile("h200-paper-1t-hybrid")
+    c0, c1, c2 = p.coefficients
+    full, inc = p.prefill_time_s(32768), p.prefill_time_s(32768, cached_tokens=8192)
+    assert full - inc == pytest.approx(c1 * 8192 + c2 * 8192**2)
+    assert inc > c0
+    arr = p.prefill_time_s(np.array([1024, 8192]), np.array([0, 1024]))
+    assert arr.shape == (2,) and arr[1] < p.prefill_time_s(8192)
+    with pytest.raises(UserError, match="cached_tokens"):
+        p.prefill_time_s(100, cached_tokens=200)
+
+
+def test_decode_outside_the_batch_limit_and_prefill_only_profiles_are_refused():
+    with pytest.raises(UserError, match="max_batch"):
+        load_profile("h20").decode_step_s(21)
+    with pytest.raises(UserError, match="no decode data"):
+        load_profile("h200").decode_step_s(1)
+
+
+def test_measured_csv_and_json_profiles_fit_their_points(tmp_path):
+    csv = tmp_path / "cpu.csv"
+    csv.write_text("tokens,prefill_s\n128,0.2\n256,0.3\n512,0.6\n1024,1.5\n")
+    p = load_profile(str(csv))
+    assert np.abs(p.fit_residuals_s()).max() < 0.1
+    assert "measured" in p.provenance and str(csv) in p.provenance
+    js = tmp_path / "gpu.json"
+    js.write_text(json.dumps({"chip": "H100", "prefill": [[1000, 0.5], [2000, 0.9]], "decode": {"step_s": 0.02, "max_batch": 8}}))
+    q = load_profile(str(js))
+    assert q.chip == "H100" and q.prefill_time_s(1500) == pytest.approx(0.7)
+    assert q.decode_step_s(8) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("tokens,seconds\n1,2\n", "tokens,prefill_s"),
+    ("tokens,prefill_s\n128,abc\n", "line 2"),
+    ("tokens,prefill_s\n1000,2.0\n2000,0.1\n", "not positive"),
+])
+def test_bad_measured_files_are_refused_with_the_reason(tmp_path, text, match):
+    f = tmp_path / "bad.csv"
+    f.write_text(text)
+    with pytest.raises(UserError, match=match):
+        load_profile(str(f))
+
+
+def test_unknown_profile_lists_the_ready_ones(tmp_path):
+    with pytest.raises(UserError, match="h200-paper-1t-hybrid"):
+        load_profile("nope")
+    y = tmp_path / "x.yaml"
+    y.write_text("name: x\nprefill: {points: [[1, 2]]}\nspeed: 3\n")
+    with pytest.raises(UserError, match="speed: unknown key"):
+        load_profile(str(y))
+    assert {"h200-paper-1t-hybrid", "h20-paper-1t-hybrid", "h20-minimax-m2.5", "h200-qwen3-235b"} <= set(available_profiles())

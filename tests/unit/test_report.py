@@ -1,0 +1,191 @@
+"""Run directories -> metrics, plots and report.html; bad run directories give one clear error; sweeps resume.
+
+Run directories are built from the documented contract (tests/unit/rundir_factory.py) until real runs
+exist; the lead adds a test on a real short run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rundir_factory import write_run_dir  # noqa: E402
+
+from analysis import metrics, plots  # noqa: E402
+from analysis.report import write_report  # noqa: E402
+from analysis.rundir import load_run  # noqa: E402
+from analysis.sweep import expand, parse_grid, run_sweep  # noqa: E402
+from testbed.errors import UserError  # noqa: E402
+
+
+@pytest.fixture
+def run_a(tmp_path: Path) -> Path:
+    return write_run_dir(tmp_path / "run-a", policy="prfaas", duration_s=30, seed=1)
+
+
+@pytest.fixture
+def run_b(tmp_path: Path) -> Path:
+    return write_run_dir(tmp_path / "run-b", policy="fixed-threshold", duration_s=30, seed=2)
+
+
+def _requests(**cols) -> pd.DataFrame:
+    base = {c: [0.0, 0.0, 0.0] for c in metrics.REQUEST_COLUMNS}
+    base.update(request_id=["a", "b", "c"], route=["prfaas", "pd-p", "pd-p"], status=["ok", "ok", "failed"])
+    base.update(cols)
+    return pd.DataFrame(base)
+
+
+def test_summarize_computes_ttft_tpot_throughput_and_offload_by_hand():
+    df = _requests(arrival_s=[0.0, 1.0, 2.0], first_token_s=[1.0, 4.0, np.nan], finish_s=[2.0, 5.0, np.nan],
+                   output_len=[11, 21, 5], kv_bytes=[1000, 0, 0])
+    s = metrics.summarize(df, None, scale=10, policy="prfaas", model="m", duration_s=4.0)
+    assert (s["requests_total"], s["requests_ok"], s["requests_failed"]) == (3, 2, 1)
+    assert s["throughput_rps"] == pytest.approx(0.5)
+    assert s["ttft_s"]["mean"] == pytest.approx(2.0)  # (1 + 3) / 2
+    assert s["ttft_s"]["p50"] == pytest.approx(2.0)
+    assert s["tpot_s"]["mean"] == pytest.approx((0.1 + 0.05) / 2)  # 1 s / 10 tokens, 1 s / 20 tokens
+    assert s["offload_fraction"] == pytest.approx(1 / 3)
+    assert s["egress_gbps"]["mean"] == pytest.approx(1000 * 8 * 10 / 4.0 / 1e9)  # wire bytes x scale over 4 s
+    assert s["ttft_short_s"]["mean"] == pytest.approx(3.0)
+
+
+def test_egress_from_link_telemetry_differences_cumulative_bytes():
+    link = pd.DataFrame({"t_s": [0.0, 1.0, 2.0], "direction": "prfaas_to_pd", "tx_bytes": [0, 125_000_000, 250_000_000]})
+    eg = metrics.egress_series_bps(link, scale=4)
+    assert eg.tolist() == pytest.approx([4e9, 4e9])  # 1 Gbit/s on the wire x 4
+
+
+def test_kv_egress_spreads_each_transfer_over_its_duration():
+    df = _requests(arrival_s=[0.0, 0.0, 0.0], finish_s=[4.0, 4.0, 4.0], kv_bytes=[1e9, 5e8, 0],
+                   transfer_start_s=[0.0, 1.0, 0.0], transfer_end_s=[2.0, 2.0, 0.0])
+    eg = metrics.kv_egress_series_bps(df, scale=2.0)  # only the first request is offloaded
+    assert eg.tolist() == pytest.approx([8e9, 8e9, 0.0, 0.0])  # 1 GB x 2 over 2 s = 8 Gbit/s for 2 s
+
+
+def test_load_run_recomputes_the_summary_written_by_the_same_code(run_a):
+    run = load_run(run_a)
+    assert run.metrics["requests_total"] == len(run.requests)
+    assert run.metrics["ttft_s"] == pytest.approx(run.summary["ttft_s"])
+    assert run.scale == 10.0
+
+
+def test_report_of_one_run_is_self_contained_and_shows_scenario_and_environment(run_a):
+    path = write_report([run_a])
+    text = path.read_text()
+    assert path == run_a / "report.html"
+    assert "synthetic-prfaas" in text and "delayline" in text  # scenario and environment shown
+    srcs = re.findall(r'src="([^"]+)"', text)
+    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert "http://" not in text and "https://" not in text
+    assert (run_a / "plots" / "congestion_run.png").stat().st_size > 10_000
+    assert "model Lambda_max" in text
+
+
+def test_comparison_report_has_a_row_per_run_and_the_comparison_plots(run_a, run_b, tmp_path):
+    path = write_report([run_a, run_b], tmp_path / "cmp")
+    text = path.read_text()
+    assert text.count("<tr><td>run-") == 2
+    for name in ("policies_across_dip.png", "throughput_vs_p95_ttft.png", "latency_cdfs.png", "congestion_run-a.png", "kv_pushback.png"):
+        assert (tmp_path / "cmp" / "plots" / name).exists(), name
+    with pytest.raises(UserError, match="--out"):
+        write_report([run_a, run_b])
+
+
+def test_every_plot_labels_both_axes_with_units(run_a, run_b):
+    runs = [load_run(run_a), load_run(run_b)]
+    figs = {"congestion": plots.congestion_response(runs[0]), "dip": plots.policies_across_dip(runs),
+            "pantheon": plots.pantheon_summary(runs), "cdfs": plots.latency_cdfs(runs),
+            "pushback": plots.kv_pushback(runs)}
+    from analysis import throughput_model as tm
+    from testbed.models.profiles import load_profile
+
+    cm = tm.ClusterModel(pd_profile=load_profile("h20"), n_pd=8, kv_bytes=tm.affine_kv_bytes(1.8e8, 17e3), output_len=1024,
+                         prfaas_profile=load_profile("h200"), n_prfaas=4, egress_bps=100e9)
+    r = tm.search_prfaas_pd(cm, tm.LengthDistribution.truncated_lognormal(9.9, 1, 128, 131072, bins=1024), step_tokens=512)
+    figs["lambda_t"] = plots.lambda_vs_threshold(r)
+    figs["lambda_split"] = plots.lambda_vs_split(r)
+    for name, fig in figs.items():
+        assert plots.missing_units(fig) == [], name
+        assert any(ax.has_data() for ax in fig.axes), name
+
+
+def test_missing_units_catches_an_unlabelled_axis():
+    fig, ax = plots.plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("rate")
+    assert len(plots.missing_units(fig)) == 1
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda d: (d / "summary.json").unlink(), "missing summary.json"),
+    (lambda d: (d / "requests.parquet").write_bytes(b"not parquet"), "requests.parquet: not a readable parquet"),
+    (lambda d: pd.read_parquet(d / "requests.parquet").drop(columns=["first_token_s"]).to_parquet(d / "requests.parquet"), "missing column.*first_token_s"),
+    (lambda d: (d / "environment.json").write_text("{nope"), "environment.json: not valid JSON"),
+    (lambda d: (d / "summary.json").write_text(json.dumps({"requests_total": 1})), "summary.json: missing key"),
+    (lambda d: (d / "scenario.yaml").write_text("a: [1,"), "scenario.yaml: not valid YAML"),
+    (lambda d: pd.DataFrame({"x": [1]}).to_parquet(d / "link.parquet"), "link.parquet: missing column.*t_s"),
+])
+def test_bad_run_directories_give_one_clear_error(run_a, damage, match):
+    damage(run_a)
+    with pytest.raises(UserError, match=match):
+        load_run(run_a)
+
+
+def test_report_command_on_a_missing_directory_prints_one_line_and_exits_2(tmp_path, capsys):
+    from testbed.cli import main
+
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a run directory" in err[0]
+
+
+def test_report_of_a_two_minute_run_renders_within_a_loose_bound(tmp_path):
+    d = write_run_dir(tmp_path / "long", duration_s=120, rate_rps=5)
+    t0 = time.perf_counter()
+    write_report([d])
+    assert time.perf_counter() - t0 < 20.0  # loose here (shared CPU); benchmarks/model_bench.py checks the 10 s target
+
+
+def test_sweep_runs_every_grid_point_then_resumes_without_rerunning(tmp_path):
+    calls = []
+
+    def fake_runner(sc, out):  # stands in for testbed.run.run_scenario in this unit test only
+        calls.append(out.name)
+        return write_run_dir(out, policy=f"seed{sc.seed}", duration_s=10, seed=len(calls))
+
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: s\nduration: 10s\nwan: {rate: 10Gbps}\n")
+    grid = ["wan.rate=10Gbps,20Gbps", "seed=1,2"]
+    man = run_sweep(str(scen), grid, tmp_path / "sw", runner=fake_runner, report=False)
+    assert len(calls) == 4 and all(v["status"] == "ok" for v in man["points"].values())
+    assert "wan.rate=20Gbps,seed=2" in man["points"]
+    # an interrupted point (no summary.json) is rerun; finished ones are skipped
+    (tmp_path / "sw" / "points" / "wan.rate=10Gbps,seed=1" / "summary.json").unlink()
+    calls.clear()
+    man = run_sweep(str(scen), grid, tmp_path / "sw", runner=fake_runner)
+    assert calls == ["wan.rate=10Gbps,seed=1"]
+    assert (tmp_path / "sw" / "report.html").read_text().count("<tr><td>") == 4
+    assert sum(v["status"].startswith("skipped") for v in man["points"].values()) == 3
+
+
+def test_sweep_refuses_a_bad_grid_and_bad_points_before_running(tmp_path):
+    with pytest.raises(UserError, match="key=v1,v2"):
+        parse_grid(["wan.rate"])
+    with pytest.raises(UserError, match="twice"):
+        parse_grid(["seed=1", "seed=2"])
+    assert len(expand(parse_grid(["a=1,2,3", "b=x,y"]))) == 6
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: s\nwan: {rate: 10Gbps}\n")
+    ran = []
+    with pytest.raises(UserError, match="wan.rate"):
+        run_sweep(str(scen), ["wan.rate=10Gbps,fast"], tmp_path / "sw", runner=lambda sc, out: ran.append(out))
+    assert ran == []
