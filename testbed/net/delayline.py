@@ -1,0 +1,719 @@
+"""Userspace delay line on NFQUEUE: delay, jitter, loss and a packet limit where the kernel has no netem.
+
+Who knows what: `DelayLineConfig` says what the line does; `DelaySchedule` (pure) decides per packet
+whether it is lost, overflows, or when it leaves; `serve` is the child process's hot loop (netlink in,
+verdicts out); `DelayLineProcess` is the parent's handle (start, update, stats, stop). `cleanup_rules`
+removes the tagged iptables rules a killed line left behind.
+
+Control channel (parent <-> child, both in a private directory, see docs/delayline.md):
+- `control`: a FIFO the parent writes JSON lines to (``{"op": "update", "config": {...}}``,
+  ``{"op": "stop"}``); EOF (the parent died or closed it) also stops the child.
+- `stats`: a 128-byte shared file the child rewrites (seqlock) at most every millisecond and the
+  parent reads with one `pread`, so `stats()` costs microseconds.
+- `error`: the reason, when the child could not start.
+
+Child: ``python -m testbed.net.delayline run --out-ifname IF --queue-num N --ctl-dir DIR --config JSON``;
+``python -m testbed.net.delayline cleanup [--queue-num N]`` removes tagged rules in its namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import dataclasses
+import heapq
+import json
+import math
+import mmap
+import os
+import random
+import select
+import shlex
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import NormalDist
+from typing import Callable
+
+from testbed.errors import HostError
+from testbed.scenario import JITTER_DISTRIBUTIONS, LinkDirectionSpec, LossSpec
+
+RULE_TAG = "prfaas-delayline"
+DEFAULT_LIMIT_PACKETS = 100_000
+DEFAULT_RT_PRIORITY = 10  # SCHED_FIFO priority of the child; 0 = normal scheduling
+_KERNEL_QUEUE_MARGIN = 4096  # kernel queue maxlen = limit + margin, so our limit (not the kernel's) decides
+_NETEM_TABLE_MAX = 32767 / 8192  # netem's distribution tables are int16 scaled by 8192: |sample| <= ~4 sigma
+_MAX_LEAD_S = 0.001
+_COALESCE_S = 100e-6  # release together what is due this soon after the head: fewer wake-ups, <= 0.1 ms early
+_STATS = struct.Struct("=QQqqqqqqdQ")  # seq, state, 6 counters, updated_at (monotonic s), pid
+STATE_STARTING, STATE_INSTALLING, STATE_RUNNING, STATE_STOPPED = 0, 1, 2, 3
+
+Popen = Callable[[list[str]], subprocess.Popen]
+
+
+@dataclass(frozen=True)
+class DelayLineConfig:
+    """What one direction's delay line does. Times in seconds; jitter follows netem's meaning per distribution."""
+
+    delay_s: float
+    jitter_s: float = 0.0
+    jitter_distribution: str = "normal"
+    reorder: bool = False
+    loss: LossSpec = LossSpec()
+    limit_packets: int = DEFAULT_LIMIT_PACKETS
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not (self.delay_s >= 0 and math.isfinite(self.delay_s)):
+            raise ValueError(f"delay_s must be a finite number >= 0, not {self.delay_s!r}")
+        if not (self.jitter_s >= 0 and math.isfinite(self.jitter_s)):
+            raise ValueError(f"jitter_s must be a finite number >= 0, not {self.jitter_s!r}")
+        if self.jitter_distribution not in JITTER_DISTRIBUTIONS:
+            raise ValueError(f"jitter_distribution must be one of {', '.join(JITTER_DISTRIBUTIONS)}, "
+                             f"not {self.jitter_distribution!r}")
+        if self.limit_packets < 1:
+            raise ValueError(f"limit_packets must be >= 1, not {self.limit_packets!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @staticmethod
+    def from_dict(d: dict) -> "DelayLineConfig":
+        return DelayLineConfig(**{**d, "loss": LossSpec(**d.get("loss", {}))})
+
+
+def build_config(direction: LinkDirectionSpec, seed: int = 1, limit_packets: int | None = None) -> DelayLineConfig:
+    """The delay line for one WAN direction. Its packet limit bounds packets held in flight (netem's
+    `limit`); the WAN's queue limit belongs to the rate shaper, so it is not used here."""
+    return DelayLineConfig(
+        delay_s=direction.delay_s,
+        jitter_s=direction.jitter_s,
+        jitter_distribution=direction.jitter_distribution,
+        reorder=direction.reorder,
+        loss=direction.loss,
+        limit_packets=DEFAULT_LIMIT_PACKETS if limit_packets is None else limit_packets,
+        seed=seed,
+    )
+
+
+@dataclass
+class DelayLineStats:
+    queued_packets: int
+    queued_bytes: int
+    forwarded_packets: int
+    forwarded_bytes: int
+    dropped_loss: int
+    dropped_overflow: int
+
+
+# ----------------------------------------------------------------------------------------- pure parts
+
+_STD_NORMAL = NormalDist()
+
+
+def jitter_unit_sample(rng: random.Random, distribution: str) -> float:
+    """A sample in units of the jitter, with netem's meaning of each distribution.
+
+    normal: N(0, 1); uniform: U(-1, 1) (netem without a table); pareto: iproute2's table, Pareto(a=3)
+    shifted to mean 0 and scaled by 4/3; paretonormal: (normal + 3 x pareto) / 4 from one quantile, as
+    iproute2's paretonormal table. Table distributions are clipped to +-4 like netem's int16 tables.
+    """
+    if distribution == "uniform":
+        return rng.uniform(-1.0, 1.0)
+    if distribution == "normal":
+        x = rng.gauss(0.0, 1.0)
+    else:
+        u = min(max(rng.random(), 1e-12), 1.0 - 1e-12)
+        pareto = ((1.0 - u) ** (-1.0 / 3.0) - 1.5) * (4.0 / 3.0)
+        if distribution == "pareto":
+            x = pareto
+        elif distribution == "paretonormal":
+            x = (_STD_NORMAL.inv_cdf(u) + 3.0 * min(pareto, _NETEM_TABLE_MAX)) / 4.0
+        else:
+            raise ValueError(f"unknown jitter distribution {distribution!r}")
+    return max(-_NETEM_TABLE_MAX, min(_NETEM_TABLE_MAX, x))
+
+
+class LossModel:
+    """Random loss or netem's Gilbert-Elliott (`gemodel p r 1-h 1-k`): lose by the current state, then move."""
+
+    def __init__(self, spec: LossSpec, rng: random.Random) -> None:
+        self.spec = spec
+        self.rng = rng
+        self.bad = False
+
+    def lose(self) -> bool:
+        s = self.spec
+        r = self.rng.random
+        if s.model == "random":
+            return s.rate > 0 and r() < s.rate
+        if self.bad:
+            lost = r() < s.bad_loss
+            if r() < s.r:
+                self.bad = False
+        else:
+            lost = s.good_loss > 0 and r() < s.good_loss
+            if r() < s.p:
+                self.bad = True
+        return lost
+
+
+ADMITTED, LOST, OVERFLOW = 0, 1, 2
+
+
+class DelaySchedule:
+    """When each packet leaves: arrival + delay + jitter sample, never before the packet ahead of it
+    unless `reorder`; lost and over-limit packets are refused at arrival (netem drops at enqueue)."""
+
+    def __init__(self, config: DelayLineConfig) -> None:
+        self.rng = random.Random(config.seed)
+        self.config = config
+        self.loss = LossModel(config.loss, self.rng)
+        self.fifo: collections.deque[tuple[float, int, int]] = collections.deque()
+        self.heap: list[tuple[float, int, int]] = []
+        self.last_due_s = 0.0
+        self.queued_bytes = 0
+        self.forwarded_packets = 0
+        self.forwarded_bytes = 0
+        self.dropped_loss = 0
+        self.dropped_overflow = 0
+
+    def update(self, config: DelayLineConfig) -> None:
+        """New parameters apply to packets arriving from now on; held packets keep their times.
+        The random stream continues (no reseed) so a run stays reproducible across updates."""
+        if config.loss != self.config.loss:
+            self.loss = LossModel(config.loss, self.rng)
+        if config.reorder != self.config.reorder:
+            for item in self.fifo:
+                heapq.heappush(self.heap, item)
+            self.fifo.clear()
+            if not config.reorder:  # in order again: drain the heap into the FIFO by due time
+                while self.heap:
+                    self.fifo.append(heapq.heappop(self.heap))
+        self.config = config
+
+    @property
+    def queued_packets(self) -> int:
+        return len(self.fifo) + len(self.heap)
+
+    def admit(self, now_s: float, packet_id: int, length: int) -> int:
+        c = self.config
+        if len(self.fifo) + len(self.heap) >= c.limit_packets:
+            self.dropped_overflow += 1
+            return OVERFLOW
+        if self.loss.lose():
+            self.dropped_loss += 1
+            return LOST
+        delay = c.delay_s
+        if c.jitter_s:
+            delay += c.jitter_s * jitter_unit_sample(self.rng, c.jitter_distribution)
+            if delay < 0.0:
+                delay = 0.0
+        due = now_s + delay
+        if c.reorder:
+            heapq.heappush(self.heap, (due, packet_id, length))
+        else:
+            if due < self.last_due_s:
+                due = self.last_due_s
+            self.last_due_s = due
+            self.fifo.append((due, packet_id, length))
+        self.queued_bytes += length
+        return ADMITTED
+
+    def next_due_s(self) -> float | None:
+        if self.fifo:
+            return self.fifo[0][0]
+        if self.heap:
+            return self.heap[0][0]
+        return None
+
+    def release(self, now_s: float) -> list[int]:
+        """Ids of packets due at `now_s`, in release order."""
+        out = []
+        fifo = self.fifo
+        while fifo and fifo[0][0] <= now_s:
+            _, pid, length = fifo.popleft()
+            out.append(pid)
+            self.queued_bytes -= length
+            self.forwarded_bytes += length
+        heap = self.heap
+        while heap and heap[0][0] <= now_s:
+            _, pid, length = heapq.heappop(heap)
+            out.append(pid)
+            self.queued_bytes -= length
+            self.forwarded_bytes += length
+        self.forwarded_packets += len(out)
+        return out
+
+    def stats(self) -> DelayLineStats:
+        return DelayLineStats(self.queued_packets, self.queued_bytes, self.forwarded_packets,
+                              self.forwarded_bytes, self.dropped_loss, self.dropped_overflow)
+
+
+# --------------------------------------------------------------------------------- iptables rules
+
+
+def iptables_binary() -> str:
+    """iptables-legacy where installed: NFQUEUE via the nft `queue` expression is absent on these kernels."""
+    return "iptables-legacy" if shutil.which("iptables-legacy") else "iptables"
+
+
+def rule_spec(out_ifname: str, queue_num: int) -> list[str]:
+    return ["FORWARD", "-o", out_ifname, "-m", "comment", "--comment", RULE_TAG,
+            "-j", "NFQUEUE", "--queue-num", str(queue_num), "--queue-bypass"]
+
+
+def _iptables(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([iptables_binary(), "-w", "10", *args], capture_output=True, text=True, timeout=30)
+
+
+def install_rule(out_ifname: str, queue_num: int) -> None:
+    r = _iptables(["-A", *rule_spec(out_ifname, queue_num)])
+    if r.returncode != 0:
+        raise HostError(f"delay line: iptables could not add the NFQUEUE rule on {out_ifname}: {r.stderr.strip()}")
+
+
+def _tagged_rules(queue_num: int | None) -> list[list[str]]:
+    r = _iptables(["-S", "FORWARD"])
+    rules = []
+    for line in r.stdout.splitlines():
+        tokens = shlex.split(line)
+        if RULE_TAG not in tokens or not tokens or tokens[0] != "-A":
+            continue
+        if queue_num is not None and ("--queue-num" not in tokens
+                                      or tokens[tokens.index("--queue-num") + 1] != str(queue_num)):
+            continue
+        rules.append(tokens[1:])
+    return rules
+
+
+def cleanup_local_rules(queue_num: int | None = None) -> int:
+    """Remove tagged delay-line rules in this process's network namespace; returns how many."""
+    removed = 0
+    for spec in _tagged_rules(queue_num):
+        if _iptables(["-D", *spec]).returncode == 0:
+            removed += 1
+    return removed
+
+
+def remove_stale_control_dirs(base: str = "/dev/shm", min_age_s: float = 60.0) -> int:
+    """Remove control directories whose line is gone (parent and child both SIGKILLed); for `prfaas clean`.
+    Directories younger than `min_age_s` are kept: their line may still be starting."""
+    removed = 0
+    for d in Path(base).glob("prfaas-delayline-q*"):
+        try:
+            if time.time() - d.stat().st_mtime < min_age_s:
+                continue
+        except OSError:
+            continue
+        try:
+            fd = os.open(d / "stats", os.O_RDONLY)
+            try:
+                pid = _STATS.unpack(os.pread(fd, _STATS.size, 0))[-1]
+            finally:
+                os.close(fd)
+        except (OSError, struct.error):
+            pid = 0
+        if pid and Path(f"/proc/{pid}").exists():
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _child_argv(*args: str) -> list[str]:
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    return ["env", f"PYTHONPATH={path}", sys.executable, "-m", "testbed.net.delayline", *args]
+
+
+def cleanup_rules(popen: Popen | None = None, queue_num: int | None = None) -> int:
+    """Remove tagged rules (all, or one queue's) in the namespace `popen` runs in (here when None).
+
+    Returns the number removed (-1 when run through a `popen` whose stdout is not a pipe)."""
+    if popen is None:
+        return cleanup_local_rules(queue_num)
+    args = ["cleanup"] + ([] if queue_num is None else ["--queue-num", str(queue_num)])
+    p = popen(_child_argv(*args))
+    try:
+        out, _ = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise HostError("delay line: cleanup of iptables rules did not finish in 60 s")
+    if out is None:
+        return -1
+    text = out.decode() if isinstance(out, bytes) else out
+    try:
+        return int(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return -1
+
+
+# ------------------------------------------------------------------------------------- stats file
+
+
+def _write_stats(buf: memoryview, seq: int, state: int, s: DelaySchedule) -> int:
+    """Seqlock write: odd sequence while writing, even when done; returns the new sequence."""
+    _STATS.pack_into(buf, 0, seq + 1, state, s.queued_packets, s.queued_bytes, s.forwarded_packets,
+                     s.forwarded_bytes, s.dropped_loss, s.dropped_overflow, time.monotonic(), os.getpid())
+    struct.pack_into("=Q", buf, 0, seq + 2)
+    return seq + 2
+
+
+def read_stats_file(fd: int) -> tuple[int, DelayLineStats]:
+    """(state, stats) from the child's stats file; retries while the child is mid-write."""
+    seq_of = struct.Struct("=Q")
+    state, counters = STATE_STARTING, [0] * 6
+    for _ in range(100):
+        before = os.pread(fd, 8, 0)
+        raw = os.pread(fd, _STATS.size, 0)
+        if len(raw) < _STATS.size:
+            break
+        _, state, *counters, _, _ = _STATS.unpack(raw)
+        seq = seq_of.unpack(before)[0]
+        if seq % 2 == 0 and os.pread(fd, 8, 0) == before:
+            break
+    return state, DelayLineStats(*counters)
+
+
+# ------------------------------------------------------------------------------------ child process
+
+
+def _set_timer_slack(ns: int) -> None:
+    """Shrink the kernel's timer slack (default 50 us) so select() wakes close to the due time."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(29, ctypes.c_ulong(ns), 0, 0, 0)  # PR_SET_TIMERSLACK
+    except (OSError, AttributeError):
+        pass
+
+
+def _set_realtime(priority: int) -> None:
+    """SCHED_FIFO, so a busy host delays our wake-ups by microseconds, not a scheduler tick (netem runs in
+    softirq context; this is the userspace analogue). The loop blocks in select, so it cannot hog a CPU,
+    and the kernel's RT throttling bounds it anyway."""
+    if priority > 0:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+        except (OSError, AttributeError):
+            pass
+
+
+def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Path, rt_priority: int = 0) -> None:
+    """The child: bind the queue, install the rule, run the hot loop until told to stop, clean up."""
+    from testbed.net import nfqueue
+
+    stats_fd = os.open(ctl_dir / "stats", os.O_RDWR)
+    os.ftruncate(stats_fd, 128)
+    stats_map = mmap.mmap(stats_fd, 128)
+    stats_buf = memoryview(stats_map)
+    schedule = DelaySchedule(config)
+    seq = _write_stats(stats_buf, 0, STATE_STARTING, schedule)
+
+    stop = False
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.set_wakeup_fd(wake_w)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    ctl_fd = os.open(ctl_dir / "control", os.O_RDONLY | os.O_NONBLOCK)
+    _set_timer_slack(1000)
+    _set_realtime(rt_priority)
+
+    q = nfqueue.NfQueue(queue_num, config.limit_packets + _KERNEL_QUEUE_MARGIN)
+    buf = bytearray(65536)
+    rule_installed = False
+    orphaned = False
+    last_id = -1  # ids grow by one per packet (mod 2^32; the kernel's batch compare is wrap-safe)
+    try:
+        seq = _write_stats(stats_buf, seq, STATE_INSTALLING, schedule)
+        install_rule(out_ifname, queue_num)
+        rule_installed = True
+        seq = _write_stats(stats_buf, seq, STATE_RUNNING, schedule)
+        sock = q.sock
+        qfd = q.fileno()
+        recv_into = sock.recv_into
+        parse = nfqueue.parse_packets
+        verdict = nfqueue.verdict
+        admit = schedule.admit
+        now_fn = time.monotonic
+        ctl_pending = b""
+        last_stats_s = 0.0
+        dirty = False
+        lead_s = 0.0  # learned timer wake-up latency: wake (and release) this much before the due time
+        watch_all = [qfd, ctl_fd, wake_r]
+        watch_ctl = [ctl_fd, wake_r]
+        stamped = False  # the last packets carried kernel arrival times
+        backlog = False  # the last drain stopped at its batch size: more is waiting
+        while not stop:
+            due = schedule.next_due_s()
+            now = now_fn()
+            timeout = None if due is None else max(0.0, due - lead_s - now)
+            if dirty and (timeout is None or timeout > 0.001 or now - last_stats_s >= 0.001):
+                seq = _write_stats(stats_buf, seq, STATE_RUNNING, schedule)
+                last_stats_s = now
+                dirty = False
+            if backlog or timeout == 0:
+                ready = (qfd,)
+            else:
+                # In order, a new packet is never due before the ones held, and the kernel stamped its
+                # arrival: no need to wake for it before the head is due (batching, fewer wake-ups).
+                lazy = due is not None and stamped and not schedule.config.reorder
+                ready = select.select(watch_ctl if lazy else watch_all, [], [], timeout)[0]
+                if not ready and timeout > 0.0002:  # a timer wake-up: learn how late it was
+                    late = now_fn() - (due - lead_s)
+                    lead_s = min(_MAX_LEAD_S, max(0.0, 0.9 * lead_s + 0.1 * late))
+            if qfd in ready or not ready:
+                drops = []
+                backlog = True
+                for _ in range(512):
+                    try:
+                        n = recv_into(buf)
+                    except (BlockingIOError, InterruptedError):
+                        backlog = False
+                        break
+                    except OSError as e:  # ENOBUFS is off; anything else is fatal
+                        raise HostError(f"delay line: netlink receive failed: {e}") from e
+                    now = now_fn()
+                    rt_offset = time.time() - now
+                    for pid, length, ts in parse(buf, n):
+                        last_id = pid
+                        arrival = ts - rt_offset if ts else now
+                        stamped = now - 1.0 < arrival <= now
+                        if not stamped:
+                            arrival = now
+                        if admit(arrival, pid, length) != ADMITTED:
+                            drops.append(verdict(queue_num, pid, nfqueue.NF_DROP))
+                    dirty = True
+                if drops:
+                    q.send(b"".join(drops))
+                released = schedule.release(now_fn() + lead_s + _COALESCE_S)
+                if released:
+                    dirty = True
+                    if schedule.config.reorder:
+                        q.send(b"".join(verdict(queue_num, pid, nfqueue.NF_ACCEPT) for pid in released))
+                    else:
+                        q.send(verdict(queue_num, released[-1], nfqueue.NF_ACCEPT, batch=True))
+            if ctl_fd in ready:
+                chunk = os.read(ctl_fd, 65536)
+                if not chunk:  # every writer closed: the parent is gone, so nobody else cleans its directory
+                    orphaned = True
+                    break
+                ctl_pending += chunk
+                while b"\n" in ctl_pending:
+                    line, ctl_pending = ctl_pending.split(b"\n", 1)
+                    msg = json.loads(line)
+                    if msg.get("op") == "stop":
+                        stop = True
+                    elif msg.get("op") == "update":
+                        new = DelayLineConfig.from_dict(msg["config"])
+                        if new.limit_packets != schedule.config.limit_packets:
+                            q.set_maxlen(new.limit_packets + _KERNEL_QUEUE_MARGIN)
+                        schedule.update(new)
+                        dirty = True
+            if wake_r in ready:
+                try:
+                    os.read(wake_r, 512)
+                except BlockingIOError:
+                    pass
+    finally:
+        if rule_installed:
+            cleanup_local_rules(queue_num)
+        try:  # let what we hold (and what is still in the socket) go rather than have unbind drop it
+            while True:
+                n = q.sock.recv_into(buf)
+                for pid, _, _ in nfqueue.parse_packets(buf, n):
+                    last_id = pid
+        except OSError:
+            pass
+        if last_id >= 0:
+            try:
+                q.send(nfqueue.verdict(queue_num, last_id, nfqueue.NF_ACCEPT, batch=True))
+            except OSError:
+                pass
+        q.close()
+        schedule.fifo.clear()
+        schedule.heap.clear()
+        schedule.queued_bytes = 0
+        _write_stats(stats_buf, seq, STATE_STOPPED, schedule)
+        if orphaned:
+            shutil.rmtree(ctl_dir, ignore_errors=True)
+
+
+def _child_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m testbed.net.delayline")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run one delay line in this network namespace")
+    run.add_argument("--out-ifname", required=True)
+    run.add_argument("--queue-num", type=int, required=True)
+    run.add_argument("--ctl-dir", type=Path, required=True)
+    run.add_argument("--config", required=True, help="DelayLineConfig as JSON")
+    run.add_argument("--rt-priority", type=int, default=0, help="SCHED_FIFO priority (0: normal scheduling)")
+    clean = sub.add_parser("cleanup", help="remove tagged delay-line rules in this network namespace")
+    clean.add_argument("--queue-num", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.cmd == "cleanup":
+        print(cleanup_local_rules(args.queue_num))
+        return 0
+    try:
+        serve(args.out_ifname, args.queue_num, DelayLineConfig.from_dict(json.loads(args.config)), args.ctl_dir,
+              args.rt_priority)
+    except Exception as e:  # the parent reads the reason from the error file
+        (args.ctl_dir / "error").write_text(f"{type(e).__name__}: {e}")
+        print(f"delay line: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ----------------------------------------------------------------------------------- parent handle
+
+
+class DelayLineProcess:
+    """One delay line child in a namespace, driven through its control FIFO and stats file."""
+
+    def __init__(self, popen: Popen, out_ifname: str, queue_num: int, config: DelayLineConfig,
+                 rt_priority: int = DEFAULT_RT_PRIORITY) -> None:
+        self.popen = popen
+        self.rt_priority = rt_priority
+        self.out_ifname = out_ifname
+        self.queue_num = queue_num
+        self.config = config
+        self.proc: subprocess.Popen | None = None
+        self._ctl_dir: Path | None = None
+        self._ctl_fd = -1
+        self._stats_fd = -1
+        self._last = DelayLineStats(0, 0, 0, 0, 0, 0)
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self._ctl_dir = Path(tempfile.mkdtemp(prefix=f"prfaas-delayline-q{self.queue_num}-", dir=base))
+        os.mkfifo(self._ctl_dir / "control", 0o600)
+        self._ctl_fd = os.open(self._ctl_dir / "control", os.O_RDWR | os.O_NONBLOCK)
+        (self._ctl_dir / "stats").write_bytes(b"\0" * 128)
+        self._stats_fd = os.open(self._ctl_dir / "stats", os.O_RDONLY)
+        argv = _child_argv("run", "--out-ifname", self.out_ifname, "--queue-num", str(self.queue_num),
+                           "--ctl-dir", str(self._ctl_dir), "--config", self.config.to_json(),
+                           "--rt-priority", str(self.rt_priority))
+        try:
+            self.proc = self.popen(argv)
+        except OSError as e:
+            self.stop()
+            raise HostError(f"delay line on {self.out_ifname}: could not run {argv[0]}: {e}") from e
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state, _ = read_stats_file(self._stats_fd)
+            if state == STATE_RUNNING:
+                return
+            if self.proc.poll() is not None or state == STATE_STOPPED:
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+                reason = self._child_error()
+                self.stop()
+                raise HostError(f"delay line on {self.out_ifname} (queue {self.queue_num}) did not start: {reason}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise HostError(f"delay line on {self.out_ifname} (queue {self.queue_num}) "
+                                f"did not start within {timeout_s:g} s")
+            time.sleep(0.01)
+
+    def _child_error(self) -> str:
+        err = self._ctl_dir / "error" if self._ctl_dir else None
+        if err and err.exists():
+            return err.read_text().strip()
+        if self.proc is not None and self.proc.stderr is not None and self.proc.poll() is not None:
+            text = self.proc.stderr.read()
+            text = text.decode(errors="replace") if isinstance(text, bytes) else text
+            if text.strip():
+                return text.strip().splitlines()[-1]
+        return f"exited with status {self.proc.poll() if self.proc else '?'}"
+
+    def _send(self, msg: dict) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        os.write(self._ctl_fd, data)
+
+    def update(self, config: DelayLineConfig) -> None:
+        """Apply new delay/jitter/loss/limit to packets arriving from now on (the WAN schedule calls this)."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise HostError(f"delay line on {self.out_ifname} is not running")
+        self._send({"op": "update", "config": dataclasses.asdict(config)})
+        self.config = config
+
+    def stats(self) -> DelayLineStats:
+        if self._stats_fd < 0:
+            return self._last
+        _, self._last = read_stats_file(self._stats_fd)
+        return self._last
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def cpu_s(self, user_only: bool = False) -> float:
+        """CPU seconds the child has used (0 when gone). System time includes the kernel forwarding each
+        verdict triggers (reinjection, veth, even the next hop's TCP work), which runs in our syscall;
+        `user_only` is the delay line's own Python work."""
+        if self.proc is None:
+            return 0.0
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        ticks = int(fields[11]) + (0 if user_only else int(fields[12]))
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        """Stop the child (control message, then SIGTERM, then SIGKILL) and make sure its rule is gone."""
+        p = self.proc
+        if p is not None and p.poll() is None:
+            try:
+                self._send({"op": "stop"})
+            except OSError:
+                pass
+            for sig, wait_s in ((None, 3.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+                if sig is not None:
+                    try:
+                        p.send_signal(sig)
+                    except ProcessLookupError:
+                        pass
+                try:
+                    p.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if p is not None:
+            for stream in (p.stdout, p.stderr, p.stdin):
+                if stream is not None:
+                    stream.close()
+            state = read_stats_file(self._stats_fd)[0] if self._stats_fd >= 0 else STATE_STARTING
+            if state in (STATE_INSTALLING, STATE_RUNNING):  # killed before its own cleanup ran
+                cleanup_rules(self.popen, self.queue_num)
+        if self._stats_fd >= 0:
+            self._last = read_stats_file(self._stats_fd)[1]
+            os.close(self._stats_fd)
+            self._stats_fd = -1
+        if self._ctl_fd >= 0:
+            os.close(self._ctl_fd)
+            self._ctl_fd = -1
+        if self._ctl_dir is not None:
+            shutil.rmtree(self._ctl_dir, ignore_errors=True)
+            self._ctl_dir = None
+        self.proc = None
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

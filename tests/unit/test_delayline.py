@@ -1,0 +1,262 @@
+"""The delay line's pure parts: config mapping, jitter moments, release schedule, loss models, netlink codec."""
+
+from __future__ import annotations
+
+import random
+import socket
+import statistics
+import struct
+
+import pytest
+
+from testbed.net import nfqueue
+from testbed.net.delayline import (
+    ADMITTED,
+    LOST,
+    OVERFLOW,
+    DelayLineConfig,
+    DelaySchedule,
+    LossModel,
+    build_config,
+    jitter_unit_sample,
+    rule_spec,
+)
+from testbed.scenario import LinkDirectionSpec, LossSpec
+from testbed.units import QueueLimit
+
+
+def test_build_config_copies_delay_jitter_loss_from_the_wan_direction() -> None:
+    loss = LossSpec("gilbert-elliott", p=0.01, r=0.3, bad_loss=0.5)
+    d = LinkDirectionSpec(rate_bps=10e9, delay_s=0.012, jitter_s=0.002, jitter_distribution="pareto",
+                          reorder=True, loss=loss, queue=QueueLimit("packets", 500))
+    c = build_config(d, seed=7)
+    assert (c.delay_s, c.jitter_s, c.jitter_distribution, c.reorder, c.loss, c.seed) == (
+        0.012, 0.002, "pareto", True, loss, 7)
+    assert c.limit_packets == 100_000
+    assert build_config(d, limit_packets=123).limit_packets == 123
+
+
+def test_config_round_trips_through_json() -> None:
+    c = DelayLineConfig(delay_s=0.01, jitter_s=0.001, loss=LossSpec("random", 0.02), seed=3)
+    import json
+    assert DelayLineConfig.from_dict(json.loads(c.to_json())) == c
+
+
+@pytest.mark.parametrize("bad", [dict(delay_s=-1), dict(delay_s=0.01, jitter_s=-0.1),
+                                 dict(delay_s=0.01, jitter_distribution="gamma"),
+                                 dict(delay_s=0.01, limit_packets=0)])
+def test_config_refuses_out_of_range_values(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        DelayLineConfig(**bad)
+
+
+@pytest.mark.parametrize("dist,mean,std", [("normal", 0.0, 1.0), ("uniform", 0.0, 1 / 3 ** 0.5),
+                                           ("pareto", 0.0, None), ("paretonormal", 0.0, None)])
+def test_jitter_samples_have_netem_moments(dist: str, mean: float, std: float | None) -> None:
+    rng = random.Random(5)
+    xs = [jitter_unit_sample(rng, dist) for _ in range(100_000)]
+    assert max(abs(x) for x in xs) <= 32767 / 8192 + 1e-9
+    if std is not None:
+        assert abs(statistics.fmean(xs) - mean) < 0.01
+        assert statistics.pstdev(xs) == pytest.approx(std, rel=0.02)
+    else:  # Pareto(a=3) shifted to mean 0, clipped at +4 like netem's int16 table (mean -0.03)
+        assert -0.05 < statistics.fmean(xs) < 0.0
+        assert 0.75 < statistics.pstdev(xs) < 0.9
+        assert sorted(xs)[len(xs) // 2] < -0.1, "right-skewed: the median sits below the mean"
+        if dist == "pareto":
+            assert min(xs) >= -2 / 3 - 1e-9
+
+
+def test_in_order_schedule_never_releases_a_packet_before_the_one_ahead() -> None:
+    s = DelaySchedule(DelayLineConfig(delay_s=0.010, jitter_s=0.005, seed=2))
+    for i in range(2000):
+        assert s.admit(i * 1e-4, i, 1500) == ADMITTED
+    dues = [due for due, _, _ in s.fifo]
+    assert dues == sorted(dues)
+    assert all(due >= i * 1e-4 for i, due in enumerate(dues))
+    released = []
+    t = 0.0
+    while s.queued_packets:
+        t += 0.0005
+        released += s.release(t)
+    assert released == list(range(2000))
+    assert s.forwarded_bytes == 2000 * 1500 and s.queued_bytes == 0
+
+
+def test_schedule_without_jitter_releases_exactly_at_arrival_plus_delay() -> None:
+    s = DelaySchedule(DelayLineConfig(delay_s=0.020))
+    s.admit(1.0, 10, 100)
+    s.admit(1.001, 11, 100)
+    assert s.next_due_s() == pytest.approx(1.020)
+    assert s.release(1.0199) == []
+    assert s.release(1.0200) == [10]
+    assert s.release(1.0215) == [11]
+
+
+def test_reorder_releases_by_own_due_time() -> None:
+    s = DelaySchedule(DelayLineConfig(delay_s=0.010, jitter_s=0.008, reorder=True, seed=4))
+    for i in range(500):
+        s.admit(i * 1e-4, i, 100)
+    out = s.release(10.0)
+    assert sorted(out) == list(range(500))
+    assert out != list(range(500)), "with reorder and jitter >> spacing some packets overtake"
+
+
+def test_overflow_drops_beyond_the_packet_limit() -> None:
+    s = DelaySchedule(DelayLineConfig(delay_s=1.0, limit_packets=10))
+    results = [s.admit(0.0, i, 100) for i in range(15)]
+    assert results.count(ADMITTED) == 10 and results.count(OVERFLOW) == 5
+    assert s.stats().dropped_overflow == 5 and s.stats().queued_packets == 10
+
+
+def test_random_loss_rate_matches_configuration() -> None:
+    s = DelaySchedule(DelayLineConfig(delay_s=0.0, loss=LossSpec("random", 0.05), seed=9))
+    n = 100_000
+    lost = sum(s.admit(0.0, i, 1) == LOST for i in range(n))
+    assert lost / n == pytest.approx(0.05, rel=0.05)
+
+
+def test_gilbert_elliott_loss_has_stationary_rate_and_bursts() -> None:
+    spec = LossSpec("gilbert-elliott", p=0.01, r=0.2, bad_loss=0.8, good_loss=0.001)
+    m = LossModel(spec, random.Random(3))
+    n = 400_000
+    seq = [m.lose() for _ in range(n)]
+    assert sum(seq) / n == pytest.approx(spec.mean_rate, rel=0.08)
+    p_loss_after_loss = sum(a and b for a, b in zip(seq, seq[1:])) / max(1, sum(seq[:-1]))
+    assert p_loss_after_loss > 5 * spec.mean_rate, "losses come in bursts"
+
+
+def test_same_seed_gives_the_same_schedule() -> None:
+    def run(seed: int) -> list:
+        s = DelaySchedule(DelayLineConfig(delay_s=0.01, jitter_s=0.003, loss=LossSpec("random", 0.1), seed=seed))
+        return [(s.admit(i * 1e-3, i, 1), s.last_due_s) for i in range(200)]
+
+    assert run(1) == run(1) and run(1) != run(2)
+
+
+def test_update_applies_new_delay_to_new_packets_only() -> None:
+    s = DelaySchedule(DelayLineConfig(delay_s=0.050))
+    s.admit(0.0, 1, 10)
+    s.update(DelayLineConfig(delay_s=0.010))
+    s.admit(0.001, 2, 10)
+    assert [due for due, _, _ in s.fifo] == [pytest.approx(0.050), pytest.approx(0.050)], "in order: waits"
+    s.update(DelayLineConfig(delay_s=0.010, loss=LossSpec("random", 1.0)))
+    assert s.admit(0.1, 3, 10) == LOST
+
+
+def test_rule_is_tagged_and_bypasses_when_no_listener() -> None:
+    spec = rule_spec("wan0", 3)
+    assert spec[:3] == ["FORWARD", "-o", "wan0"]
+    assert "prfaas-delayline" in spec and "--queue-bypass" in spec
+    assert spec[spec.index("--queue-num") + 1] == "3"
+
+
+# ------------------------------------------------------------------------------------ netlink codec
+
+def _packet_msg(packet_id: int, cap_len: int | None, payload: bytes) -> bytes:
+    attrs = nfqueue.attr(nfqueue.NFQA_PACKET_HDR, struct.pack("!IHB", packet_id, 0x0800, 3))
+    attrs += nfqueue.attr(nfqueue.NFQA_PAYLOAD, payload)
+    if cap_len is not None:
+        attrs += nfqueue.attr(nfqueue.NFQA_CAP_LEN, struct.pack("!I", cap_len))
+    return nfqueue.message(nfqueue.TYPE_PACKET, 0, attrs)
+
+
+def test_parse_packets_reads_id_and_full_length_from_cap_len() -> None:
+    buf = _packet_msg(77, 65160, b"\x45") + _packet_msg(78, None, b"x" * 84)
+    assert nfqueue.parse_packets(buf, len(buf)) == [(77, 65160, 0.0), (78, 84, 0.0)]
+
+
+def test_parse_packets_skips_error_replies_to_verdicts_on_flushed_packets() -> None:
+    err = struct.pack("=IHHIIi", 36, nfqueue.NLMSG_ERROR, 0, 1, 0, -2) + b"\0" * 16
+    buf = err + _packet_msg(9, 1500, b"\x45")
+    assert nfqueue.parse_packets(buf, len(buf)) == [(9, 1500, 0.0)]
+
+
+def test_verdict_encoding_matches_kernel_layout() -> None:
+    msg = nfqueue.verdict(5, 0x01020304, nfqueue.NF_ACCEPT, batch=True)
+    length, mtype, flags = struct.unpack_from("=IHH", msg)
+    assert length == len(msg) == 32
+    assert mtype == (3 << 8) | 3 and flags == nfqueue.NLM_F_REQUEST
+    family, version, res_id = struct.unpack_from("!BBH", msg, 16)
+    assert (family, version, res_id) == (socket.AF_UNSPEC, 0, 5)
+    alen, atype, v, pid = struct.unpack_from("=HH", msg, 20) + struct.unpack_from("!II", msg, 24)
+    assert (alen, atype, v, pid) == (12, 2, 1, 0x01020304)
+    single = nfqueue.verdict(5, 9, nfqueue.NF_DROP)
+    assert struct.unpack_from("=H", single, 4)[0] == (3 << 8) | 1
+    assert struct.unpack_from("!I", single, 24)[0] == 0
+
+
+def test_config_params_sets_copy_mode_maxlen_and_gso_flag() -> None:
+    msg = nfqueue.config_params(2, nfqueue.NFQNL_COPY_PACKET, 1, 200_000, nfqueue.NFQA_CFG_F_GSO)
+    attrs = {}
+    off = 20
+    while off < len(msg):
+        alen, atype = struct.unpack_from("=HH", msg, off)
+        attrs[atype] = msg[off + 4: off + alen]
+        off += (alen + 3) & ~3
+    assert struct.unpack("!IB", attrs[nfqueue.NFQA_CFG_PARAMS]) == (1, nfqueue.NFQNL_COPY_PACKET)
+    assert struct.unpack("!I", attrs[nfqueue.NFQA_CFG_QUEUE_MAXLEN]) == (200_000,)
+    assert struct.unpack("!I", attrs[nfqueue.NFQA_CFG_FLAGS]) == (4,)
+    assert struct.unpack("!I", attrs[nfqueue.NFQA_CFG_MASK]) == (4,)
+    bind = nfqueue.config_bind(2)
+    assert struct.unpack_from("=HH", bind, 4) == ((3 << 8) | 2, nfqueue.NLM_F_REQUEST | nfqueue.NLM_F_ACK)
+    assert struct.unpack_from("!BxH", bind, 24) == (nfqueue.NFQNL_CFG_CMD_BIND, 0)
+
+
+def test_parse_packets_reads_the_kernel_arrival_timestamp() -> None:
+    attrs = nfqueue.attr(nfqueue.NFQA_PACKET_HDR, struct.pack("!IHB", 5, 0x0800, 3))
+    attrs += nfqueue.attr(nfqueue.NFQA_TIMESTAMP, struct.pack("!QQ", 1_700_000_000, 250_000))
+    attrs += nfqueue.attr(nfqueue.NFQA_PAYLOAD, b"\x45") + nfqueue.attr(nfqueue.NFQA_CAP_LEN, struct.pack("!I", 1500))
+    buf = nfqueue.message(nfqueue.TYPE_PACKET, 0, attrs)
+    [(pid, length, ts)] = nfqueue.parse_packets(buf, len(buf))
+    assert (pid, length) == (5, 1500) and ts == pytest.approx(1_700_000_000.25)
+
+
+def test_config_params_without_ack_for_runtime_changes() -> None:
+    msg = nfqueue.config_params(1, nfqueue.NFQNL_COPY_PACKET, 1, 5000, nfqueue.NFQA_CFG_F_GSO, ack=False)
+    assert struct.unpack_from("=H", msg, 6)[0] == nfqueue.NLM_F_REQUEST
+
+
+def test_stats_file_round_trips_counters_and_state(tmp_path) -> None:
+    import mmap
+    import os
+
+    from testbed.net.delayline import STATE_RUNNING, _write_stats, read_stats_file
+
+    path = tmp_path / "stats"
+    path.write_bytes(b"\0" * 128)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        buf = memoryview(mmap.mmap(fd, 128))
+        s = DelaySchedule(DelayLineConfig(delay_s=1.0, limit_packets=2))
+        for i in range(3):
+            s.admit(0.0, i, 1000)
+        seq = _write_stats(buf, 0, STATE_RUNNING, s)
+        assert seq == 2
+        state, stats = read_stats_file(fd)
+        assert state == STATE_RUNNING
+        assert stats == s.stats() and stats.queued_bytes == 2000 and stats.dropped_overflow == 1
+        buf.release()
+    finally:
+        os.close(fd)
+
+
+def test_stale_control_dirs_are_removed_only_when_old_and_their_line_is_gone(tmp_path) -> None:
+    import os
+
+    from testbed.net.delayline import _STATS, remove_stale_control_dirs
+
+    def make(name: str, pid: int, age_s: float) -> None:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "stats").write_bytes(_STATS.pack(2, 2, 0, 0, 0, 0, 0, 0, 0.0, pid).ljust(128, b"\0"))
+        t = os.path.getmtime(d) - age_s
+        os.utime(d, (t, t))
+
+    make("prfaas-delayline-q1-dead", 2**22 + 12345, 600)  # beyond pid_max on most hosts: not running
+    make("prfaas-delayline-q2-alive", os.getpid(), 600)
+    make("prfaas-delayline-q3-young", 2**22 + 12345, 0)
+    make("someone-else", 2**22 + 12345, 600)
+    assert remove_stale_control_dirs(str(tmp_path)) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prfaas-delayline-q2-alive", "prfaas-delayline-q3-young",
+                                                          "someone-else"]
