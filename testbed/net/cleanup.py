@@ -27,14 +27,16 @@ class CleanReport:
     bridges: list[str] = field(default_factory=list)
     sysctls: dict[str, str] = field(default_factory=dict)
     skipped_live: list[str] = field(default_factory=list)
+    delayline_leftovers: int = 0  # stale delay-line control directories and root-namespace NFQUEUE rules
 
     def as_dict(self) -> dict[str, Any]:
         return {"networks": self.networks, "processes": self.processes, "bridges": self.bridges,
-                "sysctls_restored": self.sysctls, "live_networks_kept": self.skipped_live}
+                "sysctls_restored": self.sysctls, "live_networks_kept": self.skipped_live,
+                "delayline_leftovers": self.delayline_leftovers}
 
     @property
     def nothing(self) -> bool:
-        return not (self.networks or self.processes or self.bridges or self.sysctls)
+        return not (self.networks or self.processes or self.bridges or self.sysctls or self.delayline_leftovers)
 
 
 def _delete_bridges(names: list[str]) -> list[str]:
@@ -83,4 +85,7 @@ def clean(*, include_live: bool = False) -> CleanReport:
         claimed = {b for _, d in state.live_states() for b in d.get("bridges", [])}
         report.bridges += _delete_bridges([b for b in _our_bridges() if b not in claimed])
         report.sysctls = state.restore_sysctls_if_last(exclude=None)
+    from testbed.net.delayline import cleanup_rules, remove_stale_control_dirs
+
+    report.delayline_leftovers = remove_stale_control_dirs() + cleanup_rules()
     return report

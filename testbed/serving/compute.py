@@ -1,0 +1,155 @@
+"""Compute backends of the workers, one small interface with two real implementations.
+
+- `ProfileCompute`: prefill takes the hardware profile's time for (input, cached) tokens, spread evenly
+  over the layers; each layer then emits real bytes of the model spec's size for the *uncached* tokens
+  divided by `scale` (the wire carries them, framed and checksummed). A decode step takes the
+  profile's step time for the batch.
+- `TorchCompute`: a real forward pass of the scenario's model (random weights, fixed seed, CUDA when
+  present); each layer's KV is emitted as soon as that layer has run, so it is on the wire while later
+  layers compute. The prompt's last token is not prefilled: it is the decode's first input, so the
+  decode worker produces the first token from the KV it received (the same greedy tokens as a local
+  prefill + decode of the whole prompt).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from testbed.scenario import Fields
+
+
+@dataclass(frozen=True)
+class ProfileLayer:
+    """Profile mode's stand-in for a layer's KV: `nbytes` real bytes on the wire, no tensors."""
+
+    layer_index: int
+    kind: str
+    nbytes: int
+
+
+class Compute(Protocol):
+    def prefill(self, request_id: str, input_len: int, cached_len: int, prompt_token_ids: list[int] | None,
+                on_layer: Callable[[Any], None]) -> int:
+        """Compute one prefill, handing each layer's KV to `on_layer` as it is done; returns the number
+        of positions the KV covers."""
+        ...
+
+    def decode_step(self, slots: list[Any]) -> list[int]: ...
+
+
+def load_model_section(cfg: Any) -> Any:
+    """The scenario's ``model:`` section, re-read from the worker config with its own parser."""
+    from testbed.models.spec import parse_model_section
+
+    return parse_model_section(Fields(cfg.model, "model", cfg.model_source or None))
+
+
+def wire_layer_bytes(spec: Any, uncached_len: int, scale: float) -> list[int]:
+    """Bytes each layer puts on the wire for `uncached_len` new tokens: the spec's exact bytes / scale,
+    rounded so that the layers add up to round(total / scale)."""
+    out, cum, sent = [], 0, 0
+    for i in range(len(spec.layers)):
+        cum += spec.layer_bytes(i, uncached_len)
+        target = int(round(cum / scale))
+        out.append(target - sent)
+        sent = target
+    return out
+
+
+def _pseudo_token(request_id: str, index: int, vocab: int = 32000) -> int:
+    digest = hashlib.blake2s(f"{request_id}:{index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") % vocab
+
+
+class ProfileCompute:
+    def __init__(self, cfg: Any) -> None:
+        from testbed.models.profiles import load_profile
+
+        self.section = load_model_section(cfg)
+        self.spec = self.section.spec
+        self.profile = load_profile(cfg.profile)
+        self.scale = float(cfg.scale)
+        self.role = cfg.role
+
+    def prefill_time_s(self, input_len: int, cached_len: int) -> float:
+        return float(self.profile.prefill_time_s(input_len, cached_len))
+
+    def prefill(self, request_id: str, input_len: int, cached_len: int, prompt_token_ids: list[int] | None,
+                on_layer: Callable[[Any], None]) -> int:
+        layer_s = self.prefill_time_s(input_len, cached_len) / len(self.spec.layers)
+        sizes = wire_layer_bytes(self.spec, max(1, input_len - cached_len), self.scale)
+        for i, (layer, nbytes) in enumerate(zip(self.spec.layers, sizes)):
+            time.sleep(layer_s)  # this layer's share of the profile's prefill time
+            if nbytes > 0:
+                on_layer(ProfileLayer(i, layer.kind, nbytes))
+        return input_len
+
+    def decode_step(self, slots: list[Any]) -> list[int]:
+        time.sleep(float(self.profile.decode_step_s(min(len(slots), self.profile.max_batch))))
+        return [_pseudo_token(s.request_id, s.emitted) for s in slots]
+
+
+class TorchCompute:
+    def __init__(self, cfg: Any) -> None:
+        import torch
+
+        from testbed.models.torch_model import build_model
+
+        torch.set_num_threads(max(1, int(__import__("os").environ.get("OMP_NUM_THREADS", "1"))))
+        self.section = load_model_section(cfg)
+        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device
+        self.model = build_model(self.section.spec, cfg.variant, cfg.seed, device)
+        self.torch = torch
+
+    def prefill(self, request_id: str, input_len: int, cached_len: int, prompt_token_ids: list[int] | None,
+                on_layer: Callable[[Any], None]) -> int:
+        if not prompt_token_ids or len(prompt_token_ids) != input_len:
+            raise ValueError(f"torch mode needs prompt_token_ids of length input_len ({input_len})")
+        if input_len < 2:
+            raise ValueError("torch mode needs at least 2 prompt tokens (the last one is the decode's first input)")
+
+        def emit(layer: Any) -> None:
+            on_layer(_to_cpu(layer, self.torch))
+
+        with self.torch.inference_mode():
+            _, cache = self.model.prefill(list(prompt_token_ids[:-1]), cache=None, on_layer=emit, request_id=request_id)
+        return cache.tokens
+
+    def decode_step(self, slots: list[Any]) -> list[int]:
+        """One token for each request in the batch (one decode call per request on its own cache)."""
+        out = []
+        with self.torch.inference_mode():
+            for s in slots:
+                if s.next_input is None:  # first step: the prompt's last token
+                    s.next_input = int(s.body["prompt_token_ids"][-1])
+                    s.kv = _cache_to(s.kv, self.device, self.torch)
+                logits = self.model.decode(s.next_input, s.kv)
+                logits = logits[0] if isinstance(logits, tuple) else logits
+                tok = int(self.torch.argmax(logits.reshape(-1)).item())
+                s.next_input = tok
+                out.append(tok)
+        return out
+
+
+def _to_cpu(layer: Any, torch: Any) -> Any:
+    """The wire sends host memory (a no-op on CPU: the prefill never writes a finished layer again)."""
+    from testbed.kv.cache import LayerKV
+
+    return LayerKV(layer.layer_index, layer.kind, {k: t.detach().to("cpu").contiguous() for k, t in layer.tensors.items()})
+
+
+def _cache_to(cache: Any, device: str, torch: Any) -> Any:
+    if device == "cpu" or cache is None:
+        return cache
+    for layer in cache.layers:
+        layer.tensors = {k: t.to(device) for k, t in layer.tensors.items()}
+    return cache
+
+
+def make_compute(cfg: Any) -> Compute:
+    return TorchCompute(cfg) if cfg.compute == "torch" else ProfileCompute(cfg)
+

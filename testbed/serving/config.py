@@ -1,0 +1,289 @@
+"""The scenario's ``serving:`` section: compute mode, profiles, instances and where they run, limits, SLOs.
+
+`parse_serving_section` reads the section alone (registered in `testbed.scenario.SECTION_PARSERS`);
+`plan_instances` checks it against the topology and the other sections and places every instance on a
+host. Both raise `FieldError` naming the field, so bad input is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from testbed import units
+from testbed.errors import FieldError
+from testbed.scenario import Fields, Scenario, positive_int
+
+COMPUTE_MODES = ("profile", "torch")
+ROLES = ("prfaas_prefill", "pd_prefill", "pd_decode")
+FAULT_ACTIONS = ("kill",)
+PREFILL_PORT = 8100  # prefill instance i listens on PREFILL_PORT + i (PROTOCOL.md)
+DECODE_PORT = 8200  # decode instance j: control PREFILL_PORT..., KV on KV_PORT + j
+KV_PORT = 9000
+ROUTER_PORT = 8000
+MAX_PREFILL = DECODE_PORT - PREFILL_PORT  # ports must not collide
+MAX_DECODE = KV_PORT - DECODE_PORT
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    ttft_s: float = 30.0  # time to first token a request should meet
+    tpot_s: float = 0.025  # time per output token (the paper: 40 tokens/s -> 25 ms)
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """Something done to a worker during the run (e.g. kill decode instance 0 at 5 s)."""
+
+    at_s: float
+    action: str
+    role: str  # "prefill" | "decode"
+    instance: int
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    compute: str | None = None  # None: the model section's compute mode
+    profiles: tuple[tuple[str, str | None], ...] = (("prfaas", None), ("pd", None))  # None: h200-/h20-<model>
+    instances: tuple[tuple[str, int | None], ...] = (("prfaas_prefill", None), ("pd_prefill", None), ("pd_decode", None))
+    per_host: int = 4  # at most this many instances of one role share a host
+    bs_max: int = 20
+    kv_connections: int = 4
+    kv_timeout_s: float = 30.0  # decode: how long a registered request waits for its KV
+    request_timeout_s: float = 120.0  # client: a request not finished by then counts as failed
+    startup_timeout_s: float = 60.0  # workers and router must be ready by then
+    drain_s: float = 30.0  # after the last arrival, how long the run waits for requests in flight
+    slo: SloSpec = field(default_factory=SloSpec)
+    prefix_pool_bytes: int = 8 * 10**9  # per prefill instance, emulated bytes (before scale)
+    faults: tuple[FaultSpec, ...] = ()
+
+    def profile(self, cluster: str) -> str | None:
+        return dict(self.profiles)[cluster]
+
+    def count(self, role: str) -> int | None:
+        return dict(self.instances)[role]
+
+
+def _profile_name(path: str, source: str | None) -> Callable[[Any], str]:
+    def parse(v: Any) -> str:
+        name = str(v)
+        try:
+            from testbed.models.profiles import load_profile
+        except ImportError:  # the profiles module is not there: accept the name, checked at run time
+            return name
+        try:
+            load_profile(name)
+        except Exception as exc:  # the profile loader names what exists
+            raise FieldError(path, str(exc), source) from None
+        return name
+
+    return parse
+
+
+def _read_fault(f: Fields) -> FaultSpec:
+    fault = FaultSpec(
+        at_s=f.get("at", units.parse_duration_s),
+        action=f.choice("action", FAULT_ACTIONS, "kill"),
+        role=f.choice("role", ("prefill", "decode")),
+        instance=f.get("instance", positive_int, 0),
+    )
+    f.done()
+    return fault
+
+
+def parse_serving_section(f: Fields) -> ServingSpec:
+    d = ServingSpec()
+    compute = f.choice("compute", COMPUTE_MODES, None)
+    pf = f.section("profiles")
+    profiles = tuple((c, pf.get(c, _profile_name(pf.name(c), f.source), dict(d.profiles)[c])) for c in ("prfaas", "pd"))
+    pf.done()
+    inst = f.section("instances")
+    instances = tuple((r, inst.get(r, positive_int, None)) for r in ROLES)
+    inst.done()
+    if dict(instances)["pd_decode"] == 0:
+        raise inst.error("pd_decode", "needs at least 1 decode instance")
+
+    def at_least_one(v: Any) -> int:
+        n = positive_int(v)
+        if n < 1:
+            raise ValueError(f"{v!r} must be at least 1")
+        return n
+
+    per_host = f.get("per_host", at_least_one, d.per_host)
+    bs_max = f.get("bs_max", at_least_one, d.bs_max)
+    conns = f.get("kv_connections", at_least_one, d.kv_connections)
+    if conns > 64:
+        raise f.error("kv_connections", f"{conns} is too many; use 1..64 TCP connections per prefill->decode pair")
+    positive_s = lambda v: units.parse_duration_s(v, allow_zero=False)  # noqa: E731
+    to = f.section("timeouts")
+    kv_timeout = to.get("kv", positive_s, d.kv_timeout_s)
+    request_timeout = to.get("request", positive_s, d.request_timeout_s)
+    startup_timeout = to.get("startup", positive_s, d.startup_timeout_s)
+    drain = to.get("drain", positive_s, d.drain_s)
+    to.done()
+    if kv_timeout >= request_timeout:
+        raise to.error("kv", f"{units.format_duration(kv_timeout)} must be shorter than timeouts.request "
+                       f"({units.format_duration(request_timeout)}), or a lost KV transfer is reported as a client timeout")
+    sf = f.section("slo")
+    slo = SloSpec(ttft_s=sf.get("ttft", positive_s, d.slo.ttft_s), tpot_s=sf.get("tpot", positive_s, d.slo.tpot_s))
+    sf.done()
+    if slo.tpot_s > slo.ttft_s + request_timeout:
+        raise sf.error("tpot", "is longer than a whole request may take (slo.ttft + timeouts.request)")
+    pool = f.get("prefix_pool", units.parse_size_bytes, d.prefix_pool_bytes)
+    faults = tuple(_read_fault(x) for x in f.items("faults"))
+    f.done()
+    return ServingSpec(compute, profiles, instances, per_host, bs_max, conns, kv_timeout,
+                       request_timeout, startup_timeout, drain, slo, pool, faults)
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One worker process: its role, index (ports derive from it), cluster and host."""
+
+    role: str  # "prefill" | "decode"
+    index: int
+    cluster: str  # "prfaas" | "pd"
+    host: str
+
+    @property
+    def port(self) -> int:
+        return (PREFILL_PORT if self.role == "prefill" else DECODE_PORT) + self.index
+
+    @property
+    def kv_port(self) -> int | None:
+        return KV_PORT + self.index if self.role == "decode" else None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}{self.index}"
+
+
+def _place(role_key: str, count: int, hosts: list[str], per_host: int, source: str | None) -> list[str]:
+    if count and not hosts:
+        raise FieldError(f"serving.instances.{role_key}", f"{count} instances but the topology has no host for them "
+                         f"(set topology.{role_key.split('_')[0]}.{'decode' if role_key.endswith('decode') else 'prefill'} >= 1)", source)
+    if count > len(hosts) * per_host:
+        raise FieldError(f"serving.instances.{role_key}", f"{count} instances do not fit on {len(hosts)} host{'s' if len(hosts) != 1 else ''} "
+                         f"with at most serving.per_host={per_host} each (at most {len(hosts) * per_host})", source)
+    return [hosts[i % len(hosts)] for i in range(count)]
+
+
+def plan_instances(scenario: Scenario) -> list[Instance]:
+    """Every worker instance placed on a topology host; refuses counts that do not fit, naming the field.
+
+    Prefill instances are numbered PrfaaS first, then PD-P (their index sets the control port).
+    A count left out means one instance per host of that role.
+    """
+    spec: ServingSpec = scenario.section("serving") or ServingSpec()
+    topo = scenario.topology
+    hosts = {
+        "prfaas_prefill": [f"prfaas-p{i}" for i in range(topo.prfaas.prefill_hosts)],
+        "pd_prefill": [f"pd-p{i}" for i in range(topo.pd.prefill_hosts)],
+        "pd_decode": [f"pd-d{i}" for i in range(topo.pd.decode_hosts)],
+    }
+    counts = {r: (len(hosts[r]) if spec.count(r) is None else spec.count(r)) for r in ROLES}
+    out: list[Instance] = []
+    for role_key, role, cluster in (("prfaas_prefill", "prefill", "prfaas"), ("pd_prefill", "prefill", "pd"),
+                                    ("pd_decode", "decode", "pd")):
+        first = sum(1 for x in out if x.role == role)
+        for k, host in enumerate(_place(role_key, counts[role_key], hosts[role_key], spec.per_host, scenario.source)):
+            out.append(Instance(role, first + k, cluster, host))
+    n_prefill = sum(1 for x in out if x.role == "prefill")
+    if n_prefill == 0:
+        raise FieldError("serving.instances", "no prefill instance at all; set prfaas_prefill or pd_prefill >= 1", scenario.source)
+    if n_prefill > MAX_PREFILL:
+        raise FieldError("serving.instances", f"{n_prefill} prefill instances; at most {MAX_PREFILL} (ports {PREFILL_PORT}+i)", scenario.source)
+    if counts["pd_decode"] > MAX_DECODE:
+        raise FieldError("serving.instances.pd_decode", f"at most {MAX_DECODE}", scenario.source)
+    for fault in spec.faults:
+        if not any(x.role == fault.role and x.index == fault.instance for x in out):
+            raise FieldError("serving.faults", f"there is no {fault.role} instance {fault.instance}", scenario.source)
+        if fault.at_s > scenario.duration_s:
+            raise FieldError("serving.faults", f"a fault at {fault.at_s:g}s is after the end of the run ({scenario.duration_s:g}s)", scenario.source)
+    return out
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """Everything a run needs to start its workers, resolved from the scenario and checked."""
+
+    spec: ServingSpec
+    instances: tuple[Instance, ...]
+    compute: str  # "profile" | "torch"
+    profiles: tuple[tuple[str, str], ...]  # cluster -> profile name (profile mode)
+
+    def profile(self, cluster: str) -> str:
+        return dict(self.profiles)[cluster]
+
+
+def _resolve_profiles(spec: ServingSpec, model: Any, source: str | None) -> tuple[tuple[str, str], ...]:
+    """Per-cluster profile: the serving section's, else ``h200-<model>`` / ``h20-<model>``, else the model's."""
+    from testbed.models.profiles import available_profiles
+
+    ready = available_profiles()
+    out = []
+    for cluster, chip in (("prfaas", "h200"), ("pd", "h20")):
+        name = spec.profile(cluster) or (f"{chip}-{model.name}" if f"{chip}-{model.name}" in ready else model.profile)
+        if not name:
+            raise FieldError(f"serving.profiles.{cluster}", f"no compute profile for model {model.name!r} on the {cluster} "
+                             f"cluster; name one of: {', '.join(ready)}", source)
+        out.append((cluster, name))
+    return tuple(out)
+
+
+def check_slos(spec: ServingSpec, profiles: dict[str, Any], source: str | None) -> None:
+    """Refuse settings that no schedule can meet: a TPOT below the decode profile's single-request step,
+    a TTFT below the fastest prefill of one 512-token block, BS_max beyond the decode profile's batch."""
+    pd = profiles["pd"]
+    if pd.decode is None:
+        raise FieldError("serving.profiles.pd", f"profile {pd.name!r} has no decode data; the PD cluster decodes", source)
+    if spec.bs_max > pd.max_batch:
+        raise FieldError("serving.bs_max", f"{spec.bs_max} exceeds the largest batch of profile {pd.name!r} ({pd.max_batch})", source)
+    step_s = float(pd.decode_step_s(1))
+    if spec.slo.tpot_s < step_s:
+        raise FieldError("serving.slo.tpot", f"{units.format_duration(spec.slo.tpot_s)} is below one decode step of "
+                         f"profile {pd.name!r} at batch 1 ({units.format_duration(step_s)}); no schedule can meet it", source)
+    fastest_s = min(float(p.prefill_time_s(512, 0)) for p in profiles.values())
+    if spec.slo.ttft_s < fastest_s:
+        raise FieldError("serving.slo.ttft", f"{units.format_duration(spec.slo.ttft_s)} is below the fastest prefill of "
+                         f"one 512-token block ({units.format_duration(fastest_s)}); no schedule can meet it", source)
+
+
+def _check(scenario: Scenario) -> tuple[ServingSpec, tuple[Instance, ...], str, tuple[tuple[str, str], ...]]:
+    from testbed.models.profiles import load_profile
+
+    spec: ServingSpec = scenario.section("serving") or ServingSpec()
+    instances = tuple(plan_instances(scenario))
+    model = scenario.section("model")
+    if model is None:
+        return spec, instances, spec.compute or "profile", ()
+    compute = spec.compute or model.compute
+    if spec.compute and spec.compute != model.compute and "compute" in (scenario.raw.get("model") or {}):
+        raise FieldError("serving.compute", f"{spec.compute!r} contradicts model.compute {model.compute!r}; set one of them", scenario.source)
+    profiles = _resolve_profiles(spec, model, scenario.source)
+    if compute == "profile":
+        loaded = {}
+        for cluster, name in profiles:
+            try:
+                loaded[cluster] = load_profile(name)
+            except Exception as exc:
+                raise FieldError(f"serving.profiles.{cluster}", str(exc), scenario.source) from None
+        check_slos(spec, loaded, scenario.source)
+    return spec, instances, compute, profiles
+
+
+def check_scenario(scenario: Scenario) -> None:
+    """Run by `testbed.scenario.parse_scenario` (SECTION_CHECKS): the serving section against the
+    topology and the model, so a bad count or SLO is refused when the scenario is loaded."""
+    _check(scenario)
+
+
+def plan_run(scenario: Scenario) -> ServingPlan:
+    """All checks that need more than the serving section alone, before anything starts."""
+    for key in ("model", "workload", "policy"):
+        if scenario.section(key) is None:
+            raise FieldError(key, "is required for a run", scenario.source)
+    return ServingPlan(*_check(scenario))

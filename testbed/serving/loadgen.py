@@ -1,0 +1,220 @@
+"""The run's client agent on host ``pd-client``: ``python -m testbed.serving.loadgen --config FILE``.
+
+It drives the workload against the router's OpenAI-compatible ``/v1/completions`` (``stream: true``,
+the testbed extension ``"prfaas": {request_id, input_len, block_hashes}``), one thread per request at
+its arrival time (open loop) or N users with think times (closed loop), and records what the client
+saw. Because it is the only process of the run inside the PD datacenter's client host, it also relays
+the run's WAN telemetry (JSON lines on stdin) to the router's ``/v1/telemetry`` and reports progress
+and the router's state as JSON lines on stdout, which `testbed.run` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.clock import now_s, run_t0
+
+
+@dataclass
+class LoadConfig:
+    router_host: str
+    router_port: int
+    requests_file: str  # JSON lines: request_id, arrival_s, input_len, output_len, block_hashes
+    out_file: str  # JSON lines, one per finished request
+    model: str = "prfaas"
+    request_timeout_s: float = 120.0
+    startup_timeout_s: float = 60.0
+    closed_users: int = 0  # > 0: closed loop with this many users
+    think_s: float = 1.0
+    duration_s: float = 60.0
+    seed: int = 1
+    state_period_s: float = 0.5
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+class Client:
+    def __init__(self, cfg: LoadConfig) -> None:
+        self.cfg = cfg
+        self.lock = threading.Lock()
+        self.out = open(cfg.out_file, "w")
+        self.sent = self.done = self.ok = 0
+        self.stop = threading.Event()
+
+    def _conn(self, timeout_s: float) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.cfg.router_host, self.cfg.router_port, timeout=timeout_s)
+
+    def get(self, path: str, timeout_s: float = 2.0) -> Any:
+        c = self._conn(timeout_s)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            return json.loads(r.read()) if r.status == 200 else None
+        finally:
+            c.close()
+
+    def post(self, path: str, body: Any, timeout_s: float = 2.0) -> None:
+        c = self._conn(timeout_s)
+        try:
+            c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            c.getresponse().read()
+        finally:
+            c.close()
+
+    def wait_ready(self) -> bool:
+        deadline = now_s() + self.cfg.startup_timeout_s
+        while now_s() < deadline:
+            try:
+                if self.get("/healthz", 1.0):
+                    return True
+            except OSError:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def one(self, req: dict[str, Any]) -> None:
+        """One streamed completion; the row says what the client saw, failures with their reason."""
+        rid = str(req["request_id"])
+        row: dict[str, Any] = {"request_id": rid, "client_arrival_s": now_s() - run_t0(), "client_first_token_s": None,
+                               "client_finish_s": None, "tokens_received": 0, "client_status": "failed",
+                               "client_reason": None, "route": None, "text": ""}
+        body = {"model": self.cfg.model, "prompt": "", "max_tokens": int(req["output_len"]), "stream": True,
+                "prfaas": {"request_id": rid, "input_len": int(req["input_len"]), "block_hashes": list(req["block_hashes"])}}
+        with self.lock:
+            self.sent += 1
+        conn = self._conn(self.cfg.request_timeout_s)
+        deadline = now_s() + self.cfg.request_timeout_s
+        parts: list[str] = []
+        try:
+            conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                row["client_reason"] = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace')}"
+            else:
+                for line in resp:
+                    if now_s() > deadline:
+                        row["client_reason"] = f"no answer within {self.cfg.request_timeout_s:g}s"
+                        break
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        break
+                    ev = json.loads(payload)
+                    if "error" in ev:
+                        row["client_reason"] = ev["error"].get("message")
+                        continue
+                    text = ev["choices"][0].get("text") or ""
+                    if text:
+                        if row["client_first_token_s"] is None:
+                            row["client_first_token_s"] = now_s() - run_t0()
+                        parts.append(text)
+                        row["tokens_received"] += 1
+                    if ev.get("prfaas"):
+                        row["route"] = ev["prfaas"].get("route")
+                        if ev["choices"][0].get("finish_reason"):
+                            row["client_status"] = "ok"
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            row["client_reason"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
+        row["client_finish_s"] = now_s() - run_t0()
+        row["text"] = "".join(parts)
+        with self.lock:
+            self.done += 1
+            self.ok += row["client_status"] == "ok"
+            self.out.write(json.dumps(row) + "\n")
+            self.out.flush()
+
+    def run_open(self, requests: list[dict[str, Any]], start: float) -> list[threading.Thread]:
+        threads = []
+        for req in requests:
+            delay = start + float(req["arrival_s"]) - now_s()
+            if delay > 0 and self.stop.wait(delay):
+                break
+            t = threading.Thread(target=self.one, args=(req,), daemon=True)
+            t.start()
+            threads.append(t)
+        return threads
+
+    def run_closed(self, requests: list[dict[str, Any]], start: float) -> list[threading.Thread]:
+        it = iter(requests)
+        lock = threading.Lock()
+        rng = random.Random(self.cfg.seed)
+
+        def user() -> None:
+            while not self.stop.is_set() and now_s() < start + self.cfg.duration_s:
+                with lock:
+                    req = next(it, None)
+                    think = rng.expovariate(1.0 / self.cfg.think_s) if self.cfg.think_s > 0 else 0.0
+                if req is None:
+                    return
+                self.one(req)
+                if self.stop.wait(think):
+                    return
+
+        threads = [threading.Thread(target=user, daemon=True) for _ in range(self.cfg.closed_users)]
+        for t in threads:
+            t.start()
+        return threads
+
+
+def _relay_telemetry(client: Client) -> None:
+    """stdin JSON lines (WAN samples from the run) -> the router's /v1/telemetry."""
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            client.post("/v1/telemetry", json.loads(line))
+        except (OSError, ValueError, http.client.HTTPException):
+            pass  # a lost sample; the next one follows within 100 ms
+
+
+def _report(client: Client) -> None:
+    while not client.stop.wait(client.cfg.state_period_s):
+        try:
+            state = client.get("/v1/state")
+        except (OSError, ValueError, http.client.HTTPException):
+            state = None
+        _emit({"kind": "progress", "sent": client.sent, "done": client.done, "ok": client.ok, "router": state})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m testbed.serving.loadgen")
+    p.add_argument("--config", required=True)
+    args = p.parse_args(argv)
+    cfg = LoadConfig(**json.loads(Path(args.config).read_text()))
+    requests = [json.loads(x) for x in Path(cfg.requests_file).read_text().splitlines() if x.strip()]
+    client = Client(cfg)
+    if not client.wait_ready():
+        _emit({"kind": "error", "message": f"router {cfg.router_host}:{cfg.router_port} not ready within {cfg.startup_timeout_s:g}s"})
+        return 1
+    threading.Thread(target=_relay_telemetry, args=(client,), daemon=True).start()
+    start = now_s()
+    _emit({"kind": "started", "t_s": start - run_t0(), "requests": len(requests)})
+    threading.Thread(target=_report, args=(client,), daemon=True).start()
+    runner = client.run_closed if cfg.closed_users > 0 else client.run_open
+    threads = runner(requests, start)
+    for t in threads:
+        t.join(max(0.0, cfg.request_timeout_s + 5))
+    client.stop.set()
+    client.out.close()
+    _emit({"kind": "finished", "sent": client.sent, "done": client.done, "ok": client.ok, "t_s": now_s() - run_t0()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,502 @@
+"""Prefill and decode worker processes: ``python -m testbed.serving.worker --role prefill|decode --config FILE``.
+
+A prefill worker queues requests, computes them one at a time (a torch forward pass, or a sleep of its
+hardware profile's time) and streams each layer's KV to the chosen decode worker while later layers
+compute. A decode worker registers a request, waits until its whole KV has arrived and been verified,
+then decodes it in a batch of at most BS_max, sending one server-sent event per token. The HTTP control
+API is PROTOCOL.md's; compute and transport sit behind `testbed.serving.compute` and `testbed.kv.transport`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+from testbed.clock import now_s
+from traffic.request import BLOCK_TOKENS
+
+
+@dataclass
+class WorkerConfig:
+    """What run.py writes for each worker (JSON); `model` is the scenario's raw ``model:`` section."""
+
+    role: str
+    instance: int
+    cluster: str
+    host: str
+    port: int
+    compute: str = "profile"
+    profile: str = "h200"
+    model: dict[str, Any] = field(default_factory=dict)
+    scale: float = 1.0
+    device: str = "auto"
+    variant: str = "tiny"
+    seed: int = 1
+    kv_port: int | None = None
+    kv_connections: int = 4
+    bs_max: int = 20
+    kv_timeout_s: float = 30.0
+    prefix_pool_bytes: int = 8 * 10**9
+    model_source: str = ""  # the scenario file (a model given as a relative path is found beside it)
+    ready_file: str | None = None
+    bind: str = "0.0.0.0"
+
+    @classmethod
+    def load(cls, path: str | Path) -> "WorkerConfig":
+        data = json.loads(Path(path).read_text())
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=1))
+
+
+def _log(msg: str) -> None:
+    print(f"[{now_s():.3f}] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- prefill
+
+
+@dataclass
+class PrefillJob:
+    body: dict[str, Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def request_id(self) -> str:
+        return str(self.body["request_id"])
+
+    def fail(self, reason: str) -> None:
+        if not self.done.is_set():
+            self.result.update(status="failed", reason=reason)
+            self.done.set()
+
+
+class Destination:
+    """One decode worker seen from a prefill worker: a `KVSender` (N TCP connections) fed by a bounded
+    queue of layers, so a slow WAN blocks the compute loop once the queue is full (the bandwidth wall).
+    Each transfer's end (trailer sent, receiver's verdict awaited) runs in its own thread, so the next
+    request's layers keep flowing during that round trip."""
+
+    QUEUE_LAYERS = 8
+
+    def __init__(self, host: str, kv_port: int, connections: int, on_done: Callable[[PrefillJob], None], model_name: str) -> None:
+        self.host, self.kv_port, self.connections = host, kv_port, connections
+        self.model_name = model_name
+        self.on_done = on_done
+        self.items: queue.Queue = queue.Queue(maxsize=self.QUEUE_LAYERS)
+        self.sender: Any = None
+        self.failed: dict[str, str] = {}
+        threading.Thread(target=self._loop, daemon=True, name=f"kv->{host}:{kv_port}").start()
+
+    def _connect(self) -> Any:
+        from testbed.kv.transport import KVSender
+
+        if self.sender is None:
+            self.sender = KVSender(self.host, self.kv_port, connections=self.connections)
+        return self.sender
+
+    def _drop_sender(self) -> None:
+        sender, self.sender = self.sender, None
+        if sender is not None:
+            threading.Thread(target=sender.close, daemon=True).start()
+
+    def _loop(self) -> None:
+        from testbed.serving.compute import ProfileLayer
+
+        while True:
+            kind, job, payload = self.items.get()
+            rid = job.request_id
+            if kind == "abort":  # the prefill failed: drop what is queued, tell the receiver
+                self.failed.pop(rid, None)
+                if self.sender is not None:
+                    self.sender.abort(rid, payload)
+                continue
+            if rid in self.failed:
+                if kind == "finish":
+                    self._end(job, None, self.failed.pop(rid))
+                continue
+            try:
+                sender = self._connect()
+                if kind == "layer" and isinstance(payload, ProfileLayer):
+                    sender.send_bytes(rid, payload.layer_index, payload.kind, payload.nbytes)
+                elif kind == "layer":
+                    sender.send_layer(rid, payload)
+                else:
+                    threading.Thread(target=self._finish, args=(sender, job, payload), daemon=True).start()
+            except Exception as exc:  # the decode side went away or the WAN broke the connection
+                reason = f"KV transfer to {self.host}:{self.kv_port} failed: {exc}"
+                _log(reason)
+                self._drop_sender()
+                if kind == "finish":
+                    self._end(job, None, reason)
+                else:
+                    self.failed[rid] = reason
+
+    def _finish(self, sender: Any, job: PrefillJob, tokens: int) -> None:
+        try:
+            stats = sender.finish(job.request_id, tokens=tokens, model=self.model_name)
+        except Exception as exc:
+            self._end(job, None, f"KV transfer to {self.host}:{self.kv_port} failed: {exc}")
+            return
+        self._end(job, stats, None if stats.ok else f"KV transfer to {self.host}:{self.kv_port} failed: {stats.reason}")
+
+    def _end(self, job: PrefillJob, stats: Any, reason: str | None) -> None:
+        if stats is not None:
+            job.result.update(kv_bytes=stats.kv_bytes, wire_bytes=stats.wire_bytes, transfer_start_s=stats.start_s,
+                              transfer_end_s=stats.end_s)
+        job.result.update(status="ok" if reason is None else "failed", reason=reason)
+        self.on_done(job)
+
+    def congestion(self) -> dict[str, Any]:
+        try:
+            return dict(self.sender.congestion()) if self.sender is not None else {}
+        except Exception:
+            return {}
+
+
+class PrefillWorker:
+    def __init__(self, cfg: WorkerConfig) -> None:
+        from testbed.kv.pool import HybridPrefixPool
+        from testbed.serving.compute import make_compute
+
+        self.cfg = cfg
+        self.compute = make_compute(cfg)
+        spec = self.compute.section.spec
+        kv1 = spec.kv_bytes(1)
+        # Metadata mode in both compute modes: the pool tells the router which prefixes this instance
+        # holds (emulated bytes, its real capacity); the torch mode recomputes the whole prompt.
+        self.pool = HybridPrefixPool(cfg.prefix_pool_bytes, store_tensors=False,
+                                     full_bytes_per_token=kv1.full_attention_bytes,
+                                     state_bytes=kv1.fixed_state_bytes + spec.kv_bytes(BLOCK_TOKENS).window_bytes)
+        self.jobs: queue.Queue[PrefillJob] = queue.Queue()
+        self.busy = False
+        self.dests: dict[tuple[str, int], Destination] = {}
+        self.lock = threading.Lock()
+        threading.Thread(target=self._loop, daemon=True, name="prefill").start()
+
+    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
+        for key in ("request_id", "input_len", "decode"):
+            if key not in body:
+                return {"status": "failed", "reason": f"missing field {key!r}"}
+        job = PrefillJob(body)
+        self.jobs.put(job)
+        job.done.wait()
+        return {"request_id": job.request_id, **job.result}
+
+    def _dest(self, decode: dict[str, Any]) -> Destination:
+        key = (str(decode["host"]), int(decode["kv_port"]))
+        with self.lock:
+            if key not in self.dests:
+                self.dests[key] = Destination(key[0], key[1], self.cfg.kv_connections, self._done, self.compute.section.spec.name)
+            return self.dests[key]
+
+    def _done(self, job: PrefillJob) -> None:
+        """A transfer ended: a successful prefill leaves its full blocks in the prefix pool, with the
+        linear/SWA state checkpointed at the last full block boundary (where a later prompt can reuse it)."""
+        if job.result.get("status") == "ok":
+            full = int(job.body["input_len"]) // BLOCK_TOKENS * BLOCK_TOKENS
+            self.pool.insert(job.body.get("block_hashes") or [], tokens=full)
+        job.done.set()
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            self.busy = True
+            try:
+                self._run(job)
+            except Exception as exc:  # a bad request must not stop the worker
+                _log(f"prefill {job.request_id} failed: {type(exc).__name__}: {exc}")
+                job.fail(f"prefill failed: {type(exc).__name__}: {exc}")
+            finally:
+                self.busy = False
+
+    def _run(self, job: PrefillJob) -> None:
+        body = job.body
+        dest = self._dest(body["decode"])
+        input_len = int(body["input_len"])
+        cached_len = min(int(body.get("cached_len") or 0), input_len - 1)
+        job.result["prefill_start_s"] = now_s()
+
+        def on_layer(layer: Any) -> None:
+            dest.items.put(("layer", job, layer))
+
+        try:
+            tokens = self.compute.prefill(job.request_id, input_len, cached_len, body.get("prompt_token_ids"), on_layer)
+        except Exception as exc:
+            dest.items.put(("abort", job, f"prefill failed: {exc}"))
+            raise
+        job.result["prefill_end_s"] = now_s()
+        dest.items.put(("finish", job, tokens))
+
+    def state(self) -> dict[str, Any]:
+        congestion: dict[str, Any] = {}
+        for (host, port), d in list(self.dests.items()):
+            c = d.congestion()
+            if c:
+                congestion[f"{host}:{port}"] = c
+        return {"role": "prefill", "instance": self.cfg.instance, "cluster": self.cfg.cluster,
+                "queue_depth": self.jobs.qsize() + int(self.busy), "busy": self.busy,
+                "prefix_blocks": self.pool.prefix_hashes(), "pool": self.pool.stats().to_dict(),
+                "congestion": _merge_congestion(congestion)}
+
+
+def _merge_congestion(per_dest: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One congestion signal per worker (sums and maxima over its destinations), plus the detail."""
+    if not per_dest:
+        return {}
+    vals = list(per_dest.values())
+    total = lambda k: sum(float(v.get(k) or 0) for v in vals)  # noqa: E731
+    peak = lambda k: max(float(v.get(k) or 0) for v in vals)  # noqa: E731
+    return {"retransmits": total("retransmits"), "rtt_ms": peak("rtt_ms"), "cwnd": total("cwnd"),
+            "send_queue_bytes": total("send_queue_bytes"), "goodput_bps": total("goodput_bps"), "by_destination": per_dest}
+
+
+# ------------------------------------------------------------------------------------------------ decode
+
+
+@dataclass
+class DecodeSlot:
+    body: dict[str, Any]
+    events: queue.Queue = field(default_factory=queue.Queue)
+    kv_ready: threading.Event = field(default_factory=threading.Event)
+    kv: Any = None  # a verified KVCache (torch) or a byte count (profile)
+    kv_error: str | None = None
+    kv_bytes: int = 0
+    transfer_start_s: float | None = None
+    transfer_end_s: float | None = None
+    first_token_s: float | None = None
+    emitted: int = 0
+    next_input: int | None = None
+    aborted: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return str(self.body["request_id"])
+
+    def final(self, status: str, reason: str | None) -> dict[str, Any]:
+        return {"done": True, "status": status, "reason": reason, "kv_bytes": self.kv_bytes,
+                "transfer_start_s": self.transfer_start_s, "transfer_end_s": self.transfer_end_s,
+                "first_token_s": self.first_token_s, "finish_s": now_s(), "tokens": self.emitted}
+
+
+class DecodeWorker:
+    def __init__(self, cfg: WorkerConfig) -> None:
+        from testbed.kv.transport import KVReceiver
+        from testbed.serving.compute import make_compute
+
+        self.cfg = cfg
+        self.compute = make_compute(cfg)
+        self.lock = threading.Lock()
+        self.pending: dict[str, DecodeSlot] = {}
+        self.arrived: dict[str, tuple[float, Any]] = {}  # KV that came before its request
+        self.admit: queue.Queue[DecodeSlot] = queue.Queue()
+        self.active: list[DecodeSlot] = []
+        self.receiver = KVReceiver(cfg.bind, int(cfg.kv_port or 9000), self._on_kv,
+                                   request_timeout_s=cfg.kv_timeout_s).start()
+        threading.Thread(target=self._loop, daemon=True, name="decode").start()
+
+    def _on_kv(self, request_id: str, received: Any) -> None:
+        """The transport's verdict on one transfer (verified KV, or failed with a reason)."""
+        with self.lock:
+            slot = self.pending.get(request_id)
+            if slot is None:
+                self.arrived[request_id] = (now_s(), received)
+                cutoff = now_s() - 2 * self.cfg.kv_timeout_s
+                for rid in [r for r, v in self.arrived.items() if v[0] < cutoff]:
+                    del self.arrived[rid]
+                return
+        self._fill(slot, received)
+
+    def _fill(self, slot: DecodeSlot, received: Any) -> None:
+        slot.kv = received.cache if received.cache is not None else received.kv_bytes
+        slot.kv_error = None if received.ok else (received.reason or "transfer failed")
+        slot.kv_bytes = int(received.kv_bytes)
+        slot.transfer_start_s = received.first_frame_s
+        slot.transfer_end_s = received.complete_s
+        slot.kv_ready.set()
+
+    def register(self, body: dict[str, Any]) -> DecodeSlot:
+        slot = DecodeSlot(body)
+        with self.lock:
+            early = self.arrived.pop(slot.request_id, None)
+            if early is None:
+                self.pending[slot.request_id] = slot
+        if early is not None:
+            self._fill(slot, early[1])
+        threading.Thread(target=self._await_kv, args=(slot,), daemon=True).start()
+        return slot
+
+    def _await_kv(self, slot: DecodeSlot) -> None:
+        ok = slot.kv_ready.wait(self.cfg.kv_timeout_s)
+        with self.lock:
+            self.pending.pop(slot.request_id, None)
+        if not ok:
+            slot.events.put(slot.final("failed", f"KV did not arrive within {self.cfg.kv_timeout_s:g}s"))
+        elif slot.kv_error:
+            slot.events.put(slot.final("failed", f"KV rejected: {slot.kv_error}"))
+        elif self.cfg.compute == "torch" and not slot.body.get("prompt_token_ids"):
+            slot.events.put(slot.final("failed", "torch mode needs prompt_token_ids in the decode request"))
+        else:
+            self.admit.put(slot)
+
+    def _loop(self) -> None:
+        """Continuous batching: admit up to BS_max ready requests, one step for all, emit, retire."""
+        while True:
+            if not self.active:
+                self.active.append(self.admit.get())
+            while len(self.active) < self.cfg.bs_max:
+                try:
+                    self.active.append(self.admit.get_nowait())
+                except queue.Empty:
+                    break
+            self.active = [s for s in self.active if not s.aborted]
+            if not self.active:
+                continue
+            try:
+                tokens = self.compute.decode_step(self.active)
+            except Exception as exc:
+                _log(f"decode step failed: {type(exc).__name__}: {exc}")
+                for slot in self.active:
+                    slot.events.put(slot.final("failed", f"decode failed: {type(exc).__name__}: {exc}"))
+                self.active = []
+                continue
+            t = now_s()
+            keep = []
+            for slot, tok in zip(self.active, tokens):
+                if slot.first_token_s is None:
+                    slot.first_token_s = t
+                slot.events.put({"token_id": int(tok), "index": slot.emitted, "t_s": t})
+                slot.emitted += 1
+                if slot.emitted >= max(1, int(slot.body.get("output_len") or 1)):
+                    slot.kv = None
+                    slot.events.put(slot.final("ok", None))
+                else:
+                    keep.append(slot)
+            self.active = keep
+
+    def state(self) -> dict[str, Any]:
+        with self.lock:
+            waiting = len(self.pending)
+        return {"role": "decode", "instance": self.cfg.instance, "cluster": self.cfg.cluster,
+                "queue_depth": waiting + self.admit.qsize() + len(self.active), "busy": bool(self.active),
+                "batch": len(self.active), "prefix_blocks": [], "congestion": {}}
+
+
+# -------------------------------------------------------------------------------------------------- HTTP
+
+
+def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt: str, *args: Any) -> None:  # quiet: the run keeps its own records
+            return
+
+        def _json(self, code: int, obj: dict[str, Any]) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/healthz":
+                self._json(200, {"ok": True, "role": worker.cfg.role, "instance": worker.cfg.instance})
+            elif self.path == "/v1/state":
+                self._json(200, worker.state())
+            else:
+                self._json(404, {"error": f"no such path {self.path}"})
+
+        def _body(self) -> dict[str, Any] | None:
+            try:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}")
+                return body if isinstance(body, dict) else None
+            except (ValueError, json.JSONDecodeError):
+                return None
+
+        def do_POST(self) -> None:
+            body = self._body()
+            if body is None:
+                self._json(400, {"error": "body must be a JSON object"})
+            elif self.path == "/v1/prefill" and isinstance(worker, PrefillWorker):
+                self._json(200, worker.submit(body))
+            elif self.path == "/v1/decode" and isinstance(worker, DecodeWorker):
+                if "request_id" not in body:
+                    self._json(400, {"error": "missing field 'request_id'"})
+                    return
+                self._stream(worker.register(body))
+            else:
+                self._json(404, {"error": f"no such path {self.path} on a {worker.cfg.role} worker"})
+
+        def _stream(self, slot: DecodeSlot) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            try:
+                while True:
+                    ev = slot.events.get()
+                    self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                    self.wfile.flush()
+                    if ev.get("done"):
+                        return
+            except (BrokenPipeError, ConnectionResetError):
+                slot.aborted = True
+
+    return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the default backlog of 5 drops SYNs when the router opens many streams at once
+
+
+def serve(cfg: WorkerConfig) -> None:
+    worker = PrefillWorker(cfg) if cfg.role == "prefill" else DecodeWorker(cfg)
+    server = _Server((cfg.bind, cfg.port), make_handler(worker))
+
+    def stop(signum: int, frame: Any) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if cfg.ready_file:
+        tmp = Path(cfg.ready_file + ".tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "port": cfg.port, "t_s": now_s()}))
+        tmp.rename(cfg.ready_file)
+    _log(f"{cfg.role} {cfg.instance} ({cfg.compute}) on {cfg.host}:{cfg.port} ready")
+    server.serve_forever(poll_interval=0.2)
+    _log("stopped")
+    sys.stderr.flush()
+    os._exit(0)  # do not wait for request threads or torch's thread pools at interpreter exit
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m testbed.serving.worker")
+    p.add_argument("--role", choices=("prefill", "decode"), required=True)
+    p.add_argument("--config", required=True, help="worker config JSON written by `prfaas run`")
+    args = p.parse_args(argv)
+    cfg = WorkerConfig.load(args.config)
+    cfg.role = args.role
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    serve(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""`prfaas run` end to end on real namespaces: workers, router and client in the Mininet hosts of the
+scenario, KV over real TCP across the emulated WAN. Runs are short (tens of seconds) and always torn
+down; afterwards no process of the run and no network state of this test process is left."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+from analysis.rundir import REQUIRED_FILES, SUMMARY_KEYS
+from analysis.metrics import REQUEST_COLUMNS
+from testbed.kv.wire import DEFAULT_CHUNK_BYTES, Trailer, data_header_bytes, encode_trailer
+from testbed.models.spec import load_model_spec
+from testbed.net import state
+from testbed.run import run_scenario
+from testbed.scenario import builtin_scenarios_dir, parse_scenario
+from traffic.request import Request
+from traffic.workload import generate
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def scenario(**changes: Any) -> Any:
+    """The quick scenario with some sections replaced (a dict value replaces that key at its path)."""
+    data = yaml.safe_load((builtin_scenarios_dir() / "quick.yaml").read_text())
+    for path, value in changes.items():
+        node = data
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return parse_scenario(data, str(builtin_scenarios_dir() / "quick.yaml"))
+
+
+def netns_names() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(f"{p.name}: {cmd}")
+    return found
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path):
+    """A run directory; afterwards: no process of the run, no network state file of ours, no new netns."""
+    before = netns_names()
+    out = tmp_path / "run"
+    try:
+        yield out
+    finally:
+        left = processes_mentioning(str(out))
+        ours = [p for p, d in state.list_states() if d.get("owner_pid") == os.getpid()]
+        new_ns = {n for n in netns_names() - before if not n.startswith("dlt-") or str(os.getpid()) in n}
+        assert not left, f"processes left behind: {left}"
+        assert not ours, f"network state left behind: {ours}"
+        assert not new_ns, f"namespaces left behind: {new_ns}"
+
+
+def framing_bytes(spec: Any, request_id: str, uncached_len: int, scale: float, tokens: int, model: str) -> int:
+    """Frame headers + trailer of a profile-mode transfer: one header per chunk of each layer."""
+    from testbed.serving.compute import wire_layer_bytes
+
+    sizes = [n for n in wire_layer_bytes(spec, uncached_len, scale) if n > 0]
+    frames = sum(math.ceil(n / DEFAULT_CHUNK_BYTES) for n in sizes)
+    trailer = encode_trailer(Trailer(request_id, model, tokens, len(sizes), frames, sum(sizes), 0))
+    return frames * data_header_bytes(request_id) + len(trailer)
+
+
+def test_profile_run_writes_a_complete_run_directory_with_spec_sized_kv(run_dir: Path):
+    sc = scenario(duration="8s", wan__schedule=[{"at": "3s", "rate": "2Gbps", "for": "3s"}],
+                  policy={"name": "fixed-threshold", "threshold": "4K"},
+                  workload__arrivals={"process": "poisson", "rate": "2/s"},
+                  serving__instances={"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1})
+    expected = generate(sc.section("workload"), sc.seed, sc.duration_s)
+    run_scenario(sc, run_dir, progress=False)
+
+    for name in REQUIRED_FILES:
+        assert (run_dir / name).is_file(), name
+    df = pd.read_parquet(run_dir / "requests.parquet")
+    assert set(REQUEST_COLUMNS) <= set(df.columns)
+    assert sorted(df["request_id"]) == sorted(r.request_id for r in expected)
+    assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", ["request_id", "reason"]].to_string()
+    assert set(df["route"]) == {"prfaas", "pd"}
+    assert ((df["uncached_len"] > 4096) == (df["route"] == "prfaas")).all()
+
+    # every step in order; the KV is on the wire before the prefill ends (layer-wise streaming)
+    assert (df["arrival_s"] <= df["prefill_start_s"]).all()
+    assert (df["transfer_start_s"] < df["prefill_end_s"]).all()
+    assert (df["prefill_end_s"] <= df["transfer_end_s"]).all()
+    assert (df["transfer_end_s"] <= df["first_token_s"] + 0.05).all()
+    assert (df["first_token_s"] <= df["finish_s"]).all()
+    assert (df["tokens_received"] == df["output_len"]).all()
+
+    # offloaded KV: the spec's bytes / scale of the uncached tokens on the wire, plus exact framing
+    spec = load_model_spec("paper-1t-hybrid")
+    off = df[df["route"] == "prfaas"]
+    assert len(off) >= 2
+    for row in off.itertuples():
+        assert row.kv_bytes == round(spec.kv_bytes(row.uncached_len).total_bytes / 10.0)
+        assert row.wire_bytes - row.kv_bytes == framing_bytes(spec, row.request_id, row.uncached_len, 10.0, row.input_len, spec.name)
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(SUMMARY_KEYS) <= set(summary)
+    assert summary["requests_total"] == len(expected) and summary["requests_ok"] == len(expected)
+    assert summary["scale"] == 10.0 and summary["policy"] == "fixed-threshold" and summary["model"] == "paper-1t-hybrid"
+    assert summary["offload_fraction"] == pytest.approx(len(off) / len(df))
+
+    link = pd.read_parquet(run_dir / "link.parquet")
+    egress = link[link["direction"] == "prfaas_to_pd"]
+    assert len(egress) > 50 and egress["tx_bytes"].max() >= off["wire_bytes"].sum()
+    sched = pd.read_parquet(run_dir / "scheduler.parquet")
+    assert (sched["kind"] == "decision").sum() == len(df)
+
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert env["compute"]["mode"] == "profile" and env["scale"] == 10.0
+    assert env["compute"]["profiles"] == {"prfaas": "h200-paper-1t-hybrid", "pd": "h20-paper-1t-hybrid"}
+    assert env["network"]["backend"] in ("netem", "delayline")
+    rtt = env["calibration"]["wan_rtt"]
+    assert rtt["replies"] == 20 and rtt["configured_s"] == pytest.approx(0.010)
+    assert 0.008 < rtt["p50_s"] < 0.030  # 2 x 5 ms configured; loose: the host is shared
+    assert [f.split()[1] for f in env["network"]["schedule_fired"]] == ["change", "revert"]
+    resolved = yaml.safe_load((run_dir / "scenario.yaml").read_text())
+    assert resolved["scale"] == 10.0 and resolved["policy"]["name"] == "fixed-threshold"
+
+
+def test_torch_tokens_decoded_from_kv_that_crossed_the_wan_equal_a_local_prefill_and_decode(run_dir: Path):
+    import torch
+
+    from testbed.models.torch_model import build_model
+
+    torch.set_num_threads(1)
+    sc = scenario(duration="6s", scale=1, wan={"rate": "1Gbps", "delay": "2ms", "queue": "1bdp"},
+                  model={"name": "paper-1t-hybrid", "compute": "torch", "variant": "tiny", "device": "cpu", "seed": 3},
+                  policy={"name": "fixed-threshold", "threshold": 400, "min_threshold": 256},
+                  workload={"input": {"dist": "uniform", "min": 300, "max": 600}, "output": 6,
+                            "arrivals": {"process": "poisson", "rate": "0.7/s"}},
+                  serving={"instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1},
+                           "timeouts": {"kv": "30s", "request": "60s", "startup": "90s", "drain": "30s"}})
+    run_scenario(sc, run_dir, progress=False)
+
+    df = pd.read_parquet(run_dir / "requests.parquet")
+    assert len(df) >= 2 and (df["status"] == "ok").all(), df[["request_id", "status", "reason"]].to_string()
+    assert "prfaas" in set(df["route"]), "no request crossed the WAN"
+    model = build_model(load_model_spec("paper-1t-hybrid"), "tiny", 3, "cpu")
+    for row in df.itertuples():
+        req = Request(row.request_id, 0.0, int(row.input_len), int(row.output_len),
+                      tuple(next(r for r in generate(sc.section("workload"), sc.seed, sc.duration_s) if r.request_id == row.request_id).block_hashes))
+        prompt = req.prompt_token_ids(model.vocab_size)
+        remote = [int(t[1:]) for t in row.text.split()]
+        assert remote == model.generate(prompt, int(row.output_len)), row.request_id
+        # the KV that crossed is what the model really produced for the prompt before its last token
+        assert row.kv_bytes == model.spec.kv_bytes(int(row.input_len) - 1).total_bytes
+
+
+def test_a_decode_worker_killed_mid_run_fails_its_requests_with_reasons_and_the_run_finishes(run_dir: Path):
+    sc = scenario(duration="10s", wan__schedule=[],
+                  workload__output=200, workload__arrivals={"process": "poisson", "rate": "2/s"},
+                  serving__instances={"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 2},
+                  serving__faults=[{"at": "4s", "role": "decode", "instance": 0}])
+    run_scenario(sc, run_dir, progress=False)
+
+    df = pd.read_parquet(run_dir / "requests.parquet")
+    failed = df[df["status"] != "ok"]
+    assert len(failed) >= 1, "nothing was in flight on decode 0 when it was killed"
+    assert failed["reason"].notna().all() and (failed["reason"].str.len() > 0).all()
+    assert (failed["decode_instance"] == 0).all(), failed[["request_id", "decode_instance", "reason"]].to_string()
+    assert failed["finish_s"].notna().all()
+    ok = df[df["status"] == "ok"]
+    assert len(ok) >= 1 and (ok[ok["arrival_s"] > failed["finish_s"].max() + 1]["decode_instance"] == 1).all()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["requests_failed"] == len(failed)
+
+
+def test_a_run_stopped_with_sigterm_mid_workload_cleans_up_and_exits_130(run_dir: Path):
+    import signal
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "quick", "--out", str(run_dir), "--no-progress",
+                             "--set", "duration=30s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "work" / "client.jsonl").exists():  # the client agent is driving the workload
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run did not get to its workload"
+            time.sleep(0.2)
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not [d for p, d in state.list_states() if d.get("owner_pid") == proc.pid]

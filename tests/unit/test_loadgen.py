@@ -1,0 +1,147 @@
+"""The client agent (`testbed.serving.loadgen`) against a stand-in router on 127.0.0.1 speaking the
+router's streaming format, and the assembly of requests.parquet rows (`testbed.run.requests_frame`)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.run import requests_frame
+from testbed.serving.loadgen import Client, LoadConfig
+from traffic.request import Request
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class StandIn:
+    """Streams `max_tokens` chunks like the router; request ids starting with "fail" end in an error event."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.times: list[float] = []
+        self.active = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, *a: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                data = b'{"ok": true}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer.lock:
+                    outer.bodies.append(body)
+                    outer.times.append(time.monotonic())
+                    outer.active += 1
+                    outer.peak = max(outer.peak, outer.active)
+                rid = body["prfaas"]["request_id"]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for i in range(body["max_tokens"]):
+                    chunk = {"id": rid, "choices": [{"text": f" t{i}", "index": 0, "finish_reason": None}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    time.sleep(0.01)
+                if rid.startswith("fail"):
+                    last = {"error": {"message": f"request {rid} failed: decode instance 0: gone", "type": "worker_error"}}
+                else:
+                    last = {"id": rid, "choices": [{"text": "", "index": 0, "finish_reason": "length"}], "prfaas": {"route": "prfaas", "cached_len": 0}}
+                self.wfile.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+                with outer.lock:
+                    outer.active -= 1
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+
+@pytest.fixture
+def router():
+    r = StandIn()
+    try:
+        yield r
+    finally:
+        r.server.shutdown()
+        r.server.server_close()
+
+
+def rows(path: Path) -> dict[str, dict[str, Any]]:
+    return {r["request_id"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def reqs(n: int, gap_s: float, prefix: str = "r") -> list[dict[str, Any]]:
+    return [{"request_id": f"{prefix}{i}", "arrival_s": i * gap_s, "input_len": 600, "output_len": 4, "block_hashes": [7, 8]}
+            for i in range(n)]
+
+
+def test_open_loop_sends_at_arrival_times_with_the_testbed_extension(router: StandIn, tmp_path: Path):
+    cfg = LoadConfig("127.0.0.1", router.port, "", str(tmp_path / "out.jsonl"), request_timeout_s=10)
+    client = Client(cfg)
+    assert client.wait_ready()
+    start = time.monotonic()
+    for t in client.run_open(reqs(4, 0.3) + reqs(1, 1.0, "fail"), start):
+        t.join(10)
+    client.out.close()
+    offsets = sorted(t - start for t in router.times)
+    assert offsets[:4] == pytest.approx([0.0, 0.3, 0.6, 0.9], abs=0.1)
+    body = next(b for b in router.bodies if b["prfaas"]["request_id"] == "r1")
+    assert body["stream"] is True and body["max_tokens"] == 4
+    assert body["prfaas"] == {"request_id": "r1", "input_len": 600, "block_hashes": [7, 8]}
+    out = rows(tmp_path / "out.jsonl")
+    assert out["r2"]["client_status"] == "ok" and out["r2"]["tokens_received"] == 4 and out["r2"]["route"] == "prfaas"
+    assert out["r2"]["text"] == " t0 t1 t2 t3"
+    assert out["r2"]["client_first_token_s"] <= out["r2"]["client_finish_s"]
+    assert out["fail0"]["client_status"] == "failed" and "decode instance 0: gone" in out["fail0"]["client_reason"]
+
+
+def test_closed_loop_keeps_at_most_the_users_in_flight(router: StandIn, tmp_path: Path):
+    cfg = LoadConfig("127.0.0.1", router.port, "", str(tmp_path / "out.jsonl"), closed_users=2, think_s=0.01, duration_s=30)
+    client = Client(cfg)
+    for t in client.run_closed(reqs(8, 0.0), time.monotonic()):
+        t.join(20)
+    client.out.close()
+    assert len(rows(tmp_path / "out.jsonl")) == 8
+    assert router.peak == 2
+
+
+def test_a_router_that_never_answers_is_reported_after_the_startup_timeout(tmp_path: Path):
+    cfg = LoadConfig("127.0.0.1", 9, "", str(tmp_path / "out.jsonl"), startup_timeout_s=0.5)
+    assert Client(cfg).wait_ready() is False
+
+
+def test_requests_frame_keeps_every_generated_request_and_names_why_one_failed():
+    generated = [Request("a", 0.0, 100, 4, (1,)), Request("b", 0.5, 200, 4, (2,)), Request("c", 1.0, 300, 4, (3,))]
+    router_rows = [{"request_id": "a", "arrival_s": 3.0, "route": "pd", "status": "ok", "kv_bytes": 10, "first_token_s": 3.5,
+                    "finish_s": 4.0, "reason": None}]
+    client_rows = [{"request_id": "a", "client_arrival_s": 2.99, "client_first_token_s": 3.51, "client_finish_s": 4.01,
+                    "tokens_received": 4, "client_status": "ok", "client_reason": None, "route": "pd", "text": ""},
+                   {"request_id": "b", "client_arrival_s": 3.5, "client_first_token_s": None, "client_finish_s": 5.0,
+                    "tokens_received": 0, "client_status": "failed", "client_reason": "ConnectionRefusedError: refused",
+                    "route": None, "text": ""}]
+    df = requests_frame(generated, router_rows, client_rows).set_index("request_id")
+    assert list(df.index) == ["a", "b", "c"]
+    assert df.loc["a", "status"] == "ok" and df.loc["a", "kv_bytes"] == 10 and df.loc["a", "arrival_s"] == 3.0
+    assert df.loc["b", "status"] == "failed" and df.loc["b", "reason"] == "ConnectionRefusedError: refused"
+    assert df.loc["b", "arrival_s"] == 3.5
+    assert df.loc["c", "status"] == "failed" and df.loc["c", "reason"] == "not sent before the run ended"
+    assert df.loc["c", "scheduled_arrival_s"] == 1.0 and df.loc["c", "input_len"] == 300

@@ -1,0 +1,141 @@
+"""The scenario's serving section and the run plan: bad input is refused before anything starts,
+with one error that names the field; good input is placed on the topology's hosts."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.cli import main as cli_main
+from testbed.errors import FieldError, UserError
+from testbed.models.spec import load_model_spec
+from testbed.scenario import load_scenario
+from testbed.serving.compute import wire_layer_bytes
+from testbed.serving.config import DECODE_PORT, KV_PORT, PREFILL_PORT, plan_run
+
+
+def plan(*overrides: str):
+    return plan_run(load_scenario("quick", list(overrides)))
+
+
+def refused(*overrides: str) -> FieldError:
+    with pytest.raises(UserError) as info:
+        plan(*overrides)
+    return info.value
+
+
+def test_quick_scenario_places_prfaas_prefill_first_then_pd_prefill_then_decode():
+    p = plan()
+    assert p.compute == "profile"
+    assert [(i.role, i.index, i.cluster, i.host, i.port) for i in p.instances] == [
+        ("prefill", 0, "prfaas", "prfaas-p0", PREFILL_PORT),
+        ("prefill", 1, "prfaas", "prfaas-p0", PREFILL_PORT + 1),
+        ("prefill", 2, "pd", "pd-p0", PREFILL_PORT + 2),
+        ("prefill", 3, "pd", "pd-p0", PREFILL_PORT + 3),
+        ("decode", 0, "pd", "pd-d0", DECODE_PORT),
+        ("decode", 1, "pd", "pd-d0", DECODE_PORT + 1),
+    ]
+    assert [i.kv_port for i in p.instances if i.role == "decode"] == [KV_PORT, KV_PORT + 1]
+    assert dict(p.profiles) == {"prfaas": "h200-paper-1t-hybrid", "pd": "h20-paper-1t-hybrid"}
+
+
+def test_instances_spread_round_robin_over_hosts_and_default_to_one_per_host():
+    p = plan("topology.pd.decode=3", "serving.instances.pd_decode=5", "serving.instances.pd_prefill=null")
+    assert [i.host for i in p.instances if i.role == "decode"] == ["pd-d0", "pd-d1", "pd-d2", "pd-d0", "pd-d1"]
+    assert [i.host for i in p.instances if i.cluster == "pd" and i.role == "prefill"] == ["pd-p0"]
+
+
+def test_profiles_default_to_the_chip_and_model_names():
+    p = plan("serving.profiles=null")
+    assert dict(p.profiles) == {"prfaas": "h200-paper-1t-hybrid", "pd": "h20-paper-1t-hybrid"}
+
+
+def test_unknown_policy_is_refused_naming_the_field():
+    err = refused("policy.name=round-robin")
+    assert "policy.name" in str(err) and "fixed-threshold" in str(err)
+
+
+def test_unknown_model_is_refused_naming_the_field():
+    err = refused("model.name=gpt-17")
+    assert "model.name" in str(err) and "paper-1t-hybrid" in str(err)
+
+
+def test_more_instances_than_the_hosts_hold_are_refused():
+    err = refused("serving.instances.prfaas_prefill=5")  # 1 host x per_host 4
+    assert err.field == "serving.instances.prfaas_prefill"
+    assert "at most 4" in str(err)
+    err = refused("serving.per_host=1")  # 2 PrfaaS instances on 1 host
+    assert err.field == "serving.instances.prfaas_prefill"
+
+
+def test_instances_on_a_datacenter_without_hosts_are_refused():
+    err = refused("topology.pd.prefill=0")
+    assert err.field == "serving.instances.pd_prefill"
+    assert "no host" in str(err)
+
+
+def test_zero_decode_instances_are_refused():
+    assert refused("serving.instances.pd_decode=0").field == "serving.instances.pd_decode"
+
+
+def test_a_tpot_slo_below_one_decode_step_is_refused():
+    err = refused("serving.slo.tpot=10ms")  # the H20 profile's step is 25 ms
+    assert err.field == "serving.slo.tpot"
+    assert "25 ms" in str(err)
+
+
+def test_a_ttft_slo_below_the_fastest_prefill_is_refused():
+    err = refused("serving.slo.ttft=100ms")  # one 512-token block takes ~0.4 s on either profile
+    assert err.field == "serving.slo.ttft"
+
+
+def test_a_batch_larger_than_the_decode_profile_allows_is_refused():
+    err = refused("serving.bs_max=64")
+    assert err.field == "serving.bs_max" and "20" in str(err)
+
+
+def test_an_unknown_profile_is_refused_naming_the_cluster():
+    err = refused("serving.profiles.pd=h100-nonexistent")
+    assert "serving.profiles.pd" in str(err)
+
+
+def test_a_kv_timeout_not_shorter_than_the_request_timeout_is_refused():
+    err = refused("serving.timeouts.kv=90s")
+    assert "serving.timeouts.kv" in str(err)
+
+
+def test_a_fault_on_a_missing_instance_is_refused():
+    err = refused("serving.faults=[{at: 5s, role: decode, instance: 7}]")
+    assert err.field == "serving.faults" and "decode instance 7" in str(err)
+
+
+def test_unknown_serving_keys_are_refused_listing_the_allowed_ones():
+    err = refused("serving.batch=4")
+    assert "serving.batch" in str(err) and "bs_max" in str(err)
+
+
+def test_serving_compute_contradicting_the_model_is_refused():
+    err = refused("serving.compute=torch")  # quick sets model.compute: profile
+    assert err.field == "serving.compute"
+
+
+def test_prfaas_run_with_bad_input_prints_one_line_and_starts_nothing(capsys, tmp_path):
+    rc = cli_main(["run", "quick", "--out", str(tmp_path / "r"), "--set", "serving.slo.tpot=1ms"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("prfaas: error:") and err.count("\n") == 1 and "serving.slo.tpot" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_profile_layers_carry_the_spec_bytes_divided_by_scale():
+    spec = load_model_spec("paper-1t-hybrid")
+    for tokens, scale in ((8192, 10.0), (1000, 7.0), (131072, 100.0)):
+        sizes = wire_layer_bytes(spec, tokens, scale)
+        assert len(sizes) == len(spec.layers)
+        assert sum(sizes) == round(spec.kv_bytes(tokens).total_bytes / scale)
+        assert all(n > 0 for n in sizes)
+
+
+def test_the_scenario_loader_itself_refuses_counts_that_do_not_fit():
+    with pytest.raises(FieldError) as info:
+        load_scenario("quick", ["serving.instances.pd_decode=9"])  # 1 decode host x per_host 4
+    assert info.value.field == "serving.instances.pd_decode"

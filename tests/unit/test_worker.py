@@ -1,0 +1,144 @@
+"""Prefill and decode worker processes on 127.0.0.1 (no root): the HTTP control API of PROTOCOL.md,
+layer-wise KV streaming over the real transport, timeouts and checksum failures ending with a reason."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.kv.pool import chain_block_hashes
+from testbed.kv.wire import Trailer, encode_trailer, profile_frames, transfer_digest
+from testbed.models.spec import load_model_spec
+from testbed.serving.worker import WorkerConfig
+
+pytestmark = pytest.mark.timeout(120)
+MODEL = {"name": "paper-1t-hybrid", "compute": "profile"}
+SCALE = 100.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory):
+    """One decode and one prefill worker process in profile mode; always terminated."""
+    d = tmp_path_factory.mktemp("workers")
+    dec = WorkerConfig(role="decode", instance=0, cluster="pd", host="lo", port=free_port(), kv_port=free_port(),
+                       profile="h20-paper-1t-hybrid", model=MODEL, scale=SCALE, bs_max=4, kv_timeout_s=1.5,
+                       ready_file=str(d / "dec.ready"), bind="127.0.0.1")
+    pre = WorkerConfig(role="prefill", instance=0, cluster="prfaas", host="lo", port=free_port(),
+                       profile="h200-paper-1t-hybrid", model=MODEL, scale=SCALE, ready_file=str(d / "pre.ready"), bind="127.0.0.1")
+    procs = []
+    try:
+        for cfg, name in ((dec, "dec"), (pre, "pre")):
+            cfg.save(d / f"{name}.json")
+            procs.append(subprocess.Popen([sys.executable, "-m", "testbed.serving.worker", "--role", cfg.role, "--config", str(d / f"{name}.json")],
+                                          env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        deadline = time.monotonic() + 60
+        while not (Path(dec.ready_file).exists() and Path(pre.ready_file).exists()):
+            assert time.monotonic() < deadline, "workers did not start"
+            assert all(p.poll() is None for p in procs), "a worker exited at start"
+            time.sleep(0.1)
+        yield dec, pre
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def request(port: int, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request(method, path, json.dumps(body) if body is not None else None)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def sse(port: int, body: dict[str, Any], out: list[dict[str, Any]]) -> None:
+    status, raw = request(port, "POST", "/v1/decode", body)
+    assert status == 200
+    out.extend(json.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: "))
+
+
+def test_kv_streams_layer_by_layer_and_the_decode_emits_every_token(workers):
+    dec, pre = workers
+    events: list[dict[str, Any]] = []
+    t = threading.Thread(target=sse, args=(dec.port, {"request_id": "a1", "input_len": 8192, "output_len": 5, "prompt_token_ids": None}, events))
+    t.start()
+    hashes = list(range(100, 116))  # 16 full blocks
+    status, raw = request(pre.port, "POST", "/v1/prefill", {"request_id": "a1", "input_len": 8192, "cached_len": 0, "block_hashes": hashes,
+                                                            "decode": {"host": "127.0.0.1", "kv_port": dec.kv_port, "instance": 0}})
+    t.join(30)
+    res = json.loads(raw)
+    spec_bytes = round(load_model_spec("paper-1t-hybrid").kv_bytes(8192).total_bytes / SCALE)
+    assert status == 200 and res["status"] == "ok", res
+    assert res["kv_bytes"] == spec_bytes and res["wire_bytes"] > spec_bytes
+    assert res["prefill_end_s"] - res["prefill_start_s"] == pytest.approx(0.72, abs=0.25)  # H200 profile at 8K
+    assert res["transfer_start_s"] < res["prefill_end_s"] <= res["transfer_end_s"]
+    tokens, final = events[:-1], events[-1]
+    assert [e["index"] for e in tokens] == [0, 1, 2, 3, 4]
+    assert final["done"] and final["status"] == "ok" and final["kv_bytes"] == spec_bytes
+    assert final["first_token_s"] >= final["transfer_end_s"]
+    steps = [b["t_s"] - a["t_s"] for a, b in zip(tokens, tokens[1:])]
+    assert min(steps) >= 0.02  # the H20 profile's 25 ms step
+    _, raw = request(pre.port, "GET", "/v1/state")
+    st = json.loads(raw)
+    assert st["role"] == "prefill" and st["queue_depth"] == 0
+    assert chain_block_hashes(hashes)[-1] in st["prefix_blocks"]
+
+
+def test_a_decode_whose_kv_never_arrives_fails_with_the_reason(workers):
+    dec, _ = workers
+    events: list[dict[str, Any]] = []
+    sse(dec.port, {"request_id": "lost", "input_len": 100, "output_len": 3}, events)
+    assert len(events) == 1 and events[0]["status"] == "failed"
+    assert "did not arrive within 1.5s" in events[0]["reason"]
+
+
+def test_a_corrupted_kv_transfer_is_rejected_and_never_decoded(workers):
+    dec, _ = workers
+    events: list[dict[str, Any]] = []
+    t = threading.Thread(target=sse, args=(dec.port, {"request_id": "bad", "input_len": 100, "output_len": 3}, events))
+    t.start()
+    buf = memoryview(bytearray(os.urandom(1 << 20)))
+    frames = profile_frames("bad", 0, "linear", 4096, buf, {})
+    records = [f.record for f in frames]
+    with socket.create_connection(("127.0.0.1", dec.kv_port)) as s:
+        for f in frames:
+            payload = bytearray(f.payload)
+            payload[7] ^= 0xFF  # one flipped byte after the checksum was taken
+            s.sendall(f.header + bytes(payload))
+        s.sendall(encode_trailer(Trailer("bad", "paper-1t-hybrid", 100, 1, len(frames), 4096, transfer_digest(records))))
+        t.join(10)
+    assert len(events) == 1 and events[0]["status"] == "failed"
+    assert "KV rejected" in events[0]["reason"] and "checksum" in events[0]["reason"].lower()
+
+
+def test_bad_bodies_and_wrong_paths_get_http_errors(workers):
+    dec, pre = workers
+    assert request(pre.port, "POST", "/v1/prefill", [1, 2])[0] == 400
+    assert request(pre.port, "POST", "/v1/decode", {"request_id": "x"})[0] == 404
+    assert request(dec.port, "POST", "/v1/decode", {"input_len": 3})[0] == 400
+    status, raw = request(pre.port, "POST", "/v1/prefill", {"request_id": "y"})
+    assert status == 200 and json.loads(raw)["status"] == "failed" and "input_len" in json.loads(raw)["reason"]
+    assert json.loads(request(dec.port, "GET", "/healthz")[1])["role"] == "decode"
