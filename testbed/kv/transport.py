@@ -1,0 +1,712 @@
+"""Multi-connection KV transport: a prefill worker's `KVSender` streams frames to a decode worker's
+`KVReceiver` over N parallel TCP connections.
+
+Sender: each layer is cut into chunk frames (`testbed.kv.wire`) in one shared queue; one writer thread
+per connection *pulls* the next frame whenever its socket can take more (TCP_NOTSENT_LOWAT keeps the
+kernel from hoarding unsent bytes), so a connection slowed by loss carries less instead of holding up the
+rest, and writes header + payload with scatter-gather `sendmsg` straight from tensor memory. The queue
+is bounded in bytes (`max_queued_bytes`):
+when the WAN is congested, `send_layer` blocks, so the prefill feels the bandwidth wall. `finish` sends
+the trailer and waits for the receiver's verdict (an ACK frame), which is when the transfer ends.
+A sampler thread reads TCP_INFO (cwnd, RTT, retransmits, bytes acked, unsent bytes) from every
+connection; `congestion()` summarises it for the router.
+
+Receiver: one thread per accepted connection decodes frames straight into the destination tensors
+(bounded by `WireLimits` and `max_inflight_bytes`), a per-request `KVAssembler` checks chunks, layers
+and the whole-transfer digest, and only a verified transfer reaches `on_complete` as usable KV.
+A checksum mismatch, a malformed frame, an abort or a timeout ends the request as failed, with a reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from testbed.clock import now_s
+from testbed.kv.cache import KVCache, LayerKV
+from testbed.kv.wire import (
+    DEFAULT_CHUNK_BYTES, Ack, ChecksumError, DataFrame, DataHeader, Frame, FrameDecoder, KVAssembler, Trailer,
+    WireError, WireLimits, data_header_bytes, encode_ack, encode_trailer, layer_frames, profile_frames,
+    transfer_digest,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONNECTIONS = 4  # measured: docs/kv.md "Choosing N"
+DEFAULT_MAX_QUEUED_BYTES = 32 << 20
+DEFAULT_NOTSENT_LOWAT_BYTES = 4 << 20  # per connection: unsent bytes the kernel may hold (docs/kv.md)
+IOV_MAX_FRAMES = 64
+TCP_INFO_LEN = 232
+
+
+class TransportError(RuntimeError):
+    """The connection to the receiver failed; the message says why."""
+
+
+@dataclass
+class TransferStats:
+    request_id: str
+    ok: bool
+    reason: str | None
+    kv_bytes: int  # payload bytes (KV or profile bytes)
+    wire_bytes: int  # payload + frame headers + trailer
+    frames: int
+    start_s: float  # first frame handed to the sender
+    end_s: float  # the receiver's verdict arrived
+    connections: int
+
+    @property
+    def goodput_bps(self) -> float:
+        return 8 * self.kv_bytes / (self.end_s - self.start_s) if self.end_s > self.start_s else 0.0
+
+
+@dataclass
+class TcpSample:
+    t_s: float
+    connection: int
+    rtt_us: int
+    cwnd: int  # segments
+    total_retrans: int
+    bytes_acked: int
+    notsent_bytes: int
+    delivery_rate_bps: float
+
+
+def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
+    """Linux `struct tcp_info` fields the testbed uses (offsets from include/uapi/linux/tcp.h)."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
+    except OSError:
+        return None
+    if len(raw) < 168:
+        return None
+    rtt_us, _, _, cwnd = struct.unpack_from("<IIII", raw, 68)
+    (total_retrans,) = struct.unpack_from("<I", raw, 100)
+    (bytes_acked,) = struct.unpack_from("<Q", raw, 120)
+    (notsent,) = struct.unpack_from("<I", raw, 144)
+    (delivery_rate,) = struct.unpack_from("<Q", raw, 160)
+    return TcpSample(now_s(), connection, rtt_us, cwnd, total_retrans, bytes_acked, notsent, 8.0 * delivery_rate)
+
+
+def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
+    bufs = [memoryview(b) for b in buffers]
+    while bufs:
+        n = sock.sendmsg(bufs)
+        while n:
+            if n >= bufs[0].nbytes:
+                n -= bufs[0].nbytes
+                bufs.pop(0)
+            else:
+                bufs[0] = bufs[0][n:]
+                n = 0
+        while bufs and bufs[0].nbytes == 0:
+            bufs.pop(0)
+
+
+@dataclass
+class _Outgoing:
+    request_id: str
+    buffers: list
+    nbytes: int
+
+
+@dataclass
+class _SendRequest:
+    request_id: str
+    start_s: float
+    records: list[bytes] = field(default_factory=list)
+    layers: set[int] = field(default_factory=set)
+    kv_bytes: int = 0
+    wire_bytes: int = 0
+    aborted: bool = False
+    verdict: Ack | None = None
+    verdict_s: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _Connection:
+    def __init__(self, index: int, sock: socket.socket) -> None:
+        self.index = index
+        self.sock = sock
+        self.sent_bytes = 0
+        self.threads: list[threading.Thread] = []
+
+
+class KVSender:
+    """Streams KV to one decode worker's receiver over `connections` TCP connections."""
+
+    def __init__(self, host: str, port: int, connections: int = DEFAULT_CONNECTIONS, *,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+                 connect_timeout_s: float = 10.0, ack_timeout_s: float = 300.0,
+                 sample_interval_s: float = 0.1, on_sample: Callable[[TcpSample], None] | None = None,
+                 notsent_lowat_bytes: int | None = DEFAULT_NOTSENT_LOWAT_BYTES,
+                 congestion_control: str | None = None) -> None:
+        if connections < 1:
+            raise ValueError(f"connections: must be >= 1, got {connections}")
+        self.host, self.port = host, port
+        self.chunk_bytes = chunk_bytes
+        self.max_queued_bytes = max_queued_bytes
+        self.ack_timeout_s = ack_timeout_s
+        self.sample_interval_s = sample_interval_s
+        self.on_sample = on_sample
+        self._cond = threading.Condition()
+        self._queued_bytes = 0  # queued + being written: what max_queued_bytes bounds
+        self._queue: deque[_Outgoing] = deque()
+        self._requests: dict[str, _SendRequest] = {}
+        self._broken: str | None = None
+        self._closed = False
+        self._profile_buffer = memoryview(os.urandom(chunk_bytes))  # random: nothing on the path can compress it
+        self._profile_checksums: dict[int, int] = {}
+        self.samples: deque[TcpSample] = deque(maxlen=4096)
+        self._conns: list[_Connection] = []
+        try:
+            for i in range(connections):
+                sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+                sock.settimeout(None)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if congestion_control:  # e.g. "cubic" or "bbr"; default: the namespace's sysctl
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion_control.encode())
+                if notsent_lowat_bytes:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, notsent_lowat_bytes)
+                self._conns.append(_Connection(i, sock))
+        except OSError as e:
+            for c in self._conns:
+                c.sock.close()
+            raise TransportError(f"connect to {host}:{port}: {e}") from e
+        for c in self._conns:
+            for target, name in ((self._writer, "w"), (self._reader, "r")):
+                t = threading.Thread(target=target, args=(c,), name=f"kv-send-{name}{c.index}", daemon=True)
+                c.threads.append(t)
+                t.start()
+        self._sampler = threading.Thread(target=self._sample_loop, name="kv-tcpinfo", daemon=True)
+        self._sampler.start()
+
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
+    # ------------------------------------------------------------ public API
+
+    def send_layer(self, request_id: str, layer: LayerKV) -> None:
+        """Queue one layer (blocks while `max_queued_bytes` are already queued: back-pressure).
+        The layer's tensors must not change until `finish` returns: they are sent without copying."""
+        self._send_frames(request_id, layer.layer_index, layer_frames(request_id, layer, self.chunk_bytes))
+
+    def send_cache(self, cache: KVCache) -> TransferStats:
+        for layer in cache.layers:
+            self.send_layer(cache.request_id, layer)
+        return self.finish(cache.request_id, tokens=cache.tokens, model=cache.model)
+
+    def send_bytes(self, request_id: str, layer_index: int, kind: str, nbytes: int) -> None:
+        """Profile mode: `nbytes` of real bytes for one layer, framed and checksummed like real KV."""
+        frames = profile_frames(request_id, layer_index, kind, nbytes, self._profile_buffer,
+                                self._profile_checksums, self.chunk_bytes)
+        self._send_frames(request_id, layer_index, frames)
+
+    def finish(self, request_id: str, tokens: int = 0, model: str = "", timeout_s: float | None = None) -> TransferStats:
+        """Send the trailer and wait for the receiver's verdict; the stats say ok or why not."""
+        with self._cond:
+            req = self._requests.get(request_id) or _SendRequest(request_id, now_s())
+            self._requests[request_id] = req
+        trailer = Trailer(request_id, model, tokens, len(req.layers), len(req.records), req.kv_bytes,
+                          transfer_digest(req.records))
+        raw = encode_trailer(trailer)
+        req.wire_bytes += len(raw)
+        reason: str | None = None
+        try:
+            self._enqueue(_Outgoing(request_id, [raw], len(raw)))
+            if not req.done.wait(self.ack_timeout_s if timeout_s is None else timeout_s):
+                reason = "timed out waiting for the receiver's verdict"
+        except TransportError as e:
+            reason = str(e)
+        with self._cond:
+            self._requests.pop(request_id, None)
+            if reason is None and req.verdict is None:
+                reason = self._broken or "connection lost"
+        verdict = req.verdict
+        ok = reason is None and verdict is not None and verdict.ok
+        if reason is None and verdict is not None and not verdict.ok:
+            reason = verdict.reason or "rejected by the receiver"
+        return TransferStats(request_id, ok, reason, req.kv_bytes, req.wire_bytes, len(req.records), req.start_s,
+                             req.verdict_s or now_s(), len(self._conns))
+
+    def abort(self, request_id: str, reason: str = "aborted by sender") -> None:
+        """Drop what is still queued for a request and tell the receiver to free it."""
+        with self._cond:
+            req = self._requests.pop(request_id, None)
+            if req is None:
+                return
+            req.aborted = True
+            kept = deque(o for o in self._queue if o.request_id != request_id)
+            self._queued_bytes -= sum(o.nbytes for o in self._queue) - sum(o.nbytes for o in kept)
+            self._queue = kept
+            self._cond.notify_all()
+        raw = encode_ack(Ack(request_id, False, reason, abort=True))
+        try:
+            self._enqueue(_Outgoing(request_id, [raw], len(raw)), force=True)
+        except TransportError:
+            pass
+        req.done.set()
+
+    def congestion(self) -> dict:
+        """The router's congestion signal: retransmits, RTT, cwnd, queued bytes and achieved rate."""
+        now = [s for s in (tcp_info(c.sock, c.index) for c in self._conns) if s is not None]
+        with self._cond:
+            queued = self._queued_bytes
+        window = [s for s in list(self.samples) if s.t_s >= now_s() - 1.0]  # a copy: the sampler thread appends
+        goodput = 0.0
+        if now and window:
+            first: dict[int, TcpSample] = {}
+            for s in window:
+                first.setdefault(s.connection, s)
+            acked = sum(s.bytes_acked - first[s.connection].bytes_acked for s in now if s.connection in first)
+            dt = max(s.t_s for s in now) - min(first[c].t_s for c in first)
+            goodput = 8 * acked / dt if dt > 0 else 0.0
+        return {
+            "retransmits": sum(s.total_retrans for s in now),
+            "rtt_ms": (sum(s.rtt_us for s in now) / len(now) / 1000.0) if now else 0.0,
+            "cwnd": sum(s.cwnd for s in now),
+            "send_queue_bytes": queued + sum(s.notsent_bytes for s in now),
+            "goodput_bps": goodput,
+            "connections": len(self._conns),
+            "broken": self._broken,
+        }
+
+    def sent_bytes_by_connection(self) -> list[int]:
+        """Bytes each connection has written so far (how the pull model spread the load)."""
+        with self._cond:
+            return [c.sent_bytes for c in self._conns]
+
+    def close(self) -> None:
+        """Close every connection and stop the threads (queued frames are dropped)."""
+        with self._cond:
+            self._closed = True
+            self._broken = self._broken or "sender closed"
+            for req in self._requests.values():
+                req.done.set()
+            self._cond.notify_all()
+        for c in self._conns:
+            try:
+                c.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.sock.close()
+        for c in self._conns:
+            for t in c.threads:
+                if t is not threading.current_thread():
+                    t.join(timeout=5)
+        self._sampler.join(timeout=5)
+
+    def __enter__(self) -> KVSender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _request(self, request_id: str) -> _SendRequest:
+        with self._cond:
+            if self._broken:
+                raise TransportError(f"KV sender to {self.host}:{self.port}: {self._broken}")
+            req = self._requests.get(request_id)
+            if req is None:
+                req = self._requests[request_id] = _SendRequest(request_id, now_s())
+            return req
+
+    def _send_frames(self, request_id: str, layer_index: int, frames: list[Frame]) -> None:
+        req = self._request(request_id)
+        req.layers.add(layer_index)
+        for f in frames:
+            req.records.append(f.record)
+            req.kv_bytes += f.payload.nbytes
+            req.wire_bytes += f.wire_bytes
+            self._enqueue(_Outgoing(request_id, [f.header, f.payload], f.wire_bytes))
+
+    def _enqueue(self, item: _Outgoing, force: bool = False) -> None:
+        with self._cond:
+            while (not force and self._queued_bytes > 0
+                   and self._queued_bytes + item.nbytes > self.max_queued_bytes and not self._broken):
+                self._cond.wait()
+            if self._broken:
+                raise TransportError(f"KV sender to {self.host}:{self.port}: {self._broken}")
+            self._queue.append(item)
+            self._queued_bytes += item.nbytes
+            self._cond.notify_all()
+
+    def _fail(self, reason: str) -> None:
+        with self._cond:
+            if self._broken is None:
+                self._broken = reason
+                log.warning("KV sender to %s:%s failed: %s", self.host, self.port, reason)
+            for req in self._requests.values():
+                req.done.set()
+            self._cond.notify_all()
+
+    def _writer(self, c: _Connection) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._broken:
+                    self._cond.wait()
+                if self._broken:
+                    return
+                batch = [self._queue.popleft()]  # pull: a connection takes work only when it can send
+                size = batch[0].nbytes
+                while self._queue and size + self._queue[0].nbytes <= self.chunk_bytes and len(batch) < IOV_MAX_FRAMES:
+                    size += self._queue[0].nbytes
+                    batch.append(self._queue.popleft())
+            try:
+                _sendmsg_all(c.sock, [b for item in batch for b in item.buffers])
+            except OSError as e:
+                self._fail(f"connection {c.index}: send failed: {e}")
+                return
+            sent = sum(item.nbytes for item in batch)
+            with self._cond:
+                c.sent_bytes += sent
+                self._queued_bytes -= sent
+                self._cond.notify_all()
+
+    def _reader(self, c: _Connection) -> None:
+        decoder = FrameDecoder(WireLimits(max_frame_bytes=0))  # the receiver only ever sends ACK frames
+        try:
+            while True:
+                n = c.sock.recv_into(decoder.next_buffer())
+                if n == 0:
+                    raise TransportError(f"connection {c.index}: closed by the receiver")
+                item = decoder.advance(n)
+                if isinstance(item, Ack):
+                    with self._cond:
+                        req = self._requests.get(item.request_id)
+                    if req is not None:
+                        req.verdict, req.verdict_s = item, now_s()
+                        req.done.set()
+                elif item is not None:
+                    raise WireError(f"connection {c.index}: unexpected frame from the receiver")
+        except (OSError, WireError, TransportError) as e:
+            if not self._closed:
+                self._fail(str(e))
+
+    def _sample_loop(self) -> None:
+        while not self._closed:
+            for c in self._conns:
+                s = tcp_info(c.sock, c.index)
+                if s is not None:
+                    self.samples.append(s)
+                    if self.on_sample is not None:
+                        self.on_sample(s)
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed, timeout=self.sample_interval_s)
+
+
+# ================================================================================================ receiver
+
+@dataclass
+class ReceivedKV:
+    """What the decode worker gets: a verified cache (torch mode) or a verified byte count (profile)."""
+
+    request_id: str
+    ok: bool
+    reason: str | None
+    cache: KVCache | None
+    kv_bytes: int
+    wire_bytes: int
+    frames: int
+    first_frame_s: float
+    complete_s: float
+    model: str = ""
+    tokens: int = 0
+
+
+@dataclass
+class _RecvRequest:
+    request_id: str
+    assembler: KVAssembler
+    first_frame_s: float
+    last_s: float
+    wire_bytes: int = 0
+    trailer: Trailer | None = None
+    trailer_conn: _RecvConn | None = None
+    failed: str | None = None
+
+
+class _RecvConn:
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.send_lock = threading.Lock()
+        self.scratch = bytearray(0)
+        self.thread: threading.Thread | None = None
+
+    def scratch_view(self, nbytes: int) -> memoryview:
+        if len(self.scratch) < nbytes:
+            self.scratch = bytearray(nbytes)
+        return memoryview(self.scratch)[:nbytes]
+
+    def send(self, raw: bytes) -> None:
+        with self.send_lock:
+            try:
+                self.sock.sendall(raw)
+            except OSError:
+                pass
+
+
+class KVReceiver:
+    """Accepts KV senders on (bind_host, port) and hands each verified transfer to `on_complete`."""
+
+    def __init__(self, bind_host: str, port: int, on_complete: Callable[[str, ReceivedKV], None], *,
+                 limits: WireLimits = WireLimits(), max_inflight_bytes: int = 16 << 30,
+                 request_timeout_s: float = 300.0) -> None:
+        self.bind_host = bind_host
+        self.port = port
+        self.on_complete = on_complete
+        self.limits = limits
+        self.max_inflight_bytes = max_inflight_bytes
+        self.request_timeout_s = request_timeout_s
+        self._lock = threading.Lock()
+        self._requests: dict[str, _RecvRequest] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()  # recent ids: late frames of these are discarded
+        self._conns: list[_RecvConn] = []
+        self._closed = threading.Event()
+        self._listener: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self.protocol_errors: list[str] = []
+        self.connections_accepted = 0
+
+    def start(self) -> KVReceiver:
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind((self.bind_host, self.port))
+        ls.listen(64)
+        self.port = ls.getsockname()[1]
+        self._listener = ls
+        for target, name in ((self._accept_loop, "kv-accept"), (self._janitor, "kv-janitor")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def close(self) -> None:
+        """Stop accepting, close every connection, fail what is still incomplete, join the threads."""
+        self._closed.set()
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.sock.close()
+        for t in self._threads + [c.thread for c in conns if c.thread]:
+            if t is not threading.current_thread():
+                t.join(timeout=5)
+        with self._lock:
+            pending = [r.request_id for r in self._requests.values() if r.failed is None]
+        for rid in pending:
+            self._fail(rid, "receiver closed before the transfer completed")
+
+    def __enter__(self) -> KVReceiver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def inflight_bytes(self) -> int:
+        with self._lock:
+            return sum(r.assembler.allocated_bytes for r in self._requests.values())
+
+    # ------------------------------------------------------------ internals
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._closed.is_set():
+            try:
+                sock, addr = self._listener.accept()
+            except OSError:
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _RecvConn(sock, f"{addr[0]}:{addr[1]}")
+            conn.thread = threading.Thread(target=self._conn_loop, args=(conn,), name=f"kv-recv-{conn.peer}", daemon=True)
+            with self._lock:
+                self._conns.append(conn)
+                self.connections_accepted += 1
+            conn.thread.start()
+
+    def _sink(self, conn: _RecvConn, h: DataHeader) -> memoryview:
+        with self._lock:
+            req = self._requests.get(h.request_id)
+            if req is None and h.request_id not in self._finished:
+                req = self._requests[h.request_id] = _RecvRequest(h.request_id, KVAssembler(h.request_id, self.limits),
+                                                                  now_s(), now_s())
+            if req is None or req.failed:
+                return conn.scratch_view(h.length)
+            req.last_s = now_s()
+            try:
+                target = req.assembler.sink(h)
+                total = sum(r.assembler.allocated_bytes for r in self._requests.values())
+                if total > self.max_inflight_bytes:
+                    raise WireError(f"receive budget: {total} bytes in flight exceeds {self.max_inflight_bytes}")
+            except WireError as e:
+                failed = str(e)
+            else:
+                return target if target is not None else conn.scratch_view(h.length)
+        self._fail(h.request_id, failed)
+        return conn.scratch_view(h.length)
+
+    def _conn_loop(self, conn: _RecvConn) -> None:
+        decoder = FrameDecoder(self.limits, lambda h: self._sink(conn, h))
+        try:
+            while not self._closed.is_set():
+                n = conn.sock.recv_into(decoder.next_buffer())
+                if n == 0:
+                    if not decoder.idle:
+                        raise WireError("stream: connection closed in the middle of a frame")
+                    return
+                try:
+                    item = decoder.advance(n)
+                except ChecksumError as e:
+                    self._fail(e.header.request_id, str(e))
+                    continue
+                if isinstance(item, DataFrame):
+                    self._on_data(conn, item)
+                elif isinstance(item, Trailer):
+                    self._on_trailer(conn, item)
+                elif isinstance(item, Ack) and item.abort:
+                    self._fail(item.request_id, item.reason or "aborted by sender", notify_sender=False)
+        except WireError as e:
+            self.protocol_errors.append(f"{conn.peer}: {e}")
+            log.warning("KV receiver: dropping connection %s: %s", conn.peer, e)
+        except OSError:
+            pass
+        finally:
+            try:
+                conn.sock.close()
+            except OSError:
+                pass
+            with self._lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+
+    def _on_data(self, conn: _RecvConn, frame: DataFrame) -> None:
+        h = frame.header
+        with self._lock:
+            req = self._requests.get(h.request_id)
+            if req is None or req.failed:
+                return
+            try:
+                req.assembler.add(frame)
+            except WireError as e:
+                failed = str(e)
+            else:
+                req.wire_bytes += data_header_bytes(h.request_id) + h.length
+                req.last_s = now_s()
+                failed = None
+        if failed:
+            self._fail(h.request_id, failed)
+        else:
+            self._maybe_complete(h.request_id)
+
+    def _on_trailer(self, conn: _RecvConn, trailer: Trailer) -> None:
+        rid = trailer.request_id
+        with self._lock:
+            req = self._requests.get(rid)
+            if req is None and rid not in self._finished:  # a transfer with no data frames at all
+                req = self._requests[rid] = _RecvRequest(rid, KVAssembler(rid, self.limits), now_s(), now_s())
+            if req is not None:
+                req.trailer, req.trailer_conn = trailer, conn
+                req.wire_bytes += len(encode_trailer(trailer))
+        if req is None:  # finished, failed or timed out before: never leave the sender waiting
+            conn.send(encode_ack(Ack(rid, False, f"request id {rid!r} already ended on this receiver "
+                                                 "(timed out, aborted, or reused)")))
+            return
+        failed = req.failed
+        if failed:
+            self._fail(rid, failed)  # now the sender can be told
+        else:
+            self._maybe_complete(rid)
+
+    def _maybe_complete(self, rid: str) -> None:
+        with self._lock:
+            req = self._requests.get(rid)
+            if req is None or req.trailer is None or req.failed:
+                return
+            if len(req.assembler.records) < req.trailer.frame_count:
+                return
+            del self._requests[rid]
+            self._mark_finished(rid)
+        try:
+            result = req.assembler.finish(req.trailer)
+        except WireError as e:
+            with self._lock:
+                self._requests[rid] = req
+            self._fail(rid, str(e))
+            return
+        cache = result if isinstance(result, KVCache) else None
+        kv_bytes = cache.nbytes if cache is not None else int(result)
+        out = ReceivedKV(rid, True, None, cache, kv_bytes, req.wire_bytes, len(req.assembler.records),
+                         req.first_frame_s, now_s(), req.trailer.model, req.trailer.tokens)
+        self._deliver(rid, out)
+        assert req.trailer_conn is not None
+        req.trailer_conn.send(encode_ack(Ack(rid, True)))
+
+    def _fail(self, rid: str, reason: str, notify_sender: bool = True) -> None:
+        """Mark a request failed (once), tell the decode worker now and the sender once its trailer is in."""
+        with self._lock:
+            req = self._requests.get(rid)
+            if req is None:
+                if notify_sender or rid in self._finished:
+                    return
+                # an abort that overtook every data frame: remember it so late frames are discarded
+                req = _RecvRequest(rid, KVAssembler(rid, self.limits), now_s(), now_s())
+                self._requests[rid] = req
+            first = req.failed is None
+            req.failed = req.failed or reason
+            req.assembler.parts.clear()  # free the partial tensors now
+            req.assembler.allocated_bytes = 0
+            tell_sender = req.trailer_conn if (notify_sender and req.trailer is not None) else None
+            if tell_sender is not None or not notify_sender:
+                del self._requests[rid]
+                self._mark_finished(rid)
+        if first:
+            self._deliver(rid, ReceivedKV(rid, False, reason, None, 0, req.wire_bytes, len(req.assembler.records),
+                                          req.first_frame_s, now_s()))
+        if tell_sender is not None:
+            tell_sender.send(encode_ack(Ack(rid, False, req.failed or reason)))
+
+    def _mark_finished(self, rid: str) -> None:
+        self._finished[rid] = None
+        if len(self._finished) > 4096:
+            self._finished.popitem(last=False)
+
+    def _deliver(self, rid: str, result: ReceivedKV) -> None:
+        try:
+            self.on_complete(rid, result)
+        except Exception:  # the worker's callback must not kill the receive thread
+            log.exception("KV receiver: on_complete(%s) raised", rid)
+
+    def _janitor(self) -> None:
+        while not self._closed.wait(0.5):
+            cutoff = now_s() - self.request_timeout_s
+            with self._lock:
+                stale = [r for r in self._requests.values() if r.last_s < cutoff]
+            for r in stale:
+                got = r.assembler.payload_bytes
+                want = r.trailer.payload_bytes if r.trailer else None
+                self._fail(r.request_id, f"timed out after {self.request_timeout_s:g} s with {got} of "
+                                         f"{want if want is not None else 'unknown'} bytes", notify_sender=True)
+                with self._lock:  # give up on it entirely
+                    if self._requests.get(r.request_id) is r:
+                        del self._requests[r.request_id]
+                        self._mark_finished(r.request_id)

@@ -1,0 +1,299 @@
+"""The multi-connection KV transport on loopback: real TCP sockets, real tensors, real bytes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from testbed.kv.cache import KVCache, LayerKV
+from testbed.kv.transport import KVReceiver, KVSender, ReceivedKV, TransportError
+from testbed.kv.wire import encode_data_header, DataHeader
+
+torch.set_num_threads(1)
+LOOPBACK = "127.0.0.1"
+
+
+def _cache(request_id: str = "req-1", tokens: int = 2048) -> KVCache:
+    g = torch.Generator().manual_seed(3)
+    return KVCache(request_id, "toy", tokens, [
+        LayerKV(0, "linear", {"state": torch.randn(4, 32, 32, generator=g), "conv": torch.randn(3, 64, generator=g).bfloat16()}),
+        LayerKV(1, "gqa", {"k": torch.randn(tokens, 4, 64, generator=g).bfloat16(), "v": torch.randn(tokens, 4, 64, generator=g).bfloat16()}),
+        LayerKV(2, "mla", {"latent": torch.randn(tokens, 128, generator=g).bfloat16(), "k_rope": torch.randn(tokens, 16, generator=g).bfloat16()}),
+        LayerKV(3, "swa", {"k": torch.randn(64, 4, 64, generator=g).bfloat16(), "v": torch.randn(64, 4, 64, generator=g).bfloat16()}),
+    ])
+
+
+class Results:
+    def __init__(self) -> None:
+        self.items: dict[str, ReceivedKV] = {}
+        self.cond = threading.Condition()
+
+    def __call__(self, rid: str, r: ReceivedKV) -> None:
+        with self.cond:
+            self.items[rid] = r
+            self.cond.notify_all()
+
+    def wait(self, rid: str, timeout_s: float = 20.0) -> ReceivedKV:
+        with self.cond:
+            assert self.cond.wait_for(lambda: rid in self.items, timeout_s), f"{rid} never completed"
+            return self.items[rid]
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[KVReceiver, Results]]:
+    results = Results()
+    rx = KVReceiver(LOOPBACK, 0, results).start()
+    try:
+        yield rx, results
+    finally:
+        rx.close()
+
+
+def _kv_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("kv-")]
+
+
+def test_kv_crosses_n_connections_and_arrives_bit_identical(receiver: tuple[KVReceiver, Results]) -> None:
+    rx, results = receiver
+    cache = _cache()
+    with KVSender(LOOPBACK, rx.port, connections=3, chunk_bytes=64 << 10) as tx:
+        stats = tx.send_cache(cache)
+        spread = tx.sent_bytes_by_connection()
+    got = results.wait("req-1")
+    assert sum(spread) == stats.wire_bytes and sum(1 for b in spread if b > 0) >= 2
+    assert stats.ok and got.ok and got.reason is None
+    assert rx.connections_accepted == 3
+    assert got.kv_bytes == stats.kv_bytes == cache.nbytes
+    assert got.wire_bytes == stats.wire_bytes > cache.nbytes
+    assert (got.wire_bytes - cache.nbytes) / cache.nbytes < 0.01
+    assert got.cache is not None and (got.cache.tokens, got.cache.model) == (2048, "toy")
+    for a, b in zip(cache.layers, got.cache.layers):
+        for name, t in a.tensors.items():
+            assert torch.equal(t, b.tensors[name])
+    assert stats.start_s <= got.first_frame_s <= got.complete_s <= stats.end_s
+
+
+def test_profile_mode_sends_real_bytes_and_delivers_a_verified_count(receiver: tuple[KVReceiver, Results]) -> None:
+    rx, results = receiver
+    with KVSender(LOOPBACK, rx.port, connections=2, chunk_bytes=256 << 10) as tx:
+        for layer in range(4):
+            tx.send_bytes("p-1", layer, "mla" if layer % 2 else "linear", 1_000_003)
+        stats = tx.finish("p-1", tokens=4096, model="paper-1t-hybrid")
+        congestion = tx.congestion()
+    got = results.wait("p-1")
+    assert stats.ok and got.ok and got.cache is None
+    assert got.kv_bytes == stats.kv_bytes == 4 * 1_000_003
+    assert (got.tokens, got.model) == (4096, "paper-1t-hybrid")
+    assert set(congestion) >= {"retransmits", "rtt_ms", "cwnd", "send_queue_bytes", "goodput_bps"}
+    assert congestion["cwnd"] > 0 and congestion["rtt_ms"] > 0
+
+
+class CorruptingProxy:
+    """Forwards one TCP connection and flips one byte at `flip_at` of the sender -> receiver stream."""
+
+    def __init__(self, target_port: int, flip_at: int) -> None:
+        self.listener = socket.create_server((LOOPBACK, 0))
+        self.port = self.listener.getsockname()[1]
+        self.target_port, self.flip_at = target_port, flip_at
+        self.threads = [threading.Thread(target=self._run, daemon=True)]
+        self.threads[0].start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, flip: bool) -> None:
+        seen = 0
+        try:
+            while data := src.recv(65536):
+                if flip and seen <= self.flip_at < seen + len(data):
+                    b = bytearray(data)
+                    b[self.flip_at - seen] ^= 0x40
+                    data = bytes(b)
+                seen += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _run(self) -> None:
+        client, _ = self.listener.accept()
+        upstream = socket.create_connection((LOOPBACK, self.target_port))
+        back = threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True)
+        back.start()
+        self._pipe(client, upstream, True)
+        back.join(5)
+        client.close()
+        upstream.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        for t in self.threads:
+            t.join(5)
+
+
+def test_corrupted_transfer_is_detected_and_never_used(receiver: tuple[KVReceiver, Results]) -> None:
+    rx, results = receiver
+    proxy = CorruptingProxy(rx.port, flip_at=200_000)  # inside a payload, far from any header
+    try:
+        with KVSender(LOOPBACK, proxy.port, connections=1) as tx:
+            stats = tx.send_cache(_cache("bad-1"))
+    finally:
+        proxy.close()
+    got = results.wait("bad-1")
+    assert not got.ok and got.cache is None
+    assert "checksum" in (got.reason or "")
+    assert not stats.ok and "checksum" in (stats.reason or "")
+    assert rx.inflight_bytes == 0
+
+
+def test_malformed_bytes_drop_only_that_connection(receiver: tuple[KVReceiver, Results]) -> None:
+    rx, results = receiver
+    absurd = encode_data_header(DataHeader("evil", 0, "gqa", 0, torch.bfloat16, (2**31, 2**31, 2**31), 0, 2**40, 0))
+    for garbage in (b"GET / HTTP/1.1\r\n\r\n" + bytes(100), absurd):
+        with socket.create_connection((LOOPBACK, rx.port)) as s:
+            s.sendall(garbage)
+            s.settimeout(5)
+            try:
+                assert s.recv(10) == b""  # the receiver hung up on it
+            except ConnectionResetError:  # ... with our unread bytes still queued
+                pass
+    assert len(rx.protocol_errors) == 2 and "magic" in rx.protocol_errors[0] and "shape" in rx.protocol_errors[1]
+    assert rx.inflight_bytes == 0
+    with KVSender(LOOPBACK, rx.port, connections=2) as tx:  # and still serves real senders
+        assert tx.send_cache(_cache("after")).ok
+    assert results.wait("after").ok
+
+
+def _drain(c: socket.socket) -> None:
+    try:
+        while c.recv(1 << 20):
+            pass
+    except OSError:
+        pass
+
+
+def test_slow_receiver_pushes_back_on_the_sender() -> None:
+    server = socket.create_server((LOOPBACK, 0))
+    accepted: list[socket.socket] = []
+    release = threading.Event()
+
+    def slow_accept() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+            accepted.append(conn)
+        release.wait(20)
+        for c in accepted:
+            threading.Thread(target=_drain, args=(c,), daemon=True).start()
+
+    threading.Thread(target=slow_accept, daemon=True).start()
+    big = LayerKV(0, "gqa", {"k": torch.zeros(64 << 10, 8, 64, dtype=torch.bfloat16),
+                             "v": torch.zeros(64 << 10, 8, 64, dtype=torch.bfloat16)})  # 128 MiB
+    tx = KVSender(LOOPBACK, server.getsockname()[1], connections=2, chunk_bytes=1 << 20, max_queued_bytes=4 << 20)
+    try:
+        sending = threading.Thread(target=tx.send_layer, args=("slow", big))
+        sending.start()
+        sending.join(1.0)
+        assert sending.is_alive(), "send_layer must block while the receiver does not read"
+        c = tx.congestion()
+        assert 0 < c["send_queue_bytes"] and tx._queued_bytes <= (4 << 20) + (1 << 20) + 256
+        release.set()
+        sending.join(30)
+        assert not sending.is_alive()
+    finally:
+        release.set()
+        tx.close()
+        for s in accepted:
+            s.close()
+        server.close()
+
+
+def test_abort_frees_the_receiver_and_reports_failure(receiver: tuple[KVReceiver, Results]) -> None:
+    rx, results = receiver
+    with KVSender(LOOPBACK, rx.port, connections=2) as tx:
+        tx.send_layer("ab-1", _cache().layers[1])
+        tx.abort("ab-1", "prefill cancelled")
+        got = results.wait("ab-1")
+        assert not got.ok and got.reason == "prefill cancelled"
+        assert tx.send_cache(_cache("next")).ok  # the connections stay usable
+    assert rx.inflight_bytes == 0
+
+
+def test_incomplete_transfer_times_out_with_a_reason() -> None:
+    results = Results()
+    with KVReceiver(LOOPBACK, 0, results, request_timeout_s=0.5) as rx:
+        with KVSender(LOOPBACK, rx.port, connections=1) as tx:
+            tx.send_layer("stalled", _cache().layers[1])  # no finish(): the trailer never comes
+            got = results.wait("stalled", timeout_s=10)
+    assert not got.ok and "timed out" in (got.reason or "")
+
+
+def test_receiver_death_fails_the_transfer_without_hanging() -> None:
+    results = Results()
+    rx = KVReceiver(LOOPBACK, 0, results).start()
+    tx = KVSender(LOOPBACK, rx.port, connections=2, ack_timeout_s=10)
+    try:
+        tx.send_layer("orphan", _cache().layers[1])
+        rx.close()
+        t0 = time.monotonic()
+        stats = tx.finish("orphan")
+        assert not stats.ok and stats.reason
+        assert time.monotonic() - t0 < 8
+        with pytest.raises(TransportError):
+            tx.send_layer("later", _cache().layers[1])
+    finally:
+        tx.close()
+
+
+def test_sender_and_receiver_release_threads_and_sockets() -> None:
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before_fds, before_threads = fds(), _kv_threads()
+    results = Results()
+    rx = KVReceiver(LOOPBACK, 0, results).start()
+    tx = KVSender(LOOPBACK, rx.port, connections=4)
+    assert tx.send_cache(_cache("c")).ok
+    assert len(_kv_threads()) > len(before_threads)
+    tx.close()
+    rx.close()
+    deadline = time.monotonic() + 5
+    while _kv_threads() != before_threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _kv_threads() == before_threads
+    assert fds() == before_fds
+
+
+def test_reused_request_id_is_refused_instead_of_left_waiting(receiver: tuple[KVReceiver, Results]) -> None:
+    rx, results = receiver
+    with KVSender(LOOPBACK, rx.port, connections=2, ack_timeout_s=30) as tx:
+        assert tx.send_cache(_cache("once")).ok
+        t0 = time.monotonic()
+        again = tx.send_cache(_cache("once"))
+    assert not again.ok and "already ended" in (again.reason or "")
+    assert time.monotonic() - t0 < 10
+
+
+def test_tcp_info_is_sampled_into_telemetry_and_the_congestion_signal(receiver: tuple[KVReceiver, Results]) -> None:
+    rx, results = receiver
+    seen: list = []
+    with KVSender(LOOPBACK, rx.port, connections=2, sample_interval_s=0.01, on_sample=seen.append) as tx:
+        t_end = time.monotonic() + 0.5
+        i = 0
+        while time.monotonic() < t_end:
+            tx.send_bytes(f"s-{i}", 0, "gqa", 4 << 20)
+            assert tx.finish(f"s-{i}").ok
+            i += 1
+        c = tx.congestion()
+    assert len(seen) >= 10 and {s.connection for s in seen} == {0, 1}
+    acked = [s.bytes_acked for s in seen if s.connection == 0]
+    assert acked == sorted(acked) and acked[-1] > acked[0]
+    assert c["goodput_bps"] > 0 and c["rtt_ms"] > 0 and c["cwnd"] >= 2
