@@ -16,8 +16,10 @@ produces and consumes them. The batch dimension is absent: one cache per request
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # tensors are torch tensors; importing torch here would slow every command that touches KV metadata
+    import torch
 
 LAYER_KINDS = ("linear", "gqa", "mla", "swa")
 TENSOR_NAMES = {

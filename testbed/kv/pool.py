@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
 import xxhash
 
 from testbed.kv.cache import KVCache, LayerKV
@@ -46,8 +45,9 @@ def chain_block_hashes(block_hashes: Sequence[int]) -> list[int]:
     global KV cache manager agree on)."""
     out: list[int] = []
     key = 0
+    pack, digest, mask = _PAIR.pack, xxhash.xxh3_64_intdigest, _MASK64  # locals: this runs on every routing decision
     for h in block_hashes:
-        key = xxhash.xxh3_64_intdigest(_PAIR.pack(key, int(h) & _MASK64))
+        key = digest(pack(key, int(h) & mask))
         out.append(key)
     return out
 
@@ -221,6 +221,8 @@ class HybridPrefixPool:
             hit.held = ()
 
     def _build_cache(self, blocks: list[_Entry], state: _Entry | None, usable: int) -> KVCache:
+        import torch  # only tensor-mode pools need it; the router imports this module for its hashing
+
         layers: list[LayerKV] = []
         assert blocks[0].layers is not None
         for j, first in enumerate(blocks[0].layers):

@@ -50,11 +50,9 @@ def _print_summary(out: Path) -> None:
 
 
 def _run_report(out: Path) -> None:
-    """The run directory's plots/*.png and report.html (analysis.report), when that module is there."""
-    try:
-        from analysis.report import write_report
-    except ImportError:
-        return
+    """The run directory's plots/*.png and report.html."""
+    from analysis.report import write_report
+
     print(f"  report: {write_report([out])}")
 
 
@@ -73,7 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    """The quick scenario once per policy, then the comparison report (when the analysis report exists)."""
+    """The quick scenario once per policy, then the comparison report."""
+    from analysis.report import write_report
     from testbed.run import run_scenario
     from testbed.scenario import load_scenario
 
@@ -90,9 +89,5 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         _print_summary(out)
         _run_report(out)
         outs.append(out)
-    try:
-        from analysis.report import write_report
-    except ImportError:
-        return 0
     print(f"report: {write_report(outs, parent / 'report')}")
     return 0
