@@ -37,3 +37,15 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def mooncake_trace(shared_dir: Path) -> Path:
     return shared_dir / "traces" / "mooncake_synthetic_trace.jsonl"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After a root run: no namespace may be left behind (the suite's promise); fail the session if one is."""
+    if os.geteuid() != 0:
+        return
+    import subprocess
+
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.strip()
+    if left:
+        print(f"\nERROR: network namespaces left behind by the tests: {left.split()}")
+        session.exitstatus = 1

@@ -313,23 +313,87 @@ def test_a_wan_outage_counts_as_saturation_not_as_calm() -> None:
     assert pol.threshold > 8 * K and pol.capacity_bps == CAP
 
 
-def test_with_a_demand_model_t_jumps_to_the_fit_once_and_steps_further_only_if_pressure_outlasts_the_settle_time() -> None:
+def test_with_a_demand_model_t_jumps_to_the_fit_once_and_stays_there_while_the_backlog_drains() -> None:
+    """The old law stepped x1.5 beyond the fit when pressure outlasted 2 s (t overshot to 36K-55K in the
+    case study and overloaded PD-P); with a demand model t only ever goes to the fitted value."""
     pol = make(threshold="1K", min_threshold="1K", kv_bytes_per_token="1MB", control={"settle": "2s", "raise_interval": "0.5s"})
     t0 = clock.now_s()
     for i, n in enumerate([2 * K, 4 * K, 8 * K, 16 * K, 32 * K] * 8):  # 40 arrivals over the last 10 s
         pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.25 * i))
     now = t0 + 10
-    pol.capacity_bps = 1e12  # ample: D(t)/C is small, only the measured utilisation is high
-    fit = pol.fit_threshold(0.8 * 1e11, now)
-    pol.capacity_bps = 1e11
-    for k in range(15):  # 1.5 s of saturation: one jump to the fit, no blind steps yet
+    pol.capacity_bps = 1e12  # ample capacity: the link is saturated (u = 1) but the demand fits 0.8 x C
+    assert pol.fit_threshold(0.8e12, now) == 0.0
+    for k in range(20):
+        pol.on_telemetry(TelemetrySample(now + 0.1 * k, egress_bps=1e12))
+        pol.tick(now + 0.1 * k)
+    assert pol.threshold == 1 * K and pol.log.rows("threshold") == []  # nothing to shed: no raise at all
+    pol.capacity_bps = 1e11  # a dip: the demand no longer fits 80 Gbps
+    fit = pol.fit_threshold(0.8e11, now + 2)
+    for k in range(20, 60):  # 4 s of saturation (the transfers admitted before the raise drain)
         pol.on_telemetry(TelemetrySample(now + 0.1 * k, egress_bps=1e11))
         pol.tick(now + 0.1 * k)
-    assert pol.threshold == fit and len(pol.log.rows("threshold")) == 1
-    for k in range(15, 26):  # the pressure outlasts the 2 s settle time: one x1.5 step
-        pol.on_telemetry(TelemetrySample(now + 0.1 * k, egress_bps=1e11))
-        pol.tick(now + 0.1 * k)
-    assert pol.threshold == 1.5 * fit and len(pol.log.rows("threshold")) == 2
+    assert fit == 32 * K and pol.threshold == fit and len(pol.log.rows("threshold")) == 1
+
+
+def test_the_capacity_left_for_kv_is_the_link_minus_the_measured_non_kv_traffic() -> None:
+    """12 Gbps of cross traffic on a 20 Gbps line leave 8 Gbps for KV: t is fitted to 0.8 x 8 Gbps."""
+    cap = 20e9
+    pol = build_policy(spec(name="prfaas", threshold="1K", min_threshold="1K", kv_bytes_per_token="150KB",
+                            control={"slow_tau": "1s"}), PREFILL, DECODE, log=SchedulerLog(), capacity_bps=cap)
+    t0 = clock.now_s()
+    for k in range(1, 101):  # 10 s: KV gets 5 Gbps acknowledged, the line carries 17 Gbps (u = 0.85 < 0.9)
+        t = t0 - 10 + 0.1 * k
+        pol.on_telemetry(TelemetrySample(t, kv_goodput_bps=5e9))
+        pol.on_telemetry(TelemetrySample(t, egress_bps=17e9, capacity_bps=cap))
+    assert pol.non_kv_bps == pytest.approx(12e9, rel=1e-3) and pol.kv_capacity_bps == pytest.approx(8e9, rel=1e-3)
+    lengths = [K, 2 * K, 4 * K, 8 * K] * 5  # 20 arrivals over 10 s
+    for i, n in enumerate(lengths):
+        pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.5 * i))
+    now = t0 + 10
+    demand = lambda t: sum(n * 150e3 * 8 for n in lengths if n > t) / 10.0  # noqa: E731
+    assert demand(K) == pytest.approx(pol.predicted_demand_bps(K, now))
+    assert demand(K) / 8e9 >= 0.9 > 17e9 / cap  # pressure from D(t) / capacity left for KV, not from u
+    pol.tick(now)
+    # the smallest t with D(t) <= 0.8 x 8 Gbps: 8.6 Gbps at 1K, 7.4 at 2K, 4.9 at 4K
+    assert demand(4 * K) <= 6.4e9 < demand(2 * K)
+    assert pol.threshold == 4 * K
+    row = pol.log.rows("threshold")[0]
+    assert "left for KV" in row["reason"] and row["old_threshold"] == K
+
+
+def test_a_raise_is_capped_where_the_predicted_pd_p_queue_reaches_pdp_queue_max() -> None:
+    pol = make(threshold="1K", min_threshold="1K", kv_bytes_per_token="1MB", control={"pdp_queue_max": 1.0, "slow_tau": "1s"})
+    t0 = clock.now_s()
+    lengths = [K, 2 * K, 4 * K, 8 * K, 16 * K] * 4  # 20 arrivals
+    for i, n in enumerate(lengths):
+        pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.5 * i))
+    now = t0 + 10
+    pol.on_telemetry(TelemetrySample(now, pdp_queue_per_instance=0.25))
+    # PD-P work in tokens: W(1K) = 4K; q(t') = 0.25 * W(t') / 4K <= 1 -> W(t') <= 16K: the 2K arrivals (W = 12K)
+    # fit, the first 4K one (W = 16K) just fits, the second (20K) does not
+    assert pol.pdp_cap(now) == 4 * K
+    pol.capacity_bps = 1e9  # a deep dip: the fit would keep everything local
+    assert pol.fit_threshold(0.8e9, now) == 16 * K
+    pol.on_telemetry(TelemetrySample(now, egress_bps=1e9))
+    pol.tick(now)
+    assert pol.threshold == 4 * K and "capped at 4096 by the PD-P queue" in pol.log.rows("threshold")[0]["reason"]
+    pol.on_telemetry(TelemetrySample(now + 0.1, pdp_queue_per_instance=1.2))
+    pol.on_telemetry(TelemetrySample(now + 5, pdp_queue_per_instance=1.2))
+    assert pol.pdp_cap(now + 5) == 4 * K  # PD-P at its limit: no further raise, whatever the WAN says
+
+
+def test_an_overloaded_pd_p_pool_gives_a_raise_back_towards_base_after_the_hold() -> None:
+    pol = make(threshold="8K", control={"pdp_queue_max": 1.0, "hold": "3s", "slow_tau": "1s"})
+    t0 = clock.now_s()
+    drive(pol, t0, 0.3, 1.0)  # no demand model: one blind raise to 12K
+    assert pol.threshold == 12 * K
+    for k in range(1, 71):  # 7 s with 3 requests in flight per PD-P instance, the WAN still saturated
+        t = t0 + 0.3 + 0.1 * k
+        pol.on_telemetry(TelemetrySample(t, egress_bps=CAP, capacity_bps=CAP, pdp_queue_per_instance=3.0))
+        pol.tick(t)
+    assert pol.threshold == 8 * K  # back to base (12K / 1.25 = 9.6K, then the floor), never below it
+    lowers = [r for r in pol.log.rows("threshold") if r["reason"].startswith("lower: PD-P queue")]
+    assert lowers and lowers[0]["t_s"] - pol.log.rows("threshold")[0]["t_s"] >= 3.0 - 1e-9
 
 
 def test_without_cross_cluster_cache_the_per_cluster_rule_holds_even_when_bandwidth_is_abundant() -> None:
