@@ -44,7 +44,7 @@ def test_net_up_detach_exec_down_leaves_nothing():
     assert down is not None and down.returncode == 0, down and down.stderr
     assert not state.pids_in_netns(inodes)
     assert not (bridges & our_bridges())
-    assert {p.name for p, _ in state.list_states()} == before
+    assert not ({p.name for p, _ in state.list_states()} - before)  # ours is gone (others may have ended meanwhile)
 
 
 @pytest.mark.parametrize("override, field", [

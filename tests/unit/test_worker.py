@@ -93,7 +93,8 @@ def test_kv_streams_layer_by_layer_and_the_decode_emits_every_token(workers):
     spec_bytes = round(load_model_spec("paper-1t-hybrid").kv_bytes(8192).total_bytes / SCALE)
     assert status == 200 and res["status"] == "ok", res
     assert res["kv_bytes"] == spec_bytes and res["wire_bytes"] > spec_bytes
-    assert res["prefill_end_s"] - res["prefill_start_s"] == pytest.approx(0.72, abs=0.25)  # H200 profile at 8K
+    # H200 profile at 8K: 0.72 s. A sleep is never shorter; on a loaded host it can be much longer (loose bound).
+    assert 0.72 * 0.97 <= res["prefill_end_s"] - res["prefill_start_s"] < 0.72 + 5.0
     assert res["transfer_start_s"] < res["prefill_end_s"] <= res["transfer_end_s"]
     tokens, final = events[:-1], events[-1]
     assert [e["index"] for e in tokens] == [0, 1, 2, 3, 4]
