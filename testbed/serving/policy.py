@@ -48,14 +48,16 @@ class ControlSpec:
     raise_factor: float = 1.5  # t <- t_fit on pressure, or t * 1.5 without a demand model
     lower_factor: float = 1.25  # t <- max(floor, t / 1.25, t_fit) after a calm hold
     raise_interval_s: float = 0.5  # at most one raise per 0.5 s (lets a raise take effect first)
-    settle_s: float = 2.0  # after a raise to the fitted t, pressure must last this long before a blind x1.5 step
+    settle_s: float = 2.0  # after a raise to the fitted t, the next re-fit waits this long (the backlog drains first)
     hold_s: float = 3.0  # calm this long (and this long since the last change) before lowering
     utilization_tau_s: float = 0.5  # EWMA time constant of the measured utilisation
     queue_high: float = 4.0  # requests in flight per PrfaaS (or PD-P) instance that count as a surge
     queue_low: float = 1.0  # ... and as calm
+    pdp_queue_max: float = 0.75  # PD-P requests in flight per instance a raise may lead to (predicted): the cap
     congestion_events_per_s: float = 200.0  # WAN drops + TCP retransmits per second that count as congestion
     window_s: float = 10.0  # arrivals remembered for the re-search of t
     min_samples: int = 10  # arrivals needed in the window before t_fit is trusted
+    slow_tau_s: float = 2.0  # EWMA time constant of the non-KV traffic (egress - KV goodput) and PD-P queue estimates
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,9 @@ class PolicySpec:
                 "raise_factor": c.raise_factor, "lower_factor": c.lower_factor,
                 "raise_interval": f"{c.raise_interval_s}s", "settle": f"{c.settle_s}s", "hold": f"{c.hold_s}s",
                 "utilization_tau": f"{c.utilization_tau_s}s", "queue_high": c.queue_high,
-                "queue_low": c.queue_low, "congestion_events_per_s": c.congestion_events_per_s,
-                "window": f"{c.window_s}s", "min_samples": c.min_samples,
+                "queue_low": c.queue_low, "pdp_queue_max": c.pdp_queue_max,
+                "congestion_events_per_s": c.congestion_events_per_s,
+                "window": f"{c.window_s}s", "min_samples": c.min_samples, "slow_tau": f"{c.slow_tau_s}s",
             },
             "role_flip": {
                 "enabled": r.enabled, "period": f"{r.period_s}s", "prefill_queue_high": r.prefill_queue_high,
@@ -135,9 +138,11 @@ def _parse_control(f: Fields) -> ControlSpec:
         utilization_tau_s=f.get("utilization_tau", _duration, d.utilization_tau_s),
         queue_high=f.get("queue_high", positive_number, d.queue_high),
         queue_low=f.get("queue_low", number, d.queue_low),
+        pdp_queue_max=f.get("pdp_queue_max", positive_number, d.pdp_queue_max),
         congestion_events_per_s=f.get("congestion_events_per_s", positive_number, d.congestion_events_per_s),
         window_s=f.get("window", _duration, d.window_s),
         min_samples=f.get("min_samples", positive_int, d.min_samples),
+        slow_tau_s=f.get("slow_tau", _duration, d.slow_tau_s),
     )
     f.done()
     if c.low_utilization >= c.high_utilization:
@@ -246,7 +251,8 @@ class TelemetrySample:
 
     WAN (pushed by the run, emulated units): egress_bps, capacity_bps (0: the link is down), backlog_bytes,
     drops (cumulative).
-    Transport (router polls PrfaaS prefill workers): retransmits (cumulative), send_queue_bytes.
+    Transport (router polls PrfaaS prefill workers): retransmits (cumulative), send_queue_bytes,
+    kv_goodput_bps (emulated: the KV the PrfaaS senders got acknowledged per second, summed).
     Queues (router, every tick): requests in flight per instance of each pool, and of decode.
     A finished offload: transfer_uncached_len and transfer_kv_bytes (fits S_kv(l)).
     """
@@ -258,6 +264,7 @@ class TelemetrySample:
     drops: float | None = None
     retransmits: float | None = None
     send_queue_bytes: float | None = None
+    kv_goodput_bps: float | None = None
     prfaas_queue_per_instance: float | None = None
     pdp_queue_per_instance: float | None = None
     decode_queue_per_instance: float | None = None
@@ -283,7 +290,8 @@ class SchedulerLog:
     COLUMNS = (
         "t_s", "kind", "request_id", "route", "prefill_instance", "decode_instance", "input_len",
         "cached_len", "uncached_len", "cached_pd", "cached_prfaas", "threshold", "old_threshold",
-        "egress_utilization", "bandwidth_scarce", "demand_ratio", "congestion_events_per_s", "prfaas_queue",
+        "egress_utilization", "bandwidth_scarce", "demand_ratio", "kv_capacity_bps", "pdp_cap_threshold",
+        "congestion_events_per_s", "prfaas_queue",
         "pdp_queue", "decode_queue", "reason",
     )
 
@@ -462,10 +470,10 @@ class ThresholdPolicy(Policy):
                 transfer = other - cached
                 cached = other
                 why += f"; prefix {transfer} tokens from {_other(cluster)} cluster"
-        self._note_arrival(state.now_s, l_total - l_pf)
+        self._note_arrival(state.now_s, l_total - l_pf, l_total - cached if cluster == "pd" else 0)
         return self._finish(req, state, cluster, p, cached, t, why, transfer, scarce)
 
-    def _note_arrival(self, now_s: float, uncached_prfaas: int) -> None:
+    def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
         return None
 
 
@@ -488,7 +496,11 @@ class PrfaasPolicy(ThresholdPolicy):
         self._event_rates: dict[str, float] = {}  # EWMA per second of WAN drops and of TCP retransmits
         self._counters: dict[str, tuple[float, float]] = {}  # name -> (t_s, last cumulative value)
         self._queues = {"prfaas": 0.0, "pdp": 0.0, "decode": 0.0}
-        self._arrivals: deque[tuple[float, int]] = deque()
+        self._pdp_slow: float | None = None  # EWMA of the PD-P queue (tau slow_tau): the cap's load estimate
+        self._kv_goodput: tuple[float, float] | None = None  # (t_s, KV goodput of the PrfaaS senders, bps)
+        self._non_kv_bps = 0.0  # EWMA of egress - KV goodput: traffic on the line that is not our KV
+        self._slow_last: dict[str, float] = {}
+        self._arrivals: deque[tuple[float, int, int]] = deque()  # (t_s, uncached w.r.t. PrfaaS, PD-P tokens or 0)
         self._fit = [0.0] * 5  # n, sum l, sum b, sum l^2, sum l*b of finished offloads
         self._last_raise = -math.inf
         self._last_change = -math.inf
@@ -509,8 +521,26 @@ class PrfaasPolicy(ThresholdPolicy):
     def congestion_events_per_s(self) -> float:
         return sum(self._event_rates.values())
 
-    def _note_arrival(self, now_s: float, uncached_prfaas: int) -> None:
-        self._arrivals.append((now_s, uncached_prfaas))
+    @property
+    def non_kv_bps(self) -> float:
+        """Traffic on the PrfaaS -> PD line that is not KV (cross traffic): EWMA of egress - KV goodput."""
+        return self._non_kv_bps
+
+    @property
+    def kv_capacity_bps(self) -> float:
+        """The capacity left for KV: link capacity minus the non-KV traffic measured on it."""
+        return max(self.capacity_bps - self._non_kv_bps, 0.0)
+
+    def _slow(self, name: str, t_s: float, old: float | None, x: float) -> float:
+        """EWMA with time constant `slow_tau`, per signal."""
+        last = self._slow_last.get(name)
+        self._slow_last[name] = t_s
+        if old is None or last is None:
+            return x
+        return old + (1.0 - math.exp(-max(t_s - last, 0.0) / self.spec.control.slow_tau_s)) * (x - old)
+
+    def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
+        self._arrivals.append((now_s, uncached_prfaas, local_len))
         while self._arrivals and self._arrivals[0][0] < now_s - self.window_s:
             self._arrivals.popleft()
 
@@ -538,6 +568,11 @@ class PrfaasPolicy(ThresholdPolicy):
                     a = 1.0 - math.exp(-max(s.t_s - self._u_last_t, 0.0) / tau)
                     self._u_ewma += a * (u - self._u_ewma)
                 self._u_last_t = s.t_s
+                if self._kv_goodput is not None and s.t_s - self._kv_goodput[0] <= 2.0 and not link_down:
+                    x = max(self._egress_bps - self._kv_goodput[1], 0.0)
+                    self._non_kv_bps = self._slow("non_kv", s.t_s, self._non_kv_bps, x)
+            if s.kv_goodput_bps is not None:
+                self._kv_goodput = (s.t_s, s.kv_goodput_bps)
             if s.backlog_bytes is not None:
                 self._backlog_bytes = s.backlog_bytes
             for name in ("drops", "retransmits"):  # WAN samples and worker polls arrive separately
@@ -550,6 +585,8 @@ class PrfaasPolicy(ThresholdPolicy):
                 v = getattr(s, attr)
                 if v is not None:
                     self._queues[key] = v
+            if s.pdp_queue_per_instance is not None:
+                self._pdp_slow = self._slow("pdp", s.t_s, self._pdp_slow, s.pdp_queue_per_instance)
             if s.transfer_uncached_len is not None and s.transfer_kv_bytes is not None:
                 l, b = float(s.transfer_uncached_len), float(s.transfer_kv_bytes)
                 for i, x in enumerate((1.0, l, b, l * l, l * b)):
@@ -572,7 +609,7 @@ class PrfaasPolicy(ThresholdPolicy):
 
     def _recent(self, now_s: float) -> tuple[list[int], float]:
         """Uncached lengths (w.r.t. PrfaaS) of the arrivals in the window, and the time they span."""
-        recent = [(ts, l) for ts, l in self._arrivals if ts >= now_s - self.window_s]
+        recent = [(ts, l) for ts, l, _ in self._arrivals if ts >= now_s - self.window_s]
         span = max(now_s - recent[0][0], 1.0) if recent else 1.0
         return [l for _, l in recent], span
 
@@ -600,19 +637,59 @@ class PrfaasPolicy(ThresholdPolicy):
                 return float(l)
         return float(arr[-1])
 
+    def pdp_cap(self, now_s: float) -> float:
+        """The largest t a raise may set without the PD-P queue exceeding `pdp_queue_max` (predicted).
+
+        A raise keeps the arrivals with t < l <= t' local. Their PD-P work is estimated in tokens (the
+        length; prefill time grows at least linearly, and the fixed overhead per request is left out,
+        which overestimates the added load: conservative), scaled from the measured PD-P queue:
+        q(t') = q * W(t') / W_pd, W(x) = sum of the window's lengths <= x, W_pd = the tokens the window's
+        arrivals actually sent to PD-P (under the t of their time: the queue q reflects those, so right
+        after a raise, before the queue shows it, W_pd is still small and the cap stays tight).
+        Without enough arrivals only the measured queue limits (q >= pdp_queue_max: no raise). q is the
+        slow EWMA, or half the latest sample if higher (a surge shows before the EWMA catches up), at
+        least 0.1.
+        """
+        c, hi = self.spec.control, float(self.spec.max_threshold_tokens)
+        if self._pdp_slow is None:  # PD-P never measured (no PD-P pool): nothing to protect
+            return hi
+        q = max(self._pdp_slow, self._queues["pdp"] * 0.5, 0.1)  # per instance; a floor for an idle pool
+        if q >= c.pdp_queue_max:
+            return self._t
+        arr, _ = self._recent(now_s)
+        if len(arr) < c.min_samples:
+            return hi
+        arr.sort()
+        w_pd = sum(lp for ts, _, lp in self._arrivals if ts >= now_s - self.window_s)
+        budget = c.pdp_queue_max / q * max(w_pd, float(arr[0]))  # W(t') allowed
+        cap, w = self._t, sum(l for l in arr if l <= self._t)
+        if w > budget:
+            return self._t
+        for l in arr:
+            if l <= self._t:
+                continue
+            w += l
+            if w > budget:
+                return cap
+            cap = float(l)
+        return hi
+
     # -- control
     def signals(self, now_s: float) -> dict[str, Any]:
         c = self.spec.control
         demand = self.predicted_demand_bps(self._t, now_s)
-        ratio = demand / self.capacity_bps if demand is not None and self.capacity_bps > 0 else None
+        kv_cap = self.kv_capacity_bps
+        ratio = (demand / kv_cap if kv_cap > 0 else math.inf) if demand is not None and self.capacity_bps > 0 else None
         return {
             "utilization": self._u_ewma,
-            "demand_ratio": ratio,
+            "demand_ratio": ratio,  # predicted KV demand at t / the capacity left for KV
+            "kv_capacity_bps": kv_cap,
             # a lone bulk transfer drops packets too (TCP probing a drop-tail queue): loss means congestion
             # only while the link is busy on average
             "congested": self.congestion_events_per_s >= c.congestion_events_per_s and self._u_ewma >= c.low_utilization,
             "prfaas_queue": self._queues["prfaas"],
             "pdp_queue": self._queues["pdp"],
+            "pdp_queue_slow": self._pdp_slow or 0.0,
             "decode_queue": self._queues["decode"],
         }
 
@@ -620,7 +697,8 @@ class PrfaasPolicy(ThresholdPolicy):
         with self._lock:
             sig = self._control(now_s)
             self.log.add("control", now_s, threshold=self._t, egress_utilization=sig["utilization"],
-                         demand_ratio=sig["demand_ratio"], congestion_events_per_s=self.congestion_events_per_s,
+                         demand_ratio=sig["demand_ratio"], kv_capacity_bps=sig["kv_capacity_bps"],
+                         pdp_cap_threshold=sig.get("pdp_cap"), congestion_events_per_s=self.congestion_events_per_s,
                          prfaas_queue=sig["prfaas_queue"], pdp_queue=sig["pdp_queue"], decode_queue=sig["decode_queue"],
                          bandwidth_scarce=self.bandwidth_scarce())
             if self.spec.role_flip.enabled and now_s - self._last_flip >= self.spec.role_flip.period_s:
@@ -632,27 +710,40 @@ class PrfaasPolicy(ThresholdPolicy):
         c, s = self.spec.control, self.signals(now_s)
         ratio = s["demand_ratio"]
         lo, hi = float(self.spec.min_threshold_tokens), float(self.spec.max_threshold_tokens)
-        target = c.target_utilization * self.capacity_bps
+        target = c.target_utilization * s["kv_capacity_bps"]
         pressure = []
         if s["utilization"] >= c.high_utilization:
             pressure.append(f"egress utilisation {s['utilization']:.2f} >= {c.high_utilization:g}")
         if ratio is not None and ratio >= c.high_utilization:
-            pressure.append(f"predicted egress demand {ratio:.2f} x capacity")
+            pressure.append(f"predicted KV demand {ratio:.2f} x the {s['kv_capacity_bps'] / 1e9:.1f} Gbps left for KV")
         if s["congested"]:
             pressure.append(f"congestion {self.congestion_events_per_s:.0f} drops+retransmits/s")
         if s["prfaas_queue"] >= c.queue_high:
             pressure.append(f"PrfaaS queue {s['prfaas_queue']:.1f}/instance")
+        pdp_overloaded = s["pdp_queue_slow"] >= 2.0 * c.pdp_queue_max and self._t > self.t_base
+        if pdp_overloaded and now_s - self._last_change >= c.hold_s:
+            # an earlier raise (or a burst) overloaded PD-P: give back the raise step by step; short
+            # requests' TTFT is what PD-P queues cost
+            self._calm_since = None
+            new = max(self.t_base, self._t / c.lower_factor)
+            self._set_t(now_s, new, f"lower: PD-P queue {s['pdp_queue_slow']:.1f}/instance >= {2.0 * c.pdp_queue_max:g}")
+            return s
         if pressure:
             self._calm_since = None
             since = now_s - self._last_raise
             fit = self.fit_threshold(target, now_s)
-            if fit is not None and fit > self._t and since >= c.raise_interval_s:
-                new, how = fit, "to the t whose predicted demand fits"  # the re-search: one step to the right t
-            elif since >= (c.raise_interval_s if fit is None else c.settle_s):
-                new, how = max(self._t, 512.0) * c.raise_factor, f"x{c.raise_factor:g}"  # no model, or it did not relieve
+            cap = s["pdp_cap"] = self.pdp_cap(now_s)
+            if fit is not None:  # the re-search: straight to the t whose demand fits, re-fitted every settle s
+                if fit <= self._t or since < c.settle_s:
+                    return s
+                new, how = fit, "to the t whose predicted KV demand fits"
+            elif since >= c.raise_interval_s:  # no demand model yet: blind steps
+                new, how = max(self._t, 512.0) * c.raise_factor, f"x{c.raise_factor:g}"
             else:
                 return s
             new = min(hi, new)
+            if new > cap:
+                new, how = cap, how + f", capped at {cap:.0f} by the PD-P queue ({s['pdp_queue_slow']:.2f}/instance)"
             if new > self._t:
                 self._set_t(now_s, new, f"raise {how}: " + "; ".join(pressure))
                 self._last_raise = now_s
@@ -669,9 +760,11 @@ class PrfaasPolicy(ThresholdPolicy):
         floor = lo if pdp_surge else self.t_base
         if self._t > floor:
             fit = self.fit_threshold(target, now_s) or 0.0
-            new = max(floor, self._t / c.lower_factor, fit)
+            pdp_loaded = s["pdp_queue_slow"] >= c.pdp_queue_max  # the raise costs PD-P now: give it all back
+            new = max(floor, fit if pdp_loaded else self._t / c.lower_factor, fit)
             if new < self._t:
-                why = f"PD-P queue {s['pdp_queue']:.1f}/instance with WAN calm" if pdp_surge else f"calm for {c.hold_s:g}s"
+                why = (f"PD-P queue {s['pdp_queue']:.1f}/instance with WAN calm" if pdp_surge
+                       else f"calm for {c.hold_s:g}s" + (f", PD-P queue {s['pdp_queue_slow']:.2f}/instance" if pdp_loaded else ""))
                 self._set_t(now_s, new, f"lower: {why} (utilisation {s['utilization']:.2f})")
         elif self._t < self.t_base and s["pdp_queue"] <= c.queue_low:
             self._set_t(now_s, min(self.t_base, self._t * c.lower_factor), "restore towards base: PD-P queue calm")

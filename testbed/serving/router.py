@@ -255,6 +255,7 @@ class _Instance:
     reported_queue: int = 0
     retransmits: float = 0.0
     send_queue_bytes: float = 0.0
+    goodput_bps: float = 0.0  # KV acknowledged per second by its senders (wire units, PrfaaS only)
 
 
 class Router:
@@ -283,8 +284,15 @@ class Router:
 
     # -- lifecycle
     def start(self) -> tuple[str, int]:
-        self._server = ThreadingHTTPServer((self.cfg.host, self.cfg.port), make_handler(self))
+        self._server = ThreadingHTTPServer((self.cfg.host, self.cfg.port), make_handler(self), bind_and_activate=False)
         self._server.daemon_threads = True
+        self._server.request_queue_size = 256  # a backlog of 5 reset clients when a burst of requests arrived at once
+        try:
+            self._server.server_bind()
+            self._server.server_activate()
+        except OSError:
+            self._server.server_close()
+            raise
         server = self._server
         for target, name in ((lambda: server.serve_forever(0.1), "router-http"), (self._poll_loop, "router-poll"),
                              (self._control_loop, "router-control")):
@@ -530,8 +538,12 @@ class Router:
                     self._retrans_total += max(0.0, r - inst.retransmits)
                     inst.retransmits = r
                     inst.send_queue_bytes = float(cong.get("send_queue_bytes") or 0.0)
-        sq = sum(p.send_queue_bytes for p in self.prefill.values() if p.cluster == "prfaas")
-        self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total, send_queue_bytes=sq))
+                    inst.goodput_bps = float(cong.get("goodput_bps") or 0.0)
+        pf = [p for p in self.prefill.values() if p.cluster == "prfaas"]
+        sq = sum(p.send_queue_bytes for p in pf)
+        goodput = sum(p.goodput_bps for p in pf) * self.cfg.scale  # wire -> emulated, as the WAN samples
+        self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total, send_queue_bytes=sq,
+                                                 kv_goodput_bps=goodput))
 
     def _get_state(self, inst: _Instance) -> dict[str, Any] | None:
         try:

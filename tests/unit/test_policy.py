@@ -423,3 +423,28 @@ def test_a_pd_host_flips_from_prefill_to_decode_when_decode_is_the_bottleneck() 
     pol.on_telemetry(TelemetrySample(t0 + 12, decode_queue_per_instance=9.5))
     pol.tick(t0 + 22)  # the last active PD-P instance is never flipped away (min_prefill 1)
     assert ("prefill", 2) in pol.active and len(pol.log.rows("role_flip")) == 1
+
+
+def test_once_the_wan_is_calm_a_loaded_pd_p_pool_gets_the_whole_raise_back_in_one_step() -> None:
+    pol = make(threshold="8K", control={"pdp_queue_max": 0.75, "hold": "3s", "slow_tau": "1s"})
+    t0 = clock.now_s()
+    drive(pol, t0, 0.3, 1.0)  # no demand model: one blind raise to 12K
+    assert pol.threshold == 12 * K
+    drive(pol, t0 + 0.3, 8.0, 0.1, pdp_queue_per_instance=1.0)  # WAN calm, PD-P at 1.0 > 0.75 (but < 2 x 0.75)
+    lowers = [r for r in pol.log.rows("threshold") if r["reason"].startswith("lower")]
+    assert len(lowers) == 1 and (lowers[0]["old_threshold"], lowers[0]["threshold"]) == (12 * K, 8 * K)
+    assert "PD-P queue 1.00/instance" in lowers[0]["reason"]
+
+
+def test_right_after_a_raise_the_cap_counts_only_the_pd_p_work_actually_routed() -> None:
+    """The queue lags a raise: until the arrivals routed under the new t show in it, the cap stays at t."""
+    pol = make(threshold="1K", min_threshold="1K", kv_bytes_per_token="1MB", control={"pdp_queue_max": 1.0})
+    t0 = clock.now_s()
+    lengths = [K, 2 * K, 4 * K, 8 * K, 16 * K] * 4
+    for i, n in enumerate(lengths):
+        pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.5 * i))
+    now = t0 + 10
+    pol.on_telemetry(TelemetrySample(now, pdp_queue_per_instance=0.25))
+    assert pol.pdp_cap(now) == 4 * K  # W_pd = 4 x 1K routed to PD-P: budget 16K tokens
+    pol._t = 4.0 * K  # as if just raised: the window's arrivals were still routed under t = 1K
+    assert pol.pdp_cap(now) == 4 * K  # W(4K) = 28K > 16K already: no further raise on a stale queue
