@@ -103,9 +103,9 @@ def _vocab_size(plan: ServingPlan, model: Any) -> int:
     """The router derives prompt token ids from block hashes; in torch mode they must fit the model."""
     if plan.compute != "torch":
         return 32000
-    from testbed.models import torch_model
+    from testbed.models.torch_model import vocab_size
 
-    return int(getattr(torch_model, "vocab_size", lambda spec, variant: 32000)(model.spec, model.variant))
+    return vocab_size(model.spec, model.variant)
 
 
 def _write_requests(requests: list[Any], path: Path) -> None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 
 from testbed.errors import UserError
-from testbed.scenario import Fields, boolean, number, positive_int
+from testbed.scenario import Fields, boolean, positive_int, positive_number
 from traffic.arrivals import ArrivalProcess, ClosedLoop, Poisson, TraceTimes, parse_arrivals
 from traffic.lengths import PAPER_INPUT, PAPER_OUTPUT, LengthDist, parse_length
 from traffic.request import Request, RequestBatch
@@ -66,7 +66,7 @@ def parse_workload_section(f: Fields) -> WorkloadSpec:
         path = _resolve(t.get("path", str), f.source)
         if not path.is_file():
             raise t.error("path", f"{path} is not a file (a Mooncake JSONL trace)")
-        trace = TraceSource(str(path), t.get("time_scale", _positive, 1.0), t.get("skip_bad", boolean, False))
+        trace = TraceSource(str(path), t.get("time_scale", positive_number, 1.0), t.get("skip_bad", boolean, False))
         t.done()
         for key in ("input", "output", "sessions", "system_prompts"):
             if f.has(key):
@@ -86,13 +86,6 @@ def parse_workload_section(f: Fields) -> WorkloadSpec:
         raise f.error("arrivals", "process: trace needs a workload.trace to take the timestamps from")
     f.done()
     return spec
-
-
-def _positive(v: Any) -> float:
-    x = number(v)
-    if x <= 0:
-        raise ValueError(f"{v!r} must be > 0")
-    return x
 
 
 def generate_batch(spec: WorkloadSpec | None, seed: int, duration_s: float | None) -> RequestBatch:
