@@ -199,13 +199,13 @@ def test_the_re_search_jumps_t_to_the_smallest_value_whose_predicted_demand_fits
     now = t0 + 10
     span = now - t0
     demand = lambda t: sum(n * 1e6 * 8 for n in lengths if n > t) / span  # noqa: E731
-    fit = pol.fit_threshold(0.8 * demand(0), now)
+    fit = pol.controller.fit_threshold(0.8 * demand(0), now)
     assert fit == 8 * K  # keeping the 2K, 4K and 8K requests local is just enough
     assert demand(fit) <= 0.8 * demand(0) < demand(4 * K)
-    pol.capacity_bps = demand(0) / 2.0  # a dip: target 40% of the demand
-    pol.on_telemetry(TelemetrySample(now, egress_bps=pol.capacity_bps))
+    pol.controller.capacity_bps = demand(0) / 2.0  # a dip: target 40% of the demand
+    pol.on_telemetry(TelemetrySample(now, egress_bps=pol.controller.capacity_bps))
     pol.tick(now)
-    assert pol.threshold == pol.fit_threshold(0.8 * pol.capacity_bps, now) == 32 * K  # 64/124 of demand > 40%
+    assert pol.threshold == pol.controller.fit_threshold(0.8 * pol.controller.capacity_bps, now) == 32 * K  # 64/124 of demand > 40%
 
 
 # ------------------------------------------------------------------------------------- baselines
@@ -310,7 +310,7 @@ def test_a_wan_outage_counts_as_saturation_not_as_calm() -> None:
     for i in range(1, 11):  # link down: the run reports capacity 0 and no egress
         pol.on_telemetry(TelemetrySample(t0 + 2 + 0.1 * i, egress_bps=0.0, capacity_bps=0.0))
         pol.tick(t0 + 2 + 0.1 * i)
-    assert pol.threshold > 8 * K and pol.capacity_bps == CAP
+    assert pol.threshold > 8 * K and pol.controller.capacity_bps == CAP
 
 
 def test_with_a_demand_model_t_jumps_to_the_fit_once_and_stays_there_while_the_backlog_drains() -> None:
@@ -321,14 +321,14 @@ def test_with_a_demand_model_t_jumps_to_the_fit_once_and_stays_there_while_the_b
     for i, n in enumerate([2 * K, 4 * K, 8 * K, 16 * K, 32 * K] * 8):  # 40 arrivals over the last 10 s
         pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.25 * i))
     now = t0 + 10
-    pol.capacity_bps = 1e12  # ample capacity: the link is saturated (u = 1) but the demand fits 0.8 x C
-    assert pol.fit_threshold(0.8e12, now) == 0.0
+    pol.controller.capacity_bps = 1e12  # ample capacity: the link is saturated (u = 1) but the demand fits 0.8 x C
+    assert pol.controller.fit_threshold(0.8e12, now) == 0.0
     for k in range(20):
         pol.on_telemetry(TelemetrySample(now + 0.1 * k, egress_bps=1e12))
         pol.tick(now + 0.1 * k)
     assert pol.threshold == 1 * K and pol.log.rows("threshold") == []  # nothing to shed: no raise at all
-    pol.capacity_bps = 1e11  # a dip: the demand no longer fits 80 Gbps
-    fit = pol.fit_threshold(0.8e11, now + 2)
+    pol.controller.capacity_bps = 1e11  # a dip: the demand no longer fits 80 Gbps
+    fit = pol.controller.fit_threshold(0.8e11, now + 2)
     for k in range(20, 60):  # 4 s of saturation (the transfers admitted before the raise drain)
         pol.on_telemetry(TelemetrySample(now + 0.1 * k, egress_bps=1e11))
         pol.tick(now + 0.1 * k)
@@ -345,13 +345,13 @@ def test_the_capacity_left_for_kv_is_the_link_minus_the_measured_non_kv_traffic(
         t = t0 - 10 + 0.1 * k
         pol.on_telemetry(TelemetrySample(t, kv_goodput_bps=5e9))
         pol.on_telemetry(TelemetrySample(t, egress_bps=17e9, capacity_bps=cap))
-    assert pol.non_kv_bps == pytest.approx(12e9, rel=1e-3) and pol.kv_capacity_bps == pytest.approx(8e9, rel=1e-3)
+    assert pol.controller.non_kv_bps == pytest.approx(12e9, rel=1e-3) and pol.controller.kv_capacity_bps == pytest.approx(8e9, rel=1e-3)
     lengths = [K, 2 * K, 4 * K, 8 * K] * 5  # 20 arrivals over 10 s
     for i, n in enumerate(lengths):
         pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.5 * i))
     now = t0 + 10
     demand = lambda t: sum(n * 150e3 * 8 for n in lengths if n > t) / 10.0  # noqa: E731
-    assert demand(K) == pytest.approx(pol.predicted_demand_bps(K, now))
+    assert demand(K) == pytest.approx(pol.controller.predicted_demand_bps(K, now))
     assert demand(K) / 8e9 >= 0.9 > 17e9 / cap  # pressure from D(t) / capacity left for KV, not from u
     pol.tick(now)
     # the smallest t with D(t) <= 0.8 x 8 Gbps: 8.6 Gbps at 1K, 7.4 at 2K, 4.9 at 4K
@@ -371,15 +371,15 @@ def test_a_raise_is_capped_where_the_predicted_pd_p_queue_reaches_pdp_queue_max(
     pol.on_telemetry(TelemetrySample(now, pdp_queue_per_instance=0.25))
     # PD-P work in tokens: W(1K) = 4K; q(t') = 0.25 * W(t') / 4K <= 1 -> W(t') <= 16K: the 2K arrivals (W = 12K)
     # fit, the first 4K one (W = 16K) just fits, the second (20K) does not
-    assert pol.pdp_cap(now) == 4 * K
-    pol.capacity_bps = 1e9  # a deep dip: the fit would keep everything local
-    assert pol.fit_threshold(0.8e9, now) == 16 * K
+    assert pol.controller.pdp_cap(now) == 4 * K
+    pol.controller.capacity_bps = 1e9  # a deep dip: the fit would keep everything local
+    assert pol.controller.fit_threshold(0.8e9, now) == 16 * K
     pol.on_telemetry(TelemetrySample(now, egress_bps=1e9))
     pol.tick(now)
     assert pol.threshold == 4 * K and "capped at 4096 by the PD-P queue" in pol.log.rows("threshold")[0]["reason"]
     pol.on_telemetry(TelemetrySample(now + 0.1, pdp_queue_per_instance=1.2))
     pol.on_telemetry(TelemetrySample(now + 5, pdp_queue_per_instance=1.2))
-    assert pol.pdp_cap(now + 5) == 4 * K  # PD-P at its limit: no further raise, whatever the WAN says
+    assert pol.controller.pdp_cap(now + 5) == 4 * K  # PD-P at its limit: no further raise, whatever the WAN says
 
 
 def test_an_overloaded_pd_p_pool_gives_a_raise_back_towards_base_after_the_hold() -> None:
@@ -445,6 +445,6 @@ def test_right_after_a_raise_the_cap_counts_only_the_pd_p_work_actually_routed()
         pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.5 * i))
     now = t0 + 10
     pol.on_telemetry(TelemetrySample(now, pdp_queue_per_instance=0.25))
-    assert pol.pdp_cap(now) == 4 * K  # W_pd = 4 x 1K routed to PD-P: budget 16K tokens
-    pol._t = 4.0 * K  # as if just raised: the window's arrivals were still routed under t = 1K
-    assert pol.pdp_cap(now) == 4 * K  # W(4K) = 28K > 16K already: no further raise on a stale queue
+    assert pol.controller.pdp_cap(now) == 4 * K  # W_pd = 4 x 1K routed to PD-P: budget 16K tokens
+    pol.controller.t = 4.0 * K  # as if just raised: the window's arrivals were still routed under t = 1K
+    assert pol.controller.pdp_cap(now) == 4 * K  # W(4K) = 28K > 16K already: no further raise on a stale queue

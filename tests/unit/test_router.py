@@ -231,7 +231,7 @@ def test_long_hashed_prompts_are_offloaded_and_a_prefix_hit_cuts_the_kv_bytes(ro
     assert (b["route"], b["prefill_instance"], b["cached_len"], b["uncached_len"]) == ("prfaas", 0, 40 * B, 2 * B)
     assert b["kv_bytes"] == 2 * B * KV_BYTES_PER_TOKEN
     assert b["kv_bytes_emulated"] == 10 * b["kv_bytes"]  # scale 10: the policy works in emulated bytes
-    assert r.policy.kv_bytes_model()(1000) == pytest.approx(1000 * KV_BYTES_PER_TOKEN * 10)
+    assert r.policy.controller.kv_bytes_model()(1000) == pytest.approx(1000 * KV_BYTES_PER_TOKEN * 10)
     sent = fw.prefill_bodies[1]
     assert sent["cached_len"] == 40 * B and sent["block_hashes"] == more
     assert sent["decode"]["kv_port"] == 9000 + sent["decode"]["instance"]

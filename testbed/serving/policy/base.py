@@ -1,0 +1,183 @@
+"""What a policy sees (`RequestView`, `ClusterState`, `TelemetrySample`), what it returns (`Decision`),
+and the `Policy` interface with the instance choice every policy shares."""
+
+from __future__ import annotations
+
+import math
+import operator
+import threading
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Sequence
+
+from testbed.serving.kvmanager import PrefixMatch
+from testbed.serving.policy.log import SchedulerLog
+from testbed.serving.policy.spec import PolicySpec
+
+
+class RequestView(NamedTuple):
+    request_id: str
+    input_len: int
+    output_len: int
+    arrival_s: float
+
+
+class InstanceState(NamedTuple):
+    """One worker instance as the router sees it now (a NamedTuple: built per decision, must be cheap)."""
+
+    instance: int
+    cluster: str  # "prfaas" | "pd"
+    host: str = ""
+    queue_depth: int = 0  # requests the router has in flight on it
+    healthy: bool = True
+
+
+class ClusterState(NamedTuple):
+    now_s: float
+    prefill: tuple[InstanceState, ...]
+    decode: tuple[InstanceState, ...]
+    match: PrefixMatch
+
+
+class Decision(NamedTuple):
+    route: str  # "prfaas" | "pd"
+    prefill_instance: int
+    decode_instance: int
+    uncached_len: int
+    cached_len: int
+    threshold: float  # t at decision time (inf: never offload, 0: always offload)
+    reason: str
+    cache_transfer_tokens: int = 0  # abundant rule: prefix tokens that would come from the other cluster
+    bandwidth_scarce: bool = True
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    """A measurement; fields that a source does not measure stay None.
+
+    WAN (pushed by the run, emulated units): egress_bps, capacity_bps (0: the link is down), backlog_bytes,
+    drops (cumulative).
+    Transport (router polls PrfaaS prefill workers): retransmits (cumulative), send_queue_bytes,
+    kv_goodput_bps (emulated: the KV the PrfaaS senders got acknowledged per second, summed).
+    Queues (router, every tick): requests in flight per instance of each pool, and of decode.
+    A finished offload: transfer_uncached_len and transfer_kv_bytes (fits S_kv(l)).
+    """
+
+    t_s: float
+    egress_bps: float | None = None
+    capacity_bps: float | None = None
+    backlog_bytes: float | None = None
+    drops: float | None = None
+    retransmits: float | None = None
+    send_queue_bytes: float | None = None
+    kv_goodput_bps: float | None = None
+    prfaas_queue_per_instance: float | None = None
+    pdp_queue_per_instance: float | None = None
+    decode_queue_per_instance: float | None = None
+    transfer_uncached_len: int | None = None
+    transfer_kv_bytes: int | None = None
+
+
+_LOAD = operator.attrgetter("queue_depth", "instance")
+_QUEUE = operator.attrgetter("queue_depth")
+
+
+class NoInstanceError(RuntimeError):
+    """No healthy instance can take the request; the router fails it with this reason."""
+
+
+class Policy:
+    """The interface, plus instance choice shared by all policies.
+
+    `prefill` / `decode` list every configured instance; `standby` ones (started for role flips) begin
+    inactive. Only active and healthy instances receive requests.
+    """
+
+    name = "base"
+
+    def __init__(
+        self,
+        spec: PolicySpec,
+        prefill: Sequence[InstanceState],
+        decode: Sequence[InstanceState],
+        log: SchedulerLog | None = None,
+        capacity_bps: float = 0.0,
+        standby: Sequence[tuple[str, int]] = (),
+    ) -> None:
+        self.spec = spec
+        self.log = log or SchedulerLog()
+        self.capacity_bps = capacity_bps
+        self._lock = threading.RLock()
+        self.active: set[tuple[str, int]] = {("prefill", p.instance) for p in prefill} | {("decode", d.instance) for d in decode}
+        self.active -= set(standby)
+        self.hosts = {("prefill", p.instance): p.host for p in prefill} | {("decode", d.instance): d.host for d in decode}
+        self.clusters = {p.instance: p.cluster for p in prefill}
+        self._rr = 0
+
+    # -- the interface
+    def decide(self, req: RequestView, state: ClusterState) -> Decision:
+        raise NotImplementedError
+
+    def on_telemetry(self, sample: TelemetrySample) -> None:
+        return None
+
+    def tick(self, now_s: float) -> None:
+        return None
+
+    @property
+    def threshold(self) -> float:
+        return math.inf
+
+    @property
+    def egress_utilization(self) -> float:
+        return 0.0
+
+    # -- shared helpers
+    def usable(self, state: ClusterState, cluster: str) -> list[InstanceState]:
+        return [p for p in state.prefill if p.cluster == cluster and p.healthy and ("prefill", p.instance) in self.active]
+
+    def pick_prefill(self, state: ClusterState, cluster: str, cached_len: int, holders: tuple[int, ...],
+                     cands: list[InstanceState] | None = None) -> tuple[InstanceState, int]:
+        """Cache-affine instance of the cluster: the least loaded holder of the prefix, unless it has
+        `cache_affinity_slack` more requests in flight than the least loaded instance (then no hit)."""
+        cands = self.usable(state, cluster) if cands is None else cands
+        if not cands:
+            raise NoInstanceError(f"no healthy {cluster} prefill instance")
+        least = min(cands, key=_LOAD)
+        if cached_len:
+            hold = [p for p in cands if p.instance in holders]
+            if hold:
+                best = min(hold, key=_LOAD)
+                if best.queue_depth <= least.queue_depth + self.spec.cache_affinity_slack:
+                    return best, cached_len
+        return least, 0
+
+    def pick_decode(self, state: ClusterState) -> InstanceState:
+        cands = [d for d in state.decode if d.healthy and ("decode", d.instance) in self.active]
+        if not cands:
+            raise NoInstanceError("no healthy decode instance")
+        self._rr = k = (self._rr + 1) % len(cands)
+        return min(cands[k:] + cands[:k], key=_QUEUE)  # round robin among the least loaded
+
+    def fixed_route(self, req: RequestView, state: ClusterState, cluster: str, threshold: float, reason: str) -> Decision:
+        """Route to one cluster regardless of length; fails if that cluster has no instance."""
+        cached = state.match.cached_len(cluster)
+        p, cached = self.pick_prefill(state, cluster, cached, state.match.holders(cluster))
+        return self._finish(req, state, cluster, p, cached, threshold, reason)
+
+    def _finish(self, req: RequestView, state: ClusterState, cluster: str, p: InstanceState, cached: int,
+                threshold: float, reason: str, transfer: int = 0, scarce: bool = True) -> Decision:
+        d = self.pick_decode(state)
+        dec = Decision(cluster, p.instance, d.instance, req.input_len - cached, cached, threshold, reason, transfer, scarce)
+        self.log.add(
+            "decision", state.now_s, request_id=req.request_id, route=dec.route, prefill_instance=dec.prefill_instance,
+            decode_instance=dec.decode_instance, input_len=req.input_len, cached_len=dec.cached_len,
+            uncached_len=dec.uncached_len, cached_pd=state.match.cached_len("pd"),
+            cached_prfaas=state.match.cached_len("prfaas"), threshold=threshold,
+            egress_utilization=self.egress_utilization, bandwidth_scarce=scarce, reason=reason,
+        )
+        return dec
+
+
+
+def other_cluster(cluster: str) -> str:
+    return "pd" if cluster == "prfaas" else "prfaas"

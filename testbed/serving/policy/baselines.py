@@ -1,0 +1,100 @@
+"""The comparison policies: a fixed threshold t, and the three without length routing."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from testbed.serving.policy.base import ClusterState, Decision, Policy, RequestView, other_cluster
+
+
+class ThresholdPolicy(Policy):
+    """Selective offload on the uncached length with a fixed t (the `fixed-threshold` baseline).
+
+    Cluster choice follows the paper: bandwidth scarce -> decide per cluster (l - l_pd <= t -> PD-P,
+    else PrfaaS with its own hit); abundant (and `cross_cluster_cache`) -> l_prefix = max(l_pd,
+    l_prfaas) decides, the longer prefix moving to the chosen cluster. This baseline always sees
+    bandwidth as scarce (it measures nothing).
+    """
+
+    name = "fixed-threshold"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._t = float(self.spec.threshold_tokens)
+
+    @property
+    def threshold(self) -> float:
+        return self._t
+
+    def bandwidth_scarce(self) -> bool:
+        return True
+
+    def decide(self, req: RequestView, state: ClusterState) -> Decision:
+        with self._lock:
+            return self._decide(req, state)
+
+    def _decide(self, req: RequestView, state: ClusterState) -> Decision:
+        t = self.threshold
+        l_total, m = req.input_len, state.match
+        l_pd, l_pf = m.cached_len("pd"), m.cached_len("prfaas")
+        scarce = self.bandwidth_scarce()
+        per_cluster = scarce or not self.spec.cross_cluster_cache
+        if per_cluster:
+            local = l_total - l_pd <= t
+            why = f"l-l_pd={l_total - l_pd} {'<=' if local else '>'} t={t:.0f}" + ("" if local else f"; l-l_prfaas={l_total - l_pf}")
+        else:
+            l_prefix = max(l_pd, l_pf)
+            local = l_total - l_prefix <= t
+            why = f"abundant: l-l_prefix={l_total - l_prefix} {'<=' if local else '>'} t={t:.0f}"
+        cluster = "pd" if local else "prfaas"
+        cands = self.usable(state, cluster)
+        if not cands:
+            alt = self.usable(state, other_cluster(cluster))
+            if alt:
+                why += f"; fallback: no healthy {cluster} prefill instance"
+                cluster, cands = other_cluster(cluster), alt
+        p, cached = self.pick_prefill(state, cluster, m.cached_len(cluster), m.holders(cluster), cands)
+        transfer = 0
+        if not per_cluster:
+            other = m.cached_len(other_cluster(cluster))
+            if other > cached:
+                transfer = other - cached
+                cached = other
+                why += f"; prefix {transfer} tokens from {other_cluster(cluster)} cluster"
+        self._note_arrival(state.now_s, l_total - l_pf, l_total - cached if cluster == "pd" else 0)
+        return self._finish(req, state, cluster, p, cached, t, why, transfer, scarce)
+
+    def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
+        return None
+
+
+
+class HomogeneousPDPolicy(Policy):
+    """Baseline: one PD cluster serves everything; PrfaaS instances, if configured, are never used."""
+
+    name = "homogeneous-pd"
+
+    def decide(self, req: RequestView, state: ClusterState) -> Decision:
+        with self._lock:
+            return self.fixed_route(req, state, "pd", math.inf, "homogeneous-pd: no PrfaaS cluster")
+
+
+class AllLocalPolicy(Policy):
+    """Baseline: the PrfaaS cluster exists but t = infinity, so every prefill stays on PD-P."""
+
+    name = "all-local"
+
+    def decide(self, req: RequestView, state: ClusterState) -> Decision:
+        with self._lock:
+            return self.fixed_route(req, state, "pd", math.inf, "all-local: t = inf")
+
+
+class NaiveHeterogeneousPolicy(Policy):
+    """Baseline: every prefill on PrfaaS (no length routing), every PD node decodes."""
+
+    name = "naive-heterogeneous"
+
+    def decide(self, req: RequestView, state: ClusterState) -> Decision:
+        with self._lock:
+            return self.fixed_route(req, state, "prfaas", 0.0, "naive-heterogeneous: all prefill on PrfaaS")

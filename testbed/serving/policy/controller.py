@@ -1,0 +1,304 @@
+"""The PrfaaS controller: short-term control of the threshold t from measurements.
+
+It owns what the law knows (utilisation EWMA, non-KV traffic, congestion event rates, queues, the
+S_kv(l) fit and the window of recent arrivals) and the law itself (`step`). It does not route: the
+`prfaas` policy asks it for t on every decision and feeds it every `TelemetrySample`. Not thread-safe
+on its own: the policy's lock serialises calls. The law and its constants: docs/router.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Callable
+
+from testbed.serving.policy.base import TelemetrySample
+from testbed.serving.policy.log import SchedulerLog
+from testbed.serving.policy.spec import PolicySpec
+
+
+class PrfaasController:
+    """Measurements in (`observe`, `note_arrival`), changes of t out (`step`, logged)."""
+
+    def __init__(self, spec: PolicySpec, log: SchedulerLog, capacity_bps: float) -> None:
+        c = spec.control
+        self.spec, self.log, self.capacity_bps = spec, log, capacity_bps
+        self.t = self.t_base = float(spec.threshold_tokens)
+        self.window_s = c.window_s
+        self._u_ewma = 0.0
+        self._u_last_t: float | None = None
+        self._egress_bps = 0.0
+        self._backlog_bytes = 0.0
+        self._event_rates: dict[str, float] = {}  # EWMA per second of WAN drops and of TCP retransmits
+        self._counters: dict[str, tuple[float, float]] = {}  # name -> (t_s, last cumulative value)
+        self._queues = {"prfaas": 0.0, "pdp": 0.0, "decode": 0.0}
+        self._pdp_slow: float | None = None  # EWMA of the PD-P queue (tau slow_tau): the cap's load estimate
+        self._kv_goodput: tuple[float, float] | None = None  # (t_s, KV goodput of the PrfaaS senders, bps)
+        self._non_kv_bps = 0.0  # EWMA of egress - KV goodput: traffic on the line that is not our KV
+        self._slow_last: dict[str, float] = {}
+        self._arrivals: deque[tuple[float, int, int]] = deque()  # (t_s, uncached w.r.t. PrfaaS, PD-P tokens or 0)
+        self._fit = [0.0] * 5  # n, sum l, sum b, sum l^2, sum l*b of finished offloads
+        self._last_raise = -math.inf
+        self._last_change = -math.inf
+        self._calm_since: float | None = None
+
+    # -- measurements
+    @property
+    def egress_utilization(self) -> float:
+        return self._u_ewma
+
+    @property
+    def queues(self) -> dict[str, float]:
+        """Requests in flight per active instance: ``prfaas``, ``pdp``, ``decode`` (latest samples)."""
+        return self._queues
+
+    def bandwidth_scarce(self) -> bool:
+        return self._u_ewma >= self.spec.abundant_below or self.t > self.t_base
+
+    @property
+    def congestion_events_per_s(self) -> float:
+        return sum(self._event_rates.values())
+
+    @property
+    def non_kv_bps(self) -> float:
+        """Traffic on the PrfaaS -> PD line that is not KV (cross traffic): EWMA of egress - KV goodput."""
+        return self._non_kv_bps
+
+    @property
+    def kv_capacity_bps(self) -> float:
+        """The capacity left for KV: link capacity minus the non-KV traffic measured on it."""
+        return max(self.capacity_bps - self._non_kv_bps, 0.0)
+
+    def _slow(self, name: str, t_s: float, old: float | None, x: float) -> float:
+        """EWMA with time constant `slow_tau`, per signal."""
+        last = self._slow_last.get(name)
+        self._slow_last[name] = t_s
+        if old is None or last is None:
+            return x
+        return old + (1.0 - math.exp(-max(t_s - last, 0.0) / self.spec.control.slow_tau_s)) * (x - old)
+
+    def note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
+        self._arrivals.append((now_s, uncached_prfaas, local_len))
+        while self._arrivals and self._arrivals[0][0] < now_s - self.window_s:
+            self._arrivals.popleft()
+
+    def _rate(self, name: str, t_s: float, value: float) -> float | None:
+        """Per-second increase of a cumulative counter (a decrease counts as a reset)."""
+        prev = self._counters.get(name)
+        self._counters[name] = (t_s, value)
+        if prev is None or t_s <= prev[0]:
+            return None
+        inc = value - prev[1] if value >= prev[1] else value
+        return inc / (t_s - prev[0])
+
+    def observe(self, s: TelemetrySample) -> None:
+        """One measurement (any `TelemetrySample`; fields it lacks leave the state alone)."""
+        if True:
+            tau = self.spec.control.utilization_tau_s
+            link_down = s.capacity_bps is not None and s.capacity_bps <= 0
+            if s.capacity_bps and s.capacity_bps > 0:
+                self.capacity_bps = s.capacity_bps
+            if link_down or (s.egress_bps is not None and self.capacity_bps > 0):
+                self._egress_bps = s.egress_bps or 0.0
+                u = 1.5 if link_down else min(self._egress_bps / self.capacity_bps, 1.5)  # a down link is saturated
+                if self._u_last_t is None:
+                    self._u_ewma = u
+                else:
+                    a = 1.0 - math.exp(-max(s.t_s - self._u_last_t, 0.0) / tau)
+                    self._u_ewma += a * (u - self._u_ewma)
+                self._u_last_t = s.t_s
+                if self._kv_goodput is not None and s.t_s - self._kv_goodput[0] <= 2.0 and not link_down:
+                    x = max(self._egress_bps - self._kv_goodput[1], 0.0)
+                    self._non_kv_bps = self._slow("non_kv", s.t_s, self._non_kv_bps, x)
+            if s.kv_goodput_bps is not None:
+                self._kv_goodput = (s.t_s, s.kv_goodput_bps)
+            if s.backlog_bytes is not None:
+                self._backlog_bytes = s.backlog_bytes
+            for name in ("drops", "retransmits"):  # WAN samples and worker polls arrive separately
+                v = getattr(s, name)
+                r = self._rate(name, s.t_s, v) if v is not None else None
+                if r is not None:
+                    self._event_rates[name] = 0.5 * self._event_rates.get(name, 0.0) + 0.5 * r
+            for key, attr in (("prfaas", "prfaas_queue_per_instance"), ("pdp", "pdp_queue_per_instance"),
+                              ("decode", "decode_queue_per_instance")):
+                v = getattr(s, attr)
+                if v is not None:
+                    self._queues[key] = v
+            if s.pdp_queue_per_instance is not None:
+                self._pdp_slow = self._slow("pdp", s.t_s, self._pdp_slow, s.pdp_queue_per_instance)
+            if s.transfer_uncached_len is not None and s.transfer_kv_bytes is not None:
+                l, b = float(s.transfer_uncached_len), float(s.transfer_kv_bytes)
+                for i, x in enumerate((1.0, l, b, l * l, l * b)):
+                    self._fit[i] += x
+
+    def kv_bytes_model(self) -> Callable[[float], float] | None:
+        """S_kv(l) in emulated bytes: least squares over finished offloads, else the spec's prior."""
+        n, sl, sb, sll, slb = self._fit
+        if n >= 2 and n * sll - sl * sl > 1e-9 * max(1.0, sll):
+            b = (n * slb - sl * sb) / (n * sll - sl * sl)
+            a = (sb - b * sl) / n
+            if b >= 0:
+                return lambda l: max(a + b * l, 0.0)
+        if n >= 1:
+            per = sb / max(sl, 1.0)
+            return lambda l: per * l
+        if self.spec.kv_bytes_per_token or self.spec.kv_state_bytes:
+            return lambda l: self.spec.kv_state_bytes + self.spec.kv_bytes_per_token * l
+        return None
+
+    def _recent(self, now_s: float) -> tuple[list[int], float]:
+        """Uncached lengths (w.r.t. PrfaaS) of the arrivals in the window, and the time they span."""
+        recent = [(ts, l) for ts, l, _ in self._arrivals if ts >= now_s - self.window_s]
+        span = max(now_s - recent[0][0], 1.0) if recent else 1.0
+        return [l for _, l in recent], span
+
+    def predicted_demand_bps(self, t: float, now_s: float) -> float | None:
+        """KV egress the recent arrivals would need at threshold t (emulated bit/s), or None if unknown."""
+        size = self.kv_bytes_model()
+        arr, span = self._recent(now_s)
+        if size is None or len(arr) < self.spec.control.min_samples:
+            return None
+        return sum(size(l) for l in arr if l > t) * 8.0 / span
+
+    def fit_threshold(self, target_bps: float, now_s: float) -> float | None:
+        """The re-search of t: the smallest t whose predicted egress demand fits `target_bps`."""
+        size = self.kv_bytes_model()
+        arr, span = self._recent(now_s)
+        arr.sort()
+        if size is None or len(arr) < self.spec.control.min_samples:
+            return None
+        demand = sum(size(l) for l in arr) * 8.0 / span
+        if demand <= target_bps:
+            return 0.0
+        for l in arr:  # raising t to l keeps every request of length <= l local
+            demand -= size(l) * 8.0 / span
+            if demand <= target_bps:
+                return float(l)
+        return float(arr[-1])
+
+    def pdp_cap(self, now_s: float) -> float:
+        """The largest t a raise may set without the PD-P queue exceeding `pdp_queue_max` (predicted).
+
+        A raise keeps the arrivals with t < l <= t' local. Their PD-P work is estimated in tokens (the
+        length; prefill time grows at least linearly, and the fixed overhead per request is left out,
+        which overestimates the added load: conservative), scaled from the measured PD-P queue:
+        q(t') = q * W(t') / W_pd, W(x) = sum of the window's lengths <= x, W_pd = the tokens the window's
+        arrivals actually sent to PD-P (under the t of their time: the queue q reflects those, so right
+        after a raise, before the queue shows it, W_pd is still small and the cap stays tight).
+        Without enough arrivals only the measured queue limits (q >= pdp_queue_max: no raise). q is the
+        slow EWMA, or half the latest sample if higher (a surge shows before the EWMA catches up), at
+        least 0.1.
+        """
+        c, hi = self.spec.control, float(self.spec.max_threshold_tokens)
+        if self._pdp_slow is None:  # PD-P never measured (no PD-P pool): nothing to protect
+            return hi
+        q = max(self._pdp_slow, self._queues["pdp"] * 0.5, 0.1)  # per instance; a floor for an idle pool
+        if q >= c.pdp_queue_max:
+            return self.t
+        arr, _ = self._recent(now_s)
+        if len(arr) < c.min_samples:
+            return hi
+        arr.sort()
+        w_pd = sum(lp for ts, _, lp in self._arrivals if ts >= now_s - self.window_s)
+        budget = c.pdp_queue_max / q * max(w_pd, float(arr[0]))  # W(t') allowed
+        cap, w = self.t, sum(l for l in arr if l <= self.t)
+        if w > budget:
+            return self.t
+        for l in arr:
+            if l <= self.t:
+                continue
+            w += l
+            if w > budget:
+                return cap
+            cap = float(l)
+        return hi
+
+    # -- control
+    def signals(self, now_s: float) -> dict[str, Any]:
+        c = self.spec.control
+        demand = self.predicted_demand_bps(self.t, now_s)
+        kv_cap = self.kv_capacity_bps
+        ratio = (demand / kv_cap if kv_cap > 0 else math.inf) if demand is not None and self.capacity_bps > 0 else None
+        return {
+            "utilization": self._u_ewma,
+            "demand_ratio": ratio,  # predicted KV demand at t / the capacity left for KV
+            "kv_capacity_bps": kv_cap,
+            # a lone bulk transfer drops packets too (TCP probing a drop-tail queue): loss means congestion
+            # only while the link is busy on average
+            "congested": self.congestion_events_per_s >= c.congestion_events_per_s and self._u_ewma >= c.low_utilization,
+            "prfaas_queue": self._queues["prfaas"],
+            "pdp_queue": self._queues["pdp"],
+            "pdp_queue_slow": self._pdp_slow or 0.0,
+            "decode_queue": self._queues["decode"],
+        }
+
+    def step(self, now_s: float) -> dict[str, Any]:
+        """One step of the control law (docs/router.md); returns the signals it used."""
+        c, s = self.spec.control, self.signals(now_s)
+        ratio = s["demand_ratio"]
+        lo, hi = float(self.spec.min_threshold_tokens), float(self.spec.max_threshold_tokens)
+        target = c.target_utilization * s["kv_capacity_bps"]
+        pressure = []
+        if s["utilization"] >= c.high_utilization:
+            pressure.append(f"egress utilisation {s['utilization']:.2f} >= {c.high_utilization:g}")
+        if ratio is not None and ratio >= c.high_utilization:
+            pressure.append(f"predicted KV demand {ratio:.2f} x the {s['kv_capacity_bps'] / 1e9:.1f} Gbps left for KV")
+        if s["congested"]:
+            pressure.append(f"congestion {self.congestion_events_per_s:.0f} drops+retransmits/s")
+        if s["prfaas_queue"] >= c.queue_high:
+            pressure.append(f"PrfaaS queue {s['prfaas_queue']:.1f}/instance")
+        pdp_overloaded = s["pdp_queue_slow"] >= 2.0 * c.pdp_queue_max and self.t > self.t_base
+        if pdp_overloaded and now_s - self._last_change >= c.hold_s:
+            # an earlier raise (or a burst) overloaded PD-P: give back the raise step by step; short
+            # requests' TTFT is what PD-P queues cost
+            self._calm_since = None
+            new = max(self.t_base, self.t / c.lower_factor)
+            self._set_t(now_s, new, f"lower: PD-P queue {s['pdp_queue_slow']:.1f}/instance >= {2.0 * c.pdp_queue_max:g}")
+            return s
+        if pressure:
+            self._calm_since = None
+            since = now_s - self._last_raise
+            fit = self.fit_threshold(target, now_s)
+            cap = s["pdp_cap"] = self.pdp_cap(now_s)
+            if fit is not None:  # the re-search: straight to the t whose demand fits, re-fitted every settle s
+                if fit <= self.t or since < c.settle_s:
+                    return s
+                new, how = fit, "to the t whose predicted KV demand fits"
+            elif since >= c.raise_interval_s:  # no demand model yet: blind steps
+                new, how = max(self.t, 512.0) * c.raise_factor, f"x{c.raise_factor:g}"
+            else:
+                return s
+            new = min(hi, new)
+            if new > cap:
+                new, how = cap, how + f", capped at {cap:.0f} by the PD-P queue ({s['pdp_queue_slow']:.2f}/instance)"
+            if new > self.t:
+                self._set_t(now_s, new, f"raise {how}: " + "; ".join(pressure))
+                self._last_raise = now_s
+            return s
+        calm = s["utilization"] <= c.low_utilization and s["prfaas_queue"] <= c.queue_low and (ratio is None or ratio <= c.low_utilization)
+        if not calm:
+            self._calm_since = None
+            return s
+        if self._calm_since is None:
+            self._calm_since = now_s
+        if now_s - self._calm_since < c.hold_s or now_s - self._last_change < c.hold_s:
+            return s
+        pdp_surge = s["pdp_queue"] >= c.queue_high
+        floor = lo if pdp_surge else self.t_base
+        if self.t > floor:
+            fit = self.fit_threshold(target, now_s) or 0.0
+            pdp_loaded = s["pdp_queue_slow"] >= c.pdp_queue_max  # the raise costs PD-P now: give it all back
+            new = max(floor, fit if pdp_loaded else self.t / c.lower_factor, fit)
+            if new < self.t:
+                why = (f"PD-P queue {s['pdp_queue']:.1f}/instance with WAN calm" if pdp_surge
+                       else f"calm for {c.hold_s:g}s" + (f", PD-P queue {s['pdp_queue_slow']:.2f}/instance" if pdp_loaded else ""))
+                self._set_t(now_s, new, f"lower: {why} (utilisation {s['utilization']:.2f})")
+        elif self.t < self.t_base and s["pdp_queue"] <= c.queue_low:
+            self._set_t(now_s, min(self.t_base, self.t * c.lower_factor), "restore towards base: PD-P queue calm")
+        return s
+
+    def _set_t(self, now_s: float, new: float, reason: str) -> None:
+        old, self.t = self.t, float(new)
+        self._last_change = now_s
+        self.log.add("threshold", now_s, threshold=self.t, old_threshold=old,
+                     egress_utilization=self._u_ewma, bandwidth_scarce=self.bandwidth_scarce(), reason=reason)

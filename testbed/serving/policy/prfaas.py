@@ -1,0 +1,87 @@
+"""The `prfaas` policy: length routing with a threshold t that the `PrfaasController` moves, plus the
+optional long-term role flips of PD hosts (docs/router.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from testbed import clock
+from testbed.serving.policy.base import TelemetrySample
+from testbed.serving.policy.baselines import ThresholdPolicy
+from testbed.serving.policy.controller import PrfaasController
+
+
+class PrfaasPolicy(ThresholdPolicy):
+    """The PrfaaS scheduler: `ThresholdPolicy` plus short-term control of t and optional role flips."""
+
+    name = "prfaas"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.controller = PrfaasController(self.spec, self.log, self.capacity_bps)
+        self._last_flip = clock.now_s()
+
+    @property
+    def threshold(self) -> float:
+        return self.controller.t
+
+    @property
+    def egress_utilization(self) -> float:
+        return self.controller.egress_utilization
+
+    @property
+    def congestion_events_per_s(self) -> float:
+        return self.controller.congestion_events_per_s
+
+    def bandwidth_scarce(self) -> bool:
+        return self.controller.bandwidth_scarce()
+
+    def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
+        self.controller.note_arrival(now_s, uncached_prfaas, local_len)
+
+    def on_telemetry(self, sample: TelemetrySample) -> None:
+        with self._lock:
+            self.controller.observe(sample)
+
+    def tick(self, now_s: float) -> None:
+        with self._lock:
+            ctl = self.controller
+            sig = ctl.step(now_s)
+            self.log.add("control", now_s, threshold=ctl.t, egress_utilization=sig["utilization"],
+                         demand_ratio=sig["demand_ratio"], kv_capacity_bps=sig["kv_capacity_bps"],
+                         pdp_cap_threshold=sig.get("pdp_cap"), congestion_events_per_s=ctl.congestion_events_per_s,
+                         prfaas_queue=sig["prfaas_queue"], pdp_queue=sig["pdp_queue"], decode_queue=sig["decode_queue"],
+                         bandwidth_scarce=ctl.bandwidth_scarce())
+            if self.spec.role_flip.enabled and now_s - self._last_flip >= self.spec.role_flip.period_s:
+                self._last_flip = now_s
+                self._role_flip(now_s)
+
+    def _role_flip(self, now_s: float) -> None:
+        """Long term: flip one PD host between prefill and decode when one side is the bottleneck.
+
+        A flip needs a host carrying both a PD-P and a PD-D instance, one of them standby.
+        """
+        r, q = self.spec.role_flip, self.controller.queues
+        decode_load = q["decode"] / r.bs_max
+        if q["pdp"] >= r.prefill_queue_high and decode_load <= r.decode_load_low:
+            self._flip(now_s, "decode", "prefill", f"PD-P queue {q['pdp']:.1f}/instance, decode load {decode_load:.2f}")
+        elif decode_load >= r.decode_load_high and q["pdp"] <= self.spec.control.queue_low:
+            self._flip(now_s, "prefill", "decode", f"decode load {decode_load:.2f}, PD-P queue {q['pdp']:.1f}/instance")
+
+    def _flip(self, now_s: float, from_role: str, to_role: str, why: str) -> bool:
+        r = self.spec.role_flip
+        active_pdp = [k for k in self.active if k[0] == "prefill" and self.clusters.get(k[1]) == "pd"]
+        active_dec = [k for k in self.active if k[0] == "decode"]
+        if (from_role == "prefill" and len(active_pdp) <= r.min_prefill) or (from_role == "decode" and len(active_dec) <= r.min_decode):
+            return False
+        for key in sorted(active_pdp if from_role == "prefill" else active_dec):
+            host = self.hosts.get(key)
+            partner = [k for k, h in self.hosts.items() if h == host and k[0] == to_role and k not in self.active
+                       and (to_role == "decode" or self.clusters.get(k[1]) == "pd")]
+            if partner:
+                self.active.discard(key)
+                self.active.add(partner[0])
+                self.log.add("role_flip", now_s, reason=f"{host}: {from_role} {key[1]} -> {to_role} {partner[0][1]}: {why}",
+                             threshold=self.controller.t)
+                return True
+        return False

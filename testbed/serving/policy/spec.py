@@ -1,0 +1,198 @@
+"""The scenario's ``policy:`` section: the policy's name, its threshold and the control constants.
+
+`parse_policy_section` turns the mapping into a frozen `PolicySpec`; `PolicySpec.to_mapping` writes it back
+(router config files, scenario.yaml). Constants and why: docs/router.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from testbed import units
+from testbed.scenario import Fields, boolean, number, positive_int, positive_number
+
+MAX_TOKENS = 128 * 1024  # the paper's longest request (truncation point of its length distribution)
+
+
+# ----------------------------------------------------------------------------------- the policy section
+
+
+def _factor(v: Any) -> float:
+    x = number(v)
+    if x <= 1:
+        raise ValueError(f"{v!r} must be > 1 (a multiplicative step)")
+    return x
+
+
+def _duration(v: Any) -> float:
+    return units.parse_duration_s(v, allow_zero=False)
+
+
+@dataclass(frozen=True)
+class ControlSpec:
+    """Short-term control of t (see docs/router.md, "Control law")."""
+
+    interval_s: float = 0.2  # tick period of the control loop
+    high_utilization: float = 0.90  # WAN egress utilisation (or predicted demand) that raises t
+    low_utilization: float = 0.60  # ... below which t may fall back (hysteresis band 0.6-0.9)
+    target_utilization: float = 0.80  # the re-search of t aims the predicted egress demand here
+    raise_factor: float = 1.5  # t <- t_fit on pressure, or t * 1.5 without a demand model
+    lower_factor: float = 1.25  # t <- max(floor, t / 1.25, t_fit) after a calm hold
+    raise_interval_s: float = 0.5  # at most one raise per 0.5 s (lets a raise take effect first)
+    settle_s: float = 2.0  # after a raise to the fitted t, the next re-fit waits this long (the backlog drains first)
+    hold_s: float = 3.0  # calm this long (and this long since the last change) before lowering
+    utilization_tau_s: float = 0.5  # EWMA time constant of the measured utilisation
+    queue_high: float = 4.0  # requests in flight per PrfaaS (or PD-P) instance that count as a surge
+    queue_low: float = 1.0  # ... and as calm
+    pdp_queue_max: float = 0.75  # PD-P requests in flight per instance a raise may lead to (predicted): the cap
+    congestion_events_per_s: float = 200.0  # WAN drops + TCP retransmits per second that count as congestion
+    window_s: float = 10.0  # arrivals remembered for the re-search of t
+    min_samples: int = 10  # arrivals needed in the window before t_fit is trusted
+    slow_tau_s: float = 2.0  # EWMA time constant of the non-KV traffic (egress - KV goodput) and PD-P queue estimates
+
+
+@dataclass(frozen=True)
+class RoleFlipSpec:
+    """Long-term role flips of PD nodes (prefill <-> decode)."""
+
+    enabled: bool = False
+    period_s: float = 30.0
+    prefill_queue_high: float = 4.0  # PD-P requests in flight per instance: prefill is the bottleneck
+    decode_load_high: float = 0.9  # decode requests in flight per instance / bs_max: decode is the bottleneck
+    decode_load_low: float = 0.5
+    bs_max: int = 20  # decode batch limit (the paper's DERIVED 20 at 25 ms per step)
+    min_prefill: int = 1
+    min_decode: int = 1
+
+
+POLICY_NAMES = ("prfaas", "fixed-threshold", "homogeneous-pd", "naive-heterogeneous", "all-local")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str = "prfaas"
+    threshold_tokens: int = 8 * 1024  # base t: set it from `prfaas model` (the paper publishes none)
+    min_threshold_tokens: int = 1024
+    max_threshold_tokens: int = MAX_TOKENS
+    abundant_below: float = 0.5  # egress utilisation under which bandwidth counts as abundant
+    cross_cluster_cache: bool = False  # abundant rule may use the other cluster's longer prefix
+    cache_affinity_slack: int = 2  # prefer the cache-holding instance unless it has this many more in flight
+    kv_state_bytes: int = 0  # optional prior for S_kv(l) = state + per_token * l (emulated bytes)
+    kv_bytes_per_token: int = 0
+    control: ControlSpec = field(default_factory=ControlSpec)
+    role_flip: RoleFlipSpec = field(default_factory=RoleFlipSpec)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The ``policy:`` mapping that parses back to this spec (for config files and scenario.yaml)."""
+        c, r = self.control, self.role_flip
+        return {
+            "name": self.name,
+            "threshold": self.threshold_tokens,
+            "min_threshold": self.min_threshold_tokens,
+            "max_threshold": self.max_threshold_tokens,
+            "abundant_below": self.abundant_below,
+            "cross_cluster_cache": self.cross_cluster_cache,
+            "cache_affinity_slack": self.cache_affinity_slack,
+            "kv_state_bytes": f"{self.kv_state_bytes}B",
+            "kv_bytes_per_token": f"{self.kv_bytes_per_token}B",
+            "control": {
+                "interval": f"{c.interval_s}s", "high_utilization": c.high_utilization,
+                "low_utilization": c.low_utilization, "target_utilization": c.target_utilization,
+                "raise_factor": c.raise_factor, "lower_factor": c.lower_factor,
+                "raise_interval": f"{c.raise_interval_s}s", "settle": f"{c.settle_s}s", "hold": f"{c.hold_s}s",
+                "utilization_tau": f"{c.utilization_tau_s}s", "queue_high": c.queue_high,
+                "queue_low": c.queue_low, "pdp_queue_max": c.pdp_queue_max,
+                "congestion_events_per_s": c.congestion_events_per_s,
+                "window": f"{c.window_s}s", "min_samples": c.min_samples, "slow_tau": f"{c.slow_tau_s}s",
+            },
+            "role_flip": {
+                "enabled": r.enabled, "period": f"{r.period_s}s", "prefill_queue_high": r.prefill_queue_high,
+                "decode_load_high": r.decode_load_high, "decode_load_low": r.decode_load_low,
+                "bs_max": r.bs_max, "min_prefill": r.min_prefill, "min_decode": r.min_decode,
+            },
+        }
+
+
+def _parse_control(f: Fields) -> ControlSpec:
+    d = ControlSpec()
+    frac = units.parse_fraction
+    c = ControlSpec(
+        interval_s=f.get("interval", _duration, d.interval_s),
+        high_utilization=f.get("high_utilization", frac, d.high_utilization),
+        low_utilization=f.get("low_utilization", frac, d.low_utilization),
+        target_utilization=f.get("target_utilization", frac, d.target_utilization),
+        raise_factor=f.get("raise_factor", _factor, d.raise_factor),
+        lower_factor=f.get("lower_factor", _factor, d.lower_factor),
+        raise_interval_s=f.get("raise_interval", _duration, d.raise_interval_s),
+        settle_s=f.get("settle", _duration, d.settle_s),
+        hold_s=f.get("hold", _duration, d.hold_s),
+        utilization_tau_s=f.get("utilization_tau", _duration, d.utilization_tau_s),
+        queue_high=f.get("queue_high", positive_number, d.queue_high),
+        queue_low=f.get("queue_low", number, d.queue_low),
+        pdp_queue_max=f.get("pdp_queue_max", positive_number, d.pdp_queue_max),
+        congestion_events_per_s=f.get("congestion_events_per_s", positive_number, d.congestion_events_per_s),
+        window_s=f.get("window", _duration, d.window_s),
+        min_samples=f.get("min_samples", positive_int, d.min_samples),
+        slow_tau_s=f.get("slow_tau", _duration, d.slow_tau_s),
+    )
+    f.done()
+    if c.low_utilization >= c.high_utilization:
+        raise f.error("low_utilization", f"{c.low_utilization:g} must be below high_utilization {c.high_utilization:g} (the hysteresis band)")
+    if not c.low_utilization <= c.target_utilization <= c.high_utilization:
+        raise f.error("target_utilization", f"{c.target_utilization:g} must lie between low_utilization and high_utilization")
+    if not 0 <= c.queue_low < c.queue_high:
+        raise f.error("queue_low", f"{c.queue_low:g} must be >= 0 and below queue_high {c.queue_high:g}")
+    return c
+
+
+def _parse_role_flip(f: Fields) -> RoleFlipSpec:
+    d = RoleFlipSpec()
+    frac = units.parse_fraction
+    r = RoleFlipSpec(
+        enabled=f.get("enabled", boolean, d.enabled),
+        period_s=f.get("period", _duration, d.period_s),
+        prefill_queue_high=f.get("prefill_queue_high", positive_number, d.prefill_queue_high),
+        decode_load_high=f.get("decode_load_high", frac, d.decode_load_high),
+        decode_load_low=f.get("decode_load_low", frac, d.decode_load_low),
+        bs_max=f.get("bs_max", positive_int, d.bs_max),
+        min_prefill=f.get("min_prefill", positive_int, d.min_prefill),
+        min_decode=f.get("min_decode", positive_int, d.min_decode),
+    )
+    f.done()
+    if r.decode_load_low >= r.decode_load_high:
+        raise f.error("decode_load_low", "must be below decode_load_high")
+    if r.bs_max < 1:
+        raise f.error("bs_max", "must be >= 1")
+    return r
+
+
+def parse_policy_section(f: Fields) -> PolicySpec:
+    """The scenario's ``policy:`` section. Example::
+
+        policy: {name: prfaas, threshold: 8K, control: {high_utilization: 90%, hold: 3s}}
+    """
+    d = PolicySpec()
+    name = f.choice("name", POLICY_NAMES, d.name)
+    t = f.get("threshold", units.parse_tokens, d.threshold_tokens)
+    spec = PolicySpec(
+        name=name,
+        threshold_tokens=t,
+        min_threshold_tokens=f.get("min_threshold", units.parse_tokens, min(d.min_threshold_tokens, t)),
+        max_threshold_tokens=f.get("max_threshold", units.parse_tokens, max(d.max_threshold_tokens, t)),
+        abundant_below=f.get("abundant_below", units.parse_fraction, d.abundant_below),
+        cross_cluster_cache=f.get("cross_cluster_cache", boolean, d.cross_cluster_cache),
+        cache_affinity_slack=f.get("cache_affinity_slack", positive_int, d.cache_affinity_slack),
+        kv_state_bytes=f.get("kv_state_bytes", units.parse_size_bytes, d.kv_state_bytes),
+        kv_bytes_per_token=f.get("kv_bytes_per_token", units.parse_size_bytes, d.kv_bytes_per_token),
+        control=_parse_control(f.section("control")),
+        role_flip=_parse_role_flip(f.section("role_flip")),
+    )
+    f.done()
+    if not spec.min_threshold_tokens <= spec.threshold_tokens <= spec.max_threshold_tokens:
+        raise f.error(
+            "threshold",
+            f"{spec.threshold_tokens} tokens must lie between min_threshold ({spec.min_threshold_tokens}) "
+            f"and max_threshold ({spec.max_threshold_tokens})",
+        )
+    return spec
