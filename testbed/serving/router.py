@@ -36,6 +36,7 @@ from testbed import clock
 from testbed.errors import FieldError, UserError
 from testbed.scenario import Fields, boolean, positive_int, positive_number
 from testbed.serving.kvmanager import KVManager
+from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy import (
     ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
     TelemetrySample, build_policy, parse_policy_section,
@@ -279,6 +280,9 @@ class Router:
         self._wan: dict[str, float] = {"egress_bps": 0.0, "capacity_bps": config.wan_capacity_bps, "backlog_bytes": 0.0, "drops": 0.0}
         self._retrans_total = 0.0
         self._stop = threading.Event()
+        self.registry = new_registry()
+        self.histograms = RequestHistograms(self.registry)
+        self.registry.register(RouterCollector(self.metric_state))
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
 
@@ -382,6 +386,8 @@ class Router:
             self._counts[key] = self._counts.get(key, 0) + 1
             if rec["kv_bytes_emulated"]:
                 self._kv_bytes[rec["route"]] = self._kv_bytes.get(rec["route"], 0) + rec["kv_bytes_emulated"]
+        if rec["prefill_instance"] is not None and rec["prefill_instance"] in self.prefill:
+            self.histograms.observe(rec, self.prefill[rec["prefill_instance"]].cluster)
 
     def _run(self, c: Completion, dec: Decision, rec: dict[str, Any]) -> Iterator[dict[str, Any]]:
         p, d = self.prefill[dec.prefill_instance], self.decode[dec.decode_instance]
@@ -594,58 +600,22 @@ class Router:
                     "wan": dict(self._wan), "inflight": len(self._inflight_ids), "instances": inst,
                     "requests": [{"route": r, "status": s, "count": n} for (r, s), n in sorted(self._counts.items())]}
 
-    def metrics(self) -> str:
-        """Prometheus text exposition (version 0.0.4)."""
+    def metric_state(self) -> dict[str, Any]:
+        """`state()` plus the counts and policy signals the Prometheus collector exposes."""
         st = self.state()
-        out: list[str] = []
-
-        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} {kind}")
-            out.extend(f"{name}{labels} {_prom(value)}" for labels, value in samples)
-
-        t = self.policy.threshold
-        metric("prfaas_router_threshold_tokens", "gauge", "Offload threshold t on the uncached length (+Inf: never offload).",
-               [("", t)])
-        metric("prfaas_router_egress_utilization", "gauge", "PrfaaS->PD WAN egress utilisation seen by the policy (EWMA, 0-1).",
-               [("", self.policy.egress_utilization)])
-        metric("prfaas_router_bandwidth_scarce", "gauge", "1 when the policy treats WAN bandwidth as scarce.",
-               [("", float(getattr(self.policy, "bandwidth_scarce", lambda: True)()))])
-        metric("prfaas_router_congestion_events_per_s", "gauge", "WAN drops + PrfaaS TCP retransmits per second (policy's EWMA).",
-               [("", float(getattr(self.policy, "congestion_events_per_s", 0.0)))])
-        w = st["wan"]
-        metric("prfaas_router_wan_egress_bps_emulated", "gauge", "Last WAN egress sample, emulated bit/s (wire x scale).", [("", w["egress_bps"])])
-        metric("prfaas_router_wan_capacity_bps_emulated", "gauge", "Current WAN capacity, emulated bit/s.", [("", w["capacity_bps"])])
-        metric("prfaas_router_wan_backlog_bytes_emulated", "gauge", "WAN queue backlog, emulated bytes.", [("", w["backlog_bytes"])])
-        metric("prfaas_router_wan_drops_total", "counter", "WAN packet drops (cumulative, from the run's samples).", [("", w["drops"])])
-        metric("prfaas_router_scale", "gauge", "Emulated units per wire unit.", [("", self.cfg.scale)])
-        metric("prfaas_router_queue_depth", "gauge", "Requests in flight per worker instance (router's count).",
-               [(f'{{role="{x["role"]}",cluster="{x["cluster"]}",instance="{x["instance"]}"}}', x["inflight"]) for x in st["instances"]])
-        metric("prfaas_router_worker_queue_depth", "gauge", "Queue depth reported by the worker's /v1/state.",
-               [(f'{{role="{x["role"]}",cluster="{x["cluster"]}",instance="{x["instance"]}"}}', x["reported_queue"]) for x in st["instances"]])
-        metric("prfaas_router_instance_up", "gauge", "1 when the instance answered its last state poll and is active.",
-               [(f'{{role="{x["role"]}",cluster="{x["cluster"]}",instance="{x["instance"]}"}}', float(x["healthy"] and x["active"])) for x in st["instances"]])
-        metric("prfaas_router_requests_total", "counter", "Finished requests by route and status.",
-               [(f'{{route="{r["route"]}",status="{r["status"]}"}}', r["count"]) for r in st["requests"]])
-        metric("prfaas_router_requests_inflight", "gauge", "Requests in flight.", [("", st["inflight"])])
-        with self._lock:
-            kvb = dict(self._kv_bytes)
-        metric("prfaas_router_kv_bytes_total_emulated", "counter", "KV bytes shipped by finished requests, by route.",
-               [(f'{{route="{r}"}}', v) for r, v in sorted(kvb.items())])
         rows = self.log.rows()
-        metric("prfaas_router_decisions_total", "counter", "Routing decisions by route.",
-               [(f'{{route="{r}"}}', sum(1 for x in rows if x["kind"] == "decision" and x.get("route") == r)) for r in ("prfaas", "pd")])
-        metric("prfaas_router_threshold_changes_total", "counter", "Changes of t by the control loop.",
-               [("", sum(1 for x in rows if x["kind"] == "threshold"))])
-        metric("prfaas_router_role_flips_total", "counter", "Long-term role flips of PD nodes.",
-               [("", sum(1 for x in rows if x["kind"] == "role_flip"))])
-        metric("prfaas_router_cached_prefix_keys", "gauge", "Prefix hit points known per cluster.",
-               [(f'{{cluster="{c}"}}', n) for c, n in self.kv.cluster_blocks().items()])
-        return "\n".join(out) + "\n"
+        with self._lock:
+            st["kv_bytes_emulated"] = dict(self._kv_bytes)
+        st["decisions"] = {r: sum(1 for x in rows if x["kind"] == "decision" and x.get("route") == r) for r in ("prfaas", "pd")}
+        st["threshold_changes"] = sum(1 for x in rows if x["kind"] == "threshold")
+        st["role_flips"] = sum(1 for x in rows if x["kind"] == "role_flip")
+        st["cached_prefix_keys"] = self.kv.cluster_blocks()
+        st.update(self.policy.status())
+        return st
 
-
-def _prom(x: float) -> str:
-    return ("+Inf" if x > 0 else "-Inf") if math.isinf(x) else f"{x:.10g}"
+    def metrics(self) -> bytes:
+        """Prometheus text exposition (`prometheus.CONTENT_TYPE`)."""
+        return exposition(self.registry)
 
 
 def _finite(x: float) -> float | None:
@@ -706,7 +676,7 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
             return None
 
         def _send(self, code: int, obj: Any, ctype: str = "application/json") -> None:
-            data = obj.encode() if isinstance(obj, str) else json.dumps(obj).encode()
+            data = obj if isinstance(obj, bytes) else obj.encode() if isinstance(obj, str) else json.dumps(obj).encode()
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
@@ -721,7 +691,7 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
             if path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": router.cfg.model, "object": "model", "created": 0, "owned_by": "prfaas-testbed"}]})
             elif path == "/metrics":
-                self._send(200, router.metrics(), "text/plain; version=0.0.4")
+                self._send(200, router.metrics(), CONTENT_TYPE)
             elif path == "/v1/state":
                 self._send(200, router.state())
             elif path == "/v1/records":

@@ -292,11 +292,23 @@ def test_an_unreachable_prefill_worker_fails_the_request_and_the_next_one_avoids
     assert code == 200 and r.records()[1]["route"] == "prfaas" and "fallback" in r.records()[1]["route_reason"]
 
 
-def test_metrics_expose_the_threshold_and_it_rises_after_wan_telemetry_shows_saturation(router) -> None:
-    r = router(policy={"name": "prfaas", "threshold": "8K", "control": {"interval": "50ms"}})
+def metric(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """One sample's value from the exposition, parsed by prometheus_client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and (labels is None or all(s.labels.get(k) == v for k, v in labels.items())):
+                return float(s.value)
+    raise AssertionError(f"{name} {labels or ''} not in /metrics")
+
+
+def test_metrics_expose_the_threshold_and_it_rises_after_oracle_wan_telemetry_shows_saturation(router) -> None:
+    r = router(policy={"name": "prfaas", "threshold": "8K", "signals": "oracle", "control": {"interval": "50ms"}})
     text = get_text(r, "/metrics")
-    assert "prfaas_router_threshold_tokens 8192\n" in text
-    assert 'prfaas_router_queue_depth{role="prefill",cluster="prfaas",instance="0"} 0' in text
+    assert metric(text, "prfaas_router_threshold_tokens") == 8192
+    assert metric(text, "prfaas_router_queue_depth", {"role": "prefill", "cluster": "prfaas", "instance": "0"}) == 0
+    assert metric(text, "prfaas_router_signals_oracle") == 1
     # wire units: 1 Gbit/s on a 1 Gbit/s wire at scale 10 -> 10 Gbit/s emulated
     for i in range(10):
         code, _ = post(r, "/v1/telemetry", {"t_s": clock.now_s(), "egress_bps": 1e9, "capacity_bps": 1e9, "backlog_bytes": 1000, "drops": 0})
@@ -306,10 +318,28 @@ def test_metrics_expose_the_threshold_and_it_rises_after_wan_telemetry_shows_sat
     while r.policy.threshold == 8192 and time.monotonic() < deadline:
         time.sleep(0.05)
     text = get_text(r, "/metrics")
-    t = float(next(l.split()[1] for l in text.splitlines() if l.startswith("prfaas_router_threshold_tokens ")))
-    assert t >= 1.5 * 8192
-    assert "prfaas_router_wan_capacity_bps_emulated 1e+10" in text
-    assert "prfaas_router_threshold_changes_total" in text
+    assert metric(text, "prfaas_router_threshold_tokens") >= 1.5 * 8192
+    assert metric(text, "prfaas_router_wan_capacity_bps_emulated") == 1e10
+    assert metric(text, "prfaas_router_threshold_changes_total") >= 1
+
+
+def test_metrics_carry_latency_histograms_by_route_and_cluster(router) -> None:
+    r = router()
+    for i in range(3):
+        code, _ = post(r, "/v1/completions", {"prompt": f"short prompt {i}", "max_tokens": 4})
+        assert code == 200
+    recs = [x for x in r.records() if x["status"] == "ok"]
+    assert len(recs) == 3
+    text = get_text(r, "/metrics")
+    route = recs[0]["route"]
+    labels = {"route": route, "cluster": route}
+    assert metric(text, "prfaas_router_ttft_seconds_count", labels) == sum(1 for x in recs if x["route"] == route)
+    ttft = sum(x["first_token_s"] - x["arrival_s"] for x in recs if x["route"] == route)
+    assert metric(text, "prfaas_router_ttft_seconds_sum", labels) == pytest.approx(ttft, rel=1e-6)
+    for name in ("tpot", "queue_wait", "prefill", "kv_transfer"):
+        assert metric(text, f"prfaas_router_{name}_seconds_count", labels) >= 1, name
+    assert metric(text, "prfaas_router_ttft_seconds_bucket", {**labels, "le": "+Inf"}) == metric(text, "prfaas_router_ttft_seconds_count", labels)
+    assert metric(text, "prfaas_router_requests_total", {"route": route, "status": "ok"}) == 3
 
 
 def test_bad_client_requests_get_400_naming_the_field(router) -> None:
@@ -401,6 +431,20 @@ def test_standby_instances_receive_nothing_until_a_role_flip_activates_them(fw) 
         for _ in range(3):
             assert post(r, "/v1/completions", {"prompt": "x y", "max_tokens": 1})[0] == 200
         assert [rec["decode_instance"] for rec in r.records()] == [0, 0, 0]
-        assert 'prfaas_router_instance_up{role="decode",cluster="pd",instance="1"} 0' in get_text(r, "/metrics")
+        assert metric(get_text(r, "/metrics"), "prfaas_router_instance_up", {"role": "decode", "cluster": "pd", "instance": "1"}) == 0
     finally:
         r.stop()
+
+
+def test_every_series_the_grafana_dashboard_queries_is_exposed_by_the_router(router) -> None:
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    dash = json.loads((Path(__file__).resolve().parents[2] / "dashboards" / "grafana-prfaas.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"prfaas_router_\w+", e)}
+    r = router()
+    assert post(r, "/v1/completions", {"prompt": "one short prompt", "max_tokens": 2})[0] == 200
+    exposed = {s.name for fam in text_string_to_metric_families(get_text(r, "/metrics")) for s in fam.samples}
+    assert len(used) >= 10 and not used - exposed, sorted(used - exposed)

@@ -27,12 +27,12 @@ from testbed.serving.policy.controller import PrfaasController
 from testbed.serving.policy.log import SchedulerLog
 from testbed.serving.policy.prfaas import PrfaasPolicy
 from testbed.serving.policy.spec import (
-    MAX_TOKENS, POLICY_NAMES, ControlSpec, PolicySpec, RoleFlipSpec, parse_policy_section,
+    MAX_TOKENS, POLICY_NAMES, SIGNAL_MODES, ControlSpec, PolicySpec, RoleFlipSpec, parse_policy_section,
 )
 
 __all__ = [
     "AllLocalPolicy", "ClusterState", "ControlSpec", "Decision", "HomogeneousPDPolicy", "InstanceState", "MAX_TOKENS",
-    "NaiveHeterogeneousPolicy", "NoInstanceError", "POLICIES", "POLICY_NAMES", "Policy", "PolicySpec", "PrfaasController",
+    "NaiveHeterogeneousPolicy", "NoInstanceError", "POLICIES", "POLICY_NAMES", "Policy", "SIGNAL_MODES", "PolicySpec", "PrfaasController",
     "PrfaasPolicy", "RequestView", "RoleFlipSpec", "SchedulerLog", "TelemetrySample", "ThresholdPolicy", "build_policy",
     "parse_policy_section",
 ]

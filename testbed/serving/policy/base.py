@@ -131,6 +131,16 @@ class Policy:
     def egress_utilization(self) -> float:
         return 0.0
 
+    def bandwidth_scarce(self) -> bool:
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """What the policy believes now, for metrics and /v1/state: ``signals`` (the mode it sees),
+        ``kv_available_bps`` (bandwidth left for KV, emulated; 0 when it does not estimate it),
+        ``congestion_events_per_s``, ``bandwidth_scarce``."""
+        return {"signals": self.spec.signals, "kv_available_bps": 0.0, "congestion_events_per_s": 0.0,
+                "bandwidth_scarce": float(self.bandwidth_scarce())}
+
     # -- shared helpers
     def usable(self, state: ClusterState, cluster: str) -> list[InstanceState]:
         return [p for p in state.prefill if p.cluster == cluster and p.healthy and ("prefill", p.instance) in self.active]

@@ -36,6 +36,12 @@ class PrfaasPolicy(ThresholdPolicy):
     def bandwidth_scarce(self) -> bool:
         return self.controller.bandwidth_scarce()
 
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            ctl = self.controller
+            return {"signals": self.spec.signals, "kv_available_bps": ctl.kv_capacity_bps,
+                    "congestion_events_per_s": ctl.congestion_events_per_s, "bandwidth_scarce": float(ctl.bandwidth_scarce())}
+
     def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
         self.controller.note_arrival(now_s, uncached_prfaas, local_len)
 

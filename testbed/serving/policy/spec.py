@@ -67,11 +67,16 @@ class RoleFlipSpec:
 
 
 POLICY_NAMES = ("prfaas", "fixed-threshold", "homogeneous-pd", "naive-heterogeneous", "all-local")
+# what the policy may measure (docs/router.md, "Signals"): its own side's measurements and the nominal
+# line rate (observed); the nominal rate as the capacity, without estimating (provisioned); emulator
+# ground truth (oracle, for ablation only)
+SIGNAL_MODES = ("observed", "provisioned", "oracle")
 
 
 @dataclass(frozen=True)
 class PolicySpec:
     name: str = "prfaas"
+    signals: str = "observed"
     threshold_tokens: int = 8 * 1024  # base t: set it from `prfaas model` (the paper publishes none)
     min_threshold_tokens: int = 1024
     max_threshold_tokens: int = MAX_TOKENS
@@ -88,6 +93,7 @@ class PolicySpec:
         c, r = self.control, self.role_flip
         return {
             "name": self.name,
+            "signals": self.signals,
             "threshold": self.threshold_tokens,
             "min_threshold": self.min_threshold_tokens,
             "max_threshold": self.max_threshold_tokens,
@@ -177,6 +183,7 @@ def parse_policy_section(f: Fields) -> PolicySpec:
     t = f.get("threshold", units.parse_tokens, d.threshold_tokens)
     spec = PolicySpec(
         name=name,
+        signals=f.choice("signals", SIGNAL_MODES, d.signals),
         threshold_tokens=t,
         min_threshold_tokens=f.get("min_threshold", units.parse_tokens, min(d.min_threshold_tokens, t)),
         max_threshold_tokens=f.get("max_threshold", units.parse_tokens, max(d.max_threshold_tokens, t)),
