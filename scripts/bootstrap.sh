@@ -13,7 +13,8 @@ what=${1:-run}; shift || true
 log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*"; }
 
 if [ "$(id -u)" != 0 ]; then
-  echo "bootstrap: run as root (sudo bash scripts/bootstrap.sh $what): the testbed creates network namespaces and qdiscs" >&2
+  if command -v sudo >/dev/null 2>&1; then how="sudo bash scripts/bootstrap.sh $what"; else how="su -c 'bash scripts/bootstrap.sh $what'"; fi
+  echo "bootstrap: run as root ($how): the testbed creates network namespaces and qdiscs" >&2
   exit 2
 fi
 

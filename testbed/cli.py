@@ -1,13 +1,16 @@
 """The `prfaas` command: parses options, calls the library, prints. Nothing else lives here.
 
 Each area registers its own subcommands (``register(subparsers)``) so that this file stays thin.
-A `UserError` becomes one line on stderr and exit status 2; Ctrl-C exits 130 after cleanup.
+A `UserError` becomes one line on stderr and exit status 2; Ctrl-C exits 130 after cleanup; a reader
+that goes away (``prfaas ... | head``) ends the command quietly with 141, as a shell tool killed by
+SIGPIPE would.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from testbed import __version__
@@ -19,6 +22,7 @@ COMMAND_MODULES = (
     "traffic.commands",  # traffic stats
     "testbed.serving.commands",  # run, quickstart
     "analysis.commands",  # model, report, sweep
+    "analysis.scenario_check",  # check
 )
 
 
@@ -37,6 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _dispatch(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _dispatch(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -50,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("prfaas: interrupted; cleaned up", file=sys.stderr)
         return 130
+
+
+def _reader_gone() -> int:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail a second time."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":

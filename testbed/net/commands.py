@@ -77,6 +77,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         con.print(f"WAN backend a run would use (wan.backend: auto): [bold]{rep['backend_auto']}[/]")
         if rep["missing"]:
             con.print(f"[red]not ready:[/] {', '.join(rep['missing'])}")
+        con.print(f"next: {rep['next']}", highlight=False, markup=False)
     return 0 if rep["ready"] else 1
 
 

@@ -94,6 +94,7 @@ def report() -> dict[str, Any]:
     netem_ok = netem_available()[0] if os.geteuid() == 0 else False
     missing = [c.name for c in checks if c.required and not c.ok]
     return {
+        "next": next_command(missing),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
@@ -102,3 +103,12 @@ def report() -> dict[str, Any]:
         "missing": missing,
         "checks": [asdict(c) for c in checks],
     }
+
+
+def next_command(missing: list[str]) -> str:
+    """The one command a user should run after `prfaas doctor`, given what is missing."""
+    if "root" in missing:
+        return "run as root: prfaas doctor (a root shell, or sudo)"
+    if missing:
+        return "bash scripts/bootstrap.sh setup   (as root: installs what is missing), then prfaas doctor"
+    return "prfaas quickstart   (the README's run; `prfaas check quick` shows its numbers first)"

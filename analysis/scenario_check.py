@@ -1,0 +1,266 @@
+"""`prfaas check SCENARIO`: validate a scenario and show what it implies before anything starts.
+
+Everything here is derived from the scenario file and the code that runs it, never measured: the wire
+plan of each WAN direction comes from `testbed.net.shaping.plan_shaping` (the qdisc a run would install),
+the timeline from `testbed.net.schedule.expand_schedule` (the actions a run would apply), the offered KV
+load and Lambda_max from `analysis.throughput_model` (the paper's Eqs. 3-6 on the scenario's clusters).
+Warnings name scenarios that cannot show anything (docs/labs.md, "prfaas check").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from testbed import units
+from testbed.scenario import DIRECTIONS, Scenario
+
+FAR_BELOW_CAPACITY = 0.10  # offered KV under 10% of the WAN at every moment: the WAN never matters
+OFFLOAD_POLICIES = ("prfaas", "fixed-threshold", "naive-heterogeneous")
+
+
+@dataclass(frozen=True)
+class DirectionPlan:
+    direction: str
+    rate_bps: float  # emulated
+    wire_rate_bps: float
+    delay_s: float
+    rtt_s: float
+    bdp_wire_bytes: int
+    queue_wire_bytes: int
+    loss: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of the run with one PrfaaS->PD capacity; `offered_kv_bps` is the same in every segment."""
+
+    start_s: float
+    end_s: float
+    capacity_bps: float  # emulated, PrfaaS -> PD
+    cross_bps: float  # mean rate of rate-limited cross traffic PrfaaS -> PD over the segment (emulated)
+    utilisation: float | None  # offered KV / (capacity - cross traffic); None without a workload or when none is left
+    label: str
+
+
+@dataclass
+class CheckReport:
+    name: str
+    source: str | None
+    scale: float
+    scale_source: str
+    host_capacity_bps: float
+    duration_s: float
+    directions: list[DirectionPlan]
+    timeline: list[tuple[float, str]]
+    segments: list[Segment]
+    policy: str | None = None
+    threshold_tokens: float | None = None
+    arrival_rate_rps: float | None = None
+    offload_fraction: float | None = None
+    offered_kv_bps: float | None = None
+    model: dict[str, Any] | None = None  # Lambda_max at the base t and at the model's t*
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["timeline"] = [{"at_s": t, "action": a} for t, a in self.timeline]
+        return doc
+
+
+def direction_plans(sc: Scenario, scale: float) -> list[DirectionPlan]:
+    from testbed.net.shaping import plan_shaping
+
+    rtt_s = sc.wan.prfaas_to_pd.delay_s + sc.wan.pd_to_prfaas.delay_s
+    out = []
+    for d in DIRECTIONS:
+        spec = sc.wan.direction(d)
+        plan = plan_shaping(spec, shaper=sc.wan.shaper, scale=scale, rtt_s=rtt_s)
+        bdp = int(plan.rate_bps / 8 * rtt_s)
+        out.append(DirectionPlan(d, spec.rate_bps, plan.rate_bps, spec.delay_s, rtt_s, bdp, plan.queue_bytes, spec.loss.mean_rate))
+    return out
+
+
+def describe_action(a: Any) -> str:
+    """A schedule action in the scenario's units: ``change prfaas_to_pd rate 1 Gbps``."""
+    fmt = {"rate_bps": lambda v: f"rate {units.format_rate(v)}", "delay_s": lambda v: f"delay {units.format_duration(v)}",
+           "jitter_s": lambda v: f"jitter {units.format_duration(v)}", "loss": lambda v: f"loss {v.model} (mean {v.mean_rate:.3%})"}
+    what = ", ".join(fmt.get(k, lambda v, k=k: f"{k} {v}")(v) for k, v in a.changes)
+    return " ".join(x for x in (a.kind if a.kind != "revert" else "back from", "+".join(a.directions), what) if x)
+
+
+def capacity_segments(sc: Scenario) -> list[tuple[float, float, float, str]]:
+    """(start_s, end_s, PrfaaS->PD emulated rate, what changed) over the run, from the schedule's actions."""
+    from testbed.net.schedule import expand_schedule
+
+    base = sc.wan.prfaas_to_pd.rate_bps
+    rate, down = base, 0
+    cuts: list[tuple[float, float, str]] = [(0.0, base, "base")]
+    for a in expand_schedule(sc.wan.schedule):
+        if "prfaas_to_pd" not in a.directions:
+            continue
+        changes = dict(a.changes)
+        if a.kind == "down":
+            down += 1
+        elif a.kind == "up":
+            down -= 1
+        elif "rate_bps" in changes:
+            rate = changes["rate_bps"] if a.kind == "change" else base
+        cuts.append((a.at_s, 0.0 if down else rate, describe_action(a)))
+    segs = []
+    for i, (t, r, what) in enumerate(cuts):
+        end = cuts[i + 1][0] if i + 1 < len(cuts) else sc.duration_s
+        if end > t:
+            segs.append((t, end, r, what))
+    return segs
+
+
+def cross_traffic_bps(sc: Scenario, start_s: float, end_s: float) -> float:
+    """Mean emulated rate of the rate-limited cross-traffic flows leaving the PrfaaS datacenter over [start, end).
+    Elastic TCP flows (no rate) take a share of whatever is left and are not counted."""
+    spec = sc.section("cross_traffic")
+    if spec is None or end_s <= start_s:
+        return 0.0
+    bits = 0.0
+    for flow in spec.flows:
+        if not flow.src.startswith("prfaas"):
+            continue
+        for p in flow.periods():
+            if p.start_s >= end_s:
+                break
+            overlap = min(end_s, math.inf if p.end_s is None else p.end_s) - max(start_s, p.start_s)
+            if overlap > 0 and p.rate_bps is not None:
+                bits += p.rate_bps * overlap
+    return bits / (end_s - start_s)
+
+
+def _arrival_rate_rps(workload: Any) -> float | None:
+    mean = getattr(workload.arrivals, "mean_rate_rps", None)
+    return float(mean()) if callable(mean) else None  # closed loop: the rate follows completions
+
+
+def check_scenario(sc: Scenario) -> CheckReport:
+    """Every derived figure of a parsed scenario (no network, no processes)."""
+    from testbed.net.emulation import host_capacity_bps
+
+    cap_bps, cap_src = host_capacity_bps()
+    if sc.scale == "auto":
+        scale, scale_src = sc.resolve_scale(cap_bps), f"auto (host capacity {units.format_rate(cap_bps)} from {cap_src})"
+    else:
+        scale, scale_src = float(sc.scale), "scenario"
+    from testbed.net.schedule import expand_schedule
+
+    rep = CheckReport(sc.name, sc.source, scale, scale_src, cap_bps, sc.duration_s, direction_plans(sc, scale),
+                      [(a.at_s, describe_action(a)) for a in expand_schedule(sc.wan.schedule)], [])
+    _load(sc, rep)
+    for start, end, rate, what in capacity_segments(sc):
+        cross = cross_traffic_bps(sc, start, end)
+        left = rate - cross
+        util = rep.offered_kv_bps / left if rep.offered_kv_bps is not None and left > 0 else None
+        rep.segments.append(Segment(start, end, rate, cross, util, what))
+    _warn(sc, rep)
+    return rep
+
+
+def _load(sc: Scenario, rep: CheckReport) -> None:
+    """Offered KV at the base threshold and the model's Lambda_max (serving scenarios only)."""
+    policy, workload = sc.section("policy"), sc.section("workload")
+    if sc.section("model") is None or policy is None or workload is None:
+        return
+    from analysis import throughput_model as tm
+
+    rep.policy = policy.name
+    rep.arrival_rate_rps = _arrival_rate_rps(workload)
+    cm, _homo, dist, _inputs = tm.cluster_model_from_scenario(sc)
+    t = {"naive-heterogeneous": 0.0}.get(policy.name, float(policy.threshold_tokens))
+    rep.threshold_tokens = t if policy.name in OFFLOAD_POLICIES else None
+    p, _, kv_long = dist.split([t], cm.kv_bytes(dist.lengths))
+    rep.offload_fraction = float(p[0]) if policy.name in OFFLOAD_POLICIES else 0.0
+    if rep.arrival_rate_rps is not None:
+        kv = float(kv_long[0]) if rep.offload_fraction > 0 else 0.0
+        rep.offered_kv_bps = rep.arrival_rate_rps * rep.offload_fraction * kv * 8
+    if cm.n_prfaas >= 1 and cm.n_pd >= 2:
+        at_t = tm.at_threshold(cm, dist, t)
+        best = tm.search_prfaas_pd(cm, dist, step_tokens=256.0)
+        rep.model = {"lambda_max_at_base_t_rps": at_t.lambda_max, "bottleneck_at_base_t": at_t.bottleneck,
+                     "t_star_tokens": best.threshold, "lambda_max_at_t_star_rps": best.lambda_max,
+                     "bottleneck_at_t_star": best.bottleneck, "reading": "literal"}
+
+
+def _warn(sc: Scenario, rep: CheckReport) -> None:
+    w = rep.warnings
+    wire_max = sc.wan.max_rate_bps / rep.scale
+    if wire_max > rep.host_capacity_bps:
+        w.append(f"scale {rep.scale:g}: the wire would carry {units.format_rate(wire_max)}, more than this host's capacity "
+                 f"{units.format_rate(rep.host_capacity_bps)}; the shaper, not the scenario, would set the rate (raise scale)")
+    rtt = rep.directions[0].rtt_s
+    for i, e in enumerate(sc.wan.schedule):
+        length = e.down_s or e.for_s
+        if length is not None and length < rtt:
+            w.append(f"wan.schedule[{i}]: lasts {units.format_duration(length)}, shorter than the RTT "
+                     f"{units.format_duration(rtt)}; no sender can react to it")
+    if rep.offered_kv_bps is not None and rep.segments:
+        utils = [s.utilisation for s in rep.segments if s.utilisation is not None]
+        if utils and len(utils) == len(rep.segments) and max(utils) < FAR_BELOW_CAPACITY:
+            w.append(f"offered KV {units.format_rate(rep.offered_kv_bps)} stays under {FAR_BELOW_CAPACITY:.0%} of the WAN capacity left for it, "
+                     f"even at its lowest ({max(utils):.0%}): the WAN never binds (raise the arrival rate or lower the threshold)")
+    if rep.model and rep.arrival_rate_rps is not None and rep.arrival_rate_rps > rep.model["lambda_max_at_base_t_rps"]:
+        w.append(f"arrival rate {rep.arrival_rate_rps:g}/s is above the model's Lambda_max {rep.model['lambda_max_at_base_t_rps']:.3g}/s "
+                 f"at the base t ({rep.model['bottleneck_at_base_t']} binds): queues grow for the whole run")
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+
+def format_report(rep: CheckReport) -> str:
+    f = units.format_rate
+    lines = [f"scenario {rep.name} ({rep.source}): valid", f"  duration {units.format_duration(rep.duration_s)}, scale {rep.scale:g} ({rep.scale_source})", "WAN per direction (wire = emulated / scale; BDP over the RTT):"]
+    for d in rep.directions:
+        lines.append(f"  {d.direction:13s} {f(d.rate_bps):>10s} -> wire {f(d.wire_rate_bps):>10s}  delay {units.format_duration(d.delay_s)}"
+                     f"  RTT {units.format_duration(d.rtt_s)}  BDP {units.format_bytes(d.bdp_wire_bytes)}  queue {units.format_bytes(d.queue_wire_bytes)}"
+                     f"  loss {d.loss:.3%}")
+    lines.append("schedule:" if rep.timeline else "schedule: none (the WAN stays as configured)")
+    for t, what in rep.timeline:
+        lines.append(f"  {t:8.1f} s  {what}")
+    if rep.policy is not None:
+        t = "-" if rep.threshold_tokens is None else f"{rep.threshold_tokens:g} tokens"
+        rate = "closed loop" if rep.arrival_rate_rps is None else f"{rep.arrival_rate_rps:g} req/s"
+        lines.append(f"load: policy {rep.policy}, base t {t}, arrivals {rate}, offload fraction {rep.offload_fraction:.3f}")
+        if rep.offered_kv_bps is not None:
+            lines.append(f"  offered KV (emulated) {f(rep.offered_kv_bps)}; against the PrfaaS->PD capacity left by cross traffic:")
+    for s in rep.segments:
+        util = "-" if s.utilisation is None else f"{s.utilisation:.0%}"
+        cross = f" - cross {f(s.cross_bps)}" if s.cross_bps else ""
+        lines.append(f"  {s.start_s:8.1f}-{s.end_s:<8.1f} s  capacity {f(s.capacity_bps)}{cross}  offered/left {util}  ({s.label})")
+    if rep.model:
+        m = rep.model
+        lines.append(f"model (Eqs. 3-6, {m['reading']}): Lambda_max {m['lambda_max_at_base_t_rps']:.3g} req/s at the base t ({m['bottleneck_at_base_t']} binds); "
+                     f"t* {m['t_star_tokens']:g} tokens gives {m['lambda_max_at_t_star_rps']:.3g} req/s ({m['bottleneck_at_t_star']})"
+                     + ("" if rep.arrival_rate_rps is None else f"; offered {rep.arrival_rate_rps:g} req/s"))
+    for w in rep.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def register(sub: "argparse._SubParsersAction") -> None:
+    c = sub.add_parser("check", help="validate a scenario and print its derived figures (wire rates, BDPs, load vs capacity, Lambda_max); starts nothing")
+    c.add_argument("scenario", metavar="SCENARIO", help="scenario file or ready scenario name")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override, e.g. wan.rate=20Gbps")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c.set_defaults(func=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from testbed.scenario import load_scenario
+
+    rep = check_scenario(load_scenario(args.scenario, args.set))
+    if args.json:
+        json.dump(rep.to_dict(), sys.stdout, indent=1, default=lambda v: None if isinstance(v, float) and not math.isfinite(v) else str(v))
+        sys.stdout.write("\n")
+    else:
+        print(format_report(rep))
+    return 0

@@ -1,0 +1,139 @@
+"""`prfaas check`: derived figures of a scenario, and one line + exit 2 for every refused mutation."""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis.scenario_check import check_scenario
+from testbed import cli
+from testbed.scenario import builtin_scenarios_dir, load_scenario, parse_scenario
+
+READY = sorted(p.stem for p in builtin_scenarios_dir().glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", READY)
+def test_every_ready_scenario_checks_with_exit_0(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    t0 = time.process_time()
+    assert cli.main(["check", name]) == 0
+    assert time.process_time() - t0 < 1.0  # CPU time: the wall clock of a loaded host says little
+    out = capsys.readouterr().out
+    assert f"scenario {name}" in out and "valid" in out
+
+
+def test_wire_rate_bdp_and_queue_follow_rate_scale_and_delay() -> None:
+    sc = parse_scenario({"name": "x", "scale": 10, "wan": {"rate": "5Gbps", "delay": "5ms", "queue": "4bdp"}})
+    d = check_scenario(sc).directions[0]
+    assert d.wire_rate_bps == pytest.approx(500e6)
+    assert d.rtt_s == pytest.approx(0.010)
+    assert d.bdp_wire_bytes == pytest.approx(500e6 / 8 * 0.010, rel=1e-6)  # 625,000 B
+    assert d.queue_wire_bytes == pytest.approx(4 * 625_000, rel=0.01)
+
+
+def test_offered_kv_load_against_capacity_before_and_during_the_dip() -> None:
+    rep = check_scenario(load_scenario("quick"))
+    before, dip, after = rep.segments
+    assert (dip.start_s, dip.end_s) == (12.0, 20.0)
+    assert before.capacity_bps == 5e9 and dip.capacity_bps == 1e9 and after.capacity_bps == 5e9
+    # the same offered load meets a 5x smaller link
+    assert dip.utilisation == pytest.approx(5 * before.utilisation)
+    assert rep.offered_kv_bps == pytest.approx(before.utilisation * 5e9)
+    assert 0 < rep.offload_fraction < 1
+    assert rep.model["lambda_max_at_t_star_rps"] >= rep.model["lambda_max_at_base_t_rps"] > 0
+
+
+def test_cross_traffic_is_taken_from_the_capacity_left_for_kv() -> None:
+    rep = check_scenario(load_scenario("case-study"))
+    dip = rep.segments[1]
+    assert dip.cross_bps == pytest.approx(16e9)
+    assert dip.utilisation == pytest.approx(rep.offered_kv_bps / (20e9 - 16e9))
+
+
+def test_warnings_for_scenarios_that_cannot_show_anything() -> None:
+    rep = check_scenario(load_scenario("quick", ["wan.schedule=[{at: 12s, rate: 1Gbps, for: 4ms}]", "workload.arrivals.rate=0.01/s"]))
+    text = " ".join(rep.warnings)
+    assert "shorter than the RTT" in text and "never binds" in text
+    rep = check_scenario(load_scenario("quick", ["scale=1", "wan.rate=50Gbps"]))
+    assert any("more than this host's capacity" in w for w in rep.warnings)
+    assert not check_scenario(load_scenario("quick")).warnings
+
+
+# ----------------------------------------------------------------------------------------- fuzz corpus
+
+BAD_VALUES = ["abc", -1, 0, None, [], {}, [1, 2], {"x": 1}, True, 1e308, "10 furlongs", "-5ms", "1e99Gbps", "0%", "150%", "nan"]
+
+
+def _paths(node: object, prefix: tuple = ()) -> list[tuple]:
+    out = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.append(prefix + (k,))
+            out += _paths(v, prefix + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out.append(prefix + (i,))
+            out += _paths(v, prefix + (i,))
+    return out
+
+
+def _set(data: dict, path: tuple, value: object, delete: bool = False) -> None:
+    node = data
+    for p in path[:-1]:
+        node = node[p]
+    if delete:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+
+
+def mutations(count_per_scenario: int = 60, seed: int = 13) -> list[tuple[str, dict]]:
+    """Deterministic mutations of the ready scenarios: a value replaced by a wrong one, a key deleted,
+    an unknown key added, a section replaced by a scalar."""
+    rng = random.Random(seed)
+    out = []
+    for name in READY:
+        base = yaml.safe_load((builtin_scenarios_dir() / f"{name}.yaml").read_text())
+        paths = _paths(base)
+        for i in range(count_per_scenario):
+            data = copy.deepcopy(base)
+            path = rng.choice(paths)
+            kind = i % 4
+            if kind == 0:
+                _set(data, path, rng.choice(BAD_VALUES))
+            elif kind == 1 and not isinstance(path[-1], int):
+                _set(data, path, None, delete=True)
+            elif kind == 2:
+                parent = data
+                for p in path[:-1]:
+                    parent = parent[p]
+                if isinstance(parent, dict):
+                    parent[f"unknown_{i}"] = 1
+                else:
+                    _set(data, path, "junk")
+            else:
+                _set(data, path, rng.choice(["1Gbps", "2s", 3, "4K", "bogus", -0.5]))
+            out.append((f"{name}-{i}:{'.'.join(map(str, path))}", data))
+    return out
+
+
+def test_fuzz_corpus_refusals_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = mutations()
+    assert len(corpus) >= 200
+    refused = 0
+    for label, data in corpus:
+        f = tmp_path / "s.yaml"
+        f.write_text(yaml.safe_dump(data))
+        status = cli.main(["check", str(f)])  # any exception but UserError propagates and fails the test
+        out, err = capsys.readouterr()
+        assert status in (0, 2), label
+        if status == 2:
+            refused += 1
+            assert err.count("\n") == 1 and err.startswith("prfaas: error: "), (label, err)
+        else:
+            assert "valid" in out, label
+    assert refused >= 100  # most mutations are bad input; the rest must check cleanly
