@@ -10,11 +10,12 @@ bytes on the wire (already divided by the scenario's ``scale``), so emulated egr
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from testbed.units import finite_or_none
 
 REQUEST_COLUMNS = (
     "request_id", "arrival_s", "input_len", "cached_len", "output_len", "route", "threshold",
@@ -24,12 +25,7 @@ REQUEST_COLUMNS = (
 OFFLOAD_ROUTE_PREFIX = "prfaas"
 
 
-def _num(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+_num = finite_or_none
 
 
 def stats(values: Any, quantiles: tuple[int, ...] = (50, 90, 99)) -> dict[str, float | None]:

@@ -62,7 +62,7 @@ def summary_rows(runs: Sequence[Run], predictions: Sequence[dict[str, Any]]) -> 
     head = ["run", "policy", "scale", "ok / total", "throughput (req/s)", "model Lambda_max (req/s)", "TTFT mean (s)",
             "TTFT p50 (s)", "TTFT p90 (s)", "TTFT p99 (s)", "TPOT mean (ms)", "TPOT p90 (ms)", "offloaded (fraction)",
             "model offload (fraction)", "model threshold (tokens)", "KV egress mean (Gbps)", "model egress at Lambda_max (Gbps)",
-            "WAN sent mean (Gbps)"]
+            "WAN sent mean (Gbps)", "timing fidelity"]
     rows = []
     for r, pr in zip(runs, predictions):
         m = r.metrics
@@ -72,9 +72,22 @@ def summary_rows(runs: Sequence[Run], predictions: Sequence[dict[str, Any]]) -> 
             _fmt(pr.get("lambda_max")), _fmt(m["ttft_s"]["mean"]), _fmt(m["ttft_s"]["p50"]), _fmt(m["ttft_s"]["p90"]),
             _fmt(m["ttft_s"]["p99"]), _fmt(ms(m["tpot_s"]["mean"])), _fmt(ms(m["tpot_s"]["p90"])), _fmt(m["offload_fraction"]),
             _fmt(pr.get("offload_fraction")), _fmt(pr.get("threshold")), _fmt(m["egress_gbps"]["mean"]), _fmt(pr.get("egress_gbps")),
-            _fmt(m.get("wan_gbps", {}).get("mean")),
+            _fmt(m.get("wan_gbps", {}).get("mean")), fidelity_cell(r.summary),
         ])
     return head, rows
+
+
+def fidelity_cell(summary: dict[str, Any]) -> str:
+    """A run's timing-fidelity verdict (testbed.fidelity): ok, FLAGGED, or - when it was not measured."""
+    ok = summary.get("fidelity_ok")
+    return "-" if ok is None else ("ok" if ok else "<b>FLAGGED</b>")
+
+
+def fidelity_notes(runs: Sequence[Run]) -> list[str]:
+    """One warning paragraph per run whose timing fidelity fell outside tolerance."""
+    return [f"<p class='note'><b>Timing fidelity flagged for {html.escape(r.path.name)}</b> (node {html.escape(str(r.summary.get('node')))}): "
+            f"{html.escape(str(r.summary.get('fidelity_flags')))}. Its latencies may include this host's interference "
+            "(docs/scale-out.md, Timing fidelity).</p>" for r in runs if r.summary.get("fidelity_ok") is False]
 
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
@@ -123,7 +136,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
              f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}. Rates and bytes in emulated units "
              "(wire x scale). Model columns: the analytical throughput model (Eqs. 3-8, literal reading of Eq. 3) for each run's "
              "scenario; it predicts the maximum sustainable rate, so a run offered less load measures less.</p>",
-             "<h2>Summary</h2>", _table(head, rows)]
+             "<h2>Summary</h2>", _table(head, rows), *fidelity_notes(runs)]
     errs = [(r, p["error"]) for r, p in zip(runs, predictions) if "error" in p]
     if errs:
         parts.append("<p class='note'>No model prediction for: " + "; ".join(f"{html.escape(r.path.name)} ({html.escape(e)})" for r, e in errs) + "</p>")

@@ -261,7 +261,7 @@ def _progress_table(live: _Live, t_s: float, scenario: Scenario, plan: ServingPl
     return table
 
 
-def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True) -> Path:
+def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True, run_id: str | None = None) -> Path:
     """Run one scenario and write its run directory; returns `out_dir`. Raises `UserError` on bad input
     (before anything starts) and `HostError` when the host cannot run it."""
     from testbed.net.emulation import Network
@@ -282,7 +282,10 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True) ->
     _write_requests(requests, work / "requests.jsonl")
     live = _Live(total=len(requests))
     env_info: dict[str, Any] = {}
-    with Network(scenario, telemetry_path=out_dir / "link.parquet") as net:
+    from testbed.fidelity import RunFidelity
+
+    run_id = run_id or out_dir.resolve().name
+    with Network(scenario, telemetry_path=out_dir / "link.parquet", run_id=run_id, run_dir=out_dir) as net:
         scale = float(net.scale)
         resolved = _resolved(scenario.with_scale(scale), plan)
         (out_dir / "scenario.yaml").write_text(dump_scenario(resolved))
@@ -294,8 +297,9 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True) ->
         procs = _Processes(net, work / "logs", t0)
         relay = _TelemetryRelay(live, scale)
         cross: list[Any] = []
+        fidelity = RunFidelity(net, work / "timing-probe.json")
         try:
-            calibration = _measure_rtt(net, scenario, plan)
+            calibration = _measure_rtt(net, fidelity, plan)
             for inst in plan.instances:
                 cfg = _worker_config(inst, plan, scenario, scale, work)
                 procs.start(inst.name, inst.host, _python() + ["testbed.serving.worker", "--role", inst.role, "--config", str(cfg)])
@@ -318,6 +322,8 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True) ->
 
             def on_start(start_abs_s: float) -> None:
                 _restart_schedule(net, scenario, start_abs_s)
+                fidelity.workload_started()
+                procs.start("timing-probe", "pd-client", fidelity.probe.argv())
                 if scenario.section("cross_traffic") is not None:
                     from traffic.cross import CrossTraffic
 
@@ -325,7 +331,10 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True) ->
                     cross[-1].start()
 
             _drive(scenario, plan, procs, live, agent, t0, scale, progress, on_start)
-            env_info = {"network": net.describe(), "workload_start_s": live.start_s, "rtt": calibration}
+            procs.stop(["timing-probe"], grace_s=2.0)
+            fidelity.workload_ended()
+            env_info = {"network": net.describe(), "workload_start_s": live.start_s, "rtt": calibration,
+                        "run_id": run_id, "fidelity": fidelity.record()}
         finally:
             relay.close()
             for c in cross:
@@ -343,18 +352,17 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True) ->
     return out_dir
 
 
-def _measure_rtt(net: Any, scenario: Scenario, plan: ServingPlan) -> dict[str, Any] | None:
-    """Configured vs measured WAN round trip (20 pings, decode host -> a PrfaaS prefill host) on the idle
-    network, before any worker starts: the run's own check that the emulated delay is what was asked."""
-    from testbed.net.calibrate import measure_rtt
-
-    src = next((i.host for i in plan.instances if i.role == "decode"), None)
-    dst = next((i.host for i in plan.instances if i.cluster == "prfaas"), None)
+def _measure_rtt(net: Any, fidelity: Any, plan: ServingPlan) -> dict[str, Any] | None:
+    """Configured vs measured WAN round trip (20 pings, decode host -> a PrfaaS prefill host) and
+    PrfaaS -> PD goodput on the idle network, before any worker starts: the run's own check that the
+    emulated WAN is what was asked (testbed.fidelity)."""
+    dst = next((i.host for i in plan.instances if i.role == "decode"), None)
+    src = next((i.host for i in plan.instances if i.cluster == "prfaas"), None)
     if src is None or dst is None:
         return None
-    st = measure_rtt(net, src, dst, count=20, interval_s=0.02)
-    return {"path": f"{src} -> {dst}", "configured_s": scenario.wan.prfaas_to_pd.delay_s + scenario.wan.pd_to_prfaas.delay_s,
-            "p50_s": st.p50_s, "p99_s": st.p99_s, "mean_s": st.mean_s, "replies": st.replies, "count": st.count}
+    w = fidelity.measure_wan(src, dst)
+    return {"path": w["path"], "configured_s": w["configured_rtt_s"], "p50_s": w["rtt_p50_s"], "p99_s": w["rtt_p99_s"],
+            "replies": w["ping_replies"], "count": w["pings"]}
 
 
 def _resolved(scenario: Scenario, plan: ServingPlan) -> Scenario:
@@ -490,6 +498,7 @@ def _environment(plan: ServingPlan, scenario: Scenario, scale: float, env_info: 
                     "model": model.name, "variant": model.variant if plan.compute == "torch" else None,
                     "device": model.device if plan.compute == "torch" else None},
         "scale": scale,
+        "run_id": env_info.get("run_id"),
         "t0": "all times are seconds after the network's start (PRFAAS_T0); the WAN schedule and faults count from workload_start_s",
         "workload_start_s": env_info.get("workload_start_s"),
         "network": env_info.get("network"),
@@ -527,4 +536,10 @@ def _collect(out_dir: Path, work: Path, scenario: Scenario, plan: ServingPlan, r
     summary = summarize(df, link, scale=scale, policy=scenario.section("policy").name, model=scenario.section("model").name,
                         duration_s=None)
     summary["compute"] = plan.compute
+    from testbed.fidelity import FIDELITY_FILE, summary_fields
+
+    record = env_info.get("fidelity")
+    if record is not None:
+        (out_dir / FIDELITY_FILE).write_text(json.dumps(record, indent=1, default=str))
+        summary.update(summary_fields(record))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

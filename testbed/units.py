@@ -195,3 +195,12 @@ def parse_request_rate_rps(text: object) -> float:
     if rps < 0:
         raise ValueError(f"{text!r} must not be negative; use {REQUEST_RATE_HELP}")
     return rps
+
+
+def finite_or_none(x: object) -> float | None:
+    """`x` as a float when it is a finite number, else None (missing, NaN, inf, not a number)."""
+    try:
+        v = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None

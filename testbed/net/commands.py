@@ -39,6 +39,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     net.set_defaults(func=lambda a: (net.print_help(), 2)[1])
 
     c = sub.add_parser("clean", help="remove what a crashed or killed run left behind (namespaces, bridges, processes, sysctls)")
+    c.add_argument("run", nargs="?", metavar="RUN_ID", help="only this run's leftovers: its run id or run directory (environment.json's run_id)")
     c.add_argument("--all", action="store_true", help="also stop networks whose owner process is still running")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_clean)
@@ -75,6 +76,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         con = Console()
         con.print(t)
         con.print(f"WAN backend a run would use (wan.backend: auto): [bold]{rep['backend_auto']}[/]")
+        par = rep["parallelism"]
+        con.print(f"parallel runs this host keeps time for: [bold]--executor local:{par['suggested']}[/] "
+                  f"({par['cpus']} cores, about {par['cores_per_run']:g} per run; capacity {par['capacity_bps'] / 1e9:g} Gbps "
+                  f"from {par['capacity_source']}, shared by parallel runs)")
         if rep["missing"]:
             con.print(f"[red]not ready:[/] {', '.join(rep['missing'])}")
         con.print(f"next: {rep['next']}", highlight=False, markup=False)
@@ -206,11 +211,12 @@ def cmd_net_down(args: argparse.Namespace) -> int:
 def cmd_clean(args: argparse.Namespace) -> int:
     from testbed.net import cleanup
 
-    rep = cleanup.clean(include_live=args.all)
+    rep = cleanup.clean(include_live=args.all, run=args.run)
     if args.json:
         print(json.dumps(rep.as_dict(), indent=1))
     elif rep.nothing:
-        print("nothing to clean" + (f"; still running: {'; '.join(rep.skipped_live)} (use --all to stop them)" if rep.skipped_live else ""))
+        print("nothing to clean" + (f" for run {args.run}" if args.run else "")
+              + (f"; still running: {'; '.join(rep.skipped_live)} (use --all to stop them)" if rep.skipped_live else ""))
     else:
         print(f"removed: {len(rep.networks)} network(s), {len(rep.processes)} process(es), bridges {rep.bridges or '-'}, "
               f"restored sysctls {rep.sysctls or '-'}")

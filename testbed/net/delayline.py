@@ -663,6 +663,10 @@ class DelayLineProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    @property
+    def control_dir(self) -> Path | None:
+        return self._ctl_dir
+
     def cpu_s(self, user_only: bool = False) -> float:
         """CPU seconds the child has used (0 when gone). System time includes the kernel forwarding each
         verdict triggers (reinjection, veth, even the next hop's TCP work), which runs in our syscall;

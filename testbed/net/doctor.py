@@ -90,7 +90,12 @@ def _torch_check() -> Check:
 def report() -> dict[str, Any]:
     from testbed.net.netem import netem_available
 
+    from testbed.fidelity import CORES_PER_RUN_DEFAULT, suggest_parallelism
+    from testbed.net.emulation import host_capacity_bps
+
     checks = run_checks()
+    cap_bps, cap_source = host_capacity_bps()
+    cpus = os.cpu_count() or 1
     netem_ok = netem_available()[0] if os.geteuid() == 0 else False
     missing = [c.name for c in checks if c.required and not c.ok]
     return {
@@ -102,6 +107,9 @@ def report() -> dict[str, Any]:
         "ready": not missing,
         "missing": missing,
         "checks": [asdict(c) for c in checks],
+        "parallelism": {"suggested": suggest_parallelism(cpus), "cpus": cpus, "cores_per_run": CORES_PER_RUN_DEFAULT,
+                        "capacity_bps": cap_bps, "capacity_source": cap_source,
+                        "capacity_per_run_bps": cap_bps / suggest_parallelism(cpus)},
     }
 
 

@@ -52,8 +52,10 @@ class Network:
     """The network of a scenario. ``with Network(sc) as net: net.run("pd-p0", ["ping", ...])``."""
 
     def __init__(self, scenario: Scenario, *, scale: float | None = None, telemetry_path: Path | None = None,
-                 telemetry_period_s: float = DEFAULT_PERIOD_S) -> None:
+                 telemetry_period_s: float = DEFAULT_PERIOD_S, run_id: str | None = None, run_dir: Path | None = None) -> None:
         self.scenario = scenario
+        self.run_id = run_id  # recorded in the state file: `prfaas clean RUN_ID` removes this network only
+        self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         if scale is not None:
             self.scale, self.scale_source = float(scale), "given to Network()"
         elif scenario.scale == "auto":
@@ -115,13 +117,16 @@ class Network:
         setLogLevel("warning")
         topo_spec = self.scenario.topology
         self.addresses = addressing(topo_spec).ips
-        self._state_file = state.state_path(os.getpid(), self.tag)
-        self._state = {
-            "owner_pid": os.getpid(), "owner_start": state.process_start_ticks(os.getpid()), "tag": self.tag,
-            "scenario": self.scenario.name, "source": self.scenario.source, "ready": False,
-            "bridges": [bridge_name(dc, self.tag) for dc in ("prfaas", "pd")], "hosts": {}, "processes": [],
-        }
         with state.locked():
+            self.tag = state.claim_tag(self.tag, _root_links())
+            self._state_file = state.state_path(os.getpid(), self.tag)
+            self._state = {
+                "owner_pid": os.getpid(), "owner_start": state.process_start_ticks(os.getpid()), "tag": self.tag,
+                "scenario": self.scenario.name, "source": self.scenario.source, "ready": False,
+                "run_id": self.run_id, "run_dir": str(self.run_dir) if self.run_dir else None,
+                "bridges": [bridge_name(dc, self.tag) for dc in ("prfaas", "pd")], "hosts": {}, "processes": [],
+                "delayline_dirs": [],
+            }
             state.write_state(self._state_file, self._state)
             self.sysctls_set = state.save_and_set_sysctls()
         self.net = Mininet(topo=TwoDatacenterTopo(topo_spec, tag=self.tag), switch=NetlinkBridge, controller=None,
@@ -148,7 +153,11 @@ class Network:
                 raise HostError(f"route on {gw.name}: {out.strip()}")
             ports[direction] = GatewayPort(gw.name, wan_ifname(dc), f"/proc/{gw.pid}/ns/net", self._gateway_popen(gw))
         self.wan = Wan(self.scenario.wan, ports, scale=self.scale, backend=self.backend, seed=self.scenario.seed)
-        self.wan.start()
+        try:
+            self.wan.start()
+        finally:  # where its delay lines keep their control files: `clean` removes them after a SIGKILL
+            self._state["delayline_dirs"] = self.wan.control_dirs()
+            state.write_state(self._state_file, self._state)
         self.t0_s = clock.now_s()
         self.telemetry = Telemetry(self.wan.sample, DIRECTIONS, t0_s=self.t0_s, scale=self.scale, period_s=self.telemetry_period_s)
         for fn in self._listeners:
@@ -313,6 +322,10 @@ class Network:
             raise
         return subprocess.CompletedProcess(argv, p.returncode, out, err)
 
+    def namespace_pids(self) -> list[int]:
+        """Every process inside this network's hosts (gateways included)."""
+        return state.pids_in_netns(self._netns_inodes)
+
     def add_telemetry_listener(self, fn: Callable[[dict], None]) -> None:
         self._listeners.append(fn)
         if self.telemetry:
@@ -345,6 +358,13 @@ class Network:
             "schedule_errors": list(self.schedule.errors) if self.schedule else [],
             "telemetry_period_s": self.telemetry_period_s, "hosts": dict(self.addresses),
         }
+
+
+def _root_links() -> set[str]:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        return {str(link.get_attr("IFLA_IFNAME")) for link in ipr.get_links()}
 
 
 def kill_pids(pids: Any, grace_s: float = 2.0) -> list[int]:

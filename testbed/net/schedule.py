@@ -56,6 +56,7 @@ class ScheduleRunner:
         self.apply = apply
         self.t0_s = t0_s
         self.fired: list[tuple[float, ScheduleAction]] = []  # (t_s fired, action)
+        self.woke_late_s: list[float] = []  # per fired action: how late the thread woke for it (testbed.fidelity)
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wan-schedule", daemon=True)
@@ -71,6 +72,7 @@ class ScheduleRunner:
             wait_s = self.t0_s + action.at_s - clock.now_s()
             if wait_s > 0 and self._stop.wait(wait_s):
                 return
+            self.woke_late_s.append(max(0.0, clock.now_s() - self.t0_s - action.at_s))
             try:
                 self.apply(action)
             except Exception as exc:  # keep the schedule going; the error is reported by describe()

@@ -88,6 +88,30 @@ def write_state(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def claim_tag(preferred: str, existing_links: set[str]) -> str:
+    """Call under `locked()`: `preferred`, or the next free 5-hex-digit tag, free meaning no state file
+    (live or left by a killed run) names it and no root-namespace link carries it. Tags name the
+    bridges (``br[fd]TAG``), so two networks started at once never share one."""
+    taken = {str(d.get("tag")) for _, d in list_states()}
+    value = int(preferred, 16)
+    for _ in range(1 << 20):
+        tag = f"{value:05x}"
+        if tag not in taken and not any(name.startswith(("brf" + tag, "brd" + tag)) for name in existing_links):
+            return tag
+        value = (value + 1) & 0xFFFFF
+    raise RuntimeError("no free network tag: run `prfaas clean`")
+
+
+def matches_run(data: dict[str, Any], run: str) -> bool:
+    """Does the network of state `data` belong to run `run` (its run id, or its run directory's path)?"""
+    if not run:
+        return False
+    if str(data.get("run_id") or "") == run:
+        return True
+    run_dir = data.get("run_dir")
+    return bool(run_dir) and os.path.realpath(run) == os.path.realpath(str(run_dir))
+
+
 def list_states() -> list[tuple[Path, dict[str, Any]]]:
     out = []
     for p in sorted(STATE_DIR.glob("net-*.json")) if STATE_DIR.exists() else []:

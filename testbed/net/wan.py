@@ -189,6 +189,10 @@ class Wan:
             self.emulators[d] = em
             em.start()
 
+    def control_dirs(self) -> list[str]:
+        """The delay lines' control directories (none with netem)."""
+        return [str(d) for em in self.emulators.values() if (d := getattr(getattr(em, "line", None), "control_dir", None))]
+
     def set_direction(self, direction: str, spec: LinkDirectionSpec) -> None:
         self.emulators[direction].update(spec)
         self.current[direction] = spec

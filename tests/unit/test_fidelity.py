@@ -1,0 +1,129 @@
+"""testbed.fidelity: the verdict against tolerances, the figures a summary carries, the sleep probe,
+CPU accounting between snapshots, and the parallelism doctor suggests (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed import fidelity
+from testbed.errors import UserError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def good_record(**over: dict) -> dict:
+    rec = {
+        "wan": {"rtt_p50_s": 0.0102, "configured_rtt_s": 0.010, "rate_ratio": 0.94},
+        "sleep": {"late_p99_s": 0.0008},
+        "schedule": {"late_p99_s": 0.002},
+        "cpu": {"delayline_cores": {"prfaas_to_pd": 0.3, "pd_to_prfaas": 0.1}},
+    }
+    for k, v in over.items():
+        rec[k] = {**rec[k], **v}
+    return rec
+
+
+def test_a_run_within_every_tolerance_has_no_flags():
+    assert fidelity.assess(good_record()) == []
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"wan": {"rtt_p50_s": 0.0106}}, "WAN RTT p50 10.60 ms vs 10.00 ms"),
+    ({"wan": {"rate_ratio": 0.7}}, "WAN goodput 0.70"),
+    ({"sleep": {"late_p99_s": 0.0061}}, "sleeps late by 6.1 ms at p99"),
+    ({"schedule": {"late_p99_s": 0.06}}, "schedule fired late by 60.0 ms"),
+    ({"cpu": {"delayline_cores": {"prfaas_to_pd": 0.97}}}, "delay line prfaas_to_pd used 0.97 cores"),
+    ({"sleep": {"late_p99_s": None}}, "sleep lateness not measured"),
+    ({"wan": {"rate_ratio": None, "rate_error": "iperf3 refused"}}, "WAN rate not measured: iperf3 refused"),
+])
+def test_each_figure_outside_its_tolerance_is_flagged_by_name(over, needle):
+    flags = fidelity.assess(good_record(**over))
+    assert len(flags) == 1 and needle in flags[0]
+
+
+def test_rtt_tolerance_is_half_a_millisecond_either_way():
+    assert fidelity.assess(good_record(wan={"rtt_p50_s": 0.0104})) == []
+    assert fidelity.assess(good_record(wan={"rtt_p50_s": 0.0094})) != []
+
+
+def test_build_record_and_summary_fields_carry_the_verdict_and_the_node():
+    rec = fidelity.build_record(good_record()["wan"], {"late_p99_s": 0.009}, [0.001, 0.002, 0.060], {"delayline_cores": {"a": 0.2},
+                                                                                                   "run_cpu_cores": 1.4})
+    assert rec["ok"] is False and rec["schedule"]["fired"] == 3 and rec["schedule"]["late_p99_s"] == pytest.approx(0.060)
+    assert len(rec["flags"]) == 2 and rec["node"] and rec["cpus"] == os.cpu_count()
+    row = fidelity.summary_fields(rec)
+    assert row["fidelity_ok"] is False and "sleeps late by 9.0 ms" in row["fidelity_flags"]
+    assert row["fidelity_delayline_cores_max"] == 0.2 and row["fidelity_run_cpu_cores"] == 1.4 and row["node"] == rec["node"]
+    json.dumps(row)  # a summary is JSON
+
+
+def test_cpu_between_counts_cores_per_delay_line_and_for_the_run():
+    hz = os.sysconf("SC_CLK_TCK")
+    a = fidelity.CpuSnapshot(10.0, {"x": 0}, 0, 0, 1000)
+    b = fidelity.CpuSnapshot(12.0, {"x": hz}, 3 * hz, 500, 2000)
+    cpu = fidelity.cpu_between(a, b)
+    assert cpu["delayline_cores"] == {"x": 0.5} and cpu["run_cpu_cores"] == 1.5 and cpu["host_busy_share"] == 0.5
+
+
+def test_cpu_snapshot_reads_this_process():
+    t0 = fidelity.cpu_snapshot({"me": os.getpid(), "gone": None}, [os.getpid()])
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    cpu = fidelity.cpu_between(t0, fidelity.cpu_snapshot({"me": os.getpid(), "gone": None}, [os.getpid()]))
+    cpu_s = cpu["delayline_cores"]["me"] * cpu["window_s"]
+    assert 0.25 <= cpu_s <= cpu["window_s"] + 0.02 and cpu["delayline_cores"]["gone"] == 0  # 0.3 s of CPU, in clock ticks
+    assert 0 < cpu["host_busy_share"] <= 1
+
+
+def test_schedule_lateness_from_fired_actions():
+    class A:
+        def __init__(self, at_s: float) -> None:
+            self.at_s = at_s
+
+    assert fidelity.schedule_lateness_s([(12.004, A(12.0)), (19.99, A(20.0))]) == pytest.approx([0.004, 0.0])
+
+
+def test_the_probe_process_writes_its_lateness_on_sigterm(tmp_path: Path):
+    out = tmp_path / "probe.json"
+    p = subprocess.Popen([sys.executable, "-m", "testbed.fidelity", "probe", "--out", str(out), "--sleep-ms", "2"], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    time.sleep(1.0)
+    p.terminate()
+    assert p.wait(10) == 0
+    res = json.loads(out.read_text())
+    assert res["sleep_s"] == 0.002 and 50 <= res["samples"] <= 500  # about 1 s of 2 ms sleeps
+    assert 0 <= res["late_p50_s"] <= res["late_p99_s"] <= res["late_max_s"] < 1.0
+
+
+@pytest.mark.parametrize("cpus, per_run, expected", [(2, 2.0, 1), (4, 2.0, 1), (8, 2.0, 3), (16, 2.0, 6), (16, 1.0, 12), (1, 2.0, 1)])
+def test_suggested_parallelism_from_cores_and_the_cores_a_run_uses(cpus, per_run, expected):
+    assert fidelity.suggest_parallelism(cpus, per_run) == expected
+
+
+def test_local_n_beyond_the_suggestion_warns_and_beyond_the_cores_is_refused():
+    assert fidelity.check_parallelism(1, 2) is None
+    assert "doctor` suggests local:1" in fidelity.check_parallelism(2, 2)
+    with pytest.raises(UserError, match="local:3: 3 runs at once on 2 cores"):
+        fidelity.check_parallelism(3, 2)
+
+
+def test_reports_mark_a_flagged_run_and_say_why():
+    from types import SimpleNamespace
+
+    from analysis.report import fidelity_cell, fidelity_notes
+
+    flagged = SimpleNamespace(path=Path("/r/run-b"), summary={"fidelity_ok": False, "fidelity_flags": "sleeps late by 9.0 ms at p99",
+                                                              "node": "n1"})
+    fine = SimpleNamespace(path=Path("/r/run-a"), summary={"fidelity_ok": True})
+    old = SimpleNamespace(path=Path("/r/run-0"), summary={})
+    assert [fidelity_cell(r.summary) for r in (fine, flagged, old)] == ["ok", "<b>FLAGGED</b>", "-"]
+    notes = fidelity_notes([fine, flagged, old])
+    assert len(notes) == 1 and "run-b" in notes[0] and "node n1" in notes[0] and "sleeps late by 9.0 ms" in notes[0]
