@@ -95,8 +95,38 @@ def kv_egress_series_bps(requests: pd.DataFrame, scale: float = 1.0, bin_s: floa
     return pd.Series(np.diff(done.sum(axis=1)) / bin_s, index=edges[:-1] + bin_s / 2)
 
 
+def estimator_error(scheduler: pd.DataFrame | None, steady_window_s: float = 2.0, steady_band: float = 0.1) -> dict[str, Any]:
+    """How far the policy's available-bandwidth belief was from the emulator's ground truth.
+
+    From the scheduler log's ``signals`` rows (one per control tick): relative error |belief - truth| /
+    truth; "steady" rows are those whose truth stayed within +-`steady_band` of its value over the
+    surrounding +-`steady_window_s` (transients after a WAN event are judged by detection time, not
+    here). ``signals`` is the run's mode (``oracle`` runs are labelled by it).
+    """
+    empty = {"signals": None, "samples": 0, "steady_samples": 0, "median_abs_error": None, "p90_abs_error": None}
+    if scheduler is None or "kind" not in scheduler or "truth_kv_available_bps" not in scheduler:
+        return empty
+    sig = scheduler[scheduler["kind"] == "signals"].sort_values("t_s")
+    mode = str(sig["signals"].dropna().iloc[0]) if "signals" in sig and sig["signals"].notna().any() else None
+    sig = sig[["t_s", "kv_available_bps", "truth_kv_available_bps"]].apply(pd.to_numeric, errors="coerce").dropna()
+    sig = sig[sig["truth_kv_available_bps"] > 0]
+    if not len(sig):
+        return {**empty, "signals": mode}
+    t = sig["t_s"].to_numpy()
+    truth = sig["truth_kv_available_bps"].to_numpy()
+    err = np.abs(sig["kv_available_bps"].to_numpy() - truth) / truth
+    steady = np.array([
+        bool(np.all(np.abs(truth[(t >= x - steady_window_s) & (t <= x + steady_window_s)] - v) <= steady_band * v))
+        for x, v in zip(t, truth)
+    ])
+    e = err[steady]
+    return {"signals": mode, "samples": int(len(err)), "steady_samples": int(len(e)),
+            "median_abs_error": float(np.median(e)) if len(e) else None,
+            "p90_abs_error": float(np.percentile(e, 90)) if len(e) else None}
+
+
 def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale: float = 1.0, policy: str = "",
-              model: str = "", duration_s: float | None = None) -> dict[str, Any]:
+              model: str = "", duration_s: float | None = None, scheduler: pd.DataFrame | None = None) -> dict[str, Any]:
     """The ``summary.json`` document of one run (keys of ARCHITECTURE.md, plus a few more).
 
     Throughput counts ok requests over `duration_s` (default: first arrival to last finish).
@@ -138,4 +168,5 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
         "scale": scale,
         "policy": policy,
         "model": model,
+        "estimator": estimator_error(scheduler),
     }

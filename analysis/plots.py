@@ -117,6 +117,12 @@ def congestion_response(run: Run) -> plt.Figure:
     eg = egress_series_bps(run.link, s, window_s=0.5)
     if eg is not None:
         ax.plot(eg.index, eg.to_numpy() / 1e9, color="tab:blue", label="WAN sent (qdisc, KV + cross traffic)")
+    sig = run.scheduler[run.scheduler["kind"] == "signals"].sort_values("t_s") if "kind" in run.scheduler else run.scheduler.iloc[0:0]
+    for col, style, lab in (("truth_kv_available_bps", dict(color="k", lw=1.0), "left for KV (ground truth)"),
+                            ("kv_available_bps", dict(color="tab:red", lw=1.2, ls=":"), f"left for KV ({run.signals} estimate)")):
+        if col in sig and sig[col].notna().any():
+            v = pd.to_numeric(sig[col], errors="coerce")
+            ax.plot(sig["t_s"], v / 1e9, label=lab, **style)
     ax.set_ylabel("WAN PrfaaS->PD (Gbps)")
     ax.set_title(f"WAN rate and egress (emulated units, scale {s:g})")
     if eg is not None and "rate_bps" in link and len(link):

@@ -42,7 +42,14 @@ class Run:
     def label(self) -> str:
         """Short label for legends: policy and directory name."""
         pol = self.summary.get("policy") or (self.scenario.get("policy") or {}).get("name", "")
+        if pol and self.signals == "oracle":
+            pol += " [ORACLE signals]"
         return f"{pol} ({self.path.name})" if pol else self.path.name
+
+    @property
+    def signals(self) -> str:
+        """The policy's signal mode; runs recorded before modes existed were told the WAN's capacity (oracle)."""
+        return str(self.summary.get("signals") or (self.scenario.get("policy") or {}).get("signals") or "oracle")
 
     @property
     def schedule_offset_s(self) -> float:
@@ -105,5 +112,6 @@ def load_run(path: str | Path) -> Run:
     scheduler = _read_parquet(p / "scheduler.parquet", TIME_COLUMNS)
     run = Run(p, scenario, environment, requests, link, scheduler, summary)
     run.metrics = summarize(requests, link, scale=run.scale, policy=str(summary.get("policy", "")),
-                            model=str(summary.get("model", "")), duration_s=summary.get("duration_s"))
+                            model=str(summary.get("model", "")), duration_s=summary.get("duration_s"), scheduler=scheduler)
+    run.metrics["signals"] = run.signals
     return run

@@ -86,9 +86,17 @@ def run_sender(host: str, port: int, connections: int, duration_s: float, pipeli
                     results.append(st)
                 i += 1
 
+        from testbed.kv.transport import tcp_info
+
+        def acked() -> int:
+            return sum(s.bytes_acked for s in (tcp_info(c.sock, c.index) for c in tx._conns) if s is not None)
+
+        acked0 = acked()
         threads = [threading.Thread(target=worker, args=(w,)) for w in range(pipeline)]
         for t in threads:
             t.start()
+        time.sleep(max(t_stop - now_s(), 0.0))
+        window_bytes = acked() - acked0  # TCP payload acknowledged in exactly the window iperf3 measures
         for t in threads:
             t.join()
         congestion = tx.congestion()
@@ -98,6 +106,7 @@ def run_sender(host: str, port: int, connections: int, duration_s: float, pipeli
     return {"connections": connections, "transfers": len(results), "failed": len(results) - len(ok),
             "kv_bytes": kv, "wire_bytes": sum(r.wire_bytes for r in ok), "elapsed_s": end - t0,
             "goodput_bps": 8 * kv / (end - t0) if end > t0 else 0.0, "retransmits": congestion["retransmits"],
+            "window_bps": 8 * window_bytes / duration_s,
             "reasons": sorted({r.reason for r in results if not r.ok})[:3]}
 
 
@@ -110,7 +119,8 @@ def _iperf_bps(out: str) -> float:
 
 # ---------------------------------------------------------------------------------------- drivers
 
-def bench_wan(loss: str, streams: list[int], duration_s: float, cc: str | None = None, lowat: int = -1) -> list[dict]:
+def bench_wan(loss: str, streams: list[int], duration_s: float, cc: str | None = None, lowat: int = -1,
+              repeat: int = 1) -> list[dict]:
     from testbed.net.emulation import Network
     from testbed.scenario import load_scenario
 
@@ -131,7 +141,7 @@ def bench_wan(loss: str, streams: list[int], duration_s: float, cc: str | None =
                 for host in ("prfaas-p0", "pd-d0"):
                     net.run(host, ["ip", "tcp_metrics", "flush", "all"])
 
-            for k, n in enumerate(streams):
+            for k, n in enumerate([n for n in streams for _ in range(repeat)]):
                 def iperf_run() -> float:
                     fresh_metrics()
                     ip = net.run("prfaas-p0", ["iperf3", "-c", dst, "-p", str(IPERF_PORT), "-P", str(n), "-t",
@@ -155,7 +165,8 @@ def bench_wan(loss: str, streams: list[int], duration_s: float, cc: str | None =
                     res = kv_run()
                     iperf = iperf_run()
                 rows.append({"loss": loss, "cc": cc or "default", "streams": n, "iperf3_bps": iperf, **res,
-                             "ratio": res["goodput_bps"] / iperf if iperf else 0.0})
+                             "ratio": res["goodput_bps"] / iperf if iperf else 0.0,
+                             "window_ratio": res["window_bps"] / iperf if iperf else 0.0})
                 console.print(f"  loss {loss:5s} N={n}: iperf3 {iperf / 1e9:.2f} Gbps, KV {res['goodput_bps'] / 1e9:.2f} Gbps")
         finally:
             rx.send_signal(signal.SIGTERM)
@@ -199,6 +210,29 @@ def bench_loopback(streams: list[int], duration_s: float) -> list[dict]:
     return rows
 
 
+def summarize_repeats(rows: list[dict]) -> None:
+    """Mean and 95% t-interval of KV / iperf3 per (loss, cc, N): whole-run goodput and same-window goodput."""
+    from scipy import stats
+
+    t = Table(title="KV / iperf3 over repetitions: mean [95% CI]")
+    for col in ("loss", "cc", "streams", "reps", "end-to-end ratio", "same-window ratio"):
+        t.add_column(col, justify="right")
+    keys = sorted({(r["loss"], r.get("cc", "default"), r["streams"]) for r in rows})
+    for key in keys:
+        g = [r for r in rows if (r["loss"], r.get("cc", "default"), r["streams"]) == key]
+        cells = []
+        for col in ("ratio", "window_ratio"):
+            x = [r[col] for r in g if col in r]
+            if len(x) >= 2:
+                m, sem = sum(x) / len(x), stats.sem(x)
+                lo, hi = stats.t.interval(0.95, len(x) - 1, loc=m, scale=sem) if sem > 0 else (m, m)
+                cells.append(f"{m:.3f} [{lo:.3f}, {hi:.3f}]")
+            else:
+                cells.append(f"{x[0]:.3f}" if x else "-")
+        t.add_row(key[0], key[1], str(key[2]), str(len(g)), *cells)
+    console.print(t)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--role", choices=["receiver", "sender"], help=argparse.SUPPRESS)
@@ -212,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cc", help="TCP congestion control for both tools (e.g. cubic); default: the host's")
     ap.add_argument("--notsent-lowat", type=int, default=-1, help="sender TCP_NOTSENT_LOWAT bytes (0: off; default: the transport's)")
     ap.add_argument("--json", type=Path, help="write the rows to this file")
+    ap.add_argument("--repeat", type=int, default=1, help="repetitions per (loss, N); >= 5 gives a 95%% CI per setting")
     args = ap.parse_args(argv)
 
     if args.role == "receiver":
@@ -232,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         rows = []
         for loss in args.loss.split(","):
-            rows += bench_wan(loss.strip(), streams, duration, args.cc, args.notsent_lowat)
+            rows += bench_wan(loss.strip(), streams, duration, args.cc, args.notsent_lowat, args.repeat)
 
     t = Table(title="KV transport vs iperf3, same streams, same network" + (" (loopback)" if args.loopback else
                                                                             " (5 Gbps, 10 ms one way)"))
@@ -242,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         t.add_row(r["loss"], r.get("cc", "default"), str(r["streams"]), f"{r['iperf3_bps'] / 1e9:.3f}", f"{r['goodput_bps'] / 1e9:.3f}",
                   f"{r['ratio']:.3f}", str(r["transfers"]), str(r["failed"]), str(r["retransmits"]))
     console.print(t)
+    if args.repeat > 1:
+        summarize_repeats(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     if args.loopback:

@@ -533,8 +533,10 @@ def _collect(out_dir: Path, work: Path, scenario: Scenario, plan: ServingPlan, r
     if link is None:
         pd.DataFrame({"t_s": pd.Series([], dtype=float), "direction": pd.Series([], dtype="string")}).to_parquet(out_dir / "link.parquet")
     (out_dir / "environment.json").write_text(json.dumps(_environment(plan, scenario, scale, env_info), indent=1, default=str))
+    scheduler = pd.read_parquet(out_dir / "scheduler.parquet")
     summary = summarize(df, link, scale=scale, policy=scenario.section("policy").name, model=scenario.section("model").name,
-                        duration_s=None)
+                        duration_s=None, scheduler=scheduler)
+    summary["signals"] = scenario.section("policy").signals  # "oracle" runs were told the emulator's ground truth
     summary["compute"] = plan.compute
     from testbed.fidelity import FIDELITY_FILE, summary_fields
 

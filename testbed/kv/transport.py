@@ -76,6 +76,9 @@ class TcpSample:
     bytes_acked: int
     notsent_bytes: int
     delivery_rate_bps: float
+    min_rtt_us: int = 0
+    unacked_bytes: int = 0  # segments sent and not yet acknowledged x MSS: in flight
+    app_limited: bool = False  # the kernel's delivery-rate sample was limited by the sender, not the path
 
 
 def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
@@ -86,12 +89,16 @@ def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
         return None
     if len(raw) < 168:
         return None
+    app_limited = bool(raw[7] & 1)  # tcpi_delivery_rate_app_limited: the bitfield byte after the wscales
+    (snd_mss,) = struct.unpack_from("<I", raw, 16)
+    (unacked,) = struct.unpack_from("<I", raw, 24)
     rtt_us, _, _, cwnd = struct.unpack_from("<IIII", raw, 68)
     (total_retrans,) = struct.unpack_from("<I", raw, 100)
     (bytes_acked,) = struct.unpack_from("<Q", raw, 120)
-    (notsent,) = struct.unpack_from("<I", raw, 144)
+    notsent, min_rtt_us = struct.unpack_from("<II", raw, 144)
     (delivery_rate,) = struct.unpack_from("<Q", raw, 160)
-    return TcpSample(now_s(), connection, rtt_us, cwnd, total_retrans, bytes_acked, notsent, 8.0 * delivery_rate)
+    return TcpSample(now_s(), connection, rtt_us, cwnd, total_retrans, bytes_acked, notsent, 8.0 * delivery_rate,
+                     min_rtt_us, unacked * snd_mss, app_limited)
 
 
 def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
@@ -271,8 +278,11 @@ class KVSender:
         return {
             "retransmits": sum(s.total_retrans for s in now),
             "rtt_ms": (sum(s.rtt_us for s in now) / len(now) / 1000.0) if now else 0.0,
+            "min_rtt_ms": (min(s.min_rtt_us for s in now) / 1000.0) if now else 0.0,
             "cwnd": sum(s.cwnd for s in now),
             "send_queue_bytes": queued + sum(s.notsent_bytes for s in now),
+            "inflight_bytes": sum(s.unacked_bytes for s in now),
+            "delivery_rate_bps": sum(s.delivery_rate_bps for s in now if not s.app_limited),
             "goodput_bps": goodput,
             "connections": len(self._conns),
             "broken": self._broken,

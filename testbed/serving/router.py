@@ -37,6 +37,7 @@ from testbed.errors import FieldError, UserError
 from testbed.scenario import Fields, boolean, positive_int, positive_number
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
+from testbed.serving.policy.signals import GroundTruth, admit
 from testbed.serving.policy import (
     ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
     TelemetrySample, build_policy, parse_policy_section,
@@ -255,8 +256,7 @@ class _Instance:
     healthy: bool = True
     reported_queue: int = 0
     retransmits: float = 0.0
-    send_queue_bytes: float = 0.0
-    goodput_bps: float = 0.0  # KV acknowledged per second by its senders (wire units, PrfaaS only)
+    congestion: dict[str, float] = field(default_factory=dict)  # its KV senders' TCP_INFO summary (wire units, PrfaaS only)
 
 
 class Router:
@@ -279,6 +279,7 @@ class Router:
         self._kv_bytes: dict[str, int] = {}
         self._wan: dict[str, float] = {"egress_bps": 0.0, "capacity_bps": config.wan_capacity_bps, "backlog_bytes": 0.0, "drops": 0.0}
         self._retrans_total = 0.0
+        self.truth = GroundTruth()
         self._stop = threading.Event()
         self.registry = new_registry()
         self.histograms = RequestHistograms(self.registry)
@@ -486,8 +487,10 @@ class Router:
             raise WorkerFailed(f"prefill instance {p.cfg.instance}: {out.get('reason') or 'failed'}")
         self.kv.add_keys(p.cfg.instance, self.kv.placement_keys(c.block_hashes, c.input_len))
         if dec.route == "prfaas" and out.get("kv_bytes"):  # workers report wire bytes; the policy thinks emulated
+            ps, pe = out.get("prefill_start_s"), out.get("prefill_end_s")
             self.policy.on_telemetry(TelemetrySample(clock.now_s(), transfer_uncached_len=dec.uncached_len,
-                                                     transfer_kv_bytes=int(int(out["kv_bytes"]) * self.cfg.scale)))
+                                                     transfer_kv_bytes=int(int(out["kv_bytes"]) * self.cfg.scale),
+                                                     prefill_s=float(pe) - float(ps) if ps is not None and pe is not None else None))
         return out
 
     def _open(self, inst: _Instance, path: str, body: dict[str, Any]) -> http.client.HTTPConnection:
@@ -524,8 +527,11 @@ class Router:
         with self._lock:
             self._wan.update(vals)
             self._wan["t_s"] = t
-        self.policy.on_telemetry(TelemetrySample(t, egress_bps=vals.get("egress_bps"), capacity_bps=vals.get("capacity_bps"),
-                                                 backlog_bytes=vals.get("backlog_bytes"), drops=vals.get("drops")))
+            self.truth.on_wan(t, vals.get("egress_bps"), vals.get("capacity_bps"))
+        sample = admit(TelemetrySample(t, egress_bps=vals.get("egress_bps"), capacity_bps=vals.get("capacity_bps"),
+                                       backlog_bytes=vals.get("backlog_bytes"), drops=vals.get("drops")), self.cfg.policy.signals)
+        if sample is not None:  # emulator ground truth: only an oracle policy is told
+            self.policy.on_telemetry(sample)
 
     def _poll_once(self, pool: ThreadPoolExecutor) -> None:
         insts = list(self.prefill.values()) + list(self.decode.values())
@@ -543,13 +549,18 @@ class Router:
                     r = float(cong.get("retransmits") or 0.0)
                     self._retrans_total += max(0.0, r - inst.retransmits)
                     inst.retransmits = r
-                    inst.send_queue_bytes = float(cong.get("send_queue_bytes") or 0.0)
-                    inst.goodput_bps = float(cong.get("goodput_bps") or 0.0)
-        pf = [p for p in self.prefill.values() if p.cluster == "prfaas"]
-        sq = sum(p.send_queue_bytes for p in pf)
-        goodput = sum(p.goodput_bps for p in pf) * self.cfg.scale  # wire -> emulated, as the WAN samples
-        self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total, send_queue_bytes=sq,
-                                                 kv_goodput_bps=goodput))
+                    inst.congestion = {k: v for k, v in cong.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        pf = [p for p in self.prefill.values() if p.cluster == "prfaas" and p.congestion]
+        k = self.cfg.scale  # wire -> emulated, as everything the policy sees
+        total = lambda key: sum(float(p.congestion.get(key) or 0.0) for p in pf) * k  # noqa: E731
+        goodput = total("goodput_bps")
+        rtts = [float(p.congestion.get("rtt_ms") or 0.0) for p in pf]
+        floors = [float(p.congestion["min_rtt_ms"]) for p in pf if p.congestion.get("min_rtt_ms")]
+        with self._lock:
+            self.truth.on_kv_goodput(goodput)
+        self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total, send_queue_bytes=total("send_queue_bytes"),
+                                                 inflight_bytes=total("inflight_bytes"), kv_goodput_bps=goodput,
+                                                 rtt_ms=max(rtts, default=0.0), min_rtt_ms=min(floors, default=0.0)))
 
     def _get_state(self, inst: _Instance) -> dict[str, Any] | None:
         try:
@@ -586,7 +597,18 @@ class Router:
         interval = self.cfg.policy.control.interval_s
         while not self._stop.wait(interval):
             self.policy.on_telemetry(self.queue_sample())
-            self.policy.tick(clock.now_s())
+            now = clock.now_s()
+            self.policy.tick(now)
+            self.log_signals(now)
+
+    def log_signals(self, now_s: float) -> None:
+        """A ``signals`` row: what the policy believes beside the emulator's ground truth."""
+        st = self.policy.status()
+        with self._lock:
+            truth, cap = self.truth.kv_available_bps, self.truth.capacity_bps
+        self.log.add("signals", now_s, signals=st["signals"], kv_available_bps=st["kv_available_bps"] or None,
+                     truth_kv_available_bps=truth, wan_capacity_bps=cap, queueing_delay_ms=st.get("queueing_delay_ms"),
+                     committed_bytes=st.get("committed_bytes"), backlogged=st.get("backlogged"))
 
     # -- views
     def state(self) -> dict[str, Any]:

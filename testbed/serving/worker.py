@@ -258,8 +258,10 @@ def _merge_congestion(per_dest: dict[str, dict[str, Any]]) -> dict[str, Any]:
     vals = list(per_dest.values())
     total = lambda k: sum(float(v.get(k) or 0) for v in vals)  # noqa: E731
     peak = lambda k: max(float(v.get(k) or 0) for v in vals)  # noqa: E731
-    return {"retransmits": total("retransmits"), "rtt_ms": peak("rtt_ms"), "cwnd": total("cwnd"),
-            "send_queue_bytes": total("send_queue_bytes"), "goodput_bps": total("goodput_bps"), "by_destination": per_dest}
+    floor = min((float(v["min_rtt_ms"]) for v in vals if v.get("min_rtt_ms")), default=0.0)
+    return {"retransmits": total("retransmits"), "rtt_ms": peak("rtt_ms"), "min_rtt_ms": floor, "cwnd": total("cwnd"),
+            "send_queue_bytes": total("send_queue_bytes"), "inflight_bytes": total("inflight_bytes"),
+            "delivery_rate_bps": total("delivery_rate_bps"), "goodput_bps": total("goodput_bps"), "by_destination": per_dest}
 
 
 # ------------------------------------------------------------------------------------------------ decode

@@ -213,3 +213,29 @@ def test_a_run_stopped_with_sigterm_mid_workload_cleans_up_and_exits_130(run_dir
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert not [d for p, d in state.list_states() if d.get("owner_pid") == proc.pid]
+
+
+def test_a_prfaas_run_with_observed_signals_records_its_mode_its_estimate_and_the_ground_truth(run_dir: Path):
+    """Observed (the default): the router's config carries only the nominal line rate; the policy's
+    estimate is logged beside the emulator's ground truth and the summary gives its error."""
+    sc = scenario(duration="8s", wan__schedule=[{"at": "3s", "rate": "2Gbps", "for": "3s"}],
+                  policy={"name": "prfaas", "threshold": "4K", "signals": "observed"},
+                  workload__arrivals={"process": "poisson", "rate": "2/s"},
+                  serving__instances={"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1})
+    assert sc.section("policy").signals == "observed"
+    run_scenario(sc, run_dir, progress=False)
+
+    router_cfg = json.loads((run_dir / "work" / "router.json").read_text())
+    assert router_cfg["wan_capacity_bps"] == sc.wan.prfaas_to_pd.rate_bps  # the nominal rate, nothing else
+    assert router_cfg["policy"]["signals"] == "observed"
+    df = pd.read_parquet(run_dir / "requests.parquet")
+    assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", ["request_id", "reason"]].to_string()
+    sched = pd.read_parquet(run_dir / "scheduler.parquet")
+    sig = sched[sched["kind"] == "signals"]
+    assert len(sig) > 10 and set(sig["signals"]) == {"observed"}
+    belief = pd.to_numeric(sig["kv_available_bps"], errors="coerce").dropna()
+    assert len(belief) and (belief <= sc.wan.prfaas_to_pd.rate_bps + 1).all()
+    assert pd.to_numeric(sig["truth_kv_available_bps"], errors="coerce").notna().sum() > 10
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["signals"] == "observed" and summary["estimator"]["signals"] == "observed"
+    assert summary["estimator"]["samples"] > 10

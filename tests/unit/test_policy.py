@@ -28,8 +28,9 @@ def spec(**kw: object) -> PolicySpec:
     return parse_policy_section(Fields(kw, "policy"))
 
 
-def make(name: str = "prfaas", prefill=PREFILL, decode=DECODE, standby=(), **kw: object):
-    return build_policy(spec(name=name, **kw), prefill, decode, log=SchedulerLog(), capacity_bps=CAP, standby=standby)
+def make(name: str = "prfaas", prefill=PREFILL, decode=DECODE, standby=(), signals: str = "oracle", **kw: object):
+    """Most law tests drive the oracle variant (they push the WAN's capacity); observed mode: test_signals.py."""
+    return build_policy(spec(name=name, signals=signals, **kw), prefill, decode, log=SchedulerLog(), capacity_bps=CAP, standby=standby)
 
 
 def state(kv: KVManager | None = None, hashes=(), input_len: int = 1, prefill=PREFILL, decode=DECODE, now: float | None = None) -> ClusterState:
@@ -338,7 +339,7 @@ def test_with_a_demand_model_t_jumps_to_the_fit_once_and_stays_there_while_the_b
 def test_the_capacity_left_for_kv_is_the_link_minus_the_measured_non_kv_traffic() -> None:
     """12 Gbps of cross traffic on a 20 Gbps line leave 8 Gbps for KV: t is fitted to 0.8 x 8 Gbps."""
     cap = 20e9
-    pol = build_policy(spec(name="prfaas", threshold="1K", min_threshold="1K", kv_bytes_per_token="150KB",
+    pol = build_policy(spec(name="prfaas", signals="oracle", threshold="1K", min_threshold="1K", kv_bytes_per_token="150KB",
                             control={"slow_tau": "1s"}), PREFILL, DECODE, log=SchedulerLog(), capacity_bps=cap)
     t0 = clock.now_s()
     for k in range(1, 101):  # 10 s: KV gets 5 Gbps acknowledged, the line carries 17 Gbps (u = 0.85 < 0.9)

@@ -17,7 +17,8 @@ import pytest
 from testbed import clock
 from testbed.errors import FieldError
 from testbed.kv.pool import chain_block_hashes
-from testbed.serving.policy import parse_policy_section
+from testbed.serving.policy import TelemetrySample, parse_policy_section
+from testbed.serving.policy.signals import ORACLE_FIELDS
 from testbed.scenario import Fields
 from testbed.serving.router import (
     DecodeInstanceConfig, PrefillInstanceConfig, Router, RouterConfig, block_hashes_of, tokenize,
@@ -448,3 +449,22 @@ def test_every_series_the_grafana_dashboard_queries_is_exposed_by_the_router(rou
     assert post(r, "/v1/completions", {"prompt": "one short prompt", "max_tokens": 2})[0] == 200
     exposed = {s.name for fam in text_string_to_metric_families(get_text(r, "/metrics")) for s in fam.samples}
     assert len(used) >= 10 and not used - exposed, sorted(used - exposed)
+
+
+def test_no_oracle_field_reaches_the_policy_of_a_router_in_observed_mode(router) -> None:
+    r = router(policy={"name": "prfaas", "threshold": "8K", "signals": "observed", "control": {"interval": "50ms"}})
+    seen: list[TelemetrySample] = []
+    inner = r.policy.on_telemetry
+    r.policy.on_telemetry = lambda s: (seen.append(s), inner(s))[1]  # type: ignore[method-assign]
+    for _ in range(5):
+        body = json.dumps({"t_s": clock.now_s(), "egress_bps": 1e9, "capacity_bps": 1e8, "backlog_bytes": 1e6, "drops": 10}).encode()
+        assert post(r, "/v1/telemetry", json.loads(body))[0] == 200
+    time.sleep(0.5)  # a few state polls (every 0.1 s) and control ticks
+    r.log_signals(clock.now_s())
+    assert seen, "the policy got no sample at all"
+    leaked = [(f, s) for s in seen for f in ORACLE_FIELDS if getattr(s, f) is not None]
+    assert not leaked, leaked
+    # the router still knows the truth, for the logs and the dashboard, and says which mode it ran
+    row = r.log.rows("signals")[-1]
+    assert row["signals"] == "observed" and row["wan_capacity_bps"] == pytest.approx(1e8 * r.cfg.scale)
+    assert r.policy.controller.capacity_bps == r.cfg.wan_capacity_bps  # nominal, never the pushed capacity

@@ -52,14 +52,17 @@ class Decision(NamedTuple):
 
 @dataclass(frozen=True)
 class TelemetrySample:
-    """A measurement; fields that a source does not measure stay None.
+    """A measurement; fields that a source does not measure stay None. Emulated units throughout.
 
-    WAN (pushed by the run, emulated units): egress_bps, capacity_bps (0: the link is down), backlog_bytes,
-    drops (cumulative).
-    Transport (router polls PrfaaS prefill workers): retransmits (cumulative), send_queue_bytes,
-    kv_goodput_bps (emulated: the KV the PrfaaS senders got acknowledged per second, summed).
+    Which fields a policy may see depends on `policy.signals` (`signals.ORACLE_FIELDS`, docs/router.md
+    "Signals"). Oracle (the emulator's WAN samples, only in ``oracle`` mode): egress_bps, capacity_bps
+    (0: the link is down), backlog_bytes, drops (cumulative).
+    Observed (the router polls the PrfaaS prefill workers across the WAN; TCP_INFO of their KV
+    senders, summed): retransmits (cumulative), send_queue_bytes (queued + not yet sent),
+    inflight_bytes (sent, not acknowledged), kv_goodput_bps (acknowledged per second), rtt_ms (peak
+    over workers), min_rtt_ms (the kernel's min RTT, lowest over workers).
     Queues (router, every tick): requests in flight per instance of each pool, and of decode.
-    A finished offload: transfer_uncached_len and transfer_kv_bytes (fits S_kv(l)).
+    A finished offload (router): transfer_uncached_len and transfer_kv_bytes (fit S_kv(l)), prefill_s.
     """
 
     t_s: float
@@ -69,12 +72,16 @@ class TelemetrySample:
     drops: float | None = None
     retransmits: float | None = None
     send_queue_bytes: float | None = None
+    inflight_bytes: float | None = None
     kv_goodput_bps: float | None = None
+    rtt_ms: float | None = None
+    min_rtt_ms: float | None = None
     prfaas_queue_per_instance: float | None = None
     pdp_queue_per_instance: float | None = None
     decode_queue_per_instance: float | None = None
     transfer_uncached_len: int | None = None
     transfer_kv_bytes: int | None = None
+    prefill_s: float | None = None
 
 
 _LOAD = operator.attrgetter("queue_depth", "instance")

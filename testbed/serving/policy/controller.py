@@ -13,7 +13,9 @@ from collections import deque
 from typing import Any, Callable
 
 from testbed.serving.policy.base import TelemetrySample
+from testbed.serving.policy.estimator import BandwidthEstimator, Estimate, EstimatorSpec
 from testbed.serving.policy.log import SchedulerLog
+from testbed.serving.policy.signals import admit
 from testbed.serving.policy.spec import PolicySpec
 
 
@@ -23,6 +25,12 @@ class PrfaasController:
     def __init__(self, spec: PolicySpec, log: SchedulerLog, capacity_bps: float) -> None:
         c = spec.control
         self.spec, self.log, self.capacity_bps = spec, log, capacity_bps
+        self.mode = spec.signals
+        self.nominal_bps = capacity_bps  # the scenario's line rate (provisioned): known in every mode
+        e = spec.estimator
+        self.estimator = BandwidthEstimator(capacity_bps, e) if self.mode == "observed" and capacity_bps > 0 else None
+        self._committed_bytes = 0.0  # KV the PrfaaS senders hold: queued, not yet sent, and in flight
+        self._prefill_s: float | None = None  # EWMA of the PrfaaS prefill time (s), from finished offloads
         self.t = self.t_base = float(spec.threshold_tokens)
         self.window_s = c.window_s
         self._u_ewma = 0.0
@@ -66,8 +74,35 @@ class PrfaasController:
 
     @property
     def kv_capacity_bps(self) -> float:
-        """The capacity left for KV: link capacity minus the non-KV traffic measured on it."""
-        return max(self.capacity_bps - self._non_kv_bps, 0.0)
+        """A: the bandwidth left for KV. Oracle: the shaper's rate minus the non-KV traffic measured on
+        the bottleneck; observed: the estimator's; provisioned: the nominal line rate."""
+        if self.mode == "oracle":
+            return max(self.capacity_bps - self._non_kv_bps, 0.0)
+        if self.estimator is not None:
+            return self.estimator.estimate.available_bps
+        return self.nominal_bps
+
+    @property
+    def estimate(self) -> Estimate | None:
+        return self.estimator.estimate if self.estimator is not None else None
+
+    @property
+    def committed_bytes(self) -> float:
+        return self._committed_bytes
+
+    def excess_committed_bits(self) -> float:
+        """Committed KV that will not have drained by the time a new offload finishes its prefill:
+        max(0, 8 x committed - A x prefill time). It delays every new offload whatever t becomes."""
+        prefill_s = self._prefill_s if self._prefill_s is not None else self.spec.control.prefill_prior_s
+        return max(0.0, 8.0 * self._committed_bytes - self.kv_capacity_bps * prefill_s)
+
+    def _utilization(self, t_s: float, u: float) -> None:
+        if self._u_last_t is None:
+            self._u_ewma = u
+        else:
+            a = 1.0 - math.exp(-max(t_s - self._u_last_t, 0.0) / self.spec.control.utilization_tau_s)
+            self._u_ewma += a * (u - self._u_ewma)
+        self._u_last_t = t_s
 
     def _slow(self, name: str, t_s: float, old: float | None, x: float) -> float:
         """EWMA with time constant `slow_tau`, per signal."""
@@ -91,25 +126,32 @@ class PrfaasController:
         inc = value - prev[1] if value >= prev[1] else value
         return inc / (t_s - prev[0])
 
-    def observe(self, s: TelemetrySample) -> None:
-        """One measurement (any `TelemetrySample`; fields it lacks leave the state alone)."""
+    def observe(self, sample: TelemetrySample) -> None:
+        """One measurement (any `TelemetrySample`; fields it lacks leave the state alone). Fields the
+        mode may not see are dropped here too (`signals.admit`), whatever the caller passed."""
+        s = admit(sample, self.mode)
+        if s is None:
+            return
         if True:
-            tau = self.spec.control.utilization_tau_s
             link_down = s.capacity_bps is not None and s.capacity_bps <= 0
             if s.capacity_bps and s.capacity_bps > 0:
                 self.capacity_bps = s.capacity_bps
             if link_down or (s.egress_bps is not None and self.capacity_bps > 0):
                 self._egress_bps = s.egress_bps or 0.0
-                u = 1.5 if link_down else min(self._egress_bps / self.capacity_bps, 1.5)  # a down link is saturated
-                if self._u_last_t is None:
-                    self._u_ewma = u
-                else:
-                    a = 1.0 - math.exp(-max(s.t_s - self._u_last_t, 0.0) / tau)
-                    self._u_ewma += a * (u - self._u_ewma)
-                self._u_last_t = s.t_s
+                self._utilization(s.t_s, 1.5 if link_down else min(self._egress_bps / self.capacity_bps, 1.5))  # a down link is saturated
                 if self._kv_goodput is not None and s.t_s - self._kv_goodput[0] <= 2.0 and not link_down:
                     x = max(self._egress_bps - self._kv_goodput[1], 0.0)
                     self._non_kv_bps = self._slow("non_kv", s.t_s, self._non_kv_bps, x)
+            if s.send_queue_bytes is not None or s.inflight_bytes is not None:
+                self._committed_bytes = (s.send_queue_bytes or 0.0) + (s.inflight_bytes or 0.0)
+            if s.kv_goodput_bps is not None and self.mode != "oracle":
+                if self.estimator is not None:
+                    self.estimator.update(s.t_s, s.kv_goodput_bps, self._committed_bytes, s.rtt_ms or 0.0,
+                                          s.min_rtt_ms or 0.0, s.retransmits)
+                a = self.kv_capacity_bps
+                self._utilization(s.t_s, min(s.kv_goodput_bps / a, 1.5) if a > 0 else 1.5)
+            if s.prefill_s is not None:
+                self._prefill_s = self._slow("prefill", s.t_s, self._prefill_s, s.prefill_s)
             if s.kv_goodput_bps is not None:
                 self._kv_goodput = (s.t_s, s.kv_goodput_bps)
             if s.backlog_bytes is not None:
@@ -219,8 +261,10 @@ class PrfaasController:
         demand = self.predicted_demand_bps(self.t, now_s)
         kv_cap = self.kv_capacity_bps
         ratio = (demand / kv_cap if kv_cap > 0 else math.inf) if demand is not None and self.capacity_bps > 0 else None
+        excess = self.excess_committed_bits()
         return {
             "utilization": self._u_ewma,
+            "excess_committed_bits": excess,
             "demand_ratio": ratio,  # predicted KV demand at t / the capacity left for KV
             "kv_capacity_bps": kv_cap,
             # a lone bulk transfer drops packets too (TCP probing a drop-tail queue): loss means congestion
@@ -237,8 +281,13 @@ class PrfaasController:
         c, s = self.spec.control, self.signals(now_s)
         ratio = s["demand_ratio"]
         lo, hi = float(self.spec.min_threshold_tokens), float(self.spec.max_threshold_tokens)
-        target = c.target_utilization * s["kv_capacity_bps"]
+        excess = s["excess_committed_bits"]
+        # what new offloads may use: the target share of A, less what drains the committed excess
+        # within drain_horizon (it delays every new offload whatever t becomes; a raise cannot undo it)
+        target = max(c.target_utilization * s["kv_capacity_bps"] - excess / c.drain_horizon_s, 0.0)
         pressure = []
+        if excess > 0:
+            pressure.append(f"committed KV {excess / max(s['kv_capacity_bps'], 1.0):.1f}s beyond a prefill's time to drain")
         if s["utilization"] >= c.high_utilization:
             pressure.append(f"egress utilisation {s['utilization']:.2f} >= {c.high_utilization:g}")
         if ratio is not None and ratio >= c.high_utilization:
@@ -275,7 +324,7 @@ class PrfaasController:
                 self._set_t(now_s, new, f"raise {how}: " + "; ".join(pressure))
                 self._last_raise = now_s
             return s
-        calm = s["utilization"] <= c.low_utilization and s["prfaas_queue"] <= c.queue_low and (ratio is None or ratio <= c.low_utilization)
+        calm = excess <= 0 and s["utilization"] <= c.low_utilization and s["prfaas_queue"] <= c.queue_low and (ratio is None or ratio <= c.low_utilization)
         if not calm:
             self._calm_since = None
             return s

@@ -18,6 +18,9 @@ class SchedulerLog:
         "egress_utilization", "bandwidth_scarce", "demand_ratio", "kv_capacity_bps", "pdp_cap_threshold",
         "congestion_events_per_s", "prfaas_queue",
         "pdp_queue", "decode_queue", "reason",
+        # signals rows (one per control tick): the policy's belief beside the emulator's ground truth
+        "signals", "kv_available_bps", "truth_kv_available_bps", "wan_capacity_bps", "queueing_delay_ms",
+        "committed_bytes", "backlogged", "excess_committed_bits",
     )
 
     def __init__(self) -> None:

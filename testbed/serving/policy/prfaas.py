@@ -39,8 +39,11 @@ class PrfaasPolicy(ThresholdPolicy):
     def status(self) -> dict[str, Any]:
         with self._lock:
             ctl = self.controller
+            e = ctl.estimate
             return {"signals": self.spec.signals, "kv_available_bps": ctl.kv_capacity_bps,
-                    "congestion_events_per_s": ctl.congestion_events_per_s, "bandwidth_scarce": float(ctl.bandwidth_scarce())}
+                    "congestion_events_per_s": ctl.congestion_events_per_s, "bandwidth_scarce": float(ctl.bandwidth_scarce()),
+                    "committed_bytes": ctl.committed_bytes, "queueing_delay_ms": e.queue_delay_ms if e else None,
+                    "backlogged": e.backlogged if e else None}
 
     def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
         self.controller.note_arrival(now_s, uncached_prfaas, local_len)
@@ -55,6 +58,7 @@ class PrfaasPolicy(ThresholdPolicy):
             sig = ctl.step(now_s)
             self.log.add("control", now_s, threshold=ctl.t, egress_utilization=sig["utilization"],
                          demand_ratio=sig["demand_ratio"], kv_capacity_bps=sig["kv_capacity_bps"],
+                         excess_committed_bits=sig["excess_committed_bits"],
                          pdp_cap_threshold=sig.get("pdp_cap"), congestion_events_per_s=ctl.congestion_events_per_s,
                          prfaas_queue=sig["prfaas_queue"], pdp_queue=sig["pdp_queue"], decode_queue=sig["decode_queue"],
                          bandwidth_scarce=ctl.bandwidth_scarce())

@@ -11,6 +11,7 @@ from typing import Any
 
 from testbed import units
 from testbed.scenario import Fields, boolean, number, positive_int, positive_number
+from testbed.serving.policy.estimator import EstimatorSpec
 
 MAX_TOKENS = 128 * 1024  # the paper's longest request (truncation point of its length distribution)
 
@@ -49,6 +50,8 @@ class ControlSpec:
     congestion_events_per_s: float = 200.0  # WAN drops + TCP retransmits per second that count as congestion
     window_s: float = 10.0  # arrivals remembered for the re-search of t
     min_samples: int = 10  # arrivals needed in the window before t_fit is trusted
+    drain_horizon_s: float = 4.0  # committed KV beyond a prefill's time is drained from the offload budget over this
+    prefill_prior_s: float = 1.0  # PrfaaS prefill time assumed until finished offloads measure it
     slow_tau_s: float = 2.0  # EWMA time constant of the non-KV traffic (egress - KV goodput) and PD-P queue estimates
 
 
@@ -87,10 +90,11 @@ class PolicySpec:
     kv_bytes_per_token: int = 0
     control: ControlSpec = field(default_factory=ControlSpec)
     role_flip: RoleFlipSpec = field(default_factory=RoleFlipSpec)
+    estimator: EstimatorSpec = field(default_factory=EstimatorSpec)
 
     def to_mapping(self) -> dict[str, Any]:
         """The ``policy:`` mapping that parses back to this spec (for config files and scenario.yaml)."""
-        c, r = self.control, self.role_flip
+        c, r, e = self.control, self.role_flip, self.estimator
         return {
             "name": self.name,
             "signals": self.signals,
@@ -111,6 +115,11 @@ class PolicySpec:
                 "queue_low": c.queue_low, "pdp_queue_max": c.pdp_queue_max,
                 "congestion_events_per_s": c.congestion_events_per_s,
                 "window": f"{c.window_s}s", "min_samples": c.min_samples, "slow_tau": f"{c.slow_tau_s}s",
+                "drain_horizon": f"{c.drain_horizon_s}s", "prefill_prior": f"{c.prefill_prior_s}s",
+            },
+            "estimator": {
+                "window": f"{e.window_s}s", "queue_delay": f"{e.queue_delay_ms}ms", "queue_delay_fraction": e.queue_delay_fraction,
+                "probe_tau": f"{e.probe_tau_s}s", "rtt_window": f"{e.rtt_window_s}s",
             },
             "role_flip": {
                 "enabled": r.enabled, "period": f"{r.period_s}s", "prefill_queue_high": r.prefill_queue_high,
@@ -141,6 +150,8 @@ def _parse_control(f: Fields) -> ControlSpec:
         window_s=f.get("window", _duration, d.window_s),
         min_samples=f.get("min_samples", positive_int, d.min_samples),
         slow_tau_s=f.get("slow_tau", _duration, d.slow_tau_s),
+        drain_horizon_s=f.get("drain_horizon", _duration, d.drain_horizon_s),
+        prefill_prior_s=f.get("prefill_prior", _duration, d.prefill_prior_s),
     )
     f.done()
     if c.low_utilization >= c.high_utilization:
@@ -173,6 +184,19 @@ def _parse_role_flip(f: Fields) -> RoleFlipSpec:
     return r
 
 
+def _parse_estimator(f: Fields) -> EstimatorSpec:
+    d = EstimatorSpec()
+    e = EstimatorSpec(
+        window_s=f.get("window", _duration, d.window_s),
+        queue_delay_ms=f.get("queue_delay", lambda v: 1000.0 * units.parse_duration_s(v, allow_zero=True), d.queue_delay_ms),
+        queue_delay_fraction=f.get("queue_delay_fraction", units.parse_fraction, d.queue_delay_fraction),
+        probe_tau_s=f.get("probe_tau", _duration, d.probe_tau_s),
+        rtt_window_s=f.get("rtt_window", _duration, d.rtt_window_s),
+    )
+    f.done()
+    return e
+
+
 def parse_policy_section(f: Fields) -> PolicySpec:
     """The scenario's ``policy:`` section. Example::
 
@@ -194,6 +218,7 @@ def parse_policy_section(f: Fields) -> PolicySpec:
         kv_bytes_per_token=f.get("kv_bytes_per_token", units.parse_size_bytes, d.kv_bytes_per_token),
         control=_parse_control(f.section("control")),
         role_flip=_parse_role_flip(f.section("role_flip")),
+        estimator=_parse_estimator(f.section("estimator")),
     )
     f.done()
     if not spec.min_threshold_tokens <= spec.threshold_tokens <= spec.max_threshold_tokens:

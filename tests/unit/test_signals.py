@@ -1,0 +1,158 @@
+"""Observed signals: the bandwidth estimator on synthetic traces, the oracle gate, the law on observed signals."""
+
+from __future__ import annotations
+
+import dataclasses
+import pytest
+
+from testbed import clock
+from testbed.scenario import Fields
+from testbed.serving.policy import InstanceState, RequestView, SchedulerLog, TelemetrySample, build_policy, parse_policy_section
+from testbed.serving.policy.estimator import BandwidthEstimator
+from testbed.serving.policy.signals import ORACLE_FIELDS, GroundTruth, admit
+
+G = 1e9
+POLL_S = 0.5
+
+
+def trace(est: BandwidthEstimator, t0: float, t1: float, goodput, rtt_ms, backlog=lambda t: 50e6, retrans=lambda t: 0.0):
+    """Feed polls every 0.5 s from t0 to t1; the goodput a poll reports is the 1 s trailing mean of the
+    path rate (as `KVSender.congestion` computes it)."""
+    out = []
+    t = t0
+    while t <= t1 + 1e-9:
+        mean = (goodput(t) + goodput(t - 0.5)) / 2.0
+        out.append(est.update(t, mean, backlog(t), rtt_ms(t), 10.0, retrans(t)))
+        t += POLL_S
+    return out
+
+
+def test_a_5x_step_down_is_detected_within_2s_and_then_tracked_within_20pct() -> None:
+    est = BandwidthEstimator(10 * G)
+    rate = lambda t: 10 * G if t < 10 else 2 * G  # noqa: E731
+    rtt = lambda t: 10.5 if t < 10 else 30.0  # noqa: E731  (the bottleneck queue fills at the dip)
+    out = trace(est, 0.0, 20.0, rate, rtt)
+    pre = [e.available_bps for e in out if 5 <= e.t_s < 10]
+    assert all(abs(x - 10 * G) <= 0.2 * 10 * G for x in pre)
+    detect = min(e.t_s for e in out if e.t_s >= 10 and e.available_bps < 0.5 * 10 * G)
+    assert detect - 10.0 <= 2.0
+    steady = [e.available_bps for e in out if e.t_s >= 13]
+    assert all(abs(x - 2 * G) <= 0.2 * 2 * G for x in steady)
+    at_dip = next(e for e in out if e.t_s == 11.0)
+    assert at_dip.congested and at_dip.queue_delay_ms == pytest.approx(30.0 - 10.5)
+
+
+def test_a_step_up_is_followed_as_soon_as_the_backlogged_senders_get_more() -> None:
+    est = BandwidthEstimator(10 * G)
+    rate = lambda t: 2 * G if t < 10 else 10 * G  # noqa: E731
+    rtt = lambda t: 30.0 if t < 10 else 10.5  # noqa: E731
+    out = trace(est, 0.0, 14.0, rate, rtt)
+    assert abs(next(e for e in out if e.t_s == 9.5).available_bps - 2 * G) <= 0.2 * 2 * G
+    assert min(e.t_s for e in out if e.available_bps >= 0.9 * 10 * G) <= 11.0
+
+
+def test_a_cross_traffic_surge_without_a_rate_change_shows_as_less_bandwidth_for_kv() -> None:
+    """The line stays at 10 Gbps; 7 Gbps of inelastic neighbours arrive at t = 10: KV gets 3."""
+    est, truth = BandwidthEstimator(10 * G), GroundTruth(tau_s=0.5)
+    kv = lambda t: 9.5 * G if t < 10 else 3 * G  # noqa: E731
+    out = []
+    for i in range(41):
+        t = 0.5 * i
+        goodput = (kv(t) + kv(t - 0.5)) / 2.0
+        out.append(est.update(t, goodput, 50e6, 10.5 if t < 10 else 25.0, 10.0))
+        truth.on_kv_goodput(goodput)
+        truth.on_wan(t, egress_bps=10 * G, capacity_bps=10 * G)
+    assert min(e.t_s for e in out if e.t_s >= 10 and e.available_bps < 5 * G) - 10 <= 2.0
+    assert truth.kv_available_bps == pytest.approx(3 * G, rel=0.05)
+    assert abs(out[-1].available_bps - truth.kv_available_bps) <= 0.2 * truth.kv_available_bps
+
+
+def test_loss_without_a_queue_is_not_congestion_and_does_not_lower_the_estimate() -> None:
+    est = BandwidthEstimator(10 * G)
+    out = trace(est, 0.0, 10.0, lambda t: 9 * G, lambda t: 10.3, retrans=lambda t: 500.0 * t)
+    assert all(not e.congested for e in out)
+    assert out[-1].retransmits_per_s == pytest.approx(500.0)
+    assert all(e.available_bps >= 0.85 * 9 * G for e in out[2:])
+
+
+def test_application_limited_senders_relax_the_estimate_towards_the_nominal_rate() -> None:
+    est = BandwidthEstimator(10 * G)
+    trace(est, 0.0, 5.0, lambda t: 2 * G, lambda t: 30.0)
+    assert est.estimate.available_bps == pytest.approx(2 * G, rel=0.05)
+    out = trace(est, 5.5, 15.5, lambda t: 0.5 * G, lambda t: 10.2, backlog=lambda t: 0.0)
+    assert out[0].available_bps < 0.5 * 10 * G  # one idle poll does not forget the dip
+    assert out[-1].available_bps > 0.8 * 10 * G  # ten seconds idle (2 tau) do
+
+
+def test_a_lasting_rtt_increase_stops_counting_as_queueing_after_the_rtt_window() -> None:
+    est = BandwidthEstimator(10 * G)
+    out = trace(est, 0.0, 25.0, lambda t: 9 * G, lambda t: 10.2 if t < 5 else 80.0)
+    assert next(e for e in out if e.t_s == 6.0).queue_delay_ms > 60
+    assert out[-1].queue_delay_ms < 1.0 and out[-1].available_bps >= 0.8 * 9 * G
+
+
+# ------------------------------------------------------------------------------------ the oracle gate
+
+
+def test_admit_strips_every_oracle_field_unless_the_mode_is_oracle() -> None:
+    full = TelemetrySample(1.0, egress_bps=1.0, capacity_bps=2.0, backlog_bytes=3.0, drops=4.0, kv_goodput_bps=5.0)
+    for mode in ("observed", "provisioned"):
+        seen = admit(full, mode)
+        assert seen is not None and seen.kv_goodput_bps == 5.0
+        assert all(getattr(seen, f) is None for f in ORACLE_FIELDS)
+        assert admit(TelemetrySample(1.0, capacity_bps=2.0), mode) is None
+    assert admit(full, "oracle") == full
+    assert set(ORACLE_FIELDS) <= {f.name for f in dataclasses.fields(TelemetrySample)}
+
+
+# ------------------------------------------------------------------------------ the law on observed signals
+
+PREFILL = (InstanceState(0, "prfaas", "10.1.0.1"), InstanceState(1, "pd", "10.2.0.1"), InstanceState(2, "pd", "10.2.0.2"))
+DECODE = (InstanceState(10, "pd", "10.2.0.11"),)
+K = 1024
+
+
+def observed_policy(**kw: object):
+    spec = parse_policy_section(Fields({"name": "prfaas", "threshold": "1K", "min_threshold": "1K", "kv_bytes_per_token": "150KB",
+                                        "signals": "observed", **kw}, "policy"))
+    return build_policy(spec, PREFILL, DECODE, log=SchedulerLog(), capacity_bps=20 * G)
+
+
+def feed_arrivals(pol, t0: float) -> None:
+    from testbed.serving.kvmanager import KVManager
+    from testbed.serving.policy import ClusterState
+
+    kv = KVManager({p.instance: p.cluster for p in PREFILL})
+    for i, n in enumerate([K, 2 * K, 4 * K, 8 * K] * 5):  # 20 arrivals over 10 s: 1.8 GB/s at t = 1K -> ~14.7 Gbps
+        pol.decide(RequestView(f"r{i}", n, 16, t0 + 0.5 * i), ClusterState(t0 + 0.5 * i, PREFILL, DECODE, kv.match([], n)))
+
+
+def test_observed_dip_raises_t_to_fit_the_estimated_bandwidth_without_any_capacity_sample() -> None:
+    pol = observed_policy()
+    t0 = clock.now_s() - 20
+    feed_arrivals(pol, t0)
+    now = t0 + 10
+    for i in range(8):  # the senders are backlogged, a queue builds, they get 4 Gbps
+        pol.on_telemetry(TelemetrySample(now + 0.25 * i, kv_goodput_bps=4 * G, send_queue_bytes=1e6, inflight_bytes=1e6,
+                                         rtt_ms=30.0, min_rtt_ms=10.0))
+    assert pol.controller.kv_capacity_bps == pytest.approx(4 * G)
+    pol.tick(now + 2)
+    assert pol.threshold > K
+    demand = pol.controller.predicted_demand_bps(pol.threshold, now + 2)
+    assert demand <= 0.8 * 4 * G
+
+
+def test_committed_kv_beyond_a_prefill_time_is_priced_and_calm_waits_for_it_to_drain() -> None:
+    pol = observed_policy(control={"prefill_prior": "1s", "drain_horizon": "4s"})
+    t0 = clock.now_s() - 20
+    feed_arrivals(pol, t0)
+    now = t0 + 10
+    # 10 Gbps available, 5 GB committed: 40 Gbit, 10 drain under a prefill, 30 Gbit excess -> 7.5 Gbps of the budget
+    for i in range(4):
+        pol.on_telemetry(TelemetrySample(now + 0.25 * i, kv_goodput_bps=10 * G, send_queue_bytes=4e9, inflight_bytes=1e9,
+                                         rtt_ms=30.0, min_rtt_ms=10.0))
+    sig = pol.controller.signals(now + 1)
+    assert sig["excess_committed_bits"] == pytest.approx(40e9 - 10e9, rel=1e-6)
+    pol.tick(now + 1)
+    assert pol.controller.predicted_demand_bps(pol.threshold, now + 1) <= 0.8 * 10 * G - 30e9 / 4 + 1
+    assert any("committed KV" in r["reason"] for r in pol.log.rows("threshold"))
