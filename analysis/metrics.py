@@ -127,7 +127,7 @@ def estimator_error(scheduler: pd.DataFrame | None, steady_window_s: float = 2.0
 
 def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale: float = 1.0, policy: str = "",
               model: str = "", duration_s: float | None = None, scheduler: pd.DataFrame | None = None) -> dict[str, Any]:
-    """The ``summary.json`` document of one run (keys of ARCHITECTURE.md, plus a few more).
+    """The ``summary.json`` document of one run (keys of docs/serving.md "Run directory", plus a few more).
 
     Throughput counts ok requests over `duration_s` (default: first arrival to last finish).
     ``egress_gbps``: KV of offloaded requests (``kv_bytes`` x `scale`, 1 s bins, `kv_egress_series_bps`);

@@ -1,4 +1,4 @@
-"""Loading a run directory (ARCHITECTURE.md "Run directory") into one validated `Run` object.
+"""Loading a run directory (docs/serving.md "Run directory") into one validated `Run` object.
 
 Every problem is a `UserError` that names the directory, the file and what is wrong, so
 ``prfaas report`` on a bad directory prints one line instead of a traceback.

@@ -5,7 +5,7 @@ network (`testbed.net.emulation.Network`), starts one worker process per instanc
 router on ``pd-router`` and the client agent (`testbed.serving.loadgen`) on ``pd-client``, relays WAN
 telemetry to the router, injects the scenario's faults, shows live progress, and always tears
 everything down (``finally``; SIGTERM/SIGHUP become KeyboardInterrupt while the network runs). It then
-writes the run directory of ARCHITECTURE.md. Every timestamp is `testbed.clock` time relative to the
+writes the run directory of docs/serving.md ("Run directory"). Every timestamp is `testbed.clock` time relative to the
 network's start (``PRFAAS_T0``, as in link.parquet). The WAN schedule and the faults count from the
 workload's start (once every process is up), so a dip at 12 s hits the traffic 12 s in on any host.
 """

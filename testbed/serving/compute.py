@@ -125,7 +125,7 @@ class TorchCompute:
         with self.torch.inference_mode():
             for s in slots:
                 if s.next_input is None:  # first step: the prompt's last token
-                    s.next_input = int(s.body["prompt_token_ids"][-1])
+                    s.next_input = int(s.req.prompt_token_ids[-1])
                     s.kv = _cache_to(s.kv, self.device, self.torch)
                 logits = self.model.decode(s.next_input, s.kv)
                 logits = logits[0] if isinstance(logits, tuple) else logits

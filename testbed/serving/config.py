@@ -17,7 +17,7 @@ from testbed.scenario import Fields, Scenario, positive_int
 COMPUTE_MODES = ("profile", "torch")
 ROLES = ("prfaas_prefill", "pd_prefill", "pd_decode")
 FAULT_ACTIONS = ("kill",)
-PREFILL_PORT = 8100  # prefill instance i listens on PREFILL_PORT + i (PROTOCOL.md)
+PREFILL_PORT = 8100  # prefill instance i listens on PREFILL_PORT + i (docs/protocol.md)
 DECODE_PORT = 8200  # decode instance j: control PREFILL_PORT..., KV on KV_PORT + j
 KV_PORT = 9000
 ROUTER_PORT = 8000

@@ -2,7 +2,7 @@
 
 For each ``POST /v1/completions`` it asks the global KV cache manager for the prefix match in every
 cluster, lets the policy decide (PrfaaS or PD-P, which instances), opens the decode stream
-(``POST /v1/decode``, PROTOCOL.md) and then the prefill (``POST /v1/prefill``) that ships the KV to
+(``POST /v1/decode``, `testbed.serving.protocol`, docs/protocol.md) and then the prefill (``POST /v1/prefill``) that ships the KV to
 that decode instance, relays the tokens to the client, and records one row per request. A background
 poller reads every worker's ``/v1/state`` (queues, prefix pools, the transport's congestion signal);
 the run pushes WAN samples to ``/v1/telemetry``; a control loop ticks the policy.
@@ -38,6 +38,9 @@ from testbed.scenario import Fields, boolean, positive_int, positive_number
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
+from testbed.serving.protocol import (
+    DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, TokenEvent, WorkerState, decode_event,
+)
 from testbed.serving.policy import (
     ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
     TelemetrySample, build_policy, parse_policy_section,
@@ -344,8 +347,8 @@ class Router:
         match = self.kv.match(c.block_hashes, c.input_len)
         return self.policy.decide(RequestView(c.request_id, c.input_len, c.output_len, arrival_s), self._cluster_state(match))
 
-    def serve(self, c: Completion) -> Iterator[dict[str, Any]]:
-        """Run one request; yields token events, and last the record (``{"record": ...}``). Never raises
+    def serve(self, c: Completion) -> Iterator[TokenEvent | dict[str, Any]]:
+        """Run one request; yields `TokenEvent`s, and last the record (``{"record": ...}``). Never raises
         for a worker fault: the record says failed, with the reason."""
         arrival = clock.now_s()
         rec: dict[str, Any] = dict.fromkeys(RECORD_COLUMNS)
@@ -362,7 +365,7 @@ class Router:
             rec.update(route=dec.route, threshold=dec.threshold, cached_len=dec.cached_len, uncached_len=dec.uncached_len,
                        prefill_instance=dec.prefill_instance, decode_instance=dec.decode_instance, route_reason=dec.reason,
                        cache_transfer_tokens=dec.cache_transfer_tokens)
-            yield from self._run(c, dec, rec)
+            yield from self._run(c, dec, rec, arrival)
         except WorkerFailed as exc:
             rec["reason"] = str(exc)
         except GeneratorExit:  # the client went away mid-stream
@@ -390,73 +393,88 @@ class Router:
         if rec["prefill_instance"] is not None and rec["prefill_instance"] in self.prefill:
             self.histograms.observe(rec, self.prefill[rec["prefill_instance"]].cluster)
 
-    def _run(self, c: Completion, dec: Decision, rec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def _run(self, c: Completion, dec: Decision, rec: dict[str, Any], arrival_s: float) -> Iterator[TokenEvent]:
         p, d = self.prefill[dec.prefill_instance], self.decode[dec.decode_instance]
         with self._lock:
             self._changed(p, +1)
             self._changed(d, +1)
         prefill_done = threading.Event()
-        prefill_result: dict[str, Any] = {}
+        prefill_result: list[PrefillResult] = []  # set once, by the prefill thread
         conn: http.client.HTTPConnection | None = None
         prefill_started = False
+
+        def prefill_failed() -> str | None:
+            """The prefill's failure reason once it has answered with one."""
+            if not prefill_done.is_set():
+                return None
+            res = prefill_result[0] if prefill_result else None
+            return None if res is not None and res.ok else ((res.reason if res else None) or "prefill failed")
+
         try:
-            dbody = {"request_id": c.request_id, "input_len": c.input_len, "output_len": c.output_len,
-                     "prompt_token_ids": c.token_ids if self.cfg.compute == "torch" else None}
-            conn = self._open(d, "/v1/decode", dbody)
+            token_ids = tuple(c.token_ids) if self.cfg.compute == "torch" and c.token_ids is not None else None
+            dreq = DecodeRequest(c.request_id, c.input_len, c.output_len, token_ids, arrival_s=arrival_s,
+                                 request_timeout_s=self.cfg.request_timeout_s)
+            conn = self._open(d, "/v1/decode", dreq.to_json())
 
             def run_prefill() -> None:
                 try:
-                    prefill_result.update(self._prefill(c, dec, p, d))
+                    prefill_result.append(self._prefill(c, dec, p, d, token_ids, arrival_s))
                 except WorkerFailed as exc:
-                    prefill_result.update(status="failed", reason=str(exc))
+                    prefill_result.append(PrefillResult(c.request_id, "failed", str(exc)))
                 finally:
                     with self._lock:
                         self._changed(p, -1)
                     prefill_done.set()
-                    if prefill_result.get("status") != "ok":
+                    if not prefill_result[0].ok:
                         _abort(conn)  # unblocks the decode stream below at once
 
             threading.Thread(target=run_prefill, daemon=True, name=f"prefill-{c.request_id}").start()
             prefill_started = True
-            final: dict[str, Any] | None = None
+            final: FinalEvent | None = None
+            source = f"decode instance {d.cfg.instance}"
             try:
                 resp = conn.getresponse()
                 if resp.status != 200:
-                    raise WorkerFailed(f"decode instance {d.cfg.instance}: HTTP {resp.status} {resp.read(300)!r}")
-                for ev in _sse_events(resp):
-                    if ev.get("done"):
+                    raise WorkerFailed(f"{source}: HTTP {resp.status} {resp.read(300)!r}")
+                for raw in _sse_events(resp):
+                    ev = decode_event(raw, source)
+                    if isinstance(ev, FinalEvent):
                         final = ev
                         break
                     if rec["first_token_s"] is None:
-                        rec["first_token_s"] = float(ev.get("t_s") or clock.now_s())
+                        rec["first_token_s"] = ev.t_s
                     yield ev
+            except FieldError as exc:  # a worker that breaks the protocol fails the request, with the field
+                raise WorkerFailed(str(exc)) from None
             except (OSError, http.client.HTTPException, ValueError) as exc:
-                if prefill_done.is_set() and prefill_result.get("status") != "ok":
-                    raise WorkerFailed(prefill_result.get("reason") or "prefill failed") from None
+                if prefill_failed():
+                    raise WorkerFailed(prefill_failed()) from None
                 self._mark_unhealthy(d)
-                raise WorkerFailed(f"decode instance {d.cfg.instance} ({d.cfg.host}:{d.cfg.port}): {_why(exc)}") from None
+                raise WorkerFailed(f"{source} ({d.cfg.host}:{d.cfg.port}): {_why(exc)}") from None
             if final is None:
-                if prefill_done.is_set() and prefill_result.get("status") != "ok":
-                    raise WorkerFailed(prefill_result.get("reason") or "prefill failed")
+                if prefill_failed():
+                    raise WorkerFailed(prefill_failed())
                 self._mark_unhealthy(d)
-                raise WorkerFailed(f"decode instance {d.cfg.instance}: stream ended before its final event")
-            if final.get("status") == "ok":  # the KV arrived, so the prefill's answer is (nearly) there
+                raise WorkerFailed(f"{source}: stream ended before its final event")
+            if final.ok:  # the KV arrived, so the prefill's answer is (nearly) there
                 prefill_done.wait(timeout=min(5.0, self.cfg.request_timeout_s))
-            for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "kv_bytes", "wire_bytes"):
-                if prefill_result.get(k) is not None:
-                    rec[k] = prefill_result[k]
+            pres = prefill_result[0] if prefill_done.is_set() and prefill_result else None
+            if pres is not None:
+                for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "kv_bytes", "wire_bytes"):
+                    if getattr(pres, k) is not None:
+                        rec[k] = getattr(pres, k)
             for k in ("transfer_start_s", "transfer_end_s", "first_token_s", "finish_s"):
-                if final.get(k) is not None and rec.get(k) is None:
-                    rec[k] = final[k]
-            if rec["kv_bytes"] is None and final.get("kv_bytes") is not None:
-                rec["kv_bytes"] = final["kv_bytes"]
+                if getattr(final, k) is not None and rec.get(k) is None:
+                    rec[k] = getattr(final, k)
+            if rec["kv_bytes"] is None and final.kv_bytes:
+                rec["kv_bytes"] = final.kv_bytes
             if rec["kv_bytes"] is not None:
                 rec["kv_bytes_emulated"] = int(rec["kv_bytes"]) * self.cfg.scale
-            rec["finish_s"] = final.get("finish_s") or clock.now_s()
-            if final.get("status") != "ok":
-                raise WorkerFailed(f"decode instance {d.cfg.instance}: {final.get('reason') or 'failed'}")
-            if prefill_result.get("status") not in (None, "ok"):
-                raise WorkerFailed(prefill_result.get("reason") or "prefill failed")
+            rec["finish_s"] = final.finish_s or clock.now_s()
+            if not final.ok:
+                raise WorkerFailed(f"{source}: {final.reason or 'failed'}")
+            if prefill_failed():
+                raise WorkerFailed(prefill_failed())
             rec["status"] = "ok"
         finally:
             _abort(conn)
@@ -465,32 +483,37 @@ class Router:
                 if not prefill_started:
                     self._changed(p, -1)
 
-    def _prefill(self, c: Completion, dec: Decision, p: _Instance, d: _Instance) -> dict[str, Any]:
-        body = {"request_id": c.request_id, "input_len": c.input_len, "cached_len": dec.cached_len,
-                "block_hashes": c.block_hashes, "prompt_token_ids": c.token_ids if self.cfg.compute == "torch" else None,
-                "decode": {"host": d.cfg.host, "kv_port": d.cfg.kv_port, "instance": d.cfg.instance},
-                "route": dec.route}
+    def _prefill(self, c: Completion, dec: Decision, p: _Instance, d: _Instance, token_ids: tuple[int, ...] | None,
+                 arrival_s: float) -> PrefillResult:
+        d_cfg = d.cfg
+        assert isinstance(d_cfg, DecodeInstanceConfig)
+        req = PrefillRequest(c.request_id, c.input_len, KVDestination(d_cfg.host, d_cfg.kv_port, d_cfg.instance),
+                             cached_len=dec.cached_len, block_hashes=tuple(c.block_hashes), prompt_token_ids=token_ids,
+                             route=dec.route, arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s)
+        source = f"prefill instance {p.cfg.instance}"
         try:
-            conn = self._open(p, "/v1/prefill", body)
+            conn = self._open(p, "/v1/prefill", req.to_json())
             try:
                 resp = conn.getresponse()
                 raw = resp.read()
             finally:
                 conn.close()
             if resp.status != 200:
-                raise WorkerFailed(f"prefill instance {p.cfg.instance}: HTTP {resp.status} {raw[:300]!r}")
-            out = json.loads(raw)
+                raise WorkerFailed(f"{source}: HTTP {resp.status} {raw[:300]!r}")
+            out = PrefillResult.from_json(json.loads(raw), source)
+        except FieldError as exc:
+            raise WorkerFailed(str(exc)) from None
         except (OSError, http.client.HTTPException, ValueError) as exc:
             self._mark_unhealthy(p)
-            raise WorkerFailed(f"prefill instance {p.cfg.instance} ({p.cfg.host}:{p.cfg.port}): {_why(exc)}") from None
-        if out.get("status") != "ok":
-            raise WorkerFailed(f"prefill instance {p.cfg.instance}: {out.get('reason') or 'failed'}")
+            raise WorkerFailed(f"{source} ({p.cfg.host}:{p.cfg.port}): {_why(exc)}") from None
+        if not out.ok:
+            raise WorkerFailed(f"{source}: {out.reason or 'failed'}")
         self.kv.add_keys(p.cfg.instance, self.kv.placement_keys(c.block_hashes, c.input_len))
-        if dec.route == "prfaas" and out.get("kv_bytes"):  # workers report wire bytes; the policy thinks emulated
-            ps, pe = out.get("prefill_start_s"), out.get("prefill_end_s")
+        if dec.route == "prfaas" and out.kv_bytes:  # workers report wire bytes; the policy thinks emulated
+            ps, pe = out.prefill_start_s, out.prefill_end_s
             self.policy.on_telemetry(TelemetrySample(clock.now_s(), transfer_uncached_len=dec.uncached_len,
-                                                     transfer_kv_bytes=int(int(out["kv_bytes"]) * self.cfg.scale),
-                                                     prefill_s=float(pe) - float(ps) if ps is not None and pe is not None else None))
+                                                     transfer_kv_bytes=int(out.kv_bytes * self.cfg.scale),
+                                                     prefill_s=pe - ps if ps is not None and pe is not None else None))
         return out
 
     def _open(self, inst: _Instance, path: str, body: dict[str, Any]) -> http.client.HTTPConnection:
@@ -540,16 +563,14 @@ class Router:
                 self._changed(inst, healthy=state is not None)
             if state is None:
                 continue
-            inst.reported_queue = int(state.get("queue_depth") or 0)
+            inst.reported_queue = state.queue_depth
             if inst.role == "prefill":
-                if isinstance(state.get("prefix_blocks"), list):
-                    self.kv.replace_instance(inst.cfg.instance, (h for h in state["prefix_blocks"] if isinstance(h, int)))
-                cong = state.get("congestion") or {}
-                if inst.cluster == "prfaas" and isinstance(cong, dict):
-                    r = float(cong.get("retransmits") or 0.0)
-                    self._retrans_total += max(0.0, r - inst.retransmits)
-                    inst.retransmits = r
-                    inst.congestion = {k: v for k, v in cong.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                self.kv.replace_instance(inst.cfg.instance, state.prefix_blocks)
+                cong = state.congestion
+                if inst.cluster == "prfaas":
+                    self._retrans_total += max(0.0, cong.retransmits - inst.retransmits)
+                    inst.retransmits = cong.retransmits
+                    inst.congestion = cong.numbers()
         pf = [p for p in self.prefill.values() if p.cluster == "prfaas" and p.congestion]
         k = self.cfg.scale  # wire -> emulated, as everything the policy sees
         total = lambda key: sum(float(p.congestion.get(key) or 0.0) for p in pf) * k  # noqa: E731
@@ -562,7 +583,8 @@ class Router:
                                                  inflight_bytes=total("inflight_bytes"), kv_goodput_bps=goodput,
                                                  rtt_ms=max(rtts, default=0.0), min_rtt_ms=min(floors, default=0.0)))
 
-    def _get_state(self, inst: _Instance) -> dict[str, Any] | None:
+    def _get_state(self, inst: _Instance) -> WorkerState | None:
+        """The worker's state, or None when it did not answer or broke the protocol (it counts as unhealthy)."""
         try:
             conn = http.client.HTTPConnection(inst.cfg.host, inst.cfg.port, timeout=self.cfg.state_timeout_s)
             try:
@@ -570,11 +592,10 @@ class Router:
                 resp = conn.getresponse()
                 if resp.status != 200:
                     return None
-                out = json.loads(resp.read())
-                return out if isinstance(out, dict) else None
+                return WorkerState.from_json(json.loads(resp.read()), f"{inst.role} instance {inst.cfg.instance} /v1/state")
             finally:
                 conn.close()
-        except (OSError, http.client.HTTPException, ValueError):
+        except (OSError, http.client.HTTPException, ValueError, FieldError):
             return None
 
     def _poll_loop(self) -> None:
@@ -755,10 +776,10 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
             if not c.stream:
                 tokens, rec = [], None
                 for ev in events:
-                    if "record" in ev:
-                        rec = ev["record"]
+                    if isinstance(ev, TokenEvent):
+                        tokens.append(ev.token_id)
                     else:
-                        tokens.append(int(ev.get("token_id", 0)))
+                        rec = ev["record"]
                 assert rec is not None
                 if rec["status"] != "ok":
                     self._error(502, f"request {c.request_id} failed: {rec['reason']}", kind="worker_error")
@@ -776,7 +797,7 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
             sent = 0
             try:
                 for ev in events:
-                    if "record" in ev:
+                    if not isinstance(ev, TokenEvent):
                         rec = ev["record"]
                         if rec["status"] == "ok":
                             last = _chunk(c, created, "", "length", {"usage": {"prompt_tokens": c.input_len, "completion_tokens": sent,
@@ -787,7 +808,7 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
                                               "param": None, "code": None}}
                         self.wfile.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
                     else:
-                        self.wfile.write(f"data: {json.dumps(_chunk(c, created, detokenize(int(ev.get('token_id', 0))), None))}\n\n".encode())
+                        self.wfile.write(f"data: {json.dumps(_chunk(c, created, detokenize(ev.token_id), None))}\n\n".encode())
                         sent += 1
                     self.wfile.flush()
             except OSError:  # the client went away: closing the generator aborts the worker streams

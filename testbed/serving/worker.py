@@ -4,7 +4,8 @@ A prefill worker queues requests, computes them one at a time (a torch forward p
 hardware profile's time) and streams each layer's KV to the chosen decode worker while later layers
 compute. A decode worker registers a request, waits until its whole KV has arrived and been verified,
 then decodes it in a batch of at most BS_max, sending one server-sent event per token. The HTTP control
-API is PROTOCOL.md's; compute and transport sit behind `testbed.serving.compute` and `testbed.kv.transport`.
+API's messages are `testbed.serving.protocol`'s (docs/protocol.md); compute and transport sit behind
+`testbed.serving.compute` and `testbed.kv.transport`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from testbed.clock import now_s
+from testbed.errors import FieldError
+from testbed.serving.protocol import (
+    Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, TokenEvent, WorkerState,
+)
 from traffic.request import BLOCK_TOKENS
 
 
@@ -68,13 +73,16 @@ def _log(msg: str) -> None:
 
 @dataclass
 class PrefillJob:
-    body: dict[str, Any]
+    req: PrefillRequest
     done: threading.Event = field(default_factory=threading.Event)
-    result: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)  # PrefillResult's fields, filled in as the job goes
 
     @property
     def request_id(self) -> str:
-        return str(self.body["request_id"])
+        return self.req.request_id
+
+    def answer(self) -> PrefillResult:
+        return PrefillResult(request_id=self.request_id, **{"status": "failed", **self.result})
 
     def fail(self, reason: str) -> None:
         if not self.done.is_set():
@@ -185,17 +193,14 @@ class PrefillWorker:
         self.lock = threading.Lock()
         threading.Thread(target=self._loop, daemon=True, name="prefill").start()
 
-    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
-        for key in ("request_id", "input_len", "decode"):
-            if key not in body:
-                return {"status": "failed", "reason": f"missing field {key!r}"}
-        job = PrefillJob(body)
+    def submit(self, req: PrefillRequest) -> PrefillResult:
+        job = PrefillJob(req)
         self.jobs.put(job)
         job.done.wait()
-        return {"request_id": job.request_id, **job.result}
+        return job.answer()
 
-    def _dest(self, decode: dict[str, Any]) -> Destination:
-        key = (str(decode["host"]), int(decode["kv_port"]))
+    def _dest(self, decode: KVDestination) -> Destination:
+        key = (decode.host, decode.kv_port)
         with self.lock:
             if key not in self.dests:
                 self.dests[key] = Destination(key[0], key[1], self.cfg.kv_connections, self._done, self.compute.section.spec.name)
@@ -205,8 +210,8 @@ class PrefillWorker:
         """A transfer ended: a successful prefill leaves its full blocks in the prefix pool, with the
         linear/SWA state checkpointed at the last full block boundary (where a later prompt can reuse it)."""
         if job.result.get("status") == "ok":
-            full = int(job.body["input_len"]) // BLOCK_TOKENS * BLOCK_TOKENS
-            self.pool.insert(job.body.get("block_hashes") or [], tokens=full)
+            full = job.req.input_len // BLOCK_TOKENS * BLOCK_TOKENS
+            self.pool.insert(list(job.req.block_hashes), tokens=full)
         job.done.set()
 
     def _loop(self) -> None:
@@ -222,46 +227,46 @@ class PrefillWorker:
                 self.busy = False
 
     def _run(self, job: PrefillJob) -> None:
-        body = job.body
-        dest = self._dest(body["decode"])
-        input_len = int(body["input_len"])
-        cached_len = min(int(body.get("cached_len") or 0), input_len - 1)
+        req = job.req
+        dest = self._dest(req.decode)
+        input_len = req.input_len
+        cached_len = min(req.cached_len, input_len - 1)
         job.result["prefill_start_s"] = now_s()
 
         def on_layer(layer: Any) -> None:
             dest.items.put(("layer", job, layer))
 
         try:
-            tokens = self.compute.prefill(job.request_id, input_len, cached_len, body.get("prompt_token_ids"), on_layer)
+            prompt = list(req.prompt_token_ids) if req.prompt_token_ids is not None else None
+            tokens = self.compute.prefill(job.request_id, input_len, cached_len, prompt, on_layer)
         except Exception as exc:
             dest.items.put(("abort", job, f"prefill failed: {exc}"))
             raise
         job.result["prefill_end_s"] = now_s()
         dest.items.put(("finish", job, tokens))
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> WorkerState:
         congestion: dict[str, Any] = {}
         for (host, port), d in list(self.dests.items()):
             c = d.congestion()
             if c:
                 congestion[f"{host}:{port}"] = c
-        return {"role": "prefill", "instance": self.cfg.instance, "cluster": self.cfg.cluster,
-                "queue_depth": self.jobs.qsize() + int(self.busy), "busy": self.busy,
-                "prefix_blocks": self.pool.prefix_hashes(), "pool": self.pool.stats().to_dict(),
-                "congestion": _merge_congestion(congestion)}
+        return WorkerState("prefill", self.cfg.instance, self.cfg.cluster, queue_depth=self.jobs.qsize() + int(self.busy),
+                           busy=self.busy, prefix_blocks=tuple(self.pool.prefix_hashes()), pool=self.pool.stats().to_dict(),
+                           congestion=_merge_congestion(congestion))
 
 
-def _merge_congestion(per_dest: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _merge_congestion(per_dest: dict[str, dict[str, Any]]) -> Congestion:
     """One congestion signal per worker (sums and maxima over its destinations), plus the detail."""
     if not per_dest:
-        return {}
+        return Congestion()
     vals = list(per_dest.values())
     total = lambda k: sum(float(v.get(k) or 0) for v in vals)  # noqa: E731
     peak = lambda k: max(float(v.get(k) or 0) for v in vals)  # noqa: E731
     floor = min((float(v["min_rtt_ms"]) for v in vals if v.get("min_rtt_ms")), default=0.0)
-    return {"retransmits": total("retransmits"), "rtt_ms": peak("rtt_ms"), "min_rtt_ms": floor, "cwnd": total("cwnd"),
-            "send_queue_bytes": total("send_queue_bytes"), "inflight_bytes": total("inflight_bytes"),
-            "delivery_rate_bps": total("delivery_rate_bps"), "goodput_bps": total("goodput_bps"), "by_destination": per_dest}
+    return Congestion(retransmits=total("retransmits"), rtt_ms=peak("rtt_ms"), min_rtt_ms=floor, cwnd=total("cwnd"),
+                      send_queue_bytes=total("send_queue_bytes"), inflight_bytes=total("inflight_bytes"),
+                      delivery_rate_bps=total("delivery_rate_bps"), goodput_bps=total("goodput_bps"), by_destination=per_dest)
 
 
 # ------------------------------------------------------------------------------------------------ decode
@@ -269,7 +274,7 @@ def _merge_congestion(per_dest: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 @dataclass
 class DecodeSlot:
-    body: dict[str, Any]
+    req: DecodeRequest
     events: queue.Queue = field(default_factory=queue.Queue)
     kv_ready: threading.Event = field(default_factory=threading.Event)
     kv: Any = None  # a verified KVCache (torch) or a byte count (profile)
@@ -284,12 +289,11 @@ class DecodeSlot:
 
     @property
     def request_id(self) -> str:
-        return str(self.body["request_id"])
+        return self.req.request_id
 
-    def final(self, status: str, reason: str | None) -> dict[str, Any]:
-        return {"done": True, "status": status, "reason": reason, "kv_bytes": self.kv_bytes,
-                "transfer_start_s": self.transfer_start_s, "transfer_end_s": self.transfer_end_s,
-                "first_token_s": self.first_token_s, "finish_s": now_s(), "tokens": self.emitted}
+    def final(self, status: str, reason: str | None) -> FinalEvent:
+        return FinalEvent(status, reason, self.kv_bytes, self.transfer_start_s, self.transfer_end_s, self.first_token_s,
+                          now_s(), self.emitted)
 
 
 class DecodeWorker:
@@ -328,8 +332,8 @@ class DecodeWorker:
         slot.transfer_end_s = received.complete_s
         slot.kv_ready.set()
 
-    def register(self, body: dict[str, Any]) -> DecodeSlot:
-        slot = DecodeSlot(body)
+    def register(self, req: DecodeRequest) -> DecodeSlot:
+        slot = DecodeSlot(req)
         with self.lock:
             early = self.arrived.pop(slot.request_id, None)
             if early is None:
@@ -347,7 +351,7 @@ class DecodeWorker:
             slot.events.put(slot.final("failed", f"KV did not arrive within {self.cfg.kv_timeout_s:g}s"))
         elif slot.kv_error:
             slot.events.put(slot.final("failed", f"KV rejected: {slot.kv_error}"))
-        elif self.cfg.compute == "torch" and not slot.body.get("prompt_token_ids"):
+        elif self.cfg.compute == "torch" and not slot.req.prompt_token_ids:
             slot.events.put(slot.final("failed", "torch mode needs prompt_token_ids in the decode request"))
         else:
             self.admit.put(slot)
@@ -378,21 +382,20 @@ class DecodeWorker:
             for slot, tok in zip(self.active, tokens):
                 if slot.first_token_s is None:
                     slot.first_token_s = t
-                slot.events.put({"token_id": int(tok), "index": slot.emitted, "t_s": t})
+                slot.events.put(TokenEvent(int(tok), slot.emitted, t))
                 slot.emitted += 1
-                if slot.emitted >= max(1, int(slot.body.get("output_len") or 1)):
+                if slot.emitted >= slot.req.output_len:
                     slot.kv = None
                     slot.events.put(slot.final("ok", None))
                 else:
                     keep.append(slot)
             self.active = keep
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> WorkerState:
         with self.lock:
             waiting = len(self.pending)
-        return {"role": "decode", "instance": self.cfg.instance, "cluster": self.cfg.cluster,
-                "queue_depth": waiting + self.admit.qsize() + len(self.active), "busy": bool(self.active),
-                "batch": len(self.active), "prefix_blocks": [], "congestion": {}}
+        return WorkerState("decode", self.cfg.instance, self.cfg.cluster, queue_depth=waiting + self.admit.qsize() + len(self.active),
+                           busy=bool(self.active), batch=len(self.active))
 
 
 # -------------------------------------------------------------------------------------------------- HTTP
@@ -415,9 +418,9 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path == "/healthz":
-                self._json(200, {"ok": True, "role": worker.cfg.role, "instance": worker.cfg.instance})
+                self._json(200, Health(True, worker.cfg.role, worker.cfg.instance).to_json())
             elif self.path == "/v1/state":
-                self._json(200, worker.state())
+                self._json(200, worker.state().to_json())
             else:
                 self._json(404, {"error": f"no such path {self.path}"})
 
@@ -431,17 +434,17 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = self._body()
-            if body is None:
-                self._json(400, {"error": "body must be a JSON object"})
-            elif self.path == "/v1/prefill" and isinstance(worker, PrefillWorker):
-                self._json(200, worker.submit(body))
-            elif self.path == "/v1/decode" and isinstance(worker, DecodeWorker):
-                if "request_id" not in body:
-                    self._json(400, {"error": "missing field 'request_id'"})
-                    return
-                self._stream(worker.register(body))
-            else:
-                self._json(404, {"error": f"no such path {self.path} on a {worker.cfg.role} worker"})
+            try:
+                if body is None:
+                    self._json(400, {"error": "body must be a JSON object"})
+                elif self.path == "/v1/prefill" and isinstance(worker, PrefillWorker):
+                    self._json(200, worker.submit(PrefillRequest.from_json(body)).to_json())
+                elif self.path == "/v1/decode" and isinstance(worker, DecodeWorker):
+                    self._stream(worker.register(DecodeRequest.from_json(body)))
+                else:
+                    self._json(404, {"error": f"no such path {self.path} on a {worker.cfg.role} worker"})
+            except FieldError as exc:  # one line naming the field, as for a scenario
+                self._json(400, {"error": str(exc)})
 
         def _stream(self, slot: DecodeSlot) -> None:
             self.send_response(200)
@@ -453,9 +456,9 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
             try:
                 while True:
                     ev = slot.events.get()
-                    self.wfile.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                    self.wfile.write(b"data: " + json.dumps(ev.to_json()).encode() + b"\n\n")
                     self.wfile.flush()
-                    if ev.get("done"):
+                    if isinstance(ev, FinalEvent):
                         return
             except (BrokenPipeError, ConnectionResetError):
                 slot.aborted = True

@@ -1,4 +1,4 @@
-"""Builds run directories that follow the documented contract (ARCHITECTURE.md "Run directory",
+"""Builds run directories that follow the documented contract (docs/serving.md "Run directory",
 docs/analysis.md for link/scheduler columns), for testing the analysis code before real runs exist.
 
 The numbers are synthetic but consistent (a request's TTFT >= its prefill, offloaded requests carry KV

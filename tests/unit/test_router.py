@@ -1,4 +1,5 @@
-"""The router on loopback, with small fake prefill and decode workers defined here (PROTOCOL.md shapes)."""
+"""The router on loopback, with small fake prefill and decode workers defined here; their messages are
+`testbed.serving.protocol`'s (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from testbed.errors import FieldError
 from testbed.kv.pool import chain_block_hashes
 from testbed.serving.policy import TelemetrySample, parse_policy_section
 from testbed.serving.policy.signals import ORACLE_FIELDS
+from testbed.serving.protocol import DecodeRequest, FinalEvent, PrefillRequest, PrefillResult, TokenEvent, WorkerState
 from testbed.scenario import Fields
 from testbed.serving.router import (
     DecodeInstanceConfig, PrefillInstanceConfig, Router, RouterConfig, block_hashes_of, tokenize,
@@ -57,18 +59,17 @@ class FakeWorkers:
             def do_POST(self) -> None:
                 body = self.body()
                 fw.prefill_bodies.append(body)
+                req = PrefillRequest.from_json(body)
                 start = clock.now_s()
                 time.sleep(0.01)
-                uncached = body["input_len"] - body["cached_len"]
-                fw.event(body["request_id"]).set()
+                uncached = req.input_len - req.cached_len
+                fw.event(req.request_id).set()
                 now = clock.now_s()
-                self.json({"status": "ok", "reason": None, "prefill_start_s": start, "prefill_end_s": now,
-                           "transfer_start_s": start, "transfer_end_s": now, "kv_bytes": uncached * KV_BYTES_PER_TOKEN,
-                           "wire_bytes": uncached * KV_BYTES_PER_TOKEN + 64})
+                self.json(PrefillResult(req.request_id, "ok", None, start, now, start, now, uncached * KV_BYTES_PER_TOKEN,
+                                        uncached * KV_BYTES_PER_TOKEN + 64).to_json())
 
             def state(self) -> dict[str, Any]:
-                return {"role": "prefill", "instance": instance, "queue_depth": 0, "busy": False,
-                        "prefix_blocks": fw.prefix_blocks.get(instance, []), "congestion": {"retransmits": 0}}
+                return WorkerState("prefill", instance, "prfaas", prefix_blocks=tuple(fw.prefix_blocks.get(instance, []))).to_json()
 
         return self.serve(H)
 
@@ -77,29 +78,28 @@ class FakeWorkers:
 
         class H(_Base):
             def do_POST(self) -> None:
-                body = self.body()
+                req = DecodeRequest.from_json(self.body())
                 mode = fw.decode_mode.get(instance, "ok")
                 if mode == "hang":
                     time.sleep(30)
                     return
-                if not fw.event(body["request_id"]).wait(5):
+                if not fw.event(req.request_id).wait(5):
                     self.sse_start()
-                    self.sse({"done": True, "status": "failed", "reason": "KV did not arrive"})
+                    self.sse(FinalEvent("failed", "KV did not arrive").to_json())
                     return
                 self.sse_start()
                 t_first = None
-                for i in range(body["output_len"]):
+                for i in range(req.output_len):
                     if mode == "die" and i == 2:
                         self.connection.close()  # the process "dies": no final event
                         return
                     t = clock.now_s()
                     t_first = t_first or t
-                    self.sse({"token_id": 100 + i, "index": i, "t_s": t})
-                self.sse({"done": True, "status": "ok", "reason": None, "kv_bytes": 0, "transfer_start_s": None,
-                          "transfer_end_s": None, "first_token_s": t_first, "finish_s": clock.now_s()})
+                    self.sse(TokenEvent(100 + i, i, t).to_json())
+                self.sse(FinalEvent("ok", None, 0, None, None, t_first, clock.now_s(), req.output_len).to_json())
 
             def state(self) -> dict[str, Any]:
-                return {"role": "decode", "instance": instance, "queue_depth": 0, "busy": False, "prefix_blocks": [], "congestion": {}}
+                return WorkerState("decode", instance, "pd").to_json()
 
         return self.serve(H)
 

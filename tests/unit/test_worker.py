@@ -1,4 +1,4 @@
-"""Prefill and decode worker processes on 127.0.0.1 (no root): the HTTP control API of PROTOCOL.md,
+"""Prefill and decode worker processes on 127.0.0.1 (no root): the HTTP control API of docs/protocol.md,
 layer-wise KV streaming over the real transport, timeouts and checksum failures ending with a reason."""
 
 from __future__ import annotations
@@ -142,5 +142,7 @@ def test_bad_bodies_and_wrong_paths_get_http_errors(workers):
     assert request(pre.port, "POST", "/v1/decode", {"request_id": "x"})[0] == 404
     assert request(dec.port, "POST", "/v1/decode", {"input_len": 3})[0] == 400
     status, raw = request(pre.port, "POST", "/v1/prefill", {"request_id": "y"})
-    assert status == 200 and json.loads(raw)["status"] == "failed" and "input_len" in json.loads(raw)["reason"]
+    assert status == 400 and json.loads(raw)["error"] == "POST /v1/prefill: input_len: is required"
+    status, raw = request(pre.port, "POST", "/v1/prefill", {"request_id": "y", "input_len": 10, "decode": {"host": "h", "kv_port": "x", "instance": 0}})
+    assert status == 400 and json.loads(raw)["error"] == "POST /v1/prefill: decode.kv_port: 'x' is not a whole number >= 0"
     assert json.loads(request(dec.port, "GET", "/healthz")[1])["role"] == "decode"

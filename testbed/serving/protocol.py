@@ -1,0 +1,342 @@
+"""The router <-> worker protocol: one dataclass per message, validated on receipt (docs/protocol.md).
+
+Who sends what:
+
+- router -> prefill worker: `PrefillRequest` (``POST /v1/prefill``), answered by `PrefillResult` when
+  the request's KV transfer has ended (or the prefill failed, was shed or waited too long in the queue);
+- router -> decode worker: `DecodeRequest` (``POST /v1/decode``), answered by a server-sent event
+  stream of `TokenEvent` and one last `FinalEvent`;
+- router <- any worker: `WorkerState` (``GET /v1/state``), `Health` (``GET /healthz``).
+
+Each message has ``to_json()`` (a JSON-ready dict) and ``from_json(data, source)``, which reads the
+dict with the scenario's `Fields` and raises `FieldError` naming the field and what is allowed, so a
+malformed message is one line (``POST /v1/prefill: decode.kv_port: 'x' is not a whole number >= 0``)
+whichever side receives it. Times (``*_s``) are `testbed.clock.now_s()` readings: CLOCK_MONOTONIC,
+shared by every process of the host. Byte counts are wire bytes (emulated = wire x scale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, TypeVar
+
+from testbed.scenario import Fields, boolean, number, positive_int, positive_number
+
+STATUSES = ("ok", "failed")
+ROLES = ("prefill", "decode")
+ROUTES = ("prfaas", "pd")
+
+M = TypeVar("M")
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"{v!r} is not a non-empty string")
+    return v
+
+
+def _optional_text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"{v!r} is not a string")
+    return v
+
+
+def _ints(v: Any) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise ValueError("must be a list of integers")
+    return tuple(v)
+
+
+def _mapping(v: Any) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise ValueError(f"must be an object, got {type(v).__name__}")
+    return dict(v)
+
+
+def _at_least_one(v: Any) -> int:
+    n = positive_int(v)
+    if n < 1:
+        raise ValueError(f"{v!r} is not a whole number >= 1")
+    return n
+
+
+def _non_negative(v: Any) -> float:
+    x = number(v)
+    if x < 0:
+        raise ValueError(f"{v!r} must be >= 0")
+    return x
+
+
+def _read(cls: type[M], data: Any, source: str, path: str, fields: Callable[[Fields], dict[str, Any]]) -> M:
+    """Read one message: `fields` pulls every known key out of `Fields`; unknown keys are refused."""
+    f = Fields(data, path, source)
+    out = cls(**fields(f))
+    f.done()
+    return out
+
+
+def _json(msg: Any) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(msg).items()}
+
+
+# ---------------------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class KVDestination:
+    """Where a prefill worker ships a request's KV: a decode worker's KV receiver."""
+
+    host: str
+    kv_port: int
+    instance: int
+
+    @classmethod
+    def read(cls, f: Fields) -> "KVDestination":
+        out = cls(f.get("host", _text), f.get("kv_port", _at_least_one), f.get("instance", positive_int))
+        f.done()
+        return out
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A request's time budget as the router sees it: it arrived at `arrival_s` and must be answered
+    within `request_timeout_s`. Queues are bounded by it (docs/protocol.md "Timeouts")."""
+
+    arrival_s: float
+    request_timeout_s: float
+
+    @property
+    def deadline_s(self) -> float:
+        return self.arrival_s + self.request_timeout_s
+
+
+def _deadline(f: Fields, default_timeout_s: float | None) -> dict[str, Any]:
+    return {"arrival_s": f.get("arrival_s", _non_negative, None),
+            "request_timeout_s": f.get("request_timeout_s", positive_number, default_timeout_s)}
+
+
+@dataclass(frozen=True)
+class PrefillRequest:
+    """``POST /v1/prefill``: compute `input_len` tokens (of which `cached_len` are a prefix hit) and
+    stream the KV to `decode`. `shed_ttft_s`: when given, a request whose predicted time to first token
+    exceeds it is shed before its prefill starts (its own reason)."""
+
+    request_id: str
+    input_len: int
+    decode: KVDestination
+    cached_len: int = 0
+    block_hashes: tuple[int, ...] = ()
+    prompt_token_ids: tuple[int, ...] | None = None
+    route: str = "prfaas"
+    arrival_s: float | None = None
+    request_timeout_s: float | None = None
+    shed_ttft_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "POST /v1/prefill") -> "PrefillRequest":
+        def fields(f: Fields) -> dict[str, Any]:
+            out = {"request_id": f.get("request_id", _text), "input_len": f.get("input_len", _at_least_one),
+                   "decode": KVDestination.read(f.section("decode")) if f.has("decode") else f.get("decode", _mapping),
+                   "cached_len": f.get("cached_len", positive_int, 0), "block_hashes": f.get("block_hashes", _ints, ()),
+                   "prompt_token_ids": f.get("prompt_token_ids", _ints, None), "route": f.choice("route", ROUTES, "prfaas"),
+                   "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), **_deadline(f, None)}
+            if out["cached_len"] >= out["input_len"]:
+                raise f.error("cached_len", f"{out['cached_len']} must be below input_len ({out['input_len']})")
+            return out
+
+        return _read(cls, data, source, "", fields)
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """``POST /v1/decode``: register a request, wait for its KV, decode `output_len` tokens.
+    `prompt_token_ids` is needed in torch mode (the prompt's last token is the decode's first input)."""
+
+    request_id: str
+    input_len: int
+    output_len: int = 1
+    prompt_token_ids: tuple[int, ...] | None = None
+    arrival_s: float | None = None
+    request_timeout_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "POST /v1/decode") -> "DecodeRequest":
+        return _read(cls, data, source, "", lambda f: {
+            "request_id": f.get("request_id", _text), "input_len": f.get("input_len", _at_least_one),
+            "output_len": f.get("output_len", _at_least_one, 1), "prompt_token_ids": f.get("prompt_token_ids", _ints, None),
+            **_deadline(f, None)})
+
+
+# ---------------------------------------------------------------------------------------- answers
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """The answer to a `PrefillRequest`: sent when the KV transfer has ended (or the request failed)."""
+
+    request_id: str
+    status: str
+    reason: str | None = None
+    prefill_start_s: float | None = None
+    prefill_end_s: float | None = None
+    transfer_start_s: float | None = None
+    transfer_end_s: float | None = None
+    kv_bytes: int | None = None
+    wire_bytes: int | None = None
+    queue_s: float | None = None  # time spent in the prefill queue
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "prefill result") -> "PrefillResult":
+        return _read(cls, data, source, "", lambda f: {
+            "request_id": f.get("request_id", _text), "status": f.choice("status", STATUSES),
+            "reason": f.get("reason", _optional_text, None),
+            **{k: f.get(k, _non_negative, None) for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s",
+                                                          "transfer_end_s", "queue_s")},
+            **{k: f.get(k, positive_int, None) for k in ("kv_bytes", "wire_bytes")}})
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One ``data:`` line of the decode stream: token `index` (0-based) was produced at `t_s`."""
+
+    token_id: int
+    index: int
+    t_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "token event") -> "TokenEvent":
+        return _read(cls, data, source, "", lambda f: {"token_id": f.get("token_id", positive_int),
+                                                       "index": f.get("index", positive_int), "t_s": f.get("t_s", _non_negative)})
+
+
+@dataclass(frozen=True)
+class FinalEvent:
+    """The last ``data:`` line of the decode stream (``"done": true`` on the wire)."""
+
+    status: str
+    reason: str | None = None
+    kv_bytes: int = 0
+    transfer_start_s: float | None = None
+    transfer_end_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    tokens: int = 0
+    queue_s: float | None = None  # time spent waiting for a place in the decode batch
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"done": True, **_json(self)}
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "final event") -> "FinalEvent":
+        def fields(f: Fields) -> dict[str, Any]:
+            if not f.get("done", boolean):
+                raise f.error("done", "must be true in a final event")
+            return {"status": f.choice("status", STATUSES), "reason": f.get("reason", _optional_text, None),
+                    "kv_bytes": f.get("kv_bytes", positive_int, 0), "tokens": f.get("tokens", positive_int, 0),
+                    **{k: f.get(k, _non_negative, None) for k in ("transfer_start_s", "transfer_end_s", "first_token_s",
+                                                                  "finish_s", "queue_s")}}
+
+        return _read(cls, data, source, "", fields)
+
+
+def decode_event(data: Any, source: str = "decode stream") -> TokenEvent | FinalEvent:
+    """One event of the decode stream: the final one carries ``"done": true``."""
+    if isinstance(data, dict) and data.get("done"):
+        return FinalEvent.from_json(data, source)
+    return TokenEvent.from_json(data, source)
+
+
+# ------------------------------------------------------------------------------------------ state
+
+
+@dataclass(frozen=True)
+class Congestion:
+    """A prefill worker's transport signal (TCP_INFO of its KV senders), summed over its KV destinations;
+    `rtt_ms` is the maximum and `min_rtt_ms` the minimum over them. Wire units."""
+
+    retransmits: float = 0.0
+    rtt_ms: float = 0.0
+    min_rtt_ms: float = 0.0
+    cwnd: float = 0.0
+    send_queue_bytes: float = 0.0
+    inflight_bytes: float = 0.0
+    delivery_rate_bps: float = 0.0
+    goodput_bps: float = 0.0
+    by_destination: dict[str, Any] = field(default_factory=dict)
+
+    def numbers(self) -> dict[str, float]:
+        """The summed signals by name (everything but the per-destination detail)."""
+        return {k: v for k, v in asdict(self).items() if k != "by_destination"}
+
+    @classmethod
+    def read(cls, f: Fields) -> "Congestion":
+        out = cls(**{k: f.get(k, _non_negative, 0.0) for k in NUMBERS},
+                  by_destination=f.get("by_destination", _mapping, {}))
+        f.done()
+        return out
+
+
+NUMBERS = ("retransmits", "rtt_ms", "min_rtt_ms", "cwnd", "send_queue_bytes", "inflight_bytes", "delivery_rate_bps", "goodput_bps")
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """``GET /v1/state``: what the router's poller reads (queues, prefix pool, transport signal)."""
+
+    role: str
+    instance: int
+    cluster: str
+    queue_depth: int = 0
+    busy: bool = False
+    batch: int = 0
+    prefix_blocks: tuple[int, ...] = ()
+    pool: dict[str, Any] | None = None
+    congestion: Congestion = field(default_factory=Congestion)
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "GET /v1/state") -> "WorkerState":
+        return _read(cls, data, source, "", lambda f: {
+            "role": f.choice("role", ROLES), "instance": f.get("instance", positive_int), "cluster": f.get("cluster", _text),
+            "queue_depth": f.get("queue_depth", positive_int, 0), "busy": f.get("busy", boolean, False),
+            "batch": f.get("batch", positive_int, 0), "prefix_blocks": f.get("prefix_blocks", _ints, ()),
+            "pool": f.get("pool", _mapping, None), "congestion": Congestion.read(f.section("congestion"))})
+
+
+@dataclass(frozen=True)
+class Health:
+    """``GET /healthz``."""
+
+    ok: bool
+    role: str
+    instance: int
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "GET /healthz") -> "Health":
+        return _read(cls, data, source, "", lambda f: {"ok": f.get("ok", boolean), "role": f.choice("role", ROLES),
+                                                       "instance": f.get("instance", positive_int)})

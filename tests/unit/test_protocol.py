@@ -1,0 +1,71 @@
+"""The router <-> worker messages (docs/protocol.md): every message survives JSON both ways, and a bad
+field is refused with one line naming it and what is allowed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from testbed.errors import FieldError
+from testbed.serving.protocol import (
+    Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, TokenEvent, WorkerState,
+    decode_event,
+)
+
+MESSAGES = [
+    PrefillRequest("r1", 2048, KVDestination("10.2.0.5", 9001, 1), cached_len=512, block_hashes=(7, 8, 9, 10),
+                   prompt_token_ids=(1, 2, 3), route="pd", arrival_s=12.5, request_timeout_s=120.0, shed_ttft_s=10.0),
+    DecodeRequest("r1", 2048, 16, (1, 2, 3), arrival_s=12.5, request_timeout_s=120.0),
+    PrefillResult("r1", "ok", None, 1.0, 2.0, 1.1, 2.5, 4096, 4200, queue_s=0.25),
+    PrefillResult("r2", "failed", "waited 90.0 s in the queue of prefill instance 0"),
+    TokenEvent(42, 0, 3.25),
+    FinalEvent("ok", None, 4096, 1.1, 2.5, 2.6, 3.0, 16, queue_s=0.0),
+    WorkerState("prefill", 2, "prfaas", queue_depth=3, busy=True, prefix_blocks=(5, 6), pool={"used_bytes": 10},
+                congestion=Congestion(4.0, 30.5, 10.0, 20.0, 1e6, 5e5, 3e9, 2e9, {"10.2.0.5:9001": {"cwnd": 20}})),
+    WorkerState("decode", 0, "pd", queue_depth=1, batch=8),
+    Health(True, "decode", 0),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_through_json_unchanged(msg) -> None:
+    wire = json.loads(json.dumps(msg.to_json()))
+    back = decode_event(wire) if isinstance(msg, (TokenEvent, FinalEvent)) else type(msg).from_json(wire)
+    assert back == msg
+
+
+def test_the_final_event_carries_done_and_token_events_do_not() -> None:
+    assert FinalEvent("failed", "x").to_json()["done"] is True
+    assert "done" not in TokenEvent(1, 0, 0.0).to_json()
+
+
+@pytest.mark.parametrize("cls, data, message", [
+    (PrefillRequest, {"request_id": "a", "input_len": 10}, "POST /v1/prefill: decode: is required"),
+    (PrefillRequest, {"request_id": "a", "input_len": 0, "decode": {"host": "h", "kv_port": 1, "instance": 0}},
+     "POST /v1/prefill: input_len: 0 is not a whole number >= 1"),
+    (PrefillRequest, {"request_id": "a", "input_len": 10, "cached_len": 10, "decode": {"host": "h", "kv_port": 1, "instance": 0}},
+     "POST /v1/prefill: cached_len: 10 must be below input_len (10)"),
+    (PrefillRequest, {"request_id": "a", "input_len": 10, "decode": {"host": "h", "kv_port": 1, "instance": 0, "port": 2}},
+     "POST /v1/prefill: decode.port: unknown key; allowed keys here: host, instance, kv_port"),
+    (PrefillRequest, {"request_id": "a", "input_len": 10, "route": "wan", "decode": {"host": "h", "kv_port": 1, "instance": 0}},
+     "POST /v1/prefill: route: 'wan' is not allowed; use one of: prfaas, pd"),
+    (DecodeRequest, {"request_id": "a", "input_len": 3, "prompt_token_ids": [1, "2"]},
+     "POST /v1/decode: prompt_token_ids: must be a list of integers"),
+    (DecodeRequest, {"request_id": "a", "input_len": 3, "request_timeout_s": -1},
+     "POST /v1/decode: request_timeout_s: -1 must be > 0"),
+    (PrefillResult, {"request_id": "a", "status": "maybe"}, "prefill result: status: 'maybe' is not allowed; use one of: ok, failed"),
+    (WorkerState, {"role": "decode", "instance": 0, "cluster": "pd", "congestion": {"rtt_ms": "slow"}},
+     "GET /v1/state: congestion.rtt_ms: 'slow' is not a number"),
+])
+def test_a_bad_field_is_refused_with_one_line_naming_it(cls, data, message) -> None:
+    with pytest.raises(FieldError) as err:
+        cls.from_json(data)
+    assert str(err.value) == message
+
+
+def test_a_token_event_with_a_missing_field_and_a_final_event_without_done_are_refused() -> None:
+    with pytest.raises(FieldError, match="decode stream: t_s: is required"):
+        decode_event({"token_id": 1, "index": 0})
+    with pytest.raises(FieldError, match="final event: done: must be true"):
+        FinalEvent.from_json({"done": False, "status": "ok"})
