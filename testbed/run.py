@@ -75,7 +75,7 @@ def _worker_config(inst: Instance, plan: ServingPlan, scenario: Scenario, scale:
         model_source=scenario.source or "", scale=scale, device=model.device, variant=model.variant,
         seed=model.seed if model.seed is not None else scenario.seed, kv_port=inst.kv_port,
         kv_connections=spec.kv_connections, bs_max=spec.bs_max, kv_timeout_s=spec.kv_timeout_s,
-        prefix_pool_bytes=spec.prefix_pool_bytes, ready_file=str(work / f"{inst.name}.ready"),
+        request_timeout_s=spec.request_timeout_s, prefix_pool_bytes=spec.prefix_pool_bytes, ready_file=str(work / f"{inst.name}.ready"),
     )
     path = work / f"{inst.name}.json"
     cfg.save(path)
@@ -92,7 +92,7 @@ def _router_config(plan: ServingPlan, scenario: Scenario, net: Any, scale: float
         decode=tuple(DecodeInstanceConfig(i.index, ip(i.host), i.port, int(i.kv_port or 0)) for i in plan.instances if i.role == "decode"),
         policy=scenario.section("policy"), port=ROUTER_PORT, wan_capacity_bps=scenario.wan.prfaas_to_pd.rate_bps, scale=scale,
         model=model.name, compute=plan.compute, vocab_size=_vocab_size(plan, model),
-        request_timeout_s=plan.spec.request_timeout_s,
+        request_timeout_s=plan.spec.request_timeout_s, shed_ttft_s=plan.spec.shed_ttft_s,
     )
     path = work / "router.json"
     cfg.save(path)

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from testbed import units
 from testbed.errors import FieldError
-from testbed.scenario import Fields, Scenario, positive_int
+from testbed.scenario import Fields, Scenario, boolean, positive_int, positive_number
 
 COMPUTE_MODES = ("profile", "torch")
 ROLES = ("prfaas_prefill", "pd_prefill", "pd_decode")
@@ -56,6 +56,12 @@ class ServingSpec:
     slo: SloSpec = field(default_factory=SloSpec)
     prefix_pool_bytes: int = 8 * 10**9  # per prefill instance, emulated bytes (before scale)
     faults: tuple[FaultSpec, ...] = ()
+    shed_slack: float | None = None  # early shedding: a request predicted past slack x slo.ttft is shed (None: never)
+
+    @property
+    def shed_ttft_s(self) -> float | None:
+        """The TTFT beyond which a prefill worker sheds a request before computing it (docs/protocol.md)."""
+        return None if self.shed_slack is None else self.shed_slack * self.slo.ttft_s
 
     def profile(self, cluster: str) -> str | None:
         return dict(self.profiles)[cluster]
@@ -131,9 +137,13 @@ def parse_serving_section(f: Fields) -> ServingSpec:
         raise sf.error("tpot", "is longer than a whole request may take (slo.ttft + timeouts.request)")
     pool = f.get("prefix_pool", units.parse_size_bytes, d.prefix_pool_bytes)
     faults = tuple(_read_fault(x) for x in f.items("faults"))
+    shed = f.section("shed")
+    slack = shed.get("slack", positive_number, 1.0)
+    shed_slack = slack if shed.get("enabled", boolean, False) else None
+    shed.done()
     f.done()
     return ServingSpec(compute, profiles, instances, per_host, bs_max, conns, kv_timeout,
-                       request_timeout, startup_timeout, drain, slo, pool, faults)
+                       request_timeout, startup_timeout, drain, slo, pool, faults, shed_slack)
 
 
 # ------------------------------------------------------------------------------------------ placement

@@ -90,7 +90,8 @@ class RouterConfig:
     compute: str = "profile"  # "torch": send prompt_token_ids to the workers
     vocab_size: int = 32000
     connect_timeout_s: float = 5.0
-    request_timeout_s: float = 300.0  # longest silence from a worker before the request fails
+    request_timeout_s: float = 300.0  # a request's whole budget; also the longest silence from a worker
+    shed_ttft_s: float | None = None  # early shedding: prefill workers shed a request predicted past this TTFT
     state_poll_s: float = 0.5
     state_timeout_s: float = 2.0
     max_blocks_per_instance: int = 1 << 20
@@ -142,6 +143,7 @@ class RouterConfig:
             vocab_size=f.get("vocab_size", positive_int, d.vocab_size),
             connect_timeout_s=f.get("connect_timeout_s", pos, d.connect_timeout_s),
             request_timeout_s=f.get("request_timeout_s", pos, d.request_timeout_s),
+            shed_ttft_s=f.get("shed_ttft_s", pos, d.shed_ttft_s),
             state_poll_s=f.get("state_poll_s", pos, d.state_poll_s),
             state_timeout_s=f.get("state_timeout_s", pos, d.state_timeout_s),
             max_blocks_per_instance=f.get("max_blocks_per_instance", positive_int, d.max_blocks_per_instance),
@@ -489,7 +491,8 @@ class Router:
         assert isinstance(d_cfg, DecodeInstanceConfig)
         req = PrefillRequest(c.request_id, c.input_len, KVDestination(d_cfg.host, d_cfg.kv_port, d_cfg.instance),
                              cached_len=dec.cached_len, block_hashes=tuple(c.block_hashes), prompt_token_ids=token_ids,
-                             route=dec.route, arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s)
+                             route=dec.route, arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s,
+                             shed_ttft_s=self.cfg.shed_ttft_s)
         source = f"prefill instance {p.cfg.instance}"
         try:
             conn = self._open(p, "/v1/prefill", req.to_json())

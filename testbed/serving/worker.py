@@ -17,6 +17,7 @@ import queue
 import signal
 import sys
 import threading
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -49,7 +50,8 @@ class WorkerConfig:
     kv_port: int | None = None
     kv_connections: int = 4
     bs_max: int = 20
-    kv_timeout_s: float = 30.0
+    kv_timeout_s: float = 30.0  # a KV transfer, from the moment its first layer is handed to the sender
+    request_timeout_s: float = 120.0  # a request's whole budget when its message does not carry one
     prefix_pool_bytes: int = 8 * 10**9
     model_source: str = ""  # the scenario file (a model given as a relative path is found beside it)
     ready_file: str | None = None
@@ -74,6 +76,8 @@ def _log(msg: str) -> None:
 @dataclass
 class PrefillJob:
     req: PrefillRequest
+    queued_s: float = field(default_factory=now_s)
+    started: bool = False  # left the queue (guarded by PrefillWorker.lock)
     done: threading.Event = field(default_factory=threading.Event)
     result: dict[str, Any] = field(default_factory=dict)  # PrefillResult's fields, filled in as the job goes
 
@@ -98,13 +102,16 @@ class Destination:
 
     QUEUE_LAYERS = 8
 
-    def __init__(self, host: str, kv_port: int, connections: int, on_done: Callable[[PrefillJob], None], model_name: str) -> None:
+    def __init__(self, host: str, kv_port: int, connections: int, on_done: Callable[[PrefillJob], None], model_name: str,
+                 kv_timeout_s: float) -> None:
         self.host, self.kv_port, self.connections = host, kv_port, connections
         self.model_name = model_name
         self.on_done = on_done
+        self.kv_timeout_s = kv_timeout_s
         self.items: queue.Queue = queue.Queue(maxsize=self.QUEUE_LAYERS)
         self.sender: Any = None
         self.failed: dict[str, str] = {}
+        self.started: dict[str, float] = {}  # request id -> when its first layer was handed to the sender
         threading.Thread(target=self._loop, daemon=True, name=f"kv->{host}:{kv_port}").start()
 
     def _connect(self) -> Any:
@@ -127,11 +134,18 @@ class Destination:
             rid = job.request_id
             if kind == "abort":  # the prefill failed: drop what is queued, tell the receiver
                 self.failed.pop(rid, None)
+                self.started.pop(rid, None)
                 if self.sender is not None:
                     self.sender.abort(rid, payload)
                 continue
+            start = self.started.setdefault(rid, now_s())
+            if rid not in self.failed and now_s() - start > self.kv_timeout_s:  # the KV timeout runs from the first layer
+                self.failed[rid] = self._late()
+                if self.sender is not None:
+                    self.sender.abort(rid, self.failed[rid])
             if rid in self.failed:
                 if kind == "finish":
+                    self.started.pop(rid, None)
                     self._end(job, None, self.failed.pop(rid))
                 continue
             try:
@@ -141,21 +155,31 @@ class Destination:
                 elif kind == "layer":
                     sender.send_layer(rid, payload)
                 else:
-                    threading.Thread(target=self._finish, args=(sender, job, payload), daemon=True).start()
+                    self.started.pop(rid, None)
+                    left_s = max(0.0, start + self.kv_timeout_s - now_s())
+                    threading.Thread(target=self._finish, args=(sender, job, payload, left_s), daemon=True).start()
             except Exception as exc:  # the decode side went away or the WAN broke the connection
                 reason = f"KV transfer to {self.host}:{self.kv_port} failed: {exc}"
                 _log(reason)
                 self._drop_sender()
                 if kind == "finish":
+                    self.started.pop(rid, None)
                     self._end(job, None, reason)
                 else:
                     self.failed[rid] = reason
 
-    def _finish(self, sender: Any, job: PrefillJob, tokens: int) -> None:
+    def _late(self) -> str:
+        return f"KV transfer to {self.host}:{self.kv_port} did not complete within {self.kv_timeout_s:g} s of its start"
+
+    def _finish(self, sender: Any, job: PrefillJob, tokens: int, left_s: float) -> None:
         try:
-            stats = sender.finish(job.request_id, tokens=tokens, model=self.model_name)
+            stats = sender.finish(job.request_id, tokens=tokens, model=self.model_name, timeout_s=left_s)
         except Exception as exc:
             self._end(job, None, f"KV transfer to {self.host}:{self.kv_port} failed: {exc}")
+            return
+        if not stats.ok and "timed out" in (stats.reason or ""):
+            sender.abort(job.request_id, self._late())  # free the receiver's partial KV now
+            self._end(job, stats, self._late())
             return
         self._end(job, stats, None if stats.ok else f"KV transfer to {self.host}:{self.kv_port} failed: {stats.reason}")
 
@@ -188,22 +212,55 @@ class PrefillWorker:
                                      full_bytes_per_token=kv1.full_attention_bytes,
                                      state_bytes=kv1.fixed_state_bytes + spec.kv_bytes(BLOCK_TOKENS).window_bytes)
         self.jobs: queue.Queue[PrefillJob] = queue.Queue()
+        self.s_per_token = 0.0  # measured prefill seconds per computed token (EWMA), for early shedding
         self.busy = False
         self.dests: dict[tuple[str, int], Destination] = {}
         self.lock = threading.Lock()
         threading.Thread(target=self._loop, daemon=True, name="prefill").start()
 
     def submit(self, req: PrefillRequest) -> PrefillResult:
+        """Queue one prefill and answer when its transfer has ended. A request still queued when only its
+        KV timeout is left of its request timeout fails with a reason naming this queue."""
         job = PrefillJob(req)
         self.jobs.put(job)
+        timeout_s = req.request_timeout_s or self.cfg.request_timeout_s
+        leave_by_s = (req.arrival_s if req.arrival_s is not None else job.queued_s) + timeout_s - self.cfg.kv_timeout_s
+        if not job.done.wait(max(0.0, leave_by_s - now_s())):
+            with self.lock:
+                queued = not job.started
+                if queued:
+                    job.started = True  # the loop skips it
+            if queued:
+                job.fail(f"waited {now_s() - job.queued_s:.1f} s in the queue of prefill instance {self.cfg.instance} "
+                         f"(request timeout {timeout_s:g} s less the KV timeout {self.cfg.kv_timeout_s:g} s)")
         job.done.wait()
         return job.answer()
+
+    def _shed(self, job: PrefillJob) -> str | None:
+        """Early shedding (`PrefillRequest.shed_ttft_s`): the reason when the time already waited plus the
+        expected prefill time exceeds the request's TTFT budget."""
+        req = job.req
+        if req.shed_ttft_s is None:
+            return None
+        waited = now_s() - (req.arrival_s if req.arrival_s is not None else job.queued_s)
+        expected = self.expected_prefill_s(req.input_len, min(req.cached_len, req.input_len - 1))
+        if waited + expected <= req.shed_ttft_s:
+            return None
+        return f"shed: predicted TTFT {waited + expected:.1f} s ({waited:.1f} s waited + {expected:.1f} s prefill) exceeds {req.shed_ttft_s:g} s"
+
+    def expected_prefill_s(self, input_len: int, cached_len: int) -> float:
+        """The profile's prefill time; in torch mode, the measured seconds per computed token so far."""
+        profile = getattr(self.compute, "prefill_time_s", None)
+        if profile is not None:
+            return float(profile(input_len, cached_len))
+        return self.s_per_token * (input_len - cached_len)
 
     def _dest(self, decode: KVDestination) -> Destination:
         key = (decode.host, decode.kv_port)
         with self.lock:
             if key not in self.dests:
-                self.dests[key] = Destination(key[0], key[1], self.cfg.kv_connections, self._done, self.compute.section.spec.name)
+                self.dests[key] = Destination(key[0], key[1], self.cfg.kv_connections, self._done, self.compute.section.spec.name,
+                                              self.cfg.kv_timeout_s)
             return self.dests[key]
 
     def _done(self, job: PrefillJob) -> None:
@@ -217,6 +274,14 @@ class PrefillWorker:
     def _loop(self) -> None:
         while True:
             job = self.jobs.get()
+            with self.lock:
+                if job.started:  # failed in the queue already
+                    continue
+                job.started = True
+            shed = self._shed(job)
+            if shed is not None:
+                job.fail(shed)
+                continue
             self.busy = True
             try:
                 self._run(job)
@@ -232,6 +297,7 @@ class PrefillWorker:
         input_len = req.input_len
         cached_len = min(req.cached_len, input_len - 1)
         job.result["prefill_start_s"] = now_s()
+        job.result["queue_s"] = job.result["prefill_start_s"] - job.queued_s
 
         def on_layer(layer: Any) -> None:
             dest.items.put(("layer", job, layer))
@@ -243,6 +309,8 @@ class PrefillWorker:
             dest.items.put(("abort", job, f"prefill failed: {exc}"))
             raise
         job.result["prefill_end_s"] = now_s()
+        took_s = (job.result["prefill_end_s"] - job.result["prefill_start_s"]) / max(1, input_len - cached_len)
+        self.s_per_token = took_s if self.s_per_token == 0 else 0.8 * self.s_per_token + 0.2 * took_s
         dest.items.put(("finish", job, tokens))
 
     def state(self) -> WorkerState:
@@ -286,14 +354,25 @@ class DecodeSlot:
     emitted: int = 0
     next_input: int | None = None
     aborted: bool = False
+    registered_s: float = field(default_factory=now_s)
+    admitted_s: float | None = None  # ready to decode (KV verified), waiting for a place in the batch
+    joined_s: float | None = None  # joined the batch
 
     @property
     def request_id(self) -> str:
         return self.req.request_id
 
+    def timeout_s(self, default_s: float) -> float:
+        return self.req.request_timeout_s or default_s
+
+    def deadline_s(self, default_s: float) -> float:
+        """The request's deadline: its arrival at the router (or here) plus its request timeout."""
+        return (self.req.arrival_s if self.req.arrival_s is not None else self.registered_s) + self.timeout_s(default_s)
+
     def final(self, status: str, reason: str | None) -> FinalEvent:
+        queue_s = (self.joined_s or now_s()) - self.admitted_s if self.admitted_s is not None else None
         return FinalEvent(status, reason, self.kv_bytes, self.transfer_start_s, self.transfer_end_s, self.first_token_s,
-                          now_s(), self.emitted)
+                          now_s(), self.emitted, queue_s)
 
 
 class DecodeWorker:
@@ -306,7 +385,8 @@ class DecodeWorker:
         self.lock = threading.Lock()
         self.pending: dict[str, DecodeSlot] = {}
         self.arrived: dict[str, tuple[float, Any]] = {}  # KV that came before its request
-        self.admit: queue.Queue[DecodeSlot] = queue.Queue()
+        self.admit_cond = threading.Condition()
+        self.ready: deque[DecodeSlot] = deque()  # KV verified, waiting for a place in the batch
         self.active: list[DecodeSlot] = []
         self.receiver = KVReceiver(cfg.bind, int(cfg.kv_port or 9000), self._on_kv,
                                    request_timeout_s=cfg.kv_timeout_s).start()
@@ -344,29 +424,47 @@ class DecodeWorker:
         return slot
 
     def _await_kv(self, slot: DecodeSlot) -> None:
-        ok = slot.kv_ready.wait(self.cfg.kv_timeout_s)
+        """Wait for the KV until the request's deadline: the prefill's queue bound and the KV timeout (both on
+        the prefill side) end a request earlier, with their own reasons."""
+        ok = slot.kv_ready.wait(max(0.0, slot.deadline_s(self.cfg.request_timeout_s) - now_s()))
         with self.lock:
             self.pending.pop(slot.request_id, None)
         if not ok:
-            slot.events.put(slot.final("failed", f"KV did not arrive within {self.cfg.kv_timeout_s:g}s"))
+            slot.events.put(slot.final("failed", f"KV did not arrive within the request timeout "
+                                                 f"({slot.timeout_s(self.cfg.request_timeout_s):g} s)"))
         elif slot.kv_error:
             slot.events.put(slot.final("failed", f"KV rejected: {slot.kv_error}"))
         elif self.cfg.compute == "torch" and not slot.req.prompt_token_ids:
             slot.events.put(slot.final("failed", "torch mode needs prompt_token_ids in the decode request"))
         else:
-            self.admit.put(slot)
+            slot.admitted_s = now_s()
+            with self.admit_cond:
+                self.ready.append(slot)
+                self.admit_cond.notify()
+
+    def _join(self) -> None:
+        """Between steps: ready requests join the batch up to BS_max; those past their deadline leave the
+        batch queue failed, with a reason naming it."""
+        with self.admit_cond:
+            while not self.active and not self.ready:
+                self.admit_cond.wait()
+            now = now_s()
+            expired = [x for x in self.ready if not x.aborted and now > x.deadline_s(self.cfg.request_timeout_s)]
+            self.ready = deque(x for x in self.ready if not x.aborted and x not in expired)
+            self.active = [x for x in self.active if not x.aborted]
+            while len(self.active) < self.cfg.bs_max and self.ready:
+                slot = self.ready.popleft()
+                slot.joined_s = now
+                self.active.append(slot)
+        for slot in expired:
+            waited = now - (slot.admitted_s or now)
+            slot.events.put(slot.final("failed", f"waited {waited:.1f} s in the batch queue of decode instance {self.cfg.instance} "
+                                                 f"(request timeout {slot.timeout_s(self.cfg.request_timeout_s):g} s)"))
 
     def _loop(self) -> None:
-        """Continuous batching: admit up to BS_max ready requests, one step for all, emit, retire."""
+        """Continuous batching: up to BS_max requests per step, joining and leaving between steps."""
         while True:
-            if not self.active:
-                self.active.append(self.admit.get())
-            while len(self.active) < self.cfg.bs_max:
-                try:
-                    self.active.append(self.admit.get_nowait())
-                except queue.Empty:
-                    break
-            self.active = [s for s in self.active if not s.aborted]
+            self._join()
             if not self.active:
                 continue
             try:
@@ -394,7 +492,7 @@ class DecodeWorker:
     def state(self) -> WorkerState:
         with self.lock:
             waiting = len(self.pending)
-        return WorkerState("decode", self.cfg.instance, self.cfg.cluster, queue_depth=waiting + self.admit.qsize() + len(self.active),
+        return WorkerState("decode", self.cfg.instance, self.cfg.cluster, queue_depth=waiting + len(self.ready) + len(self.active),
                            busy=bool(self.active), batch=len(self.active))
 
 

@@ -139,3 +139,11 @@ def test_the_scenario_loader_itself_refuses_counts_that_do_not_fit():
     with pytest.raises(FieldError) as info:
         load_scenario("quick", ["serving.instances.pd_decode=9"])  # 1 decode host x per_host 4
     assert info.value.field == "serving.instances.pd_decode"
+
+
+def test_early_shedding_is_off_by_default_and_its_budget_is_slack_times_the_ttft_slo():
+    assert plan().spec.shed_ttft_s is None
+    assert plan("serving.shed.enabled=true", "serving.shed.slack=1.5", "serving.slo.ttft=10s").spec.shed_ttft_s == 15.0
+    assert plan("serving.shed.slack=2").spec.shed_ttft_s is None
+    err = refused("serving.shed.enabled=true", "serving.shed.slack=0")
+    assert err.field == "serving.shed.slack" and "must be > 0" in str(err)

@@ -112,9 +112,11 @@ def test_kv_streams_layer_by_layer_and_the_decode_emits_every_token(workers):
 def test_a_decode_whose_kv_never_arrives_fails_with_the_reason(workers):
     dec, _ = workers
     events: list[dict[str, Any]] = []
-    sse(dec.port, {"request_id": "lost", "input_len": 100, "output_len": 3}, events)
+    t0 = time.monotonic()
+    sse(dec.port, {"request_id": "lost", "input_len": 100, "output_len": 3, "request_timeout_s": 2.0}, events)
     assert len(events) == 1 and events[0]["status"] == "failed"
-    assert f"did not arrive within {KV_TIMEOUT_S:g}s" in events[0]["reason"]
+    assert events[0]["reason"] == "KV did not arrive within the request timeout (2 s)"
+    assert 2.0 <= time.monotonic() - t0 < 2.0 + 5.0  # bounded by the request's timeout, not the KV timeout (6 s)
 
 
 def test_a_corrupted_kv_transfer_is_rejected_and_never_decoded(workers):
@@ -146,3 +148,91 @@ def test_bad_bodies_and_wrong_paths_get_http_errors(workers):
     status, raw = request(pre.port, "POST", "/v1/prefill", {"request_id": "y", "input_len": 10, "decode": {"host": "h", "kv_port": "x", "instance": 0}})
     assert status == 400 and json.loads(raw)["error"] == "POST /v1/prefill: decode.kv_port: 'x' is not a whole number >= 0"
     assert json.loads(request(dec.port, "GET", "/healthz")[1])["role"] == "decode"
+
+
+def test_a_request_queued_past_its_budget_fails_naming_the_prefill_queue_and_shedding_has_its_own_reason(workers):
+    dec, pre = workers
+    dest = {"host": "127.0.0.1", "kv_port": dec.kv_port, "instance": 0}
+    out: dict[str, dict[str, Any]] = {}
+
+    def post(rid: str, extra: dict[str, Any]) -> None:
+        out[rid] = json.loads(request(pre.port, "POST", "/v1/prefill", {"request_id": rid, "input_len": 8192, "decode": dest, **extra})[1])
+
+    first = threading.Thread(target=post, args=("q-a", {}))
+    first.start()  # 0.72 s of H200 prefill
+    time.sleep(0.2)
+    post("q-b", {"arrival_s": time.monotonic(), "request_timeout_s": 30.3})  # the prefill's KV timeout (30 s) leaves 0.3 s of queue
+    first.join(30)
+    assert out["q-a"]["status"] == "ok" and out["q-a"]["queue_s"] < 0.5
+    reason = out["q-b"]["reason"]
+    assert out["q-b"]["status"] == "failed" and out["q-b"]["prefill_start_s"] is None
+    assert reason.startswith("waited 0.") and reason.endswith(" s in the queue of prefill instance 0 "
+                                                              "(request timeout 30.3 s less the KV timeout 30 s)")
+    post("shed", {"arrival_s": time.monotonic(), "shed_ttft_s": 0.5})  # alone, but its prefill alone takes 0.72 s
+    assert out["shed"]["status"] == "failed" and out["shed"]["prefill_start_s"] is None
+    assert out["shed"]["reason"].startswith("shed: predicted TTFT 0.7 s") and out["shed"]["reason"].endswith("exceeds 0.5 s")
+
+
+def test_the_kv_timeout_runs_from_the_first_layer_sent_not_from_the_queue() -> None:
+    """A receiver that reads every byte but never answers: the transfer fails kv_timeout after its start."""
+    from testbed.kv.cache import LayerKV
+    from testbed.serving.protocol import KVDestination, PrefillRequest
+    from testbed.serving.worker import Destination, PrefillJob
+
+    import torch
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    conns: list[socket.socket] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                c, _ = listener.accept()
+            except OSError:
+                return
+            conns.append(c)
+            threading.Thread(target=lambda c=c: [None for _ in iter(lambda: c.recv(1 << 16), b"")], daemon=True).start()
+
+    threading.Thread(target=drain, daemon=True).start()
+    ended: list[PrefillJob] = []
+    done = threading.Event()
+    dest = Destination("127.0.0.1", listener.getsockname()[1], 2, lambda j: (ended.append(j), done.set()), "m", kv_timeout_s=0.5)
+    job = PrefillJob(PrefillRequest("late", 16, KVDestination("127.0.0.1", 1, 0)), queued_s=time.monotonic() - 60)  # queued long ago
+    try:
+        t0 = time.monotonic()
+        dest.items.put(("layer", job, LayerKV(0, "linear", {"state": torch.ones(2, 4, 4)})))
+        dest.items.put(("finish", job, 16))
+        assert done.wait(10)
+        took = time.monotonic() - t0
+    finally:
+        listener.close()
+        for c in conns:
+            c.close()
+    assert ended[0].result["status"] == "failed"
+    assert ended[0].result["reason"] == f"KV transfer to 127.0.0.1:{dest.kv_port} did not complete within 0.5 s of its start"
+    assert 0.45 <= took < 5.0  # from the first layer; the 60 s it had queued do not count
+
+
+def test_a_request_waiting_for_a_place_in_a_full_batch_fails_naming_the_batch_queue(tmp_path) -> None:
+    from testbed.clock import now_s
+    from testbed.kv.transport import ReceivedKV
+    from testbed.serving.protocol import DecodeRequest, FinalEvent
+    from testbed.serving.worker import DecodeWorker
+
+    cfg = WorkerConfig(role="decode", instance=3, cluster="pd", host="lo", port=0, kv_port=free_port(), profile="h20-paper-1t-hybrid",
+                       model=MODEL, scale=SCALE, bs_max=1, bind="127.0.0.1")
+    worker = DecodeWorker(cfg)
+    try:
+        long = worker.register(DecodeRequest("long", 100, output_len=40))  # 40 steps of 25 ms hold the only place
+        late = worker.register(DecodeRequest("late", 100, output_len=2, request_timeout_s=0.3))
+        for rid in ("long", "late"):
+            worker._on_kv(rid, ReceivedKV(rid, True, None, None, 100, 200, 1, now_s(), now_s()))
+        final = late.events.get(timeout=10)
+        first_long = long.events.get(timeout=10)
+    finally:
+        worker.receiver.close()
+    assert isinstance(final, FinalEvent) and final.status == "failed" and final.tokens == 0
+    assert final.reason.startswith("waited 0.") and final.reason.endswith("s in the batch queue of decode instance 3 (request timeout 0.3 s)")
+    assert not isinstance(first_long, FinalEvent)
