@@ -227,10 +227,10 @@ def test_a_request_waiting_for_a_place_in_a_full_batch_fails_naming_the_batch_qu
     try:
         long = worker.register(DecodeRequest("long", 100, output_len=40))  # 40 steps of 25 ms hold the only place
         late = worker.register(DecodeRequest("late", 100, output_len=2, request_timeout_s=0.3))
-        for rid in ("long", "late"):
-            worker._on_kv(rid, ReceivedKV(rid, True, None, None, 100, 200, 1, now_s(), now_s()))
+        worker._on_kv("long", ReceivedKV("long", True, None, None, 100, 200, 1, now_s(), now_s()))
+        first_long = long.events.get(timeout=10)  # "long" is in the batch now
+        worker._on_kv("late", ReceivedKV("late", True, None, None, 100, 200, 1, now_s(), now_s()))
         final = late.events.get(timeout=10)
-        first_long = long.events.get(timeout=10)
     finally:
         worker.receiver.close()
     assert isinstance(final, FinalEvent) and final.status == "failed" and final.tokens == 0
