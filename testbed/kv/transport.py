@@ -1,5 +1,5 @@
-"""Multi-connection KV transport: a prefill worker's `KVSender` streams frames to a decode worker's
-`KVReceiver` over N parallel TCP connections.
+"""Multi-connection KV transport, the `tcp` KV connector (`testbed.kv.connector`): a prefill worker's
+`KVSender` streams frames to a decode worker's `KVReceiver` over N parallel TCP connections.
 
 Sender: each layer is cut into chunk frames (`testbed.kv.wire`) in one shared queue; one writer thread
 per connection *pulls* the next frame whenever its socket can take more (TCP_NOTSENT_LOWAT keeps the
@@ -27,9 +27,11 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from testbed.clock import now_s
 from testbed.kv.cache import KVCache, LayerKV
+from testbed.kv.connector.base import KVRecvConnector, KVSendConnector, ReceivedKV, TransferStats
 from testbed.kv.wire import (
     DEFAULT_CHUNK_BYTES, Ack, ChecksumError, DataFrame, DataHeader, Frame, FrameDecoder, KVAssembler, Trailer,
     WireError, WireLimits, data_header_bytes, encode_ack, encode_trailer, layer_frames, profile_frames,
@@ -47,23 +49,6 @@ TCP_INFO_LEN = 232
 
 class TransportError(RuntimeError):
     """The connection to the receiver failed; the message says why."""
-
-
-@dataclass
-class TransferStats:
-    request_id: str
-    ok: bool
-    reason: str | None
-    kv_bytes: int  # payload bytes (KV or profile bytes)
-    wire_bytes: int  # payload + frame headers + trailer
-    frames: int
-    start_s: float  # first frame handed to the sender
-    end_s: float  # the receiver's verdict arrived
-    connections: int
-
-    @property
-    def goodput_bps(self) -> float:
-        return 8 * self.kv_bytes / (self.end_s - self.start_s) if self.end_s > self.start_s else 0.0
 
 
 @dataclass
@@ -145,8 +130,8 @@ class _Connection:
         self.threads: list[threading.Thread] = []
 
 
-class KVSender:
-    """Streams KV to one decode worker's receiver over `connections` TCP connections."""
+class KVSender(KVSendConnector):
+    """Streams KV to one decode worker's receiver over `connections` TCP connections (the `tcp` connector's sender)."""
 
     def __init__(self, host: str, port: int, connections: int = DEFAULT_CONNECTIONS, *,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
@@ -205,11 +190,6 @@ class KVSender:
         The layer's tensors must not change until `finish` returns: they are sent without copying."""
         self._send_frames(request_id, layer.layer_index, layer_frames(request_id, layer, self.chunk_bytes))
 
-    def send_cache(self, cache: KVCache) -> TransferStats:
-        for layer in cache.layers:
-            self.send_layer(cache.request_id, layer)
-        return self.finish(cache.request_id, tokens=cache.tokens, model=cache.model)
-
     def send_bytes(self, request_id: str, layer_index: int, kind: str, nbytes: int) -> None:
         """Profile mode: `nbytes` of real bytes for one layer, framed and checksummed like real KV."""
         frames = profile_frames(request_id, layer_index, kind, nbytes, self._profile_buffer,
@@ -261,7 +241,7 @@ class KVSender:
             pass
         req.done.set()
 
-    def congestion(self) -> dict:
+    def congestion(self) -> dict[str, Any]:
         """The router's congestion signal: retransmits, RTT, cwnd, queued bytes and achieved rate."""
         now = [s for s in (tcp_info(c.sock, c.index) for c in self._conns) if s is not None]
         with self._cond:
@@ -417,23 +397,6 @@ class KVSender:
 # ================================================================================================ receiver
 
 @dataclass
-class ReceivedKV:
-    """What the decode worker gets: a verified cache (torch mode) or a verified byte count (profile)."""
-
-    request_id: str
-    ok: bool
-    reason: str | None
-    cache: KVCache | None
-    kv_bytes: int
-    wire_bytes: int
-    frames: int
-    first_frame_s: float
-    complete_s: float
-    model: str = ""
-    tokens: int = 0
-
-
-@dataclass
 class _RecvRequest:
     request_id: str
     assembler: KVAssembler
@@ -466,8 +429,8 @@ class _RecvConn:
                 pass
 
 
-class KVReceiver:
-    """Accepts KV senders on (bind_host, port) and hands each verified transfer to `on_complete`."""
+class KVReceiver(KVRecvConnector):
+    """Accepts KV senders on (bind_host, port) and hands each verified transfer to `on_complete` (the `tcp` connector's receiver)."""
 
     def __init__(self, bind_host: str, port: int, on_complete: Callable[[str, ReceivedKV], None], *,
                  limits: WireLimits = WireLimits(), max_inflight_bytes: int = 16 << 30,

@@ -19,11 +19,14 @@ import struct
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
 import xxhash
 
 from testbed.kv.cache import LAYER_KINDS, TENSOR_NAMES, KVCache, LayerKV
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made or viewed: profile mode never imports it (fast start)
+    import torch
 
 MAGIC = b"PFKV"
 VERSION = 1
@@ -53,17 +56,19 @@ RECORD = struct.Struct("<IBQQQ")  # layer_index, slot, offset, length, checksum 
 BODIES = {FRAME_DATA: DATA_BODY, FRAME_TRAILER: TRAILER_BODY, FRAME_ACK: ACK_BODY, FRAME_ABORT: ACK_BODY}
 MAX_REASON_BYTES = 1024
 
-DTYPES: dict[int, torch.dtype] = {
-    1: torch.bfloat16,
-    2: torch.float16,
-    3: torch.float32,
-    4: torch.float64,
-    5: torch.uint8,
-    6: torch.int8,
-    7: torch.float8_e4m3fn,
-    8: torch.float8_e5m2,
+# dtype code on the wire -> torch dtype name, and each one's bytes per element
+DTYPES: dict[int, str] = {
+    1: "bfloat16",
+    2: "float16",
+    3: "float32",
+    4: "float64",
+    5: "uint8",
+    6: "int8",
+    7: "float8_e4m3fn",
+    8: "float8_e5m2",
 }
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
+ITEMSIZES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 KIND_CODES = {kind: i for i, kind in enumerate(LAYER_KINDS)}
 # tensor rank per (kind, slot), from testbed.kv.cache's layout
 RANKS = {("linear", 0): 3, ("linear", 1): 2, ("gqa", 0): 3, ("gqa", 1): 3, ("mla", 0): 2, ("mla", 1): 2, ("swa", 0): 3, ("swa", 1): 3}
@@ -103,12 +108,15 @@ class DataHeader:
     layer_index: int
     kind: str
     slot: int
-    dtype: torch.dtype
+    dtype: str  # a torch dtype name ("bfloat16"); a torch.dtype given here is turned into its name
     shape: tuple[int, ...]
     offset: int
     length: int
     checksum: int
     flags: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
 
     @property
     def tensor_bytes(self) -> int:
@@ -153,8 +161,13 @@ class Frame:
         return len(self.header) + self.payload.nbytes
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+def dtype_name(dtype: Any) -> str:
+    """``torch.bfloat16`` or ``"bfloat16"`` -> ``"bfloat16"`` (without importing torch)."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
+def _itemsize(dtype: str) -> int:
+    return ITEMSIZES[dtype]
 
 
 def _rid_bytes(request_id: str) -> bytes:
@@ -166,6 +179,8 @@ def _rid_bytes(request_id: str) -> bytes:
 
 def tensor_view(t: torch.Tensor) -> memoryview:
     """The bytes of a CPU contiguous tensor as a flat memoryview (no copy); other tensors are copied once."""
+    import torch
+
     if t.device.type != "cpu":
         t = t.cpu()
     if not t.is_contiguous():
@@ -188,7 +203,7 @@ def _record(h: DataHeader) -> bytes:
     return RECORD.pack(h.layer_index, h.slot, h.offset, h.length, h.checksum)
 
 
-def tensor_frames(request_id: str, layer_index: int, kind: str, slot: int, data: memoryview, dtype: torch.dtype,
+def tensor_frames(request_id: str, layer_index: int, kind: str, slot: int, data: memoryview, dtype: str | torch.dtype,
                   shape: Sequence[int], chunk_bytes: int = DEFAULT_CHUNK_BYTES, flags: int = 0,
                   checksums: Callable[[memoryview], int] = checksum) -> list[Frame]:
     """Frames of one tensor, split into chunks of at most `chunk_bytes` (the unit spread over connections)."""
@@ -216,7 +231,7 @@ def layer_frames(request_id: str, layer: LayerKV, chunk_bytes: int = DEFAULT_CHU
         t = layer.tensors.get(name)
         if t is None:
             continue
-        if t.dtype not in DTYPE_CODES:
+        if dtype_name(t.dtype) not in DTYPE_CODES:
             raise WireError(f"layer {layer.layer_index} {name}: dtype {t.dtype} not supported on the wire")
         if t.dim() != RANKS[(layer.kind, slot)]:
             raise WireError(f"layer {layer.layer_index} {name}: expected {RANKS[(layer.kind, slot)]} dims, got shape {tuple(t.shape)}")
@@ -240,7 +255,7 @@ def profile_frames(request_id: str, layer_index: int, kind: str, nbytes: int, bu
         part = buffer[:length]
         if length not in checksums:
             checksums[length] = checksum(part)
-        h = DataHeader(request_id, layer_index, kind, 0, torch.uint8, (nbytes,), offset, length, checksums[length], FLAG_DISCARD)
+        h = DataHeader(request_id, layer_index, kind, 0, "uint8", (nbytes,), offset, length, checksums[length], FLAG_DISCARD)
         frames.append(Frame(encode_data_header(h), part, _record(h)))
     return frames
 
@@ -327,7 +342,7 @@ def _parse_data(flags: int, body: tuple, tail: bytes, limits: WireLimits) -> Dat
         raise WireError(f"shape: {ndim} dims declared (allowed 1..{MAX_DIMS}, unused dims zero), got {shape_all}")
     shape = shape_all[:ndim]
     if flags & FLAG_DISCARD:
-        if dtype != torch.uint8 or ndim != 1 or slot != 0:
+        if dtype != "uint8" or ndim != 1 or slot != 0:
             raise WireError(f"profile frame: must be uint8, 1-D, slot 0; got {dtype}, shape {shape}, slot {slot}")
     else:
         if slot >= len(TENSOR_NAMES[kind]):
@@ -501,11 +516,14 @@ HUGE_ALLOC_BYTES = 2 << 20
 MADV_POPULATE_WRITE = 23
 
 
-def alloc_tensor(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+def alloc_tensor(shape: Sequence[int], dtype: str | torch.dtype) -> torch.Tensor:
     """A destination tensor. Large ones get their own anonymous mapping with transparent huge pages:
     first-touch page faults, not the copy, dominate receiving into fresh memory on VMs (measured
     0.5 GiB/s with 4 KiB pages vs ~2.2 GiB/s with 2 MiB pages, side by side; docs/kv.md)."""
-    nbytes = math.prod(shape) * _itemsize(dtype)
+    import torch
+
+    dtype = getattr(torch, dtype_name(dtype))
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < HUGE_ALLOC_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty(tuple(shape), dtype=dtype)
     region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

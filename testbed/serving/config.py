@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from testbed import units
 from testbed.errors import FieldError
+from testbed.kv.connector import connector_names
 from testbed.scenario import Fields, Scenario, boolean, positive_int, positive_number
 
 COMPUTE_MODES = ("profile", "torch")
@@ -49,6 +50,7 @@ class ServingSpec:
     per_host: int = 4  # at most this many instances of one role share a host
     bs_max: int = 20
     kv_connections: int = 4
+    kv_connector: str = "tcp"  # a name in testbed.kv.connector's registry
     kv_timeout_s: float = 30.0  # decode: how long a registered request waits for its KV
     request_timeout_s: float = 120.0  # client: a request not finished by then counts as failed
     startup_timeout_s: float = 60.0  # workers and router must be ready by then
@@ -120,6 +122,7 @@ def parse_serving_section(f: Fields) -> ServingSpec:
     conns = f.get("kv_connections", at_least_one, d.kv_connections)
     if conns > 64:
         raise f.error("kv_connections", f"{conns} is too many; use 1..64 TCP connections per prefill->decode pair")
+    connector = f.choice("kv_connector", connector_names(), d.kv_connector)
     positive_s = lambda v: units.parse_duration_s(v, allow_zero=False)  # noqa: E731
     to = f.section("timeouts")
     kv_timeout = to.get("kv", positive_s, d.kv_timeout_s)
@@ -142,7 +145,7 @@ def parse_serving_section(f: Fields) -> ServingSpec:
     shed_slack = slack if shed.get("enabled", boolean, False) else None
     shed.done()
     f.done()
-    return ServingSpec(compute, profiles, instances, per_host, bs_max, conns, kv_timeout,
+    return ServingSpec(compute, profiles, instances, per_host, bs_max, conns, connector, kv_timeout,
                        request_timeout, startup_timeout, drain, slo, pool, faults, shed_slack)
 
 

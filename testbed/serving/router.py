@@ -35,6 +35,7 @@ from typing import Any, Iterator
 from testbed import clock
 from testbed.errors import FieldError, UserError
 from testbed.scenario import Fields, boolean, positive_int, positive_number
+from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
@@ -270,6 +271,7 @@ class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.cfg = config
         self.log = SchedulerLog()
+        self.kv_scheduler = KVConnectorScheduler()  # the KV connector's scheduler side: what each prefill sends, where
         self.prefill = {p.instance: _Instance(p, "prefill", p.cluster) for p in config.prefill}
         self.decode = {d.instance: _Instance(d, "decode", "pd") for d in config.decode}
         self.kv = KVManager({i: p.cluster for i, p in self.prefill.items()}, max_blocks_per_instance=config.max_blocks_per_instance)
@@ -489,8 +491,9 @@ class Router:
                  arrival_s: float) -> PrefillResult:
         d_cfg = d.cfg
         assert isinstance(d_cfg, DecodeInstanceConfig)
-        req = PrefillRequest(c.request_id, c.input_len, KVDestination(d_cfg.host, d_cfg.kv_port, d_cfg.instance),
-                             cached_len=dec.cached_len, block_hashes=tuple(c.block_hashes), prompt_token_ids=token_ids,
+        plan = self.kv_scheduler.plan(c.request_id, c.input_len, min(dec.cached_len, c.input_len - 1), KVEndpoint(d_cfg.host, d_cfg.kv_port))
+        req = PrefillRequest(c.request_id, c.input_len, KVDestination(plan.endpoint.host, plan.endpoint.port, d_cfg.instance),
+                             cached_len=plan.first_token, block_hashes=tuple(c.block_hashes), prompt_token_ids=token_ids,
                              route=dec.route, arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s,
                              shed_ttft_s=self.cfg.shed_ttft_s)
         source = f"prefill instance {p.cfg.instance}"

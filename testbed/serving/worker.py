@@ -4,8 +4,8 @@ A prefill worker queues requests, computes them one at a time (a torch forward p
 hardware profile's time) and streams each layer's KV to the chosen decode worker while later layers
 compute. A decode worker registers a request, waits until its whole KV has arrived and been verified,
 then decodes it in a batch of at most BS_max, sending one server-sent event per token. The HTTP control
-API's messages are `testbed.serving.protocol`'s (docs/protocol.md); compute and transport sit behind
-`testbed.serving.compute` and `testbed.kv.transport`.
+API's messages are `testbed.serving.protocol`'s (docs/protocol.md); compute and KV transfer sit behind
+`testbed.serving.compute` and a KV connector (`testbed.kv.connector`, `tcp` by default).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class WorkerConfig:
     seed: int = 1
     kv_port: int | None = None
     kv_connections: int = 4
+    kv_connector: str = "tcp"  # a name in testbed.kv.connector's registry
     bs_max: int = 20
     kv_timeout_s: float = 30.0  # a KV transfer, from the moment its first layer is handed to the sender
     request_timeout_s: float = 120.0  # a request's whole budget when its message does not carry one
@@ -103,8 +104,9 @@ class Destination:
     QUEUE_LAYERS = 8
 
     def __init__(self, host: str, kv_port: int, connections: int, on_done: Callable[[PrefillJob], None], model_name: str,
-                 kv_timeout_s: float) -> None:
+                 kv_timeout_s: float, connector: str = "tcp") -> None:
         self.host, self.kv_port, self.connections = host, kv_port, connections
+        self.connector = connector
         self.model_name = model_name
         self.on_done = on_done
         self.kv_timeout_s = kv_timeout_s
@@ -115,10 +117,10 @@ class Destination:
         threading.Thread(target=self._loop, daemon=True, name=f"kv->{host}:{kv_port}").start()
 
     def _connect(self) -> Any:
-        from testbed.kv.transport import KVSender
+        from testbed.kv.connector import KVEndpoint, get_connector
 
         if self.sender is None:
-            self.sender = KVSender(self.host, self.kv_port, connections=self.connections)
+            self.sender = get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections)
         return self.sender
 
     def _drop_sender(self) -> None:
@@ -260,7 +262,7 @@ class PrefillWorker:
         with self.lock:
             if key not in self.dests:
                 self.dests[key] = Destination(key[0], key[1], self.cfg.kv_connections, self._done, self.compute.section.spec.name,
-                                              self.cfg.kv_timeout_s)
+                                              self.cfg.kv_timeout_s, self.cfg.kv_connector)
             return self.dests[key]
 
     def _done(self, job: PrefillJob) -> None:
@@ -377,7 +379,7 @@ class DecodeSlot:
 
 class DecodeWorker:
     def __init__(self, cfg: WorkerConfig) -> None:
-        from testbed.kv.transport import KVReceiver
+        from testbed.kv.connector import get_connector
         from testbed.serving.compute import make_compute
 
         self.cfg = cfg
@@ -388,8 +390,8 @@ class DecodeWorker:
         self.admit_cond = threading.Condition()
         self.ready: deque[DecodeSlot] = deque()  # KV verified, waiting for a place in the batch
         self.active: list[DecodeSlot] = []
-        self.receiver = KVReceiver(cfg.bind, int(cfg.kv_port or 9000), self._on_kv,
-                                   request_timeout_s=cfg.kv_timeout_s).start()
+        self.receiver = get_connector(cfg.kv_connector).receiver(cfg.bind, int(cfg.kv_port or 9000), self._on_kv,
+                                                                 timeout_s=cfg.kv_timeout_s).start()
         threading.Thread(target=self._loop, daemon=True, name="decode").start()
 
     def _on_kv(self, request_id: str, received: Any) -> None:
