@@ -38,6 +38,7 @@ from testbed.scenario import Fields, boolean, positive_int, positive_number
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
+from testbed.serving.worker import DECODE_PREFIX_HEADER
 from testbed.serving.policy import (
     ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
     TelemetrySample, build_policy, parse_policy_section,
@@ -398,15 +399,23 @@ class Router:
         prefill_done = threading.Event()
         prefill_result: dict[str, Any] = {}
         conn: http.client.HTTPConnection | None = None
+        dsock: socket.socket | None = None
         prefill_started = False
         try:
             dbody = {"request_id": c.request_id, "input_len": c.input_len, "output_len": c.output_len,
-                     "prompt_token_ids": c.token_ids if self.cfg.compute == "torch" else None}
+                     "block_hashes": c.block_hashes, "prompt_token_ids": c.token_ids if self.cfg.compute == "torch" else None}
             conn = self._open(d, "/v1/decode", dbody)
+            dsock = conn.sock
+            try:  # the decode answers at once, saying how much of the prompt's KV it already holds
+                resp = conn.getresponse()
+                decode_prefix_len = int(resp.getheader(DECODE_PREFIX_HEADER) or 0)
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                self._mark_unhealthy(d)
+                raise WorkerFailed(f"decode instance {d.cfg.instance} ({d.cfg.host}:{d.cfg.port}): {_why(exc)}") from None
 
             def run_prefill() -> None:
                 try:
-                    prefill_result.update(self._prefill(c, dec, p, d))
+                    prefill_result.update(self._prefill(c, dec, p, d, decode_prefix_len))
                 except WorkerFailed as exc:
                     prefill_result.update(status="failed", reason=str(exc))
                 finally:
@@ -414,13 +423,12 @@ class Router:
                         self._changed(p, -1)
                     prefill_done.set()
                     if prefill_result.get("status") != "ok":
-                        _abort(conn)  # unblocks the decode stream below at once
+                        _abort(conn, dsock)  # unblocks the decode stream below at once
 
             threading.Thread(target=run_prefill, daemon=True, name=f"prefill-{c.request_id}").start()
             prefill_started = True
             final: dict[str, Any] | None = None
             try:
-                resp = conn.getresponse()
                 if resp.status != 200:
                     raise WorkerFailed(f"decode instance {d.cfg.instance}: HTTP {resp.status} {resp.read(300)!r}")
                 for ev in _sse_events(resp):
@@ -459,14 +467,14 @@ class Router:
                 raise WorkerFailed(prefill_result.get("reason") or "prefill failed")
             rec["status"] = "ok"
         finally:
-            _abort(conn)
+            _abort(conn, dsock)
             with self._lock:
                 self._changed(d, -1)
                 if not prefill_started:
                     self._changed(p, -1)
 
-    def _prefill(self, c: Completion, dec: Decision, p: _Instance, d: _Instance) -> dict[str, Any]:
-        body = {"request_id": c.request_id, "input_len": c.input_len, "cached_len": dec.cached_len,
+    def _prefill(self, c: Completion, dec: Decision, p: _Instance, d: _Instance, decode_prefix_len: int = 0) -> dict[str, Any]:
+        body = {"request_id": c.request_id, "input_len": c.input_len, "cached_len": dec.cached_len, "decode_prefix_len": decode_prefix_len,
                 "block_hashes": c.block_hashes, "prompt_token_ids": c.token_ids if self.cfg.compute == "torch" else None,
                 "decode": {"host": d.cfg.host, "kv_port": d.cfg.kv_port, "instance": d.cfg.instance},
                 "route": dec.route}
@@ -650,11 +658,12 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _abort(conn: http.client.HTTPConnection | None) -> None:
-    """Close a worker connection from any thread (a blocked read returns at once)."""
+def _abort(conn: http.client.HTTPConnection | None, sock: socket.socket | None = None) -> None:
+    """Close a worker connection from any thread (a blocked read returns at once). `sock`: the connection's
+    socket as it was when the request was sent (a response that will close takes it over from `conn`)."""
     if conn is None:
         return
-    sock = conn.sock
+    sock = sock or conn.sock
     if sock is not None:
         try:
             sock.shutdown(socket.SHUT_RDWR)

@@ -66,11 +66,33 @@ def _log(msg: str) -> None:
 # ----------------------------------------------------------------------------------------------- prefill
 
 
+DECODE_PREFIX_HEADER = "X-Prfaas-Decode-Prefix-Len"  # on the /v1/decode response: positions this decode holds
+TORCH_POOL_MAX_BYTES = 1 << 30  # torch mode holds real tensors: a pool never takes more of the host's memory
+
+
+def make_pool(cfg: WorkerConfig, spec: Any) -> Any:
+    """The worker's prefix pool. Prefill: the hybrid rule (full-attention blocks + a linear/SWA state at the
+    boundary). Decode: full-attention blocks only (the prefill always sends the final state), as SGLang's
+    decode-side radix cache. Torch mode stores tensors (capacity capped at TORCH_POOL_MAX_BYTES of real
+    bytes); profile mode accounts the spec's emulated bytes only."""
+    from testbed.kv.pool import HybridPrefixPool
+
+    kv1 = spec.kv_bytes(1)
+    state = kv1.fixed_state_bytes + spec.kv_bytes(BLOCK_TOKENS).window_bytes if cfg.role == "prefill" else 0
+    hybrid = state > 0 if cfg.role == "prefill" else False
+    if cfg.compute == "torch":
+        return HybridPrefixPool(min(cfg.prefix_pool_bytes, TORCH_POOL_MAX_BYTES), BLOCK_TOKENS, store_tensors=True, hybrid=hybrid)
+    return HybridPrefixPool(cfg.prefix_pool_bytes, BLOCK_TOKENS, store_tensors=False,
+                            full_bytes_per_token=kv1.full_attention_bytes, state_bytes=state, hybrid=hybrid)
+
+
 @dataclass
 class PrefillJob:
     body: dict[str, Any]
     done: threading.Event = field(default_factory=threading.Event)
     result: dict[str, Any] = field(default_factory=dict)
+    hit: Any = None  # the pool's prefix hit, referenced until the job ends
+    checkpoint: Any = None  # torch: the cache at the last block boundary, stored in the pool on success
 
     @property
     def request_id(self) -> str:
@@ -167,18 +189,11 @@ class Destination:
 
 class PrefillWorker:
     def __init__(self, cfg: WorkerConfig) -> None:
-        from testbed.kv.pool import HybridPrefixPool
         from testbed.serving.compute import make_compute
 
         self.cfg = cfg
         self.compute = make_compute(cfg)
-        spec = self.compute.section.spec
-        kv1 = spec.kv_bytes(1)
-        # Metadata mode in both compute modes: the pool tells the router which prefixes this instance
-        # holds (emulated bytes, its real capacity); the torch mode recomputes the whole prompt.
-        self.pool = HybridPrefixPool(cfg.prefix_pool_bytes, store_tensors=False,
-                                     full_bytes_per_token=kv1.full_attention_bytes,
-                                     state_bytes=kv1.fixed_state_bytes + spec.kv_bytes(BLOCK_TOKENS).window_bytes)
+        self.pool = make_pool(cfg, self.compute.section.spec)
         self.jobs: queue.Queue[PrefillJob] = queue.Queue()
         self.busy = False
         self.dests: dict[tuple[str, int], Destination] = {}
@@ -204,10 +219,20 @@ class PrefillWorker:
     def _done(self, job: PrefillJob) -> None:
         """A transfer ended: a successful prefill leaves its full blocks in the prefix pool, with the
         linear/SWA state checkpointed at the last full block boundary (where a later prompt can reuse it)."""
+        hashes = job.body.get("block_hashes") or []
         if job.result.get("status") == "ok":
-            full = int(job.body["input_len"]) // BLOCK_TOKENS * BLOCK_TOKENS
-            self.pool.insert(job.body.get("block_hashes") or [], tokens=full)
+            if self.pool.store_tensors:
+                if job.checkpoint is not None:
+                    self.pool.insert(hashes, job.checkpoint)
+            else:
+                self.pool.insert(hashes, tokens=int(job.body["input_len"]) // BLOCK_TOKENS * BLOCK_TOKENS)
+        self._release(job)
         job.done.set()
+
+    def _release(self, job: PrefillJob) -> None:
+        if job.hit is not None:
+            self.pool.release(job.hit)
+        job.hit = job.checkpoint = None
 
     def _loop(self) -> None:
         while True:
@@ -217,27 +242,41 @@ class PrefillWorker:
                 self._run(job)
             except Exception as exc:  # a bad request must not stop the worker
                 _log(f"prefill {job.request_id} failed: {type(exc).__name__}: {exc}")
+                self._release(job)
                 job.fail(f"prefill failed: {type(exc).__name__}: {exc}")
             finally:
                 self.busy = False
 
-    def _run(self, job: PrefillJob) -> None:
+    def plan(self, job: PrefillJob) -> Any:
+        """What to compute and send: resume from this pool's longest usable prefix (observed here, not the
+        router's belief), send what the decode lacks, checkpoint at the last full block boundary."""
+        from testbed.serving.compute import PrefillPlan
+
         body = job.body
-        dest = self._dest(body["decode"])
         input_len = int(body["input_len"])
-        cached_len = min(int(body.get("cached_len") or 0), input_len - 1)
+        positions = input_len - 1 if self.pool.store_tensors else input_len  # torch: the last token is the decode's
+        job.hit = self.pool.match(body.get("block_hashes") or [], max_tokens=input_len - 1, acquire=True)
+        boundary = positions // BLOCK_TOKENS * BLOCK_TOKENS
+        return PrefillPlan(input_len, job.hit.tokens, int(body.get("decode_prefix_len") or 0),
+                           boundary if boundary > job.hit.tokens else None, job.hit.cache)
+
+    def _run(self, job: PrefillJob) -> None:
+        dest = self._dest(job.body["decode"])
         job.result["prefill_start_s"] = now_s()
 
         def on_layer(layer: Any) -> None:
             dest.items.put(("layer", job, layer))
 
         try:
-            tokens = self.compute.prefill(job.request_id, input_len, cached_len, body.get("prompt_token_ids"), on_layer)
+            plan = self.plan(job)
+            job.result.update(prefill_cached_len=plan.cached_len, decode_prefix_len=plan.send_from)
+            out = self.compute.prefill(job.request_id, plan, job.body.get("prompt_token_ids"), on_layer)
         except Exception as exc:
             dest.items.put(("abort", job, f"prefill failed: {exc}"))
             raise
+        job.checkpoint = out.checkpoint
         job.result["prefill_end_s"] = now_s()
-        dest.items.put(("finish", job, tokens))
+        dest.items.put(("finish", job, out.tokens))
 
     def state(self) -> dict[str, Any]:
         congestion: dict[str, Any] = {}
@@ -281,6 +320,8 @@ class DecodeSlot:
     emitted: int = 0
     next_input: int | None = None
     aborted: bool = False
+    prefix: Any = None  # this decode's pool hit (full-attention KV it will not be sent), held until the KV is in
+    decode_prefix_len: int | None = None  # positions of that hit, told to the router (None: no block hashes given)
 
     @property
     def request_id(self) -> str:
@@ -299,6 +340,7 @@ class DecodeWorker:
 
         self.cfg = cfg
         self.compute = make_compute(cfg)
+        self.pool = make_pool(cfg, self.compute.section.spec)
         self.lock = threading.Lock()
         self.pending: dict[str, DecodeSlot] = {}
         self.arrived: dict[str, tuple[float, Any]] = {}  # KV that came before its request
@@ -321,15 +363,35 @@ class DecodeWorker:
         self._fill(slot, received)
 
     def _fill(self, slot: DecodeSlot, received: Any) -> None:
+        from testbed.serving.compute import join_prefix
+
         slot.kv = received.cache if received.cache is not None else received.kv_bytes
         slot.kv_error = None if received.ok else (received.reason or "transfer failed")
+        hashes = slot.body.get("block_hashes") or []
+        if received.ok and received.cache is not None:
+            try:
+                slot.kv = join_prefix(slot.prefix.cache if slot.prefix is not None else None, received.cache)
+                self.pool.insert(hashes, slot.kv)
+            except ValueError as exc:
+                slot.kv_error = str(exc)
+        elif received.ok and hashes:
+            self.pool.insert(hashes, tokens=int(slot.body.get("input_len") or 0) - 1)
+        if slot.prefix is not None:
+            self.pool.release(slot.prefix)
+            slot.prefix = None
         slot.kv_bytes = int(received.kv_bytes)
         slot.transfer_start_s = received.first_frame_s
         slot.transfer_end_s = received.complete_s
         slot.kv_ready.set()
 
     def register(self, body: dict[str, Any]) -> DecodeSlot:
+        """Take a request: hold this pool's prefix of its prompt (`slot.prefix.tokens` is the
+        ``decode_prefix_len`` the prefill is told) and wait for the rest of its KV."""
         slot = DecodeSlot(body)
+        hashes = body.get("block_hashes")
+        if isinstance(hashes, list) and hashes and int(body.get("input_len") or 0) > 1:
+            slot.prefix = self.pool.match(hashes, max_tokens=int(body["input_len"]) - 1, acquire=True)
+            slot.decode_prefix_len = slot.prefix.tokens
         with self.lock:
             early = self.arrived.pop(slot.request_id, None)
             if early is None:
@@ -343,6 +405,9 @@ class DecodeWorker:
         ok = slot.kv_ready.wait(self.cfg.kv_timeout_s)
         with self.lock:
             self.pending.pop(slot.request_id, None)
+            prefix, slot.prefix = slot.prefix, None
+        if prefix is not None:
+            self.pool.release(prefix)
         if not ok:
             slot.events.put(slot.final("failed", f"KV did not arrive within {self.cfg.kv_timeout_s:g}s"))
         elif slot.kv_error:
@@ -392,7 +457,7 @@ class DecodeWorker:
             waiting = len(self.pending)
         return {"role": "decode", "instance": self.cfg.instance, "cluster": self.cfg.cluster,
                 "queue_depth": waiting + self.admit.qsize() + len(self.active), "busy": bool(self.active),
-                "batch": len(self.active), "prefix_blocks": [], "congestion": {}}
+                "batch": len(self.active), "prefix_blocks": [], "pool": self.pool.stats().to_dict(), "congestion": {}}
 
 
 # -------------------------------------------------------------------------------------------------- HTTP
@@ -445,6 +510,8 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
 
         def _stream(self, slot: DecodeSlot) -> None:
             self.send_response(200)
+            if slot.decode_prefix_len is not None:  # what the prefill need not send (SGLang's decode_prefix_len)
+                self.send_header(DECODE_PREFIX_HEADER, str(slot.decode_prefix_len))
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")

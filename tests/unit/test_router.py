@@ -82,11 +82,10 @@ class FakeWorkers:
                 if mode == "hang":
                     time.sleep(30)
                     return
+                self.sse_start()  # a decode answers at once (its prefix header), then waits for the KV
                 if not fw.event(body["request_id"]).wait(5):
-                    self.sse_start()
                     self.sse({"done": True, "status": "failed", "reason": "KV did not arrive"})
                     return
-                self.sse_start()
                 t_first = None
                 for i in range(body["output_len"]):
                     if mode == "die" and i == 2:

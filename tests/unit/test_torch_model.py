@@ -70,8 +70,8 @@ def test_linear_layer_prefill_chunked_equals_recurrent_in_the_model(kind: str) -
     model = build_model(small_spec([kind], "float32", "float32"), "faithful", seed=0, device="cpu")
     mixer = model.blocks[0].mixer
     x = torch.randn(150, model.hidden_size, generator=torch.Generator().manual_seed(0))
-    y_c, kv_c = mixer(x, 0, None, recurrent=False)
-    y_r, kv_r = mixer(x, 0, None, recurrent=True)
+    y_c, kv_c, _ = mixer(x, 0, None, recurrent=False)
+    y_r, kv_r, _ = mixer(x, 0, None, recurrent=True)
     assert 150 % model.variant.chunk_tokens and 150 > 2 * model.variant.chunk_tokens  # several chunks, the last partial
     assert torch.allclose(y_c, y_r, atol=1e-4, rtol=0)
     for name in kv_c.tensors:
