@@ -18,6 +18,7 @@ import yaml
 
 from testbed import units
 from testbed.errors import FieldError, UserError
+from testbed.scale import Scale
 
 T = TypeVar("T")
 _REQUIRED = object()
@@ -176,10 +177,11 @@ class LinkDirectionSpec:
     loss: LossSpec = field(default_factory=LossSpec)
     queue: units.QueueLimit = field(default_factory=lambda: units.QueueLimit("bdp", 1.0))
 
-    def queue_bytes(self, scale: float = 1.0, rtt_s: float | None = None) -> int:
-        """Queue limit in bytes on the wire; the BDP uses the round-trip time (2 x one-way delay by default)."""
+    def queue_bytes(self, scale: Scale | float = 1.0, rtt_s: float | None = None) -> int:
+        """Queue limit in bytes on the wire; the BDP uses the round-trip time (`WanSpec.rtt_s`; 2 x this
+        direction's delay when the direction stands alone)."""
         rtt = 2 * self.delay_s if rtt_s is None else rtt_s
-        return self.queue.to_bytes(self.rate_bps / scale, max(rtt, 1e-3))
+        return self.queue.to_bytes(Scale.of(scale).wire_bps(self.rate_bps), max(rtt, 1e-3))
 
 
 _DIRECTION_KEYS = ("rate", "delay", "jitter", "jitter_distribution", "reorder", "loss", "queue")
@@ -258,6 +260,12 @@ class WanSpec:
 
     def direction(self, name: str) -> LinkDirectionSpec:
         return getattr(self, name)
+
+    @property
+    def rtt_s(self) -> float:
+        """The configured round trip: one-way delay there plus one-way delay back (jitter, queueing excluded).
+        The one RTT of the project: BDP queues, calibration and the run's records all use it."""
+        return self.prfaas_to_pd.delay_s + self.pd_to_prfaas.delay_s
 
     @property
     def max_rate_bps(self) -> float:
@@ -367,10 +375,10 @@ def _section_parser(key: str) -> Callable[[Fields], Any]:
 def parse_scale(v: Any) -> float | str:
     if v == "auto":
         return "auto"
-    x = number(v)
-    if x < 1:
-        raise ValueError(f"{v!r} must be >= 1 (the wire carries rates / scale) or 'auto'")
-    return x
+    try:
+        return Scale(number(v)).factor
+    except ValueError as exc:
+        raise ValueError(f"{exc} or 'auto'") from None
 
 
 @dataclass(frozen=True)
@@ -389,16 +397,17 @@ class Scenario:
         """A typed section (``model``, ``workload``, ...) or None when the file has none."""
         return self.sections.get(key)
 
-    def resolve_scale(self, capacity_bps: float) -> float:
+    def resolve_scale(self, capacity_bps: float) -> Scale:
         """`scale: auto` -> the smallest S >= 1 with every scheduled WAN rate / S <= the host's capacity."""
         if self.scale != "auto":
-            return float(self.scale)
-        return max(1.0, math.ceil(self.wan.max_rate_bps / capacity_bps))
+            return Scale(float(self.scale))
+        return Scale(max(1.0, math.ceil(self.wan.max_rate_bps / capacity_bps)))
 
-    def with_scale(self, scale: float) -> "Scenario":
+    def with_scale(self, scale: Scale | float) -> "Scenario":
+        factor = Scale.of(scale).factor
         raw = dict(self.raw)
-        raw["scale"] = scale
-        return replace(self, scale=scale, raw=raw)
+        raw["scale"] = factor
+        return replace(self, scale=factor, raw=raw)
 
 
 def parse_scenario(data: Any, source: str | None = None) -> Scenario:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from testbed.scale import Scale
 from testbed.scenario import Fields
 
 
@@ -72,13 +73,14 @@ def load_model_section(cfg: Any) -> Any:
     return parse_model_section(Fields(cfg.model, "model", cfg.model_source or None))
 
 
-def wire_layer_bytes(spec: Any, uncached_len: int, scale: float) -> list[int]:
+def wire_layer_bytes(spec: Any, uncached_len: int, scale: Scale | float) -> list[int]:
     """Bytes each layer puts on the wire for `uncached_len` new tokens: the spec's exact bytes / scale,
     rounded so that the layers add up to round(total / scale)."""
+    scale = Scale.of(scale)
     out, cum, sent = [], 0, 0
     for i in range(len(spec.layers)):
         cum += spec.layer_bytes(i, uncached_len)
-        target = int(round(cum / scale))
+        target = int(round(scale.wire_bytes(cum)))
         out.append(target - sent)
         sent = target
     return out
@@ -112,7 +114,7 @@ class ProfileCompute:
         self.section = load_model_section(cfg)
         self.spec = self.section.spec
         self.profile = load_profile(cfg.profile)
-        self.scale = float(cfg.scale)
+        self.scale = Scale.of(cfg.scale)
         self.role = cfg.role
 
     def prefill_time_s(self, input_len: int, cached_len: int) -> float:

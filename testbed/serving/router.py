@@ -34,6 +34,7 @@ from typing import Any, Iterator
 
 from testbed import clock
 from testbed.errors import FieldError, UserError
+from testbed.scale import Scale
 from testbed.scenario import Fields, boolean, positive_int, positive_number
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
@@ -134,7 +135,7 @@ class RouterConfig:
             host=f.get("host", str, d.host),
             port=f.get("port", positive_int, d.port),
             wan_capacity_bps=f.get("wan_capacity_bps", pos, d.wan_capacity_bps),
-            scale=f.get("scale", pos, d.scale),
+            scale=f.get("scale", lambda v: Scale(v).factor, d.scale),
             model=f.get("model", str, d.model),
             compute=f.choice("compute", COMPUTE_MODES, d.compute),
             vocab_size=f.get("vocab_size", positive_int, d.vocab_size),
@@ -265,6 +266,7 @@ class Router:
 
     def __init__(self, config: RouterConfig) -> None:
         self.cfg = config
+        self.scale = Scale(config.scale)
         self.log = SchedulerLog()
         self.prefill = {p.instance: _Instance(p, "prefill", p.cluster) for p in config.prefill}
         self.decode = {d.instance: _Instance(d, "decode", "pd") for d in config.decode}
@@ -459,7 +461,7 @@ class Router:
             if rec["kv_bytes"] is None and final.get("kv_bytes") is not None:
                 rec["kv_bytes"] = final["kv_bytes"]
             if rec["kv_bytes"] is not None:
-                rec["kv_bytes_emulated"] = int(rec["kv_bytes"]) * self.cfg.scale
+                rec["kv_bytes_emulated"] = self.scale.emulated_bytes(int(rec["kv_bytes"]))
             rec["finish_s"] = final.get("finish_s") or clock.now_s()
             if final.get("status") != "ok":
                 raise WorkerFailed(f"decode instance {d.cfg.instance}: {final.get('reason') or 'failed'}")
@@ -497,7 +499,7 @@ class Router:
         if dec.route == "prfaas" and out.get("kv_bytes"):  # workers report wire bytes; the policy thinks emulated
             ps, pe = out.get("prefill_start_s"), out.get("prefill_end_s")
             self.policy.on_telemetry(TelemetrySample(clock.now_s(), transfer_uncached_len=dec.uncached_len,
-                                                     transfer_kv_bytes=int(int(out["kv_bytes"]) * self.cfg.scale),
+                                                     transfer_kv_bytes=int(self.scale.emulated_bytes(int(out["kv_bytes"]))),
                                                      prefill_s=float(pe) - float(ps) if ps is not None and pe is not None else None))
         return out
 
@@ -522,14 +524,15 @@ class Router:
     # -- telemetry and control
     def on_wan_sample(self, s: dict[str, Any]) -> None:
         """A WAN sample from the run: wire units unless ``units == "emulated"``."""
-        k = 1.0 if s.get("units") == "emulated" else self.cfg.scale
+        to_em = Scale() if s.get("units") == "emulated" else self.scale
         vals = {}
-        for name, mult in (("egress_bps", k), ("capacity_bps", k), ("backlog_bytes", k), ("drops", 1.0)):
+        for name, convert in (("egress_bps", to_em.emulated_bps), ("capacity_bps", to_em.emulated_bps),
+                              ("backlog_bytes", to_em.emulated_bytes), ("drops", float)):
             v = s.get(name)
             if v is not None:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise BadRequest(name, f"{v!r} is not a number >= 0")
-                vals[name] = float(v) * mult
+                vals[name] = convert(float(v))
         t = s.get("t_s")
         t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else clock.now_s()
         with self._lock:
@@ -559,15 +562,15 @@ class Router:
                     inst.retransmits = r
                     inst.congestion = {k: v for k, v in cong.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         pf = [p for p in self.prefill.values() if p.cluster == "prfaas" and p.congestion]
-        k = self.cfg.scale  # wire -> emulated, as everything the policy sees
-        total = lambda key: sum(float(p.congestion.get(key) or 0.0) for p in pf) * k  # noqa: E731
-        goodput = total("goodput_bps")
+        wire = lambda key: sum(float(p.congestion.get(key) or 0.0) for p in pf)  # noqa: E731
+        goodput = self.scale.emulated_bps(wire("goodput_bps"))  # emulated, as everything the policy sees
         rtts = [float(p.congestion.get("rtt_ms") or 0.0) for p in pf]
         floors = [float(p.congestion["min_rtt_ms"]) for p in pf if p.congestion.get("min_rtt_ms")]
         with self._lock:
             self.truth.on_kv_goodput(goodput)
-        self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total, send_queue_bytes=total("send_queue_bytes"),
-                                                 inflight_bytes=total("inflight_bytes"), kv_goodput_bps=goodput,
+        self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total,
+                                                 send_queue_bytes=self.scale.emulated_bytes(wire("send_queue_bytes")),
+                                                 inflight_bytes=self.scale.emulated_bytes(wire("inflight_bytes")), kv_goodput_bps=goodput,
                                                  rtt_ms=max(rtts, default=0.0), min_rtt_ms=min(floors, default=0.0)))
 
     def _get_state(self, inst: _Instance) -> dict[str, Any] | None:
