@@ -61,7 +61,7 @@ def cmd_model(args: argparse.Namespace) -> int:
         cm, homo, dist = tm.paper_case_study()
         inputs = dict(tm.CASE_STUDY_INPUTS)
     else:
-        from testbed.scenario import load_scenario
+        from testbed.sections import load_scenario
 
         cm, homo, dist, inputs = tm.cluster_model_from_scenario(load_scenario(args.scenario, args.set))
     other = "mean" if args.reading == "literal" else "literal"

@@ -44,7 +44,7 @@ from rich.table import Table  # noqa: E402
 
 from analysis.metrics import egress_series_bps, offloaded_mask, ttft_s  # noqa: E402
 from testbed.scale import Scale  # noqa: E402
-from testbed.scenario import load_scenario  # noqa: E402
+from testbed.sections import load_scenario  # noqa: E402
 
 RAISE_WITHIN_S = 2.0
 SHORT_P90_RATIO = 1.5

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator
 from testbed import clock, units
 from testbed.errors import FieldError
 from testbed.scale import Scale
-from testbed.scenario import DIRECTIONS, Fields, positive_int
+from testbed.scenario import DIRECTIONS
+from testbed.validation import Fields, positive_int
 
 PROTOCOLS = ("tcp", "udp")
 PATTERNS = ("constant", "onoff", "schedule")

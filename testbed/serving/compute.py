@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from testbed.scale import Scale
-from testbed.scenario import Fields
+from testbed.validation import Fields
 
 
 @dataclass(frozen=True)

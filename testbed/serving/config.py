@@ -1,6 +1,6 @@
 """The scenario's ``serving:`` section: compute mode, profiles, instances and where they run, limits, SLOs.
 
-`parse_serving_section` reads the section alone (registered in `testbed.scenario.SECTION_PARSERS`);
+`parse_serving_section` reads the section alone (registered in `testbed.sections.SECTIONS`);
 `plan_instances` checks it against the topology and the other sections and places every instance on a
 host. Both raise `FieldError` naming the field, so bad input is refused before anything starts.
 """
@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from testbed import units
 from testbed.errors import FieldError
-from testbed.scenario import Fields, Scenario, positive_int
+from testbed.scenario import Scenario
+from testbed.validation import Fields, positive_int
 
 COMPUTE_MODES = ("profile", "torch")
 ROLES = ("prfaas_prefill", "pd_prefill", "pd_decode")
@@ -276,7 +277,7 @@ def _check(scenario: Scenario) -> tuple[ServingSpec, tuple[Instance, ...], str, 
 
 
 def check_scenario(scenario: Scenario) -> None:
-    """Run by `testbed.scenario.parse_scenario` (SECTION_CHECKS): the serving section against the
+    """Run by `testbed.sections.parse_scenario` (its `SECTIONS` entry): the serving section against the
     topology and the model, so a bad count or SLO is refused when the scenario is loaded."""
     _check(scenario)
 

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 from testbed import clock
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.scenario import Fields, boolean, positive_int, positive_number
+from testbed.validation import Fields, boolean, positive_int, positive_number
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit

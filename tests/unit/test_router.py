@@ -19,7 +19,7 @@ from testbed.errors import FieldError
 from testbed.kv.pool import chain_block_hashes
 from testbed.serving.policy import TelemetrySample, parse_policy_section
 from testbed.serving.policy.signals import ORACLE_FIELDS
-from testbed.scenario import Fields
+from testbed.validation import Fields
 from testbed.serving.router import (
     DecodeInstanceConfig, PrefillInstanceConfig, Router, RouterConfig, block_hashes_of, tokenize,
 )

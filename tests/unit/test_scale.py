@@ -5,7 +5,7 @@ import pytest
 
 from testbed.errors import FieldError
 from testbed.scale import Scale
-from testbed.scenario import parse_scenario
+from testbed.sections import parse_scenario
 
 
 def test_conversions_go_both_ways() -> None:
