@@ -19,7 +19,7 @@ import numpy as np
 from testbed import units
 from testbed.validation import Fields, positive_int
 from traffic.lengths import Fixed, LengthDist, parse_length
-from traffic.request import BLOCK_TOKENS
+from testbed.blocks import BLOCK_TOKENS
 
 
 @dataclass(frozen=True)

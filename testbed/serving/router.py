@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from testbed import clock
+from testbed.blocks import BLOCK_TOKENS, prompt_token_ids
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
 from testbed.validation import Fields, boolean, positive_int, positive_number
@@ -44,7 +45,6 @@ from testbed.serving.policy import (
     ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
     TelemetrySample, build_policy, parse_policy_section,
 )
-from traffic.request import BLOCK_TOKENS, Request
 
 COMPUTE_MODES = ("profile", "torch")
 RECORD_COLUMNS = (
@@ -166,7 +166,7 @@ def tokenize(text: str, vocab_size: int) -> list[int]:
 
 
 def block_hashes_of(token_ids: list[int]) -> list[int]:
-    """One hash per 512-token block of the prompt (the last may be partial), as in Mooncake traces."""
+    """One hash per `BLOCK_TOKENS` block of the prompt (the last may be partial), as in Mooncake traces."""
     out = []
     for i in range(0, len(token_ids), BLOCK_TOKENS):
         block = token_ids[i:i + BLOCK_TOKENS]
@@ -237,7 +237,7 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
         n, hashes = len(token_ids), block_hashes_of(token_ids)
     rid = ext.get("request_id") or f"cmpl-{uuid.uuid4().hex[:16]}"
     if cfg.compute == "torch" and token_ids is None:
-        token_ids = Request(str(rid), 0.0, n, max_tokens, tuple(hashes)).prompt_token_ids(cfg.vocab_size)
+        token_ids = prompt_token_ids(hashes, n, cfg.vocab_size, str(rid))
     return Completion(str(rid), n, max_tokens, hashes, token_ids, bool(body.get("stream", False)),
                       str(body.get("model") or cfg.model))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from testbed.clock import now_s
-from traffic.request import BLOCK_TOKENS
+from testbed.blocks import BLOCK_TOKENS
 
 
 @dataclass

@@ -294,7 +294,7 @@ def test_attention_in_query_blocks_equals_one_block(kinds: list[str], monkeypatc
 
 
 def test_linear_chunks_divide_the_prefix_cache_block_so_block_boundaries_are_exact_resume_points() -> None:
-    from traffic.request import BLOCK_TOKENS
+    from testbed.blocks import BLOCK_TOKENS
 
     from testbed.models.torch_model import VARIANTS
 
