@@ -76,27 +76,21 @@ def load_model_section(cfg: Any) -> Any:
 def wire_layer_bytes(spec: Any, uncached_len: int, scale: Scale | float) -> list[int]:
     """Bytes each layer puts on the wire for `uncached_len` new tokens: the spec's exact bytes / scale,
     rounded so that the layers add up to round(total / scale)."""
-    scale = Scale.of(scale)
-    out, cum, sent = [], 0, 0
-    for i in range(len(spec.layers)):
-        cum += spec.layer_bytes(i, uncached_len)
-        target = int(round(scale.wire_bytes(cum)))
-        out.append(target - sent)
-        sent = target
-    return out
+    return delta_layer_bytes(spec, uncached_len, 0, scale)
 
 
-def delta_layer_bytes(spec: Any, total_tokens: int, send_from: int, scale: float) -> list[int]:
+def delta_layer_bytes(spec: Any, total_tokens: int, send_from: int, scale: Scale | float) -> list[int]:
     """Bytes each layer puts on the wire when the decode already holds `send_from` positions: the
     full-attention part of the positions after it plus every fixed/window state, / scale, rounded so the
     layers add up to round(total / scale)."""
     from testbed.kv.pool import FULL_KINDS
 
+    scale = Scale.of(scale)
     out, cum, sent = [], 0, 0
     for i, layer in enumerate(spec.layers):
         held = spec.layer_bytes(i, send_from) if layer.kind in FULL_KINDS and send_from > 0 else 0
         cum += spec.layer_bytes(i, total_tokens) - held
-        target = int(round(cum / scale))
+        target = int(round(scale.wire_bytes(cum)))
         out.append(target - sent)
         sent = target
     return out
