@@ -374,7 +374,7 @@ def load_model_spec(name_or_file: str, base_dir: str | Path | None = None) -> Mo
 # -------------------------------------------------------------------------------- scenario section
 
 COMPUTE_MODES = ("torch", "profile")
-VARIANTS = ("faithful", "tiny")
+VARIANTS = ("faithful", "tiny", "full")
 DEVICES = ("auto", "cpu", "cuda")
 
 

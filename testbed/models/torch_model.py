@@ -107,9 +107,13 @@ class HybridModel(nn.Module):
             else:
                 mixer = MLAMixer(layer, i, variant.hidden, n, variant.mla_heads, variant.mla_nope_dim, variant.mla_v_dim,
                                  spec.kv_dtype, gen, device)
-            blocks.append(Block(mixer, variant.hidden, variant.mlp, n, gen, device))
+            blocks.append(self._block(i, mixer, gen))
         self.blocks = nn.ModuleList(blocks)
         self.lm_head = make_param(gen, (variant.vocab, variant.hidden), variant.hidden**-0.5, device)
+
+    def _block(self, layer_index: int, mixer: nn.Module, gen: torch.Generator) -> nn.Module:
+        """The block around one mixer (the `full` variant puts a mixture of experts here)."""
+        return Block(mixer, self.variant.hidden, self.variant.mlp, len(self.spec.layers), gen, self.device)
 
     # ------------------------------------------------------------------------------------ cache
 
@@ -209,17 +213,26 @@ class HybridModel(nn.Module):
 
 def _variant(name: str) -> Variant:
     if name not in VARIANTS:
-        raise UserError(f"model.variant: {name!r} is not allowed; use one of: {', '.join(VARIANTS)}")
+        raise UserError(f"model.variant: {name!r} is not allowed; use one of: {', '.join(VARIANTS)}, full")
     return VARIANTS[name]
 
 
 def vocab_size(spec: ModelSpec, variant: str) -> int:
     """Token ids a model of this variant accepts are 0 .. vocab_size - 1 (the router draws prompts from it)."""
+    if variant == "full":
+        from testbed.models.full import full_variant, load_widths
+
+        return full_variant(spec, load_widths(spec.name)).vocab
     return _variant(variant).vocab
 
 
 def build_model(spec: ModelSpec, variant: str = "tiny", seed: int = 0, device: str = "auto") -> HybridModel:
-    """A runnable model of `spec` (``faithful`` or ``tiny``); the same seed gives the same weights."""
+    """A runnable model of `spec` (``faithful``, ``tiny`` or ``full``: testbed.models.full); the same seed gives
+    the same weights."""
+    if variant == "full":
+        from testbed.models.full import build_full_model
+
+        return build_full_model(spec, seed, device)
     v = _variant(variant)
     geometry = tiny_spec(spec) if v.shrink_cache else spec
     return HybridModel(geometry, v, seed, resolve_device(device), spec).eval()

@@ -8,6 +8,7 @@ host. Both raise `FieldError` naming the field, so bad input is refused before a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from testbed import units
@@ -68,6 +69,9 @@ class ServingSpec:
 def _profile_name(path: str, source: str | None) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
         name = str(v)
+        beside = Path(source).parent / name if source else None
+        if beside is not None and not Path(name).is_absolute() and Path(name).suffix in (".yaml", ".yml", ".csv", ".json") and beside.exists():
+            name = str(beside)  # a profile file next to the scenario (e.g. one `prfaas profile` wrote)
         try:
             from testbed.models.profiles import load_profile
         except ImportError:  # the profiles module is not there: accept the name, checked at run time
