@@ -154,3 +154,36 @@ def wall_figure(published: pd.DataFrame, curves: Sequence[pd.DataFrame] = (), me
     b.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def measured_profiles_table(paths: Sequence[str]) -> pd.DataFrame:
+    """One row per (profile, length in LENGTHS): the Phi_kv a `prfaas profile` measurement implies (S_kv of
+    the geometry that ran over its prefill time) beside the paper's published value for the same model."""
+    from testbed.models.profiling import measured_phi
+
+    rows = []
+    for path in paths:
+        prof = load_profile(path)
+        meas = prof.extra.get("measured") or {}
+        published = PUBLISHED_PHI_GBPS.get(str(meas.get("base_model")))
+        for i, r in enumerate(measured_phi(prof, LENGTHS)):
+            rows.append({"profile": prof.name, "model": meas.get("base_model"), "variant": meas.get("variant"),
+                         "layers": meas.get("layers"), "chip": prof.chip, "tokens": r["tokens"], "kv_bytes": r["kv_bytes"],
+                         "prefill_s": r["prefill_s"], "phi_gbps": r["phi_gbps"], "how": r["how"],
+                         "published_phi_gbps": published[0][i] if published else None,
+                         "published_source": f"paper {published[2]}, 8xH200, SGLang v0.5.9" if published else None})
+    return pd.DataFrame(rows)
+
+
+def format_measured_table(t: pd.DataFrame) -> str:
+    """Rows: each profile and the published line of its model; columns: LENGTHS."""
+    mark = {"measured": "", "curve": "~", "extrapolated": "*"}
+    lines = [f"{'source':<58}" + "".join(f"{n // 1024:>10}K" for n in LENGTHS)]
+    for (name, model, variant, chip), g in t.groupby(["profile", "model", "variant", "chip"], sort=False):
+        g = g.set_index("tokens")
+        lines.append(f"{f'{name}: {model} {variant} on {chip}'[:58]:<58}"
+                     + "".join(f"{g.loc[n, 'phi_gbps']:>10.4g}{mark[g.loc[n, 'how']]:1}" for n in LENGTHS))
+        if g["published_phi_gbps"].notna().all():
+            lines.append(f"{f'  published ({g.iloc[0].published_source})'[:58]:<58}"
+                         + "".join(f"{g.loc[n, 'published_phi_gbps']:>10.4g} " for n in LENGTHS))
+    return "\n".join(lines)

@@ -44,6 +44,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     w.add_argument("--save", metavar="DIR", help="write measured points as DIR/measured-MODEL.csv (a profile for `load_profile`)")
     w.add_argument("--json", action="store_true")
     w.add_argument("--plots", metavar="DIR", help="write the bandwidth-wall figure here")
+    w.add_argument("--measured", nargs="+", metavar="PROFILE", help="profiles written by `prfaas profile`: their measured "
+                   "Phi_kv beside the published Table 3 values")
     w.set_defaults(func=cmd_wall)
 
 
@@ -61,7 +63,7 @@ def cmd_model(args: argparse.Namespace) -> int:
         cm, homo, dist = tm.paper_case_study()
         inputs = dict(tm.CASE_STUDY_INPUTS)
     else:
-        from testbed.scenario import load_scenario
+        from testbed.sections import load_scenario
 
         cm, homo, dist, inputs = tm.cluster_model_from_scenario(load_scenario(args.scenario, args.set))
     other = "mean" if args.reading == "literal" else "literal"
@@ -169,6 +171,8 @@ def cmd_wall(args: argparse.Namespace) -> int:
         from analysis.plots import save
 
         doc["plots"] = [str(save(bw.wall_figure(published, curves, measured, args.gpus), Path(args.plots) / "bandwidth_wall.png"))]
+    if args.measured:
+        doc["measured_profiles"] = bw.measured_profiles_table(args.measured).to_dict("records")
     if args.json:
         _print_json(doc)
         return 0
@@ -180,6 +184,10 @@ def cmd_wall(args: argparse.Namespace) -> int:
     if measured is not None:
         print("\nMeasured here (real forward passes; KV bytes of the cache produced):")
         print(measured.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if args.measured:
+        print("\nMeasured profiles beside the published values (Phi_kv in Gbps; S_kv of the geometry that ran / T_prefill;"
+              "\n'*' = from the profile's fitted curve beyond 2x its longest measured length, '~' = from the curve within it):")
+        print(bw.format_measured_table(pd.DataFrame(doc["measured_profiles"])))
     for p in doc.get("plots", []):
         print(f"wrote {p}")
     return 0

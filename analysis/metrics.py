@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from testbed.scale import Scale
 from testbed.units import finite_or_none
 
 REQUEST_COLUMNS = (
@@ -57,13 +58,14 @@ def tpot_s(df: pd.DataFrame) -> pd.Series:
     return (df["finish_s"] - df["first_token_s"]) / n
 
 
-def egress_series_bps(link: pd.DataFrame | None, scale: float = 1.0, direction: str = "prfaas_to_pd", window_s: float = 0.0) -> pd.Series | None:
+def egress_series_bps(link: pd.DataFrame | None, scale: Scale | float = 1.0, direction: str = "prfaas_to_pd", window_s: float = 0.0) -> pd.Series | None:
     """Emulated WAN rate (bit/s) through the PrfaaS->PD qdisc (KV and any cross traffic), from differenced
     cumulative ``tx_bytes`` (or ``tx_bps``) in ``link.parquet``; with `window_s`, averaged over windows that long."""
     if link is None or link.empty or "t_s" not in link:
         return None
     d = link[link["direction"] == direction] if "direction" in link else link
     d = d.sort_values("t_s")
+    to_em = Scale.of(scale).emulated_bps
     if "tx_bytes" in d and len(d) > 1:
         t = d["t_s"].to_numpy(float)
         b = d["tx_bytes"].to_numpy(float)
@@ -72,13 +74,13 @@ def egress_series_bps(link: pd.DataFrame | None, scale: float = 1.0, direction: 
             t, b = t[idx], b[idx]
         dt = np.diff(t)
         ok = dt > 0
-        return pd.Series((np.diff(b) * 8 / np.where(ok, dt, 1))[ok] * scale, index=t[1:][ok])
+        return pd.Series(to_em((np.diff(b) * 8 / np.where(ok, dt, 1))[ok]), index=t[1:][ok])
     if "tx_bps" in d:
-        return pd.Series(d["tx_bps"].to_numpy(float) * scale, index=d["t_s"].to_numpy(float)).dropna()
+        return pd.Series(to_em(d["tx_bps"].to_numpy(float)), index=d["t_s"].to_numpy(float)).dropna()
     return None
 
 
-def kv_egress_series_bps(requests: pd.DataFrame, scale: float = 1.0, bin_s: float = 1.0) -> pd.Series:
+def kv_egress_series_bps(requests: pd.DataFrame, scale: Scale | float = 1.0, bin_s: float = 1.0) -> pd.Series:
     """Emulated KV egress (bit/s) of offloaded requests per `bin_s` bin: each transfer's ``kv_bytes`` spread
     evenly over [transfer_start_s, transfer_end_s]. Cross traffic is not in it (see `egress_series_bps`)."""
     df = requests[offloaded_mask(requests)] if len(requests) else requests
@@ -87,7 +89,7 @@ def kv_egress_series_bps(requests: pd.DataFrame, scale: float = 1.0, bin_s: floa
         return pd.Series([], dtype=float)
     s = df["transfer_start_s"].to_numpy(float)
     dur = np.maximum(df["transfer_end_s"].to_numpy(float) - s, 1e-9)
-    bits = df["kv_bytes"].to_numpy(float) * 8 * scale
+    bits = Scale.of(scale).emulated_bytes(df["kv_bytes"].to_numpy(float)) * 8
     lo = min(float(requests["arrival_s"].min()), float(s.min()))
     hi = max(float(np.nanmax(requests["finish_s"].to_numpy(float))) if requests["finish_s"].notna().any() else 0.0, float((s + dur).max()))
     edges = np.arange(lo, hi + bin_s, bin_s)
@@ -125,7 +127,7 @@ def estimator_error(scheduler: pd.DataFrame | None, steady_window_s: float = 2.0
             "p90_abs_error": float(np.percentile(e, 90)) if len(e) else None}
 
 
-def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale: float = 1.0, policy: str = "",
+def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale: Scale | float = 1.0, policy: str = "",
               model: str = "", duration_s: float | None = None, scheduler: pd.DataFrame | None = None) -> dict[str, Any]:
     """The ``summary.json`` document of one run (keys of docs/serving.md "Run directory", plus a few more).
 
@@ -145,7 +147,7 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
     off = offloaded_mask(df) if total else pd.Series([], dtype=bool)
     wire = float(df.loc[off, "kv_bytes"].fillna(0).sum()) if total else 0.0
     kv = kv_egress_series_bps(df, scale) if total else pd.Series([], dtype=float)
-    eg = {"mean": wire * 8 * scale / duration_s / 1e9 if duration_s else None,
+    eg = {"mean": Scale.of(scale).emulated_bytes(wire) * 8 / duration_s / 1e9 if duration_s else None,
           "p99": float(np.percentile(kv, 99)) / 1e9 if len(kv) else None, "source": "requests kv_bytes x scale, 1 s bins"}
     wan = egress_series_bps(link, scale)
     wan_stats = ({"mean": float(wan.mean()) / 1e9, "p99": float(np.percentile(wan, 99)) / 1e9, "source": "link.parquet tx_bytes x scale"}
@@ -165,7 +167,7 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
         "kv_wire_bytes_offloaded": wire,
         "egress_gbps": eg,
         "wan_gbps": wan_stats,
-        "scale": scale,
+        "scale": Scale.of(scale).factor,
         "policy": policy,
         "model": model,
         "estimator": estimator_error(scheduler),

@@ -21,6 +21,7 @@ import pandas as pd  # noqa: E402
 from analysis.metrics import egress_series_bps, kv_egress_series_bps, offloaded_mask, ok_mask, tpot_s, ttft_s  # noqa: E402
 from analysis.rundir import Run  # noqa: E402
 from testbed import units  # noqa: E402
+from testbed.scale import Scale  # noqa: E402
 
 plt.rcParams.update({"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
 UNIT = re.compile(r"\(.+\)")
@@ -110,7 +111,7 @@ def congestion_response(run: Run) -> plt.Figure:
     link = _link_dir(run.link)
     ax = axes[0]
     if "rate_bps" in link:
-        ax.plot(link["t_s"], link["rate_bps"] * s / 1e9, color="k", ls="--", label="configured rate")
+        ax.plot(link["t_s"], Scale(s).emulated_bps(link["rate_bps"]) / 1e9, color="k", ls="--", label="configured rate")
     kv = kv_egress_series_bps(run.requests, s)
     if len(kv):
         ax.plot(kv.index, kv.to_numpy() / 1e9, color="tab:green", drawstyle="steps-mid", label="KV egress (requests)")
@@ -127,7 +128,7 @@ def congestion_response(run: Run) -> plt.Figure:
     ax.set_title(f"WAN rate and egress (emulated units, scale {s:g})")
     if eg is not None and "rate_bps" in link and len(link):
         u = ax.twinx()
-        cfg = link.set_index("t_s")["rate_bps"].reindex(eg.index, method="nearest") * s
+        cfg = Scale(s).emulated_bps(link.set_index("t_s")["rate_bps"].reindex(eg.index, method="nearest"))
         u.plot(eg.index, (eg / cfg.replace(0, np.nan)).to_numpy(), color="tab:orange", alpha=0.6, lw=0.8)
         u.set_ylabel("utilisation (fraction)", color="tab:orange")
         u.set_ylim(0, 1.2)
@@ -304,7 +305,7 @@ def kv_pushback(runs: Sequence[Run]) -> plt.Figure:
         if eg is not None:
             axes[0].plot(eg.index - t0, eg.to_numpy() / 1e9, color=c, label=f"{r.label} egress")
         if "rate_bps" in link:
-            axes[0].plot(link["t_s"] - t0, link["rate_bps"] * r.scale / 1e9, color=c, ls="--", lw=0.8)
+            axes[0].plot(link["t_s"] - t0, Scale(r.scale).emulated_bps(link["rate_bps"]) / 1e9, color=c, ls="--", lw=0.8)
         if "backlog_bytes" in link:
             axes[1].plot(link["t_s"] - t0, link["backlog_bytes"] / 1e6, color=c, label=r.label)
         req = r.requests

@@ -30,7 +30,7 @@ def predict(run: Run) -> dict[str, Any]:
     from dataclasses import replace
 
     from analysis import throughput_model as tm
-    from testbed.scenario import parse_scenario
+    from testbed.sections import parse_scenario
 
     try:
         sc = parse_scenario(run.scenario, str(run.path / "scenario.yaml"))

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from testbed import units
+from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS, Scenario
 
 FAR_BELOW_CAPACITY = 0.10  # offered KV under 10% of the WAN at every moment: the WAN never matters
@@ -75,7 +76,7 @@ class CheckReport:
 def direction_plans(sc: Scenario, scale: float) -> list[DirectionPlan]:
     from testbed.net.shaping import plan_shaping
 
-    rtt_s = sc.wan.prfaas_to_pd.delay_s + sc.wan.pd_to_prfaas.delay_s
+    rtt_s = sc.wan.rtt_s
     out = []
     for d in DIRECTIONS:
         spec = sc.wan.direction(d)
@@ -148,10 +149,11 @@ def check_scenario(sc: Scenario) -> CheckReport:
     from testbed.net.emulation import host_capacity_bps
 
     cap_bps, cap_src = host_capacity_bps()
+    scale = sc.resolve_scale(cap_bps).factor
     if sc.scale == "auto":
-        scale, scale_src = sc.resolve_scale(cap_bps), f"auto (host capacity {units.format_rate(cap_bps)} from {cap_src})"
+        scale_src = f"auto (host capacity {units.format_rate(cap_bps)} from {cap_src})"
     else:
-        scale, scale_src = float(sc.scale), "scenario"
+        scale_src = "scenario"
     from testbed.net.schedule import expand_schedule
 
     rep = CheckReport(sc.name, sc.source, scale, scale_src, cap_bps, sc.duration_s, direction_plans(sc, scale),
@@ -193,7 +195,7 @@ def _load(sc: Scenario, rep: CheckReport) -> None:
 
 def _warn(sc: Scenario, rep: CheckReport) -> None:
     w = rep.warnings
-    wire_max = sc.wan.max_rate_bps / rep.scale
+    wire_max = Scale(rep.scale).wire_bps(sc.wan.max_rate_bps)
     if wire_max > rep.host_capacity_bps:
         w.append(f"scale {rep.scale:g}: the wire would carry {units.format_rate(wire_max)}, more than this host's capacity "
                  f"{units.format_rate(rep.host_capacity_bps)}; the shaper, not the scenario, would set the rate (raise scale)")
@@ -255,7 +257,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     rep = check_scenario(load_scenario(args.scenario, args.set))
     if args.json:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from testbed.errors import UserError
-from testbed.scenario import Scenario, load_scenario
+from testbed.scenario import Scenario
+from testbed.sections import load_scenario
 
 Runner = Callable[[Scenario, Path], Path]
 

@@ -43,7 +43,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from analysis.metrics import egress_series_bps, offloaded_mask, ttft_s  # noqa: E402
-from testbed.scenario import load_scenario  # noqa: E402
+from testbed.scale import Scale  # noqa: E402
+from testbed.sections import load_scenario  # noqa: E402
 
 RAISE_WITHIN_S = 2.0
 SHORT_P90_RATIO = 1.5
@@ -79,7 +80,7 @@ def measure(run: Path) -> dict[str, Any]:
     sched = pd.read_parquet(run / "scheduler.parquet")
     link = pd.read_parquet(run / "link.parquet")
     sc = load_scenario(str(run / "scenario.yaml"))
-    scale = float(sc.scale)
+    scale = Scale(float(sc.scale))
     start = float(json.loads((run / "environment.json").read_text())["workload_start_s"])
     ev = next(e for e in sc.wan.schedule if any(k == "rate_bps" for k, _ in e.changes))
     dip0, dip1 = start + ev.at_s, start + ev.at_s + float(ev.for_s or 0.0)
@@ -103,14 +104,14 @@ def measure(run: Path) -> dict[str, Any]:
     t_max_dip = float(ctl[(ctl["t_s"] >= dip0) & (ctl["t_s"] < dip1)]["threshold"].max()) if len(ctl) else float(base_t)
 
     w = link[link["direction"] == "prfaas_to_pd"]
-    backlog = lambda a, b: w[(w["t_s"] >= a) & (w["t_s"] < b)]["backlog_bytes"].astype(float) * scale  # noqa: E731
+    backlog = lambda a, b: w[(w["t_s"] >= a) & (w["t_s"] < b)]["backlog_bytes"].astype(float).pipe(scale.emulated_bytes)  # noqa: E731
     egress = egress_series_bps(link, scale)
     pre_egress = egress[(egress.index >= start + WARMUP_S) & (egress.index < dip0)] if egress is not None else pd.Series([], dtype=float)
 
     # KV demand at the base threshold: the KV bytes (emulated) of the arrivals whose uncached length
     # exceeds t_base (offloaded at t_base, whatever the policy did), per second of the window;
     # capacity left for KV: the line's rate minus the configured cross traffic
-    allr = req.assign(kv_em=req["kv_bytes"].fillna(0).astype(float) * scale)
+    allr = req.assign(kv_em=scale.emulated_bytes(req["kv_bytes"].fillna(0).astype(float)))
     allr = allr[allr["uncached_len"].fillna(allr["input_len"]) > base_t]
     demand_gbps = lambda a, b: float(allr[(allr["arrival_s"] >= a) & (allr["arrival_s"] < b)]["kv_em"].sum()) * 8 / (b - a) / 1e9  # noqa: E731
     offs = off(ok).sort_values("arrival_s")
@@ -119,7 +120,7 @@ def measure(run: Path) -> dict[str, Any]:
     deliv = off(ok).assign(d=lambda x: x["transfer_end_s"] - x["arrival_s"])
     deliv_in = lambda a, b: med(deliv[(deliv["arrival_s"] >= a) & (deliv["arrival_s"] < b)]["d"])  # noqa: E731
     return {
-        "policy": sc.section("policy").name, "model": sc.section("model").name, "scale": scale,
+        "policy": sc.section("policy").name, "model": sc.section("model").name, "scale": scale.factor,
         "requests": len(req), "failed": int((req["status"] != "ok").sum()),
         "base_t": base_t, "t_max_dip": t_max_dip,
         "raise_after_dip_s": float(raises["t_s"].min() - dip0) if len(raises) else float("inf"),

@@ -30,7 +30,7 @@ from testbed.kv.pool import chain_block_hashes  # noqa: E402
 from testbed.serving.kvmanager import reusable_blocks  # noqa: E402
 from testbed.serving.policy import PolicySpec  # noqa: E402
 from testbed.serving.router import Completion, DecodeInstanceConfig, PrefillInstanceConfig, Router, RouterConfig  # noqa: E402
-from traffic.request import BLOCK_TOKENS  # noqa: E402
+from testbed.blocks import BLOCK_TOKENS  # noqa: E402
 
 TARGET_P99_US = 200.0
 

@@ -113,7 +113,7 @@ def bootstrap_ci(x: list[float], n: int = 10000, seed: int = 0) -> tuple[float, 
 
 def run_one(shape: str, arm: str, seed: int, out: Path, extra: list[str]) -> Path:
     from testbed.run import run_scenario
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     d = out / shape / f"{arm}-s{seed}"
     if (d / "summary.json").exists():

@@ -122,7 +122,7 @@ def _iperf_bps(out: str) -> float:
 def bench_wan(loss: str, streams: list[int], duration_s: float, cc: str | None = None, lowat: int = -1,
               repeat: int = 1) -> list[dict]:
     from testbed.net.emulation import Network
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     sc = load_scenario("net-default", ["wan.rate=5Gbps", "wan.delay=10ms", f"wan.loss={loss}", "scale=1"])
     rows = []

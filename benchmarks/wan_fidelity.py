@@ -31,7 +31,8 @@ from rich.table import Table  # noqa: E402
 
 from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss  # noqa: E402
 from testbed.net.emulation import Network  # noqa: E402
-from testbed.scenario import DIRECTIONS, LossSpec, parse_scenario  # noqa: E402
+from testbed.scenario import DIRECTIONS, LossSpec  # noqa: E402
+from testbed.sections import parse_scenario  # noqa: E402
 
 SRC, DST = "prfaas-p0", "pd-d0"
 rows: list[dict] = []

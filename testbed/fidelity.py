@@ -75,9 +75,9 @@ def measure_wan(net: Any, src: str, dst: str, *, pings: int = 20, rate_s: float 
 
     wan = net.scenario.wan
     st = measure_rtt(net, dst, src, count=pings, interval_s=0.02)
-    out: dict[str, Any] = {"path": f"{dst} -> {src}", "configured_rtt_s": wan.prfaas_to_pd.delay_s + wan.pd_to_prfaas.delay_s,
+    out: dict[str, Any] = {"path": f"{dst} -> {src}", "configured_rtt_s": wan.rtt_s,
                            "rtt_p50_s": st.p50_s, "rtt_p99_s": st.p99_s, "pings": st.count, "ping_replies": st.replies}
-    wire = wan.prfaas_to_pd.rate_bps / float(net.scale)
+    wire = net.scale.wire_bps(wan.prfaas_to_pd.rate_bps)
     out.update(configured_wire_bps=wire, achieved_wire_bps=None, rate_ratio=None)
     try:
         with IperfServer(net, dst):

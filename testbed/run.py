@@ -28,6 +28,7 @@ from typing import Any
 
 from testbed import clock, units
 from testbed.errors import HostError
+from testbed.scale import Scale
 from testbed.scenario import Scenario, dump_scenario
 from testbed.serving.config import ROUTER_PORT, Instance, ServingPlan, plan_run
 
@@ -200,7 +201,7 @@ class _TelemetryRelay:
     units). A bounded queue and its own writer thread keep a slow router from stalling NET's sampler:
     when the queue is full the newest sample is dropped (the next follows within 50 ms)."""
 
-    def __init__(self, live: _Live, scale: float) -> None:
+    def __init__(self, live: _Live, scale: Scale) -> None:
         self.live, self.scale = live, scale
         self.samples: queue.Queue = queue.Queue(maxsize=64)
         self.stdin: Any = None
@@ -213,8 +214,8 @@ class _TelemetryRelay:
         if s.get("direction") != "prfaas_to_pd":
             return
         cap = float(s.get("rate_bps") or 0.0) if s.get("link_up", True) else 0.0
-        self.live.egress_bps = float(s.get("achieved_bps") or 0.0) * self.scale
-        self.live.capacity_bps = cap * self.scale
+        self.live.egress_bps = self.scale.emulated_bps(float(s.get("achieved_bps") or 0.0))
+        self.live.capacity_bps = self.scale.emulated_bps(cap)
         sample = {"t_s": clock.now_s(), "egress_bps": float(s.get("achieved_bps") or 0.0), "capacity_bps": cap,
                   "backlog_bytes": float(s.get("backlog_bytes") or 0.0), "drops": float(s.get("drops") or 0.0)}
         try:
@@ -295,7 +296,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True, ru
         if getattr(net, "schedule", None) is not None:
             net.schedule.stop()  # restarted at the workload's start (_restart_schedule)
         procs = _Processes(net, work / "logs", t0)
-        relay = _TelemetryRelay(live, scale)
+        relay = _TelemetryRelay(live, net.scale)
         cross: list[Any] = []
         fidelity = RunFidelity(net, work / "timing-probe.json")
         try:

@@ -1,118 +1,27 @@
-"""Scenario files: YAML in, validated typed objects out; every error names the field and what is allowed.
+"""The scenario's network schema and the reader of a scenario file; every error names the field.
 
-The network part (``topology``, ``wan``, ``scale``) is defined here. Other sections (``model``,
-``workload``, ``policy``, ``serving``, ``cross_traffic``) belong to the packages that use them: each
-registers a parser in `SECTION_PARSERS` taking a `Fields` and returning its own typed object, so this
-file stays the single entry point without knowing their insides. See docs/scenario.md.
+The network part (``topology``, ``wan``, ``scale``) is defined here, with `Scenario`, the object every
+layer receives. Other sections (``model``, ``workload``, ``policy``, ``serving``, ``cross_traffic``)
+belong to the packages that use them: `read_scenario` takes them as `Section` values (key, parser,
+optional cross-section check), and `testbed.sections` lists them all and loads whole scenarios
+(`load_scenario`, `parse_scenario`). This module imports none of them: it sits below the packages
+that own sections. The validation toolkit (`Fields`, number readers) is `testbed.validation`.
+See docs/scenario.md.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence
 
 import yaml
 
 from testbed import units
 from testbed.errors import FieldError, UserError
-
-T = TypeVar("T")
-_REQUIRED = object()
-
-
-class Fields:
-    """Reads one mapping of a scenario, naming every bad value by its dotted path.
-
-    ``f.get("rate", units.parse_rate_bps)`` parses or raises `FieldError("wan.rate", ...)`;
-    ``f.done()`` refuses keys nobody read, listing the allowed ones.
-    """
-
-    def __init__(self, data: Any, path: str = "", source: str | None = None) -> None:
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise FieldError(path or "scenario", f"must be a mapping of keys to values, got {type(data).__name__}", source)
-        self.data = data
-        self.path = path
-        self.source = source
-        self._read: set[str] = set()
-
-    def name(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def error(self, key: str, message: str) -> FieldError:
-        return FieldError(self.name(key), message, self.source)
-
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def get(self, key: str, parse: Callable[[Any], T], default: Any = _REQUIRED) -> T:
-        self._read.add(key)
-        if key not in self.data or self.data[key] is None:
-            if default is _REQUIRED:
-                raise self.error(key, "is required")
-            return default
-        try:
-            return parse(self.data[key])
-        except FieldError:
-            raise
-        except (ValueError, TypeError) as exc:
-            raise self.error(key, str(exc)) from None
-
-    def choice(self, key: str, allowed: tuple[str, ...] | list[str], default: Any = _REQUIRED) -> str:
-        def parse(v: Any) -> str:
-            if str(v) not in allowed:
-                raise ValueError(f"{v!r} is not allowed; use one of: {', '.join(allowed)}")
-            return str(v)
-
-        return self.get(key, parse, default)
-
-    def section(self, key: str) -> "Fields":
-        self._read.add(key)
-        return Fields(self.data.get(key), self.name(key), self.source)
-
-    def items(self, key: str) -> list["Fields"]:
-        """A list of mappings, each read as `Fields` named ``key[i]``."""
-        self._read.add(key)
-        raw = self.data.get(key) or []
-        if not isinstance(raw, list):
-            raise self.error(key, f"must be a list, got {type(raw).__name__}")
-        return [Fields(v, f"{self.name(key)}[{i}]", self.source) for i, v in enumerate(raw)]
-
-    def done(self) -> None:
-        unknown = sorted(set(map(str, self.data)) - self._read)
-        if unknown:
-            allowed = ", ".join(sorted(self._read)) or "(none)"
-            raise self.error(unknown[0], f"unknown key; allowed keys here: {allowed}")
-
-
-def positive_int(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{v!r} is not a whole number >= 0")
-    return v
-
-
-def boolean(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"{v!r} is not true or false")
-    return v
-
-
-def number(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"{v!r} is not a number")
-    return float(v)
-
-
-def positive_number(v: Any) -> float:
-    x = number(v)
-    if x <= 0:
-        raise ValueError(f"{v!r} must be > 0")
-    return x
-
+from testbed.scale import Scale
+from testbed.validation import REQUIRED, Fields, boolean, number, positive_int
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -176,10 +85,11 @@ class LinkDirectionSpec:
     loss: LossSpec = field(default_factory=LossSpec)
     queue: units.QueueLimit = field(default_factory=lambda: units.QueueLimit("bdp", 1.0))
 
-    def queue_bytes(self, scale: float = 1.0, rtt_s: float | None = None) -> int:
-        """Queue limit in bytes on the wire; the BDP uses the round-trip time (2 x one-way delay by default)."""
+    def queue_bytes(self, scale: Scale | float = 1.0, rtt_s: float | None = None) -> int:
+        """Queue limit in bytes on the wire; the BDP uses the round-trip time (`WanSpec.rtt_s`; 2 x this
+        direction's delay when the direction stands alone)."""
         rtt = 2 * self.delay_s if rtt_s is None else rtt_s
-        return self.queue.to_bytes(self.rate_bps / scale, max(rtt, 1e-3))
+        return self.queue.to_bytes(Scale.of(scale).wire_bps(self.rate_bps), max(rtt, 1e-3))
 
 
 _DIRECTION_KEYS = ("rate", "delay", "jitter", "jitter_distribution", "reorder", "loss", "queue")
@@ -188,7 +98,7 @@ _DIRECTION_KEYS = ("rate", "delay", "jitter", "jitter_distribution", "reorder", 
 def _read_direction(f: Fields, base: LinkDirectionSpec | None) -> LinkDirectionSpec:
     d = base or LinkDirectionSpec(rate_bps=0.0)
     out = LinkDirectionSpec(
-        rate_bps=f.get("rate", units.parse_rate_bps, d.rate_bps if base else _REQUIRED),
+        rate_bps=f.get("rate", units.parse_rate_bps, d.rate_bps if base else REQUIRED),
         delay_s=f.get("delay", units.parse_duration_s, d.delay_s),
         jitter_s=f.get("jitter", units.parse_duration_s, d.jitter_s),
         jitter_distribution=f.choice("jitter_distribution", JITTER_DISTRIBUTIONS, d.jitter_distribution),
@@ -260,6 +170,12 @@ class WanSpec:
         return getattr(self, name)
 
     @property
+    def rtt_s(self) -> float:
+        """The configured round trip: one-way delay there plus one-way delay back (jitter, queueing excluded).
+        The one RTT of the project: BDP queues, calibration and the run's records all use it."""
+        return self.prfaas_to_pd.delay_s + self.pd_to_prfaas.delay_s
+
+    @property
     def max_rate_bps(self) -> float:
         rates = [self.prfaas_to_pd.rate_bps, self.pd_to_prfaas.rate_bps]
         rates += [v for e in self.schedule for k, v in e.changes if k == "rate_bps"]
@@ -270,14 +186,13 @@ def parse_wan(f: Fields) -> WanSpec:
     backend = f.choice("backend", BACKENDS, "auto")
     shaper = f.choice("shaper", SHAPERS, "htb")
     common = Fields({k: f.data[k] for k in _DIRECTION_KEYS if k in f.data}, f.path, f.source)
-    f._read.update(_DIRECTION_KEYS + DIRECTIONS)
+    f.mark_read(*_DIRECTION_KEYS, *DIRECTIONS)
     base = _read_direction(common, None)
     dirs = {d: _read_direction(f.section(d), base) if f.has(d) else base for d in DIRECTIONS}
     for d in DIRECTIONS:
         if f.has(d):
             sub = f.section(d)
-            for k in _DIRECTION_KEYS:
-                sub._read.add(k)
+            sub.mark_read(*_DIRECTION_KEYS)
             sub.done()
     events = tuple(_read_event(e) for e in f.items("schedule"))
     f.done()
@@ -342,35 +257,24 @@ def parse_topology(f: Fields) -> TopologySpec:
 
 # -------------------------------------------------------------------------------------------- scenario
 
-# Sections owned by other packages: key -> "module:function(Fields) -> typed object".
-SECTION_PARSERS: dict[str, str] = {
-    "model": "testbed.models.spec:parse_model_section",
-    "workload": "traffic.workload:parse_workload_section",
-    "policy": "testbed.serving.policy:parse_policy_section",
-    "serving": "testbed.serving.config:parse_serving_section",
-    "cross_traffic": "traffic.cross:parse_cross_traffic_section",
-}
+@dataclass(frozen=True)
+class Section:
+    """A scenario section owned by another package: `parse` reads its mapping into the package's own
+    typed object; `check`, if any, runs once the whole scenario is read (checks across sections, e.g.
+    serving instances against the topology)."""
 
-
-# Checks across sections, run once the whole scenario is parsed (e.g. serving instances against the
-# topology): key -> "module:function(Scenario) -> None", called when the scenario has that section.
-SECTION_CHECKS: dict[str, str] = {
-    "serving": "testbed.serving.config:check_scenario",
-}
-
-
-def _section_parser(key: str) -> Callable[[Fields], Any]:
-    module, func = SECTION_PARSERS[key].split(":")
-    return getattr(importlib.import_module(module), func)
+    key: str
+    parse: Callable[[Fields], Any]
+    check: Callable[["Scenario"], None] | None = None
 
 
 def parse_scale(v: Any) -> float | str:
     if v == "auto":
         return "auto"
-    x = number(v)
-    if x < 1:
-        raise ValueError(f"{v!r} must be >= 1 (the wire carries rates / scale) or 'auto'")
-    return x
+    try:
+        return Scale(number(v)).factor
+    except ValueError as exc:
+        raise ValueError(f"{exc} or 'auto'") from None
 
 
 @dataclass(frozen=True)
@@ -389,19 +293,22 @@ class Scenario:
         """A typed section (``model``, ``workload``, ...) or None when the file has none."""
         return self.sections.get(key)
 
-    def resolve_scale(self, capacity_bps: float) -> float:
+    def resolve_scale(self, capacity_bps: float) -> Scale:
         """`scale: auto` -> the smallest S >= 1 with every scheduled WAN rate / S <= the host's capacity."""
         if self.scale != "auto":
-            return float(self.scale)
-        return max(1.0, math.ceil(self.wan.max_rate_bps / capacity_bps))
+            return Scale(float(self.scale))
+        return Scale(max(1.0, math.ceil(self.wan.max_rate_bps / capacity_bps)))
 
-    def with_scale(self, scale: float) -> "Scenario":
+    def with_scale(self, scale: Scale | float) -> "Scenario":
+        factor = Scale.of(scale).factor
         raw = dict(self.raw)
-        raw["scale"] = scale
-        return replace(self, scale=scale, raw=raw)
+        raw["scale"] = factor
+        return replace(self, scale=factor, raw=raw)
 
 
-def parse_scenario(data: Any, source: str | None = None) -> Scenario:
+def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Section]) -> Scenario:
+    """A scenario from its YAML data: the network part, and each of `sections` the data has (any other
+    key is refused). Whole scenarios: `testbed.sections.parse_scenario`."""
     f = Fields(data, "", source)
     name = f.get("name", str, Path(source).stem if source else "scenario")
     sc = Scenario(
@@ -411,7 +318,7 @@ def parse_scenario(data: Any, source: str | None = None) -> Scenario:
         duration_s=f.get("duration", lambda v: units.parse_duration_s(v, allow_zero=False), 60.0),
         topology=parse_topology(f.section("topology")),
         wan=parse_wan(f.section("wan")),
-        sections={k: _section_parser(k)(f.section(k)) for k in SECTION_PARSERS if f.has(k)},
+        sections={s.key: s.parse(f.section(s.key)) for s in sections if f.has(s.key)},
         raw=data or {},
         source=source,
     )
@@ -419,10 +326,9 @@ def parse_scenario(data: Any, source: str | None = None) -> Scenario:
     for e in sc.wan.schedule:
         if e.at_s > sc.duration_s:
             raise FieldError("wan.schedule", f"an entry at {e.at_s:g}s is after the end of the run (duration {sc.duration_s:g}s)", source)
-    for key, ref in SECTION_CHECKS.items():
-        if key in sc.sections:
-            module, func = ref.split(":")
-            getattr(importlib.import_module(module), func)(sc)
+    for s in sections:
+        if s.check is not None and s.key in sc.sections:
+            s.check(sc)
     return sc
 
 
@@ -459,7 +365,8 @@ def find_scenario(name_or_path: str) -> Path:
     raise UserError(f"scenario {name_or_path!r}: no such file, and not a ready scenario (ready: {', '.join(ready) or 'none'})")
 
 
-def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scenario:
+def read_scenario_file(name_or_path: str, overrides: list[str] | None = None, *, sections: Sequence[Section]) -> Scenario:
+    """A scenario file (a path or a ready scenario's name) with ``--set`` overrides applied; see `read_scenario`."""
     path = find_scenario(name_or_path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -467,7 +374,7 @@ def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scen
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise UserError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    return parse_scenario(apply_overrides(data or {}, overrides or []), str(path))
+    return read_scenario(apply_overrides(data or {}, overrides or []), str(path), sections=sections)
 
 
 def dump_scenario(sc: Scenario) -> str:

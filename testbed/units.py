@@ -3,7 +3,7 @@
 Every parser takes a string such as ``"100Gbps"``, ``"10ms"``, ``"2MB"``, ``"0.1%"``, ``"1bdp"``, ``"32K"``
 and returns a number in base units (bit/s, seconds, bytes, a fraction, tokens). A value without a
 unit is refused where a unit is needed, so ``rate: 100`` cannot silently mean 100 bit/s.
-Parsers raise ``ValueError`` whose message lists what is allowed; `scenario.Fields` adds the field name.
+Parsers raise ``ValueError`` whose message lists what is allowed; `validation.Fields` adds the field name.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import numpy as np
 
 from testbed import units
 from testbed.errors import FieldError
-from testbed.scenario import Fields, number, positive_int
+from testbed.validation import Fields, number, positive_int
 
 PROCESSES = ("poisson", "onoff", "mmpp", "closed", "trace")
 

@@ -12,8 +12,10 @@ import yaml
 
 from testbed import units
 from testbed.errors import UserError
-from testbed.scenario import Fields, apply_overrides, find_scenario, load_scenario
-from traffic.request import BLOCK_TOKENS
+from testbed.scenario import apply_overrides, find_scenario
+from testbed.sections import load_scenario
+from testbed.validation import Fields
+from testbed.blocks import BLOCK_TOKENS
 from traffic.stats import TraceStats, trace_stats
 from traffic.trace import read_trace, write_trace
 from traffic.workload import WorkloadSpec, generate_batch, parse_workload_section

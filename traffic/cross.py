@@ -22,7 +22,9 @@ from typing import Any, Callable, Iterator
 
 from testbed import clock, units
 from testbed.errors import FieldError
-from testbed.scenario import DIRECTIONS, Fields, positive_int
+from testbed.scale import Scale
+from testbed.scenario import DIRECTIONS
+from testbed.validation import Fields, positive_int
 
 PROTOCOLS = ("tcp", "udp")
 PATTERNS = ("constant", "onoff", "schedule")
@@ -79,10 +81,12 @@ class CrossTrafficSpec:
     flows: tuple[FlowSpec, ...] = ()
     interval_s: float = 1.0  # iperf3 report interval (the resolution of the throughput record)
 
-    def scaled(self, scale: float) -> "CrossTrafficSpec":
+    def scaled(self, scale: Scale | float) -> "CrossTrafficSpec":
         """The wire version of an emulated-units spec: every rate divided by the scenario's `scale`."""
+        to_wire = Scale.of(scale).wire_bps
+
         def div(r: float | None) -> float | None:
-            return None if r is None else r / scale
+            return None if r is None else to_wire(r)
 
         flows = tuple(replace(f, rate_bps=div(f.rate_bps), schedule=tuple((at, div(r)) for at, r in f.schedule)) for f in self.flows)
         return replace(self, flows=flows)

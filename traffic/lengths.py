@@ -17,7 +17,7 @@ from scipy import special
 
 from testbed import units
 from testbed.errors import FieldError
-from testbed.scenario import Fields, number
+from testbed.validation import Fields, number
 
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "empirical", "mixture")
 
@@ -189,8 +189,7 @@ def _parse_empirical(f: Fields, base_dir: Path | None) -> Empirical:
         vals = f.get("values", lambda v: tuple(units.parse_tokens(x) for x in v))
         if not vals:
             raise f.error("values", "needs at least one length")
-        f._read.add("trace")
-        f._read.add("field")
+        f.mark_read("trace", "field")
         return Empirical(vals)
     from traffic.trace import read_trace
 

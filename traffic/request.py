@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator
 
+from testbed.blocks import prompt_token_ids
+
 if TYPE_CHECKING:
     import numpy as np
 
-BLOCK_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -27,14 +28,7 @@ class Request:
 
     def prompt_token_ids(self, vocab_size: int) -> list[int]:
         """Deterministic token ids derived from the block hashes, so equal prefixes give equal tokens."""
-        import random
-
-        out: list[int] = []
-        for i in range(0, self.input_len, BLOCK_TOKENS):
-            h = self.block_hashes[i // BLOCK_TOKENS] if i // BLOCK_TOKENS < len(self.block_hashes) else hash((self.request_id, i))
-            rng = random.Random(h)
-            out.extend(rng.randrange(vocab_size) for _ in range(min(BLOCK_TOKENS, self.input_len - i)))
-        return out
+        return prompt_token_ids(self.block_hashes, self.input_len, vocab_size, self.request_id)
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from testbed import units
-from testbed.scenario import Fields, positive_int
+from testbed.validation import Fields, positive_int
 from traffic.lengths import Fixed, LengthDist, parse_length
-from traffic.request import BLOCK_TOKENS
+from testbed.blocks import BLOCK_TOKENS
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from traffic.request import BLOCK_TOKENS, Request, RequestBatch
+from testbed.blocks import BLOCK_TOKENS
+from traffic.request import Request, RequestBatch
 
 
 @dataclass(frozen=True)

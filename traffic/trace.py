@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from testbed.errors import UserError
-from traffic.request import BLOCK_TOKENS, Request, RequestBatch
+from testbed.blocks import BLOCK_TOKENS
+from traffic.request import Request, RequestBatch
 
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 KEEP_PROBLEMS = 20

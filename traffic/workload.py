@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from testbed.errors import UserError
-from testbed.scenario import Fields, boolean, positive_int, positive_number
+from testbed.validation import Fields, boolean, positive_int, positive_number
 from traffic.arrivals import ArrivalProcess, ClosedLoop, Poisson, TraceTimes, parse_arrivals
 from traffic.lengths import PAPER_INPUT, PAPER_OUTPUT, LengthDist, parse_length
 from traffic.request import Request, RequestBatch

@@ -21,19 +21,28 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import xxhash
 
+from testbed.blocks import BLOCK_TOKENS
 from testbed.kv.cache import KVCache, LayerKV
-
-if TYPE_CHECKING:
-    from testbed.models.spec import ModelSpec
 
 FULL_KINDS = ("gqa", "mla")  # grow with the prompt: stored per block (token dim 0)
 STATE_KINDS = ("linear", "swa")  # fixed per request: stored per block boundary
 _PAIR = struct.Struct("<QQ")
 _MASK64 = (1 << 64) - 1
+
+
+class KVGeometry(Protocol):
+    """What the pool needs of a model's cache geometry (`testbed.models.spec.ModelSpec` is one): bytes of
+    full-attention KV per token, and the request's KV at a token count (``fixed_state_bytes``,
+    ``window_bytes``). A protocol, so the KV layer does not import the models layer."""
+
+    @property
+    def full_attention_bytes_per_token(self) -> int: ...
+
+    def kv_bytes(self, tokens: int, state_dtype: str | None = None) -> Any: ...
 
 
 class PoolFullError(RuntimeError):
@@ -103,7 +112,7 @@ class _Entry:
 class HybridPrefixPool:
     """Prefix cache + transfer cache of one worker, within `capacity_bytes` (thread-safe)."""
 
-    def __init__(self, capacity_bytes: int, block_tokens: int = 512, store_tensors: bool = True, *,
+    def __init__(self, capacity_bytes: int, block_tokens: int = BLOCK_TOKENS, store_tensors: bool = True, *,
                  full_bytes_per_token: int = 0, state_bytes: int = 0, hybrid: bool | None = None) -> None:
         if capacity_bytes < 0 or block_tokens <= 0:
             raise ValueError(f"capacity_bytes must be >= 0 and block_tokens > 0, got {capacity_bytes}, {block_tokens}")
@@ -123,7 +132,7 @@ class HybridPrefixPool:
                             transfers_completed=0, transfers_aborted=0)
 
     @classmethod
-    def for_spec(cls, spec: ModelSpec, capacity_bytes: int, block_tokens: int = 512, store_tensors: bool = True,
+    def for_spec(cls, spec: KVGeometry, capacity_bytes: int, block_tokens: int = BLOCK_TOKENS, store_tensors: bool = True,
                  state_dtype: str | None = None) -> HybridPrefixPool:
         """A pool for one model: in metadata mode it charges the spec's bytes per block and per state."""
         at_block = spec.kv_bytes(block_tokens, state_dtype)

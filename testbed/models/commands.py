@@ -1,4 +1,5 @@
-"""``prfaas kv-size``: KV bytes of one request from a model's exact geometry."""
+"""``prfaas kv-size``: KV bytes of one request from a model's exact geometry. ``prfaas profile``: a compute
+profile measured on this host's device (testbed.models.profiling)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,29 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--state-dtype", help=f"dtype of the recurrent state: {' or '.join(STATE_DTYPES[:2])} (default: the spec's, bfloat16)")
     p.add_argument("--json", action="store_true", help="print JSON (total_bytes, full_attention_bytes, ...)")
     p.set_defaults(func=run_kv_size)
+
+    q = sub.add_parser(
+        "profile",
+        help="measure prefill and decode times on this host's device and write a compute profile",
+        description="Times prefill against length and a decode step against batch and context for a runnable model "
+        "(random weights) on this host, fits the profile curves, prints the fit error and writes a profile YAML "
+        "that a scenario can name (serving.profiles.prfaas / pd) and `prfaas wall --measured` can read.",
+    )
+    q.add_argument("--model", help="a preset name or a YAML spec file")
+    q.add_argument("--variant", default="faithful", help="faithful (real cache geometry), tiny, or full (real widths; default faithful)")
+    q.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    q.add_argument("--out", help="profile YAML to write")
+    q.add_argument("--lengths", help="prefill lengths, e.g. 256,512,1K (default: by device and variant)")
+    q.add_argument("--batches", default="1,2,4,8", help="decode batch sizes (default 1,2,4,8)")
+    q.add_argument("--contexts", help="decode context lengths (default: the shortest and longest prefill length)")
+    q.add_argument("--repeats", type=int, default=3, help="timed prefill runs per length after an untimed one, fastest kept (default 3)")
+    q.add_argument("--depth", type=int, help="build only the first N layers (reduced depth for small hosts)")
+    q.add_argument("--layers", default="auto", help="full variant: all, sample (one timed block per layer kind, "
+                   "extrapolated) or auto (all when it fits in half the free memory)")
+    q.add_argument("--validate", action="store_true", help="full variant: also time the whole model at the shortest length "
+                   "and print the extrapolation's error")
+    q.add_argument("--seed", type=int, default=0)
+    q.set_defaults(func=run_profile)
 
 
 def _tokens(text: str | None) -> int:
@@ -86,4 +110,66 @@ def run_kv_size(args: argparse.Namespace) -> int:
     print("  by layer kind:")
     for kind, v in r["by_kind"].items():
         print(f"    {kind:<7}{v['layers']:>4} layers {v['bytes']:>18,} B  {KIND_LABELS[kind]}")
+    return 0
+
+
+def _token_list(text: str | None, option: str, least: int = 2) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        out = tuple(units.parse_tokens(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise UserError(f"{option}: {exc}") from None
+    if not out or min(out) < least:
+        raise UserError(f"{option}: give comma-separated whole numbers >= {least}, e.g. 256,512,1K")
+    return out
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from testbed.models.profiling import ProfilePlan, measure, profile_document, write_profile
+    from testbed.models.spec import VARIANTS
+
+    if not args.model:
+        raise UserError(f"--model is required: a preset ({', '.join(list_presets())}) or a YAML spec file")
+    if not args.out:
+        raise UserError("--out is required: the profile YAML to write, e.g. --out my-gpu.yaml")
+    if args.variant not in VARIANTS:
+        raise UserError(f"--variant: {args.variant!r} is not allowed; use one of: {', '.join(VARIANTS)}")
+    if args.device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--device: {args.device!r} is not allowed; use one of: auto, cpu, cuda")
+    if args.layers not in ("auto", "all", "sample"):
+        raise UserError(f"--layers: {args.layers!r} is not allowed; use one of: auto, all, sample")
+    if args.repeats < 1:
+        raise UserError("--repeats: must be at least 1")
+    batches = _token_list(args.batches, "--batches", least=1) or (1,)
+    spec = load_model_spec(args.model)  # refuses an unknown model before anything is built
+    plan = ProfilePlan(spec.name if Path(args.model).suffix not in (".yaml", ".yml") else args.model, args.variant,
+                       args.device, _token_list(args.lengths, "--lengths"), batches,
+                       _token_list(args.contexts, "--contexts"), args.repeats, depth=args.depth, layers=args.layers,
+                       validate=args.validate, seed=args.seed)
+    console = Console(stderr=True)
+    with console.status(f"profiling {plan.model} ({plan.variant})") as status:
+        m = measure(plan, progress=lambda msg: (console.log(msg), status.update(msg)))
+    out = Path(args.out)
+    prof = write_profile(profile_document(m, out.stem), out)
+    meas = prof.extra["measured"]
+    c = prof.coefficients + (0.0,) * (3 - len(prof.coefficients))
+    print(f"{prof.model} ({plan.variant}, {meas['layers']}) on {prof.chip}")
+    print(f"  prefill T(l) = {c[0]:.4g} + {c[1]:.4g} l + {c[2]:.4g} l^2 s; fit error: "
+          f"rms {meas['prefill_fit_error']['rms_rel']:.1%}, max {meas['prefill_fit_error']['max_rel']:.1%} over {len(prof.points_tokens)} lengths")
+    for n, s in zip(prof.points_tokens, prof.points_s):
+        print(f"    {int(n):>7} tokens  {s:10.4f} s  (fit {prof.prefill_time_s(n):.4f} s)")
+    d = prof.decode
+    assert d is not None
+    print(f"  decode step(b) = {d.step_s * 1e3:.3f} + {d.per_sequence_s * 1e3:.3f} b ms (b <= {d.max_batch}); fit error: "
+          f"rms {meas['decode_fit_error']['rms_rel']:.1%}, max {meas['decode_fit_error']['max_rel']:.1%}")
+    if meas.get("validation"):
+        v = meas["validation"]
+        print(f"  extrapolation check at {v['tokens']} tokens, {v['layers']} layers: whole model {v['whole_model_s']:.4f} s, "
+              f"per-layer extrapolation {v['extrapolated_s']:.4f} s ({v['relative_error']:+.1%})")
+    print(f"wrote {out}")
     return 0

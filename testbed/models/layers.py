@@ -1,7 +1,9 @@
 """Torch layers of the runnable hybrid models: linear attention, GQA/SWA, MLA, and the MLP block.
 
 Every mixer maps ``x [T, hidden]`` at absolute positions ``start .. start+T-1`` plus the layer's cache
-entry from earlier positions (or None) to ``y [T, hidden]`` and the layer's new cache entry. One
+entry from earlier positions (or None) to ``y [T, hidden]``, the layer's new cache entry and, when a
+``checkpoint_at`` position falls inside the call, its cache entry as it was at that position (the
+hybrid prefix cache's block-boundary entry, captured without a second pass). One
 request at a time: no batch dimension, as in `testbed.kv.cache`.
 
 Rule that makes caches exact: whatever a layer caches is rounded to its cache dtype where it is
@@ -92,12 +94,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, k_st
 def linear_attention_chunked(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor | None,
     state: torch.Tensor, start: int, chunk_tokens: int, state_dtype: torch.dtype,
+    checkpoint_at: int | None = None, checkpoint: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunk-wise gated delta rule (``beta`` given) or gated linear attention (``beta`` None).
 
     Head-major inputs: ``q, k [H, T, dk]``, ``v [H, T, dv]``, log-decay ``g [H, T]``, ``beta [H, T]``,
     ``state [H, dk, dv]``. Chunks are aligned to absolute positions. Within a chunk the delta rule's
     sequential updates are folded into a triangular solve (the WY form of DeltaNet / Gated DeltaNet).
+    With `checkpoint_at` (an absolute chunk boundary inside the call) the state there, rounded as it is
+    at every boundary, is appended to `checkpoint` (the hybrid prefix cache's block-boundary state).
     """
     h, t, _ = q.shape
     out = q.new_empty((h, t, v.shape[-1]))
@@ -128,6 +133,8 @@ def linear_attention_chunked(
         state = state * last.exp()[..., None] + (kc * (last - cum).exp()[..., None]).transpose(1, 2) @ v_new
         if (start + s1) % chunk_tokens == 0:
             state = state.to(state_dtype).float()
+            if checkpoint is not None and start + s1 == checkpoint_at:
+                checkpoint.append(state.to(state_dtype))
         s0 = s1
     return out, state
 
@@ -178,10 +185,12 @@ class LinearMixer(nn.Module):
             self.register_buffer("neg_slopes", -slopes.to(device), persistent=False)
         self.w_o = make_param(gen, (hidden, h * dv), (h * dv) ** -0.5 / math.sqrt(2 * n_layers), device)
 
-    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False) -> tuple[torch.Tensor, LayerKV]:
+    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False,
+                checkpoint_at: int | None = None) -> tuple[torch.Tensor, LayerKV, LayerKV | None]:
         sp = self.spec
         t = x.shape[0]
         h, hk, dk, dv = sp.heads, sp.qk_heads, sp.key_dim, sp.value_dim
+        at = checkpoint_at - start if checkpoint_at is not None and start < checkpoint_at <= start + t else None
         qkv = x @ self.w_qkv.T
         conv_state = None
         if sp.conv_kernel:
@@ -189,6 +198,7 @@ class LinearMixer(nn.Module):
             before = prev.tensors["conv"].to(x.device) if prev else qkv.new_zeros((sp.conv_kernel - 1, sp.conv_channels))
             seq = torch.cat((before, qkv), dim=0)
             conv_state = seq[-(sp.conv_kernel - 1):].clone()
+            conv_at = seq[at:at + sp.conv_kernel - 1].clone() if at is not None else None
             seq = seq.float()
             qkv = sum(seq[j:j + t] * self.w_conv[:, j] for j in range(sp.conv_kernel))  # depthwise causal conv
         qkv = F.silu(qkv)
@@ -205,13 +215,20 @@ class LinearMixer(nn.Module):
             g = self.neg_slopes[:, None].expand(h, t)
             beta = None
         state = prev.tensors["state"].to(x.device).float() if prev else x.new_zeros((h, dk, dv))
-        core = linear_attention_recurrent if recurrent else linear_attention_chunked
-        o, state = core(q, k, v, g, beta, state, start, self.chunk_tokens, self.state_dtype)
+        saved: list[torch.Tensor] = []
+        if recurrent:
+            o, state = linear_attention_recurrent(q, k, v, g, beta, state, start, self.chunk_tokens, self.state_dtype)
+        else:
+            o, state = linear_attention_chunked(q, k, v, g, beta, state, start, self.chunk_tokens, self.state_dtype,
+                                                checkpoint_at, saved if at is not None else None)
         y = rms_norm(o.transpose(0, 1)).reshape(t, h * dv) @ self.w_o.T
         tensors = {"state": state.to(self.state_dtype).contiguous()}
         if conv_state is not None:
             tensors["conv"] = conv_state
-        return y, LayerKV(self.layer_index, "linear", tensors)
+        ckpt = None
+        if saved:
+            ckpt = LayerKV(self.layer_index, "linear", {"state": saved[0].contiguous(), **({"conv": conv_at} if conv_at is not None else {})})
+        return y, LayerKV(self.layer_index, "linear", tensors), ckpt
 
 
 # ---------------------------------------------------------------------------------- attention
@@ -232,7 +249,8 @@ class GQAMixer(nn.Module):
         self.w_v = make_param(gen, (kvh * dv, hidden), hidden**-0.5, device)
         self.w_o = make_param(gen, (hidden, kvh * q_per_kv * dv), (kvh * q_per_kv * dv) ** -0.5 / math.sqrt(2 * n_layers), device)
 
-    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False) -> tuple[torch.Tensor, LayerKV]:
+    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False,
+                checkpoint_at: int | None = None) -> tuple[torch.Tensor, LayerKV, LayerKV | None]:
         sp = self.spec
         t = x.shape[0]
         kvh, dk, dv = sp.kv_heads, sp.k_head_dim, sp.v_head_dim
@@ -245,9 +263,14 @@ class GQAMixer(nn.Module):
         k_start = start + t - k.shape[0]
         o = attend(q, k.float(), v.float(), start, k_start, self.window, dk**-0.5)
         y = o.reshape(t, -1) @ self.w_o.T
+        ckpt = None
+        if checkpoint_at is not None and start < checkpoint_at <= start + t:  # the cache as it was at that position
+            hi = checkpoint_at - k_start
+            lo = max(0, hi - self.window) if self.window is not None else 0
+            ckpt = LayerKV(self.layer_index, sp.kind, {"k": k[lo:hi], "v": v[lo:hi]})
         if self.window is not None and k.shape[0] > self.window:
             k, v = k[-self.window:].clone(), v[-self.window:].clone()
-        return y, LayerKV(self.layer_index, sp.kind, {"k": k.contiguous(), "v": v.contiguous()})
+        return y, LayerKV(self.layer_index, sp.kind, {"k": k.contiguous(), "v": v.contiguous()}), ckpt
 
 
 class MLAMixer(nn.Module):
@@ -273,7 +296,8 @@ class MLAMixer(nn.Module):
         self.w_uv = make_param(gen, (heads * v_dim, r), r**-0.5, device)
         self.w_o = make_param(gen, (hidden, heads * v_dim), (heads * v_dim) ** -0.5 / math.sqrt(2 * n_layers), device)
 
-    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False) -> tuple[torch.Tensor, LayerKV]:
+    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False,
+                checkpoint_at: int | None = None) -> tuple[torch.Tensor, LayerKV, LayerKV | None]:
         t = x.shape[0]
         nh, dn, dvh = self.heads, self.nope_dim, self.v_dim
         r, dr = self.spec.kv_lora_rank, self.spec.rope_dim
@@ -301,7 +325,10 @@ class MLAMixer(nn.Module):
             qq = torch.cat((q_nope, q_rope), dim=-1).view(t, nh, 1, dn + dr)
             o = attend(qq, kk, vv, start, k_start, None, scale).reshape(t, nh, dvh)
         y = o.reshape(t, nh * dvh) @ self.w_o.T
-        return y, LayerKV(self.layer_index, "mla", {"latent": latent.contiguous(), "k_rope": k_rope.contiguous()})
+        ckpt = None
+        if checkpoint_at is not None and start < checkpoint_at <= start + t:
+            ckpt = LayerKV(self.layer_index, "mla", {"latent": latent[:checkpoint_at - k_start], "k_rope": k_rope[:checkpoint_at - k_start]})
+        return y, LayerKV(self.layer_index, "mla", {"latent": latent.contiguous(), "k_rope": k_rope.contiguous()}), ckpt
 
 
 class Block(nn.Module):
@@ -314,9 +341,13 @@ class Block(nn.Module):
         self.w_up = make_param(gen, (mlp, hidden), hidden**-0.5, device)
         self.w_down = make_param(gen, (hidden, mlp), mlp**-0.5 / math.sqrt(2 * n_layers), device)
 
-    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False) -> tuple[torch.Tensor, LayerKV]:
-        y, kv = self.mixer(rms_norm(x), start, prev, recurrent)
+    def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False,
+                checkpoint_at: int | None = None) -> tuple[torch.Tensor, LayerKV, LayerKV | None]:
+        y, kv, ckpt = self.mixer(rms_norm(x), start, prev, recurrent, checkpoint_at)
         x = x + y
         hmid = rms_norm(x)
-        x = x + (F.silu(hmid @ self.w_gate.T) * (hmid @ self.w_up.T)) @ self.w_down.T
-        return x, kv
+        x = x + self.mlp(hmid)
+        return x, kv, ckpt
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        return (F.silu(h @ self.w_gate.T) * (h @ self.w_up.T)) @ self.w_down.T

@@ -111,9 +111,9 @@ def _decode(d: Any, where: str) -> DecodeProfile | None:
         return None
     if not isinstance(d, dict) or "step_s" not in d:
         raise UserError(f"{where}: decode must be a mapping with step_s (and optional per_sequence_s, max_batch, provenance)")
-    unknown = set(d) - {"step_s", "per_sequence_s", "max_batch", "provenance"}
+    unknown = set(d) - {"step_s", "per_sequence_s", "max_batch", "provenance", "points"}
     if unknown:
-        raise UserError(f"{where}: decode.{sorted(unknown)[0]}: unknown key; allowed: step_s, per_sequence_s, max_batch, provenance")
+        raise UserError(f"{where}: decode.{sorted(unknown)[0]}: unknown key; allowed: step_s, per_sequence_s, max_batch, provenance, points")
     try:
         out = DecodeProfile(float(d["step_s"]), float(d.get("per_sequence_s", 0.0)), int(d.get("max_batch", 1)), str(d.get("provenance", "")))
     except (TypeError, ValueError) as exc:
@@ -123,7 +123,7 @@ def _decode(d: Any, where: str) -> DecodeProfile | None:
     return out
 
 
-_KEYS = {"name", "chip", "model", "gpus_per_instance", "provenance", "prefill", "decode", "scaled_from"}
+_KEYS = {"name", "chip", "model", "gpus_per_instance", "provenance", "prefill", "decode", "scaled_from", "measured"}
 
 
 def profile_from_dict(data: Any, where: str) -> ComputeProfile:
@@ -159,6 +159,12 @@ def profile_from_dict(data: Any, where: str) -> ComputeProfile:
         coeffs = fit_prefill(pts[:, 0], pts[:, 1], pre.get("degree"))
         pts_l, pts_s = tuple(pts[:, 0]), tuple(pts[:, 1])
         extra = {}
+    if data.get("measured") is not None:  # written by `prfaas profile` (testbed.models.profiling): host, variant, fit errors
+        if not isinstance(data["measured"], dict):
+            raise UserError(f"{where}: measured must be a mapping (as `prfaas profile` writes it)")
+        extra["measured"] = data["measured"]
+    if isinstance(data.get("decode"), dict) and data["decode"].get("points") is not None:
+        extra["decode_points"] = data["decode"]["points"]
     try:
         gpus = int(data.get("gpus_per_instance", 8))
     except (TypeError, ValueError):

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import yaml
 
 from testbed.errors import FieldError, UserError
-from testbed.scenario import Fields
+from testbed.validation import Fields
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -279,7 +279,7 @@ def _parse_layer(f: Fields) -> LayerSpec:
 def _expand_layers(f: Fields, geometries: dict[str, LayerSpec]) -> tuple[LayerSpec, ...]:
     """``layers:`` items: a geometry name, an inline geometry (has ``kind``), or ``{repeat: N, pattern: [names]}``."""
     raw = f.data.get("layers")
-    f._read.add("layers")
+    f.mark_read("layers")
     if not isinstance(raw, list) or not raw:
         raise f.error("layers", "must be a non-empty list of layers in model order (names from geometries, inline layers, or {repeat, pattern})")
     known = ", ".join(geometries) or "(no geometries defined)"
@@ -374,7 +374,7 @@ def load_model_spec(name_or_file: str, base_dir: str | Path | None = None) -> Mo
 # -------------------------------------------------------------------------------- scenario section
 
 COMPUTE_MODES = ("torch", "profile")
-VARIANTS = ("faithful", "tiny")
+VARIANTS = ("faithful", "tiny", "full")
 DEVICES = ("auto", "cpu", "cuda")
 
 

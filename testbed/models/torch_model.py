@@ -93,6 +93,7 @@ class HybridModel(nn.Module):
         super().__init__()
         self.spec, self.source_spec, self.variant, self.seed, self.device = spec, source_spec, variant, seed, device
         self.vocab_size, self.hidden_size = variant.vocab, variant.hidden
+        self.last_logits_only = False  # True: prefill computes only the last position's logits (serving)
         gen = torch.Generator().manual_seed(seed)
         n = len(spec.layers)
         self.embed = make_param(gen, (variant.vocab, variant.hidden), 1.0, device)
@@ -106,9 +107,13 @@ class HybridModel(nn.Module):
             else:
                 mixer = MLAMixer(layer, i, variant.hidden, n, variant.mla_heads, variant.mla_nope_dim, variant.mla_v_dim,
                                  spec.kv_dtype, gen, device)
-            blocks.append(Block(mixer, variant.hidden, variant.mlp, n, gen, device))
+            blocks.append(self._block(i, mixer, gen))
         self.blocks = nn.ModuleList(blocks)
         self.lm_head = make_param(gen, (variant.vocab, variant.hidden), variant.hidden**-0.5, device)
+
+    def _block(self, layer_index: int, mixer: nn.Module, gen: torch.Generator) -> nn.Module:
+        """The block around one mixer (the `full` variant puts a mixture of experts here)."""
+        return Block(mixer, self.variant.hidden, self.variant.mlp, len(self.spec.layers), gen, self.device)
 
     # ------------------------------------------------------------------------------------ cache
 
@@ -141,18 +146,21 @@ class HybridModel(nn.Module):
     # -------------------------------------------------------------------------------- forward
 
     def _run(self, ids: torch.Tensor, cache: KVCache | None, recurrent: bool,
-             on_layer: Callable[[LayerKV], None] | None) -> tuple[torch.Tensor, list[LayerKV]]:
+             on_layer: Callable[[LayerKV], None] | None,
+             checkpoint_at: int | None = None) -> tuple[torch.Tensor, list[LayerKV], list[LayerKV]]:
         if cache is not None:
             self.check_cache(cache)
         start = cache.tokens if cache is not None else 0
         x = self.embed[ids]
-        layers = []
+        layers, checkpoint = [], []
         for i, block in enumerate(self.blocks):
-            x, kv = block(x, start, cache.layers[i] if cache is not None else None, recurrent)
+            x, kv, ckpt = block(x, start, cache.layers[i] if cache is not None else None, recurrent, checkpoint_at)
             layers.append(kv)
+            if ckpt is not None:
+                checkpoint.append(ckpt)
             if on_layer is not None:
                 on_layer(kv)
-        return rms_norm(x) @ self.lm_head.T, layers
+        return rms_norm(x[-1:] if self.last_logits_only else x) @ self.lm_head.T, layers, checkpoint
 
     @torch.no_grad()
     def prefill(self, token_ids: torch.Tensor | Sequence[int], cache: KVCache | None = None,
@@ -164,17 +172,30 @@ class HybridModel(nn.Module):
         streaming); gqa/mla tensors span all positions, token dimension first, so a sender can slice
         ``[prefix_tokens:]`` without a copy.
         """
+        logits, out, _ = self.prefill_checkpointed(token_ids, cache, None, on_layer, request_id)
+        return logits, out
+
+    @torch.no_grad()
+    def prefill_checkpointed(self, token_ids: torch.Tensor | Sequence[int], cache: KVCache | None, checkpoint_at: int | None,
+                             on_layer: Callable[[LayerKV], None] | None = None,
+                             request_id: str | None = None) -> tuple[torch.Tensor, KVCache, KVCache | None]:
+        """`prefill`, plus the cache as it was after `checkpoint_at` positions (an absolute multiple of the
+        linear chunk inside this call; None otherwise): what a hybrid prefix pool stores at a block
+        boundary, taken in the same pass. Its gqa/mla tensors are views of the returned cache's."""
         ids = self._ids(token_ids)
-        logits, layers = self._run(ids, cache, False, on_layer)
+        logits, layers, ckpt = self._run(ids, cache, False, on_layer, checkpoint_at)
         rid = request_id if request_id is not None else (cache.request_id if cache is not None else "")
         start = cache.tokens if cache is not None else 0
-        return logits, KVCache(rid, self.spec.name, start + ids.numel(), layers)
+        checkpoint = None
+        if checkpoint_at is not None and len(ckpt) == len(layers):
+            checkpoint = KVCache(rid, self.spec.name, checkpoint_at, ckpt)
+        return logits, KVCache(rid, self.spec.name, start + ids.numel(), layers), checkpoint
 
     @torch.no_grad()
     def decode(self, token_id: int, cache: KVCache) -> torch.Tensor:
         """Logits ``[vocab]`` of the next token. Advances `cache` in place: its layer list and token
         count are replaced; tensors it held before are never written to (a pool may share them)."""
-        logits, layers = self._run(self._ids([int(token_id)]), cache, True, None)
+        logits, layers, _ = self._run(self._ids([int(token_id)]), cache, True, None)
         cache.layers = layers
         cache.tokens += 1
         return logits[0]
@@ -192,17 +213,26 @@ class HybridModel(nn.Module):
 
 def _variant(name: str) -> Variant:
     if name not in VARIANTS:
-        raise UserError(f"model.variant: {name!r} is not allowed; use one of: {', '.join(VARIANTS)}")
+        raise UserError(f"model.variant: {name!r} is not allowed; use one of: {', '.join(VARIANTS)}, full")
     return VARIANTS[name]
 
 
 def vocab_size(spec: ModelSpec, variant: str) -> int:
     """Token ids a model of this variant accepts are 0 .. vocab_size - 1 (the router draws prompts from it)."""
+    if variant == "full":
+        from testbed.models.full import full_variant, load_widths
+
+        return full_variant(spec, load_widths(spec.name)).vocab
     return _variant(variant).vocab
 
 
 def build_model(spec: ModelSpec, variant: str = "tiny", seed: int = 0, device: str = "auto") -> HybridModel:
-    """A runnable model of `spec` (``faithful`` or ``tiny``); the same seed gives the same weights."""
+    """A runnable model of `spec` (``faithful``, ``tiny`` or ``full``: testbed.models.full); the same seed gives
+    the same weights."""
+    if variant == "full":
+        from testbed.models.full import build_full_model
+
+        return build_full_model(spec, seed, device)
     v = _variant(variant)
     geometry = tiny_spec(spec) if v.shrink_cache else spec
     return HybridModel(geometry, v, seed, resolve_device(device), spec).eval()

@@ -160,11 +160,11 @@ def calibrate(net: Any, *, streams: int = 4, duration_s: float = 5, pings: int =
             achieved = measure_rate_bps(net, src, dst, streams=streams, duration_s=duration_s, reverse=reverse)
             step(f"UDP loss probe, {name}")
             lost, sent = measure_udp_loss(net, src, dst, datagrams=datagrams, reverse=reverse,
-                                          rate_bps=min(200e6, spec.rate_bps / net.scale / 4))
-            wire = spec.rate_bps / net.scale
-            dirs.append(DirectionCalibration(name, wire, achieved, spec.rate_bps, achieved * net.scale, achieved / wire,
+                                          rate_bps=min(200e6, net.scale.wire_bps(spec.rate_bps) / 4))
+            wire = net.scale.wire_bps(spec.rate_bps)
+            dirs.append(DirectionCalibration(name, wire, achieved, spec.rate_bps, net.scale.emulated_bps(achieved), achieved / wire,
                                              spec.loss.mean_rate, lost / sent if sent else float("nan"), sent))
-    return Calibration(net.backend, net.scale, streams, duration_s, wan.prfaas_to_pd.delay_s + wan.pd_to_prfaas.delay_s,
+    return Calibration(net.backend, net.scale.factor, streams, duration_s, wan.rtt_s,
                        rtt.p50_s, rtt.p99_s, rtt.std_s, rtt.loss, dirs)
 
 

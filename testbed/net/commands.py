@@ -105,7 +105,7 @@ def _describe_table(desc: dict[str, Any]) -> Any:
 
 
 def cmd_net_up(args: argparse.Namespace) -> int:
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)  # refuses bad input before anything starts
     if args.detach:
@@ -228,7 +228,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     from testbed.net.calibrate import calibrate, print_table
     from testbed.net.emulation import Network
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     if args.streams < 1 or args.duration <= 0:
         raise UserError("calibrate: --streams must be >= 1 and --duration > 0")

@@ -30,6 +30,7 @@ from testbed.net import shaping, state
 from testbed.net.schedule import ScheduleRunner, expand_schedule
 from testbed.net.telemetry import DEFAULT_PERIOD_S, Telemetry
 from testbed.net.wan import GatewayPort, Wan, resolve_backend
+from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS, Scenario
 
 DEFAULT_CAPACITY_BPS = 5e9
@@ -51,20 +52,19 @@ def _new_tag() -> str:
 class Network:
     """The network of a scenario. ``with Network(sc) as net: net.run("pd-p0", ["ping", ...])``."""
 
-    def __init__(self, scenario: Scenario, *, scale: float | None = None, telemetry_path: Path | None = None,
+    def __init__(self, scenario: Scenario, *, scale: Scale | float | None = None, telemetry_path: Path | None = None,
                  telemetry_period_s: float = DEFAULT_PERIOD_S, run_id: str | None = None, run_dir: Path | None = None) -> None:
         self.scenario = scenario
         self.run_id = run_id  # recorded in the state file: `prfaas clean RUN_ID` removes this network only
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
+        self.scale: Scale
         if scale is not None:
-            self.scale, self.scale_source = float(scale), "given to Network()"
+            self.scale, self.scale_source = Scale.of(scale), "given to Network()"
         elif scenario.scale == "auto":
             cap, where = host_capacity_bps()
             self.scale, self.scale_source = scenario.resolve_scale(cap), f"auto, capacity {cap / 1e9:g} Gbps from {where}"
         else:
-            self.scale, self.scale_source = float(scenario.scale), "scenario"
-        if self.scale < 1:
-            raise HostError(f"scale: {self.scale:g} must be >= 1")
+            self.scale, self.scale_source = scenario.resolve_scale(0.0), "scenario"
         self.telemetry_path = telemetry_path
         self.telemetry_period_s = telemetry_period_s
         self.tag = _new_tag()
@@ -165,7 +165,7 @@ class Network:
         self.schedule = ScheduleRunner(expand_schedule(self.scenario.wan.schedule), self.wan.apply, self.t0_s)
         self.telemetry.start()
         self.schedule.start()
-        self._state.update(ready=True, t0_s=self.t0_s, processes=self._tracked_pids(), backend=self.backend, scale=self.scale)
+        self._state.update(ready=True, t0_s=self.t0_s, processes=self._tracked_pids(), backend=self.backend, scale=self.scale.factor)
         state.write_state(self._state_file, self._state)
 
     def _shape_lan(self, rate_bps: float) -> None:
@@ -342,7 +342,7 @@ class Network:
         dirs = {}
         for d in DIRECTIONS:
             spec = wan.direction(d)
-            plan = shaping.plan_shaping(spec, shaper=wan.shaper, scale=self.scale, rtt_s=wan.prfaas_to_pd.delay_s + wan.pd_to_prfaas.delay_s)
+            plan = shaping.plan_shaping(spec, shaper=wan.shaper, scale=self.scale, rtt_s=wan.rtt_s)
             dirs[d] = {
                 "rate_emulated_bps": spec.rate_bps, "rate_wire_bps": plan.rate_bps, "delay_s": spec.delay_s,
                 "jitter_s": spec.jitter_s, "jitter_distribution": spec.jitter_distribution, "reorder": spec.reorder,
@@ -351,7 +351,7 @@ class Network:
             }
         return {
             "backend": self.backend, "backend_reason": self.backend_reason, "shaper": wan.shaper,
-            "scale": self.scale, "scale_source": self.scale_source, "netem_available": netem_available()[0],
+            "scale": self.scale.factor, "scale_source": self.scale_source, "netem_available": netem_available()[0],
             "kernel": platform.release(), "directions": dirs,
             "schedule": [a.describe() + f" @ {a.at_s:g}s" for a in expand_schedule(wan.schedule)],
             "schedule_fired": [f"{t:.3f}s {a.describe()}" for t, a in (self.schedule.fired if self.schedule else [])],

@@ -21,6 +21,7 @@ from typing import Any
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 
 from testbed.errors import UserError
+from testbed.scale import Scale
 from testbed.scenario import LinkDirectionSpec
 
 MTU_BYTES = 1500
@@ -57,20 +58,21 @@ def burst_bytes_for(rate_bps: float) -> int:
     return max(int(rate_bps / 8 * BURST_TIME_S), MIN_BURST_BYTES)
 
 
-def plan_shaping(direction: LinkDirectionSpec, *, shaper: str = "htb", scale: float = 1.0, rtt_s: float | None = None) -> ShapingPlan:
-    """The qdisc plan for one direction. `rtt_s` is the round trip the BDP refers to (default 2 x delay)."""
+def plan_shaping(direction: LinkDirectionSpec, *, shaper: str = "htb", scale: Scale | float = 1.0,
+                 rtt_s: float | None = None) -> ShapingPlan:
+    """The qdisc plan for one direction. `rtt_s` is the round trip the BDP refers to (`WanSpec.rtt_s`;
+    default 2 x this direction's delay)."""
     if shaper not in ("htb", "tbf"):
         raise UserError(f"wan.shaper: {shaper!r} is not allowed; use one of: htb, tbf")
-    if scale < 1:
-        raise UserError(f"scale: {scale:g} must be >= 1")
-    rate_bps = direction.rate_bps / scale
+    scale = Scale.of(scale)
+    rate_bps = scale.wire_bps(direction.rate_bps)
     if shaper == "tbf" and rate_bps > TBF_MAX_RATE_BPS:
         raise UserError(f"wan.shaper: tbf supports wire rates up to {TBF_MAX_RATE_BPS / 1e9:.1f} Gbps here; use htb or a larger scale")
     queue = max(direction.queue_bytes(scale, rtt_s), MIN_QUEUE_BYTES)
     return ShapingPlan(shaper, rate_bps, burst_bytes_for(rate_bps), queue)
 
 
-def with_rate(plan: ShapingPlan, direction: LinkDirectionSpec, *, scale: float, rtt_s: float | None) -> ShapingPlan:
+def with_rate(plan: ShapingPlan, direction: LinkDirectionSpec, *, scale: Scale | float, rtt_s: float | None) -> ShapingPlan:
     """The plan after a schedule change of the direction (rate, hence burst and a BDP queue, follow)."""
     new = plan_shaping(direction, shaper=plan.shaper, scale=scale, rtt_s=rtt_s)
     return replace(plan, rate_bps=new.rate_bps, burst_bytes=new.burst_bytes, queue_bytes=new.queue_bytes)

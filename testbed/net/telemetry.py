@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from testbed import clock
+from testbed.scale import Scale
 
 DEFAULT_PERIOD_S = 0.05
 Listener = Callable[[dict[str, Any]], None]
@@ -35,10 +36,10 @@ def boost_thread_priority(priority: int = 10) -> bool:
 
 
 class Telemetry:
-    def __init__(self, sample: Callable[[str], dict[str, Any]], directions: tuple[str, ...], *, t0_s: float, scale: float, period_s: float = DEFAULT_PERIOD_S) -> None:
+    def __init__(self, sample: Callable[[str], dict[str, Any]], directions: tuple[str, ...], *, t0_s: float, scale: Scale | float, period_s: float = DEFAULT_PERIOD_S) -> None:
         self._sample = sample
         self.directions = directions
-        self.t0_s, self.scale, self.period_s = t0_s, scale, period_s
+        self.t0_s, self.scale, self.period_s = t0_s, Scale.of(scale), period_s
         self.rows: list[dict[str, Any]] = []
         self.listeners: list[Listener] = []
         self.errors = 0
@@ -68,7 +69,7 @@ class Telemetry:
             prev = self._last.get(d)
             dt = t - prev[0] if prev else 0.0
             s["achieved_bps"] = (s["tx_bytes"] - prev[1]) * 8 / dt if prev and dt > 0 else 0.0
-            s["achieved_emulated_bps"] = s["achieved_bps"] * self.scale
+            s["achieved_emulated_bps"] = self.scale.emulated_bps(s["achieved_bps"])
             self._last[d] = (t, s["tx_bytes"])
             self.rows.append(s)
             out.append(s)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol
 from testbed.errors import HostError
 from testbed.net import netem, shaping
 from testbed.net.schedule import ScheduleAction
+from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS, LinkDirectionSpec, WanSpec
 
 Popen = Callable[[list[str]], subprocess.Popen]
@@ -69,7 +70,7 @@ class _Shaped:
 
     leaf = True
 
-    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, shaper: str, scale: float, rtt_s: float) -> None:
+    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, shaper: str, scale: Scale, rtt_s: float) -> None:
         from pyroute2 import IPRoute
 
         self.port, self.spec, self.scale, self.rtt_s = port, spec, scale, rtt_s
@@ -109,7 +110,7 @@ class _Shaped:
 class DelayLineEmulator(_Shaped):
     """HTB/TBF (rate, queue) + the userspace NFQUEUE delay line (delay, jitter, loss) of testbed.net.delayline."""
 
-    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, shaper: str, scale: float, rtt_s: float, queue_num: int, seed: int) -> None:
+    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, shaper: str, scale: Scale, rtt_s: float, queue_num: int, seed: int) -> None:
         super().__init__(port, spec, shaper, scale, rtt_s)
         from testbed.net import delayline
 
@@ -168,7 +169,7 @@ class NetemEmulator(_Shaped):
 class Wan:
     """Both directions of the WAN; `apply(action)` is what the schedule calls."""
 
-    def __init__(self, spec: WanSpec, ports: dict[str, GatewayPort], *, scale: float, backend: str, seed: int) -> None:
+    def __init__(self, spec: WanSpec, ports: dict[str, GatewayPort], *, scale: Scale, backend: str, seed: int) -> None:
         self.spec, self.ports, self.scale, self.backend, self.seed = spec, ports, scale, backend, seed
         self.current = {d: spec.direction(d) for d in DIRECTIONS}
         self.link_up = {d: True for d in DIRECTIONS}
@@ -176,16 +177,13 @@ class Wan:
         self.emulators: dict[str, DirectionEmulator] = {}
         self.applied: list[str] = []
 
-    def rtt_s(self) -> float:
-        return self.spec.prfaas_to_pd.delay_s + self.spec.pd_to_prfaas.delay_s
-
     def start(self) -> None:
         for d in DIRECTIONS:
             port, spec = self.ports[d], self.current[d]
             if self.backend == "netem":
-                em: DirectionEmulator = NetemEmulator(port, spec, self.spec.shaper, self.scale, self.rtt_s())
+                em: DirectionEmulator = NetemEmulator(port, spec, self.spec.shaper, self.scale, self.spec.rtt_s)
             else:
-                em = DelayLineEmulator(port, spec, self.spec.shaper, self.scale, self.rtt_s(), QUEUE_NUMS[d], self.seed + QUEUE_NUMS[d])
+                em = DelayLineEmulator(port, spec, self.spec.shaper, self.scale, self.spec.rtt_s, QUEUE_NUMS[d], self.seed + QUEUE_NUMS[d])
             self.emulators[d] = em
             em.start()
 

@@ -58,7 +58,7 @@ def _run_report(out: Path) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.run import run_scenario
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
     out = Path(args.out) if args.out else _default_out(scenario.name)
@@ -74,7 +74,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     """The quick scenario once per policy, then the comparison report."""
     from analysis.report import write_report
     from testbed.run import run_scenario
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:

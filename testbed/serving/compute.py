@@ -1,14 +1,19 @@
 """Compute backends of the workers, one small interface with two real implementations.
 
+Both take a `PrefillPlan`: the prefix the prefill worker's own pool holds (`cached_len`, resumed from,
+not recomputed) and the prefix the decode worker already holds (`send_from`, SGLang's
+``decode_prefix_len``: full-attention KV before it is not sent; linear/SWA state always is).
+
 - `ProfileCompute`: prefill takes the hardware profile's time for (input, cached) tokens, spread evenly
-  over the layers; each layer then emits real bytes of the model spec's size for the *uncached* tokens
-  divided by `scale` (the wire carries them, framed and checksummed). A decode step takes the
-  profile's step time for the batch.
+  over the layers; each layer then emits real bytes of the model spec's size for what the decode lacks
+  (`delta_layer_bytes`) divided by `scale` (the wire carries them, framed and checksummed). A decode
+  step takes the profile's step time for the batch.
 - `TorchCompute`: a real forward pass of the scenario's model (random weights, fixed seed, CUDA when
-  present); each layer's KV is emitted as soon as that layer has run, so it is on the wire while later
-  layers compute. The prompt's last token is not prefilled: it is the decode's first input, so the
-  decode worker produces the first token from the KV it received (the same greedy tokens as a local
-  prefill + decode of the whole prompt).
+  present) over the uncached suffix only, continuing from the pool's block-boundary cache; each layer's
+  KV is emitted as soon as that layer has run, so it is on the wire while later layers compute. The
+  prompt's last token is not prefilled: it is the decode's first input, so the decode worker produces
+  the first token from the KV it received (the same greedy tokens as a local prefill + decode of the
+  whole prompt).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from testbed.scenario import Fields
+from testbed.scale import Scale
+from testbed.validation import Fields
 
 
 @dataclass(frozen=True)
@@ -30,11 +36,31 @@ class ProfileLayer:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class PrefillPlan:
+    """What one prefill computes and sends."""
+
+    input_len: int
+    cached_len: int = 0  # prefix resumed from the prefill pool (its block-boundary cache), not recomputed
+    send_from: int = 0  # the decode already holds full-attention KV of positions < send_from
+    checkpoint_at: int | None = None  # block boundary whose cache the pool keeps for later prompts
+    prefix: Any = None  # torch: the pool hit's KVCache covering cached_len positions
+
+    @property
+    def uncached_len(self) -> int:
+        return self.input_len - self.cached_len
+
+
+@dataclass
+class PrefillOutput:
+    tokens: int  # positions the whole KV covers (the decode's cache length after the transfer)
+    checkpoint: Any = None  # torch: the KVCache at plan.checkpoint_at, for the pool
+
+
 class Compute(Protocol):
-    def prefill(self, request_id: str, input_len: int, cached_len: int, prompt_token_ids: list[int] | None,
-                on_layer: Callable[[Any], None]) -> int:
-        """Compute one prefill, handing each layer's KV to `on_layer` as it is done; returns the number
-        of positions the KV covers."""
+    def prefill(self, request_id: str, plan: PrefillPlan, prompt_token_ids: list[int] | None,
+                on_layer: Callable[[Any], None]) -> PrefillOutput:
+        """Compute one prefill, handing each layer's KV (what the decode lacks) to `on_layer` as it is done."""
         ...
 
     def decode_step(self, slots: list[Any]) -> list[int]: ...
@@ -47,13 +73,24 @@ def load_model_section(cfg: Any) -> Any:
     return parse_model_section(Fields(cfg.model, "model", cfg.model_source or None))
 
 
-def wire_layer_bytes(spec: Any, uncached_len: int, scale: float) -> list[int]:
+def wire_layer_bytes(spec: Any, uncached_len: int, scale: Scale | float) -> list[int]:
     """Bytes each layer puts on the wire for `uncached_len` new tokens: the spec's exact bytes / scale,
     rounded so that the layers add up to round(total / scale)."""
+    return delta_layer_bytes(spec, uncached_len, 0, scale)
+
+
+def delta_layer_bytes(spec: Any, total_tokens: int, send_from: int, scale: Scale | float) -> list[int]:
+    """Bytes each layer puts on the wire when the decode already holds `send_from` positions: the
+    full-attention part of the positions after it plus every fixed/window state, / scale, rounded so the
+    layers add up to round(total / scale)."""
+    from testbed.kv.pool import FULL_KINDS
+
+    scale = Scale.of(scale)
     out, cum, sent = [], 0, 0
-    for i in range(len(spec.layers)):
-        cum += spec.layer_bytes(i, uncached_len)
-        target = int(round(cum / scale))
+    for i, layer in enumerate(spec.layers):
+        held = spec.layer_bytes(i, send_from) if layer.kind in FULL_KINDS and send_from > 0 else 0
+        cum += spec.layer_bytes(i, total_tokens) - held
+        target = int(round(scale.wire_bytes(cum)))
         out.append(target - sent)
         sent = target
     return out
@@ -71,21 +108,21 @@ class ProfileCompute:
         self.section = load_model_section(cfg)
         self.spec = self.section.spec
         self.profile = load_profile(cfg.profile)
-        self.scale = float(cfg.scale)
+        self.scale = Scale.of(cfg.scale)
         self.role = cfg.role
 
     def prefill_time_s(self, input_len: int, cached_len: int) -> float:
         return float(self.profile.prefill_time_s(input_len, cached_len))
 
-    def prefill(self, request_id: str, input_len: int, cached_len: int, prompt_token_ids: list[int] | None,
-                on_layer: Callable[[Any], None]) -> int:
-        layer_s = self.prefill_time_s(input_len, cached_len) / len(self.spec.layers)
-        sizes = wire_layer_bytes(self.spec, max(1, input_len - cached_len), self.scale)
+    def prefill(self, request_id: str, plan: PrefillPlan, prompt_token_ids: list[int] | None,
+                on_layer: Callable[[Any], None]) -> PrefillOutput:
+        layer_s = self.prefill_time_s(plan.input_len, plan.cached_len) / len(self.spec.layers)
+        sizes = delta_layer_bytes(self.spec, plan.input_len, min(plan.send_from, plan.input_len - 1), self.scale)
         for i, (layer, nbytes) in enumerate(zip(self.spec.layers, sizes)):
             time.sleep(layer_s)  # this layer's share of the profile's prefill time
             if nbytes > 0:
                 on_layer(ProfileLayer(i, layer.kind, nbytes))
-        return input_len
+        return PrefillOutput(plan.input_len)
 
     def decode_step(self, slots: list[Any]) -> list[int]:
         time.sleep(float(self.profile.decode_step_s(min(len(slots), self.profile.max_batch))))
@@ -103,21 +140,28 @@ class TorchCompute:
         device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = device
         self.model = build_model(self.section.spec, cfg.variant, cfg.seed, device)
+        self.model.last_logits_only = True  # the prefill's logits are never used: the decode makes the first token
         self.torch = torch
 
-    def prefill(self, request_id: str, input_len: int, cached_len: int, prompt_token_ids: list[int] | None,
-                on_layer: Callable[[Any], None]) -> int:
+    def prefill(self, request_id: str, plan: PrefillPlan, prompt_token_ids: list[int] | None,
+                on_layer: Callable[[Any], None]) -> PrefillOutput:
+        input_len = plan.input_len
         if not prompt_token_ids or len(prompt_token_ids) != input_len:
             raise ValueError(f"torch mode needs prompt_token_ids of length input_len ({input_len})")
         if input_len < 2:
             raise ValueError("torch mode needs at least 2 prompt tokens (the last one is the decode's first input)")
+        start = plan.prefix.tokens if plan.prefix is not None else 0
+        if start != plan.cached_len or start >= input_len - 1:
+            raise ValueError(f"prefix cache covers {start} positions, plan says {plan.cached_len} of {input_len - 1}")
+        send_from = max(0, min(plan.send_from, input_len - 1))
 
         def emit(layer: Any) -> None:
-            on_layer(_to_cpu(layer, self.torch))
+            on_layer(_to_cpu(delta_layer(layer, send_from), self.torch))
 
         with self.torch.inference_mode():
-            _, cache = self.model.prefill(list(prompt_token_ids[:-1]), cache=None, on_layer=emit, request_id=request_id)
-        return cache.tokens
+            _, cache, checkpoint = self.model.prefill_checkpointed(
+                list(prompt_token_ids[start:-1]), plan.prefix, plan.checkpoint_at, on_layer=emit, request_id=request_id)
+        return PrefillOutput(cache.tokens, checkpoint)
 
     def decode_step(self, slots: list[Any]) -> list[int]:
         """One token for each request in the batch (one decode call per request on its own cache)."""
@@ -133,6 +177,41 @@ class TorchCompute:
                 s.next_input = tok
                 out.append(tok)
         return out
+
+
+def delta_layer(layer: Any, send_from: int) -> Any:
+    """The part of a finished layer the decode lacks: full-attention positions from `send_from` on (a view,
+    token dimension first), fixed and window state whole."""
+    from testbed.kv.cache import LayerKV
+    from testbed.kv.pool import FULL_KINDS
+
+    if send_from <= 0 or layer.kind not in FULL_KINDS:
+        return layer
+    return LayerKV(layer.layer_index, layer.kind, {k: t[send_from:] for k, t in layer.tensors.items()})
+
+
+def join_prefix(prefix: Any, delta: Any) -> Any:
+    """The decode side: its pool's full-attention prefix (`prefix`, may be None) followed by the received
+    `delta` (as `delta_layer` cut it); raises ValueError when they do not add up to the delta's length."""
+    from testbed.kv.cache import KVCache, LayerKV
+    from testbed.kv.pool import FULL_KINDS
+
+    import torch
+
+    held = prefix.tokens if prefix is not None else 0
+    full = {layer.layer_index: layer for layer in prefix.layers} if prefix is not None else {}
+    layers = []
+    for layer in delta.layers:
+        if layer.kind in FULL_KINDS:
+            n = next(iter(layer.tensors.values())).shape[0]
+            if held + n != delta.tokens:
+                raise ValueError(f"layer {layer.layer_index}: {n} positions received after a {held}-token decode prefix, "
+                                 f"the transfer covers {delta.tokens}")
+            if held:
+                before = full[layer.layer_index].tensors
+                layer = LayerKV(layer.layer_index, layer.kind, {k: torch.cat((before[k], t), dim=0) for k, t in layer.tensors.items()})
+        layers.append(layer)
+    return KVCache(delta.request_id, delta.model, delta.tokens, layers)
 
 
 def _to_cpu(layer: Any, torch: Any) -> Any:

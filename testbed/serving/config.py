@@ -1,6 +1,6 @@
 """The scenario's ``serving:`` section: compute mode, profiles, instances and where they run, limits, SLOs.
 
-`parse_serving_section` reads the section alone (registered in `testbed.scenario.SECTION_PARSERS`);
+`parse_serving_section` reads the section alone (registered in `testbed.sections.SECTIONS`);
 `plan_instances` checks it against the topology and the other sections and places every instance on a
 host. Both raise `FieldError` naming the field, so bad input is refused before anything starts.
 """
@@ -8,12 +8,14 @@ host. Both raise `FieldError` naming the field, so bad input is refused before a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from testbed import units
 from testbed.errors import FieldError
 from testbed.kv.connector import connector_names
-from testbed.scenario import Fields, Scenario, boolean, positive_int, positive_number
+from testbed.scenario import Scenario
+from testbed.validation import Fields, boolean, positive_int, positive_number
 
 COMPUTE_MODES = ("profile", "torch")
 ROLES = ("prfaas_prefill", "pd_prefill", "pd_decode")
@@ -75,6 +77,9 @@ class ServingSpec:
 def _profile_name(path: str, source: str | None) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
         name = str(v)
+        beside = Path(source).parent / name if source else None
+        if beside is not None and not Path(name).is_absolute() and Path(name).suffix in (".yaml", ".yml", ".csv", ".json") and beside.exists():
+            name = str(beside)  # a profile file next to the scenario (e.g. one `prfaas profile` wrote)
         try:
             from testbed.models.profiles import load_profile
         except ImportError:  # the profiles module is not there: accept the name, checked at run time
@@ -289,7 +294,7 @@ def _check(scenario: Scenario) -> tuple[ServingSpec, tuple[Instance, ...], str, 
 
 
 def check_scenario(scenario: Scenario) -> None:
-    """Run by `testbed.scenario.parse_scenario` (SECTION_CHECKS): the serving section against the
+    """Run by `testbed.sections.parse_scenario` (its `SECTIONS` entry): the serving section against the
     topology and the model, so a bad count or SLO is refused when the scenario is loaded."""
     _check(scenario)
 

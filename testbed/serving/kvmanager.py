@@ -1,6 +1,6 @@
 """Global KV cache manager: which prefixes each cluster and prefill instance can serve a hit from.
 
-Prompts are chains of 512-token block hashes (`traffic.request.BLOCK_TOKENS`, Mooncake's
+Prompts are chains of 512-token block hashes (`testbed.blocks.BLOCK_TOKENS`, Mooncake's
 representation). The manager and the workers' prefix pools agree on one key per block boundary,
 `testbed.kv.pool.chain_block_hashes` (key_i names the whole prefix up to block i), so "instance X
 holds key_i" means "X can reuse the first i+1 blocks". The manager is fed two ways: the workers'
@@ -20,7 +20,7 @@ from collections import OrderedDict
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from testbed.kv.pool import chain_block_hashes
-from traffic.request import BLOCK_TOKENS
+from testbed.blocks import BLOCK_TOKENS
 
 CLUSTERS = ("prfaas", "pd")
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, TypeVar
 
-from testbed.scenario import Fields, boolean, number, positive_int, positive_number
+from testbed.validation import Fields, boolean, number, positive_int, positive_number
 
 STATUSES = ("ok", "failed")
+DECODE_PREFIX_HEADER = "X-Prfaas-Decode-Prefix-Len"  # on the /v1/decode response: positions this decode already holds
 ROLES = ("prefill", "decode")
 ROUTES = ("prfaas", "pd")
 
@@ -125,6 +126,7 @@ class PrefillRequest:
     input_len: int
     decode: KVDestination
     cached_len: int = 0
+    decode_prefix_len: int = 0
     block_hashes: tuple[int, ...] = ()
     prompt_token_ids: tuple[int, ...] | None = None
     route: str = "prfaas"
@@ -140,11 +142,13 @@ class PrefillRequest:
         def fields(f: Fields) -> dict[str, Any]:
             out = {"request_id": f.get("request_id", _text), "input_len": f.get("input_len", _at_least_one),
                    "decode": KVDestination.read(f.section("decode")) if f.has("decode") else f.get("decode", _mapping),
-                   "cached_len": f.get("cached_len", positive_int, 0), "block_hashes": f.get("block_hashes", _ints, ()),
+                   "cached_len": f.get("cached_len", positive_int, 0), "decode_prefix_len": f.get("decode_prefix_len", positive_int, 0),
+                   "block_hashes": f.get("block_hashes", _ints, ()),
                    "prompt_token_ids": f.get("prompt_token_ids", _ints, None), "route": f.choice("route", ROUTES, "prfaas"),
                    "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), **_deadline(f, None)}
-            if out["cached_len"] >= out["input_len"]:
-                raise f.error("cached_len", f"{out['cached_len']} must be below input_len ({out['input_len']})")
+            for key in ("cached_len", "decode_prefix_len"):
+                if out[key] >= out["input_len"]:
+                    raise f.error(key, f"{out[key]} must be below input_len ({out['input_len']})")
             return out
 
         return _read(cls, data, source, "", fields)
@@ -159,6 +163,7 @@ class DecodeRequest:
     input_len: int
     output_len: int = 1
     prompt_token_ids: tuple[int, ...] | None = None
+    block_hashes: tuple[int, ...] = ()
     arrival_s: float | None = None
     request_timeout_s: float | None = None
 
@@ -170,7 +175,7 @@ class DecodeRequest:
         return _read(cls, data, source, "", lambda f: {
             "request_id": f.get("request_id", _text), "input_len": f.get("input_len", _at_least_one),
             "output_len": f.get("output_len", _at_least_one, 1), "prompt_token_ids": f.get("prompt_token_ids", _ints, None),
-            **_deadline(f, None)})
+            "block_hashes": f.get("block_hashes", _ints, ()), **_deadline(f, None)})
 
 
 # ---------------------------------------------------------------------------------------- answers
@@ -190,6 +195,8 @@ class PrefillResult:
     kv_bytes: int | None = None
     wire_bytes: int | None = None
     queue_s: float | None = None  # time spent in the prefill queue
+    prefill_cached_len: int | None = None  # positions the prefill resumed from (its own pool's hit)
+    decode_prefix_len: int | None = None  # positions not sent: the decode already held them
 
     @property
     def ok(self) -> bool:
@@ -205,7 +212,7 @@ class PrefillResult:
             "reason": f.get("reason", _optional_text, None),
             **{k: f.get(k, _non_negative, None) for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s",
                                                           "transfer_end_s", "queue_s")},
-            **{k: f.get(k, positive_int, None) for k in ("kv_bytes", "wire_bytes")}})
+            **{k: f.get(k, positive_int, None) for k in ("kv_bytes", "wire_bytes", "prefill_cached_len", "decode_prefix_len")}})
 
 
 @dataclass(frozen=True)

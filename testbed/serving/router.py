@@ -33,20 +33,22 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from testbed import clock
+from testbed.blocks import BLOCK_TOKENS, prompt_token_ids
 from testbed.errors import FieldError, UserError
-from testbed.scenario import Fields, boolean, positive_int, positive_number
+from testbed.scale import Scale
+from testbed.validation import Fields, boolean, positive_int, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
 from testbed.serving.protocol import (
-    DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, TokenEvent, WorkerState, decode_event,
+    DECODE_PREFIX_HEADER, DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, TokenEvent, WorkerState,
+    decode_event,
 )
 from testbed.serving.policy import (
     ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
     TelemetrySample, build_policy, parse_policy_section,
 )
-from traffic.request import BLOCK_TOKENS, Request
 
 COMPUTE_MODES = ("profile", "torch")
 RECORD_COLUMNS = (
@@ -138,7 +140,7 @@ class RouterConfig:
             host=f.get("host", str, d.host),
             port=f.get("port", positive_int, d.port),
             wan_capacity_bps=f.get("wan_capacity_bps", pos, d.wan_capacity_bps),
-            scale=f.get("scale", pos, d.scale),
+            scale=f.get("scale", lambda v: Scale(v).factor, d.scale),
             model=f.get("model", str, d.model),
             compute=f.choice("compute", COMPUTE_MODES, d.compute),
             vocab_size=f.get("vocab_size", positive_int, d.vocab_size),
@@ -170,7 +172,7 @@ def tokenize(text: str, vocab_size: int) -> list[int]:
 
 
 def block_hashes_of(token_ids: list[int]) -> list[int]:
-    """One hash per 512-token block of the prompt (the last may be partial), as in Mooncake traces."""
+    """One hash per `BLOCK_TOKENS` block of the prompt (the last may be partial), as in Mooncake traces."""
     out = []
     for i in range(0, len(token_ids), BLOCK_TOKENS):
         block = token_ids[i:i + BLOCK_TOKENS]
@@ -241,7 +243,7 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
         n, hashes = len(token_ids), block_hashes_of(token_ids)
     rid = ext.get("request_id") or f"cmpl-{uuid.uuid4().hex[:16]}"
     if cfg.compute == "torch" and token_ids is None:
-        token_ids = Request(str(rid), 0.0, n, max_tokens, tuple(hashes)).prompt_token_ids(cfg.vocab_size)
+        token_ids = prompt_token_ids(hashes, n, cfg.vocab_size, str(rid))
     return Completion(str(rid), n, max_tokens, hashes, token_ids, bool(body.get("stream", False)),
                       str(body.get("model") or cfg.model))
 
@@ -270,6 +272,7 @@ class Router:
 
     def __init__(self, config: RouterConfig) -> None:
         self.cfg = config
+        self.scale = Scale(config.scale)
         self.log = SchedulerLog()
         self.kv_scheduler = KVConnectorScheduler()  # the KV connector's scheduler side: what each prefill sends, where
         self.prefill = {p.instance: _Instance(p, "prefill", p.cluster) for p in config.prefill}
@@ -405,6 +408,7 @@ class Router:
         prefill_done = threading.Event()
         prefill_result: list[PrefillResult] = []  # set once, by the prefill thread
         conn: http.client.HTTPConnection | None = None
+        dsock: socket.socket | None = None
         prefill_started = False
 
         def prefill_failed() -> str | None:
@@ -416,13 +420,20 @@ class Router:
 
         try:
             token_ids = tuple(c.token_ids) if self.cfg.compute == "torch" and c.token_ids is not None else None
-            dreq = DecodeRequest(c.request_id, c.input_len, c.output_len, token_ids, arrival_s=arrival_s,
-                                 request_timeout_s=self.cfg.request_timeout_s)
+            dreq = DecodeRequest(c.request_id, c.input_len, c.output_len, token_ids, block_hashes=tuple(c.block_hashes),
+                                 arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s)
             conn = self._open(d, "/v1/decode", dreq.to_json())
+            dsock = conn.sock
+            try:  # the decode answers at once, saying how much of the prompt's KV it already holds
+                resp = conn.getresponse()
+                decode_prefix_len = int(resp.getheader(DECODE_PREFIX_HEADER) or 0)
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                self._mark_unhealthy(d)
+                raise WorkerFailed(f"decode instance {d.cfg.instance} ({d.cfg.host}:{d.cfg.port}): {_why(exc)}") from None
 
             def run_prefill() -> None:
                 try:
-                    prefill_result.append(self._prefill(c, dec, p, d, token_ids, arrival_s))
+                    prefill_result.append(self._prefill(c, dec, p, d, token_ids, arrival_s, decode_prefix_len))
                 except WorkerFailed as exc:
                     prefill_result.append(PrefillResult(c.request_id, "failed", str(exc)))
                 finally:
@@ -430,14 +441,13 @@ class Router:
                         self._changed(p, -1)
                     prefill_done.set()
                     if not prefill_result[0].ok:
-                        _abort(conn)  # unblocks the decode stream below at once
+                        _abort(conn, dsock)  # unblocks the decode stream below at once
 
             threading.Thread(target=run_prefill, daemon=True, name=f"prefill-{c.request_id}").start()
             prefill_started = True
             final: FinalEvent | None = None
             source = f"decode instance {d.cfg.instance}"
             try:
-                resp = conn.getresponse()
                 if resp.status != 200:
                     raise WorkerFailed(f"{source}: HTTP {resp.status} {resp.read(300)!r}")
                 for raw in _sse_events(resp):
@@ -473,7 +483,7 @@ class Router:
             if rec["kv_bytes"] is None and final.kv_bytes:
                 rec["kv_bytes"] = final.kv_bytes
             if rec["kv_bytes"] is not None:
-                rec["kv_bytes_emulated"] = int(rec["kv_bytes"]) * self.cfg.scale
+                rec["kv_bytes_emulated"] = self.scale.emulated_bytes(int(rec["kv_bytes"]))
             rec["finish_s"] = final.finish_s or clock.now_s()
             if not final.ok:
                 raise WorkerFailed(f"{source}: {final.reason or 'failed'}")
@@ -481,19 +491,20 @@ class Router:
                 raise WorkerFailed(prefill_failed())
             rec["status"] = "ok"
         finally:
-            _abort(conn)
+            _abort(conn, dsock)
             with self._lock:
                 self._changed(d, -1)
                 if not prefill_started:
                     self._changed(p, -1)
 
     def _prefill(self, c: Completion, dec: Decision, p: _Instance, d: _Instance, token_ids: tuple[int, ...] | None,
-                 arrival_s: float) -> PrefillResult:
+                 arrival_s: float, decode_prefix_len: int = 0) -> PrefillResult:
         d_cfg = d.cfg
         assert isinstance(d_cfg, DecodeInstanceConfig)
         plan = self.kv_scheduler.plan(c.request_id, c.input_len, min(dec.cached_len, c.input_len - 1), KVEndpoint(d_cfg.host, d_cfg.kv_port))
         req = PrefillRequest(c.request_id, c.input_len, KVDestination(plan.endpoint.host, plan.endpoint.port, d_cfg.instance),
-                             cached_len=plan.first_token, block_hashes=tuple(c.block_hashes), prompt_token_ids=token_ids,
+                             cached_len=plan.first_token, decode_prefix_len=min(decode_prefix_len, c.input_len - 1),
+                             block_hashes=tuple(c.block_hashes), prompt_token_ids=token_ids,
                              route=dec.route, arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s,
                              shed_ttft_s=self.cfg.shed_ttft_s)
         source = f"prefill instance {p.cfg.instance}"
@@ -518,7 +529,7 @@ class Router:
         if dec.route == "prfaas" and out.kv_bytes:  # workers report wire bytes; the policy thinks emulated
             ps, pe = out.prefill_start_s, out.prefill_end_s
             self.policy.on_telemetry(TelemetrySample(clock.now_s(), transfer_uncached_len=dec.uncached_len,
-                                                     transfer_kv_bytes=int(out.kv_bytes * self.cfg.scale),
+                                                     transfer_kv_bytes=int(self.scale.emulated_bytes(out.kv_bytes)),
                                                      prefill_s=pe - ps if ps is not None and pe is not None else None))
         return out
 
@@ -543,14 +554,15 @@ class Router:
     # -- telemetry and control
     def on_wan_sample(self, s: dict[str, Any]) -> None:
         """A WAN sample from the run: wire units unless ``units == "emulated"``."""
-        k = 1.0 if s.get("units") == "emulated" else self.cfg.scale
+        to_em = Scale() if s.get("units") == "emulated" else self.scale
         vals = {}
-        for name, mult in (("egress_bps", k), ("capacity_bps", k), ("backlog_bytes", k), ("drops", 1.0)):
+        for name, convert in (("egress_bps", to_em.emulated_bps), ("capacity_bps", to_em.emulated_bps),
+                              ("backlog_bytes", to_em.emulated_bytes), ("drops", float)):
             v = s.get(name)
             if v is not None:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise BadRequest(name, f"{v!r} is not a number >= 0")
-                vals[name] = float(v) * mult
+                vals[name] = convert(float(v))
         t = s.get("t_s")
         t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else clock.now_s()
         with self._lock:
@@ -578,15 +590,15 @@ class Router:
                     inst.retransmits = cong.retransmits
                     inst.congestion = cong.numbers()
         pf = [p for p in self.prefill.values() if p.cluster == "prfaas" and p.congestion]
-        k = self.cfg.scale  # wire -> emulated, as everything the policy sees
-        total = lambda key: sum(float(p.congestion.get(key) or 0.0) for p in pf) * k  # noqa: E731
-        goodput = total("goodput_bps")
+        wire = lambda key: sum(float(p.congestion.get(key) or 0.0) for p in pf)  # noqa: E731
+        goodput = self.scale.emulated_bps(wire("goodput_bps"))  # emulated, as everything the policy sees
         rtts = [float(p.congestion.get("rtt_ms") or 0.0) for p in pf]
         floors = [float(p.congestion["min_rtt_ms"]) for p in pf if p.congestion.get("min_rtt_ms")]
         with self._lock:
             self.truth.on_kv_goodput(goodput)
-        self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total, send_queue_bytes=total("send_queue_bytes"),
-                                                 inflight_bytes=total("inflight_bytes"), kv_goodput_bps=goodput,
+        self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total,
+                                                 send_queue_bytes=self.scale.emulated_bytes(wire("send_queue_bytes")),
+                                                 inflight_bytes=self.scale.emulated_bytes(wire("inflight_bytes")), kv_goodput_bps=goodput,
                                                  rtt_ms=max(rtts, default=0.0), min_rtt_ms=min(floors, default=0.0)))
 
     def _get_state(self, inst: _Instance) -> WorkerState | None:
@@ -677,11 +689,12 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _abort(conn: http.client.HTTPConnection | None) -> None:
-    """Close a worker connection from any thread (a blocked read returns at once)."""
+def _abort(conn: http.client.HTTPConnection | None, sock: socket.socket | None = None) -> None:
+    """Close a worker connection from any thread (a blocked read returns at once). `sock`: the connection's
+    socket as it was when the request was sent (a response that will close takes it over from `conn`)."""
     if conn is None:
         return
-    sock = conn.sock
+    sock = sock or conn.sock
     if sock is not None:
         try:
             sock.shutdown(socket.SHUT_RDWR)

@@ -25,10 +25,11 @@ from typing import Any, Callable
 
 from testbed.clock import now_s
 from testbed.errors import FieldError
+from testbed.blocks import BLOCK_TOKENS
 from testbed.serving.protocol import (
-    Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, TokenEvent, WorkerState,
+    DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, TokenEvent,
+    WorkerState,
 )
-from traffic.request import BLOCK_TOKENS
 
 
 @dataclass
@@ -74,6 +75,25 @@ def _log(msg: str) -> None:
 # ----------------------------------------------------------------------------------------------- prefill
 
 
+TORCH_POOL_MAX_BYTES = 1 << 30  # torch mode holds real tensors: a pool never takes more of the host's memory
+
+
+def make_pool(cfg: WorkerConfig, spec: Any) -> Any:
+    """The worker's prefix pool. Prefill: the hybrid rule (full-attention blocks + a linear/SWA state at the
+    boundary). Decode: full-attention blocks only (the prefill always sends the final state), as SGLang's
+    decode-side radix cache. Torch mode stores tensors (capacity capped at TORCH_POOL_MAX_BYTES of real
+    bytes); profile mode accounts the spec's emulated bytes only."""
+    from testbed.kv.pool import HybridPrefixPool
+
+    kv1 = spec.kv_bytes(1)
+    state = kv1.fixed_state_bytes + spec.kv_bytes(BLOCK_TOKENS).window_bytes if cfg.role == "prefill" else 0
+    hybrid = state > 0 if cfg.role == "prefill" else False
+    if cfg.compute == "torch":
+        return HybridPrefixPool(min(cfg.prefix_pool_bytes, TORCH_POOL_MAX_BYTES), BLOCK_TOKENS, store_tensors=True, hybrid=hybrid)
+    return HybridPrefixPool(cfg.prefix_pool_bytes, BLOCK_TOKENS, store_tensors=False,
+                            full_bytes_per_token=kv1.full_attention_bytes, state_bytes=state, hybrid=hybrid)
+
+
 @dataclass
 class PrefillJob:
     req: PrefillRequest
@@ -81,6 +101,8 @@ class PrefillJob:
     started: bool = False  # left the queue (guarded by PrefillWorker.lock)
     done: threading.Event = field(default_factory=threading.Event)
     result: dict[str, Any] = field(default_factory=dict)  # PrefillResult's fields, filled in as the job goes
+    hit: Any = None  # the pool's prefix hit, referenced until the job ends
+    checkpoint: Any = None  # torch: the cache at the last block boundary, stored in the pool on success
 
     @property
     def request_id(self) -> str:
@@ -201,18 +223,11 @@ class Destination:
 
 class PrefillWorker:
     def __init__(self, cfg: WorkerConfig) -> None:
-        from testbed.kv.pool import HybridPrefixPool
         from testbed.serving.compute import make_compute
 
         self.cfg = cfg
         self.compute = make_compute(cfg)
-        spec = self.compute.section.spec
-        kv1 = spec.kv_bytes(1)
-        # Metadata mode in both compute modes: the pool tells the router which prefixes this instance
-        # holds (emulated bytes, its real capacity); the torch mode recomputes the whole prompt.
-        self.pool = HybridPrefixPool(cfg.prefix_pool_bytes, store_tensors=False,
-                                     full_bytes_per_token=kv1.full_attention_bytes,
-                                     state_bytes=kv1.fixed_state_bytes + spec.kv_bytes(BLOCK_TOKENS).window_bytes)
+        self.pool = make_pool(cfg, self.compute.section.spec)
         self.jobs: queue.Queue[PrefillJob] = queue.Queue()
         self.s_per_token = 0.0  # measured prefill seconds per computed token (EWMA), for early shedding
         self.busy = False
@@ -268,10 +283,20 @@ class PrefillWorker:
     def _done(self, job: PrefillJob) -> None:
         """A transfer ended: a successful prefill leaves its full blocks in the prefix pool, with the
         linear/SWA state checkpointed at the last full block boundary (where a later prompt can reuse it)."""
+        hashes = list(job.req.block_hashes)
         if job.result.get("status") == "ok":
-            full = job.req.input_len // BLOCK_TOKENS * BLOCK_TOKENS
-            self.pool.insert(list(job.req.block_hashes), tokens=full)
+            if self.pool.store_tensors:
+                if job.checkpoint is not None:
+                    self.pool.insert(hashes, job.checkpoint)
+            else:
+                self.pool.insert(hashes, tokens=job.req.input_len // BLOCK_TOKENS * BLOCK_TOKENS)
+        self._release(job)
         job.done.set()
+
+    def _release(self, job: PrefillJob) -> None:
+        if job.hit is not None:
+            self.pool.release(job.hit)
+        job.hit = job.checkpoint = None
 
     def _loop(self) -> None:
         while True:
@@ -289,15 +314,27 @@ class PrefillWorker:
                 self._run(job)
             except Exception as exc:  # a bad request must not stop the worker
                 _log(f"prefill {job.request_id} failed: {type(exc).__name__}: {exc}")
+                self._release(job)
                 job.fail(f"prefill failed: {type(exc).__name__}: {exc}")
             finally:
                 self.busy = False
 
+    def plan(self, job: PrefillJob) -> Any:
+        """What to compute and send: resume from this pool's longest usable prefix (observed here, not the
+        router's belief), send what the decode lacks, checkpoint at the last full block boundary."""
+        from testbed.serving.compute import PrefillPlan
+
+        req = job.req
+        input_len = req.input_len
+        positions = input_len - 1 if self.pool.store_tensors else input_len  # torch: the last token is the decode's
+        job.hit = self.pool.match(list(req.block_hashes), max_tokens=input_len - 1, acquire=True)
+        boundary = positions // BLOCK_TOKENS * BLOCK_TOKENS
+        return PrefillPlan(input_len, job.hit.tokens, req.decode_prefix_len,
+                           boundary if boundary > job.hit.tokens else None, job.hit.cache)
+
     def _run(self, job: PrefillJob) -> None:
         req = job.req
         dest = self._dest(req.decode)
-        input_len = req.input_len
-        cached_len = min(req.cached_len, input_len - 1)
         job.result["prefill_start_s"] = now_s()
         job.result["queue_s"] = job.result["prefill_start_s"] - job.queued_s
 
@@ -305,15 +342,18 @@ class PrefillWorker:
             dest.items.put(("layer", job, layer))
 
         try:
+            plan = self.plan(job)
+            job.result.update(prefill_cached_len=plan.cached_len, decode_prefix_len=plan.send_from)
             prompt = list(req.prompt_token_ids) if req.prompt_token_ids is not None else None
-            tokens = self.compute.prefill(job.request_id, input_len, cached_len, prompt, on_layer)
+            out = self.compute.prefill(job.request_id, plan, prompt, on_layer)
         except Exception as exc:
             dest.items.put(("abort", job, f"prefill failed: {exc}"))
             raise
+        job.checkpoint = out.checkpoint
         job.result["prefill_end_s"] = now_s()
-        took_s = (job.result["prefill_end_s"] - job.result["prefill_start_s"]) / max(1, input_len - cached_len)
+        took_s = (job.result["prefill_end_s"] - job.result["prefill_start_s"]) / max(1, req.input_len - plan.cached_len)
         self.s_per_token = took_s if self.s_per_token == 0 else 0.8 * self.s_per_token + 0.2 * took_s
-        dest.items.put(("finish", job, tokens))
+        dest.items.put(("finish", job, out.tokens))
 
     def state(self) -> WorkerState:
         congestion: dict[str, Any] = {}
@@ -359,6 +399,8 @@ class DecodeSlot:
     registered_s: float = field(default_factory=now_s)
     admitted_s: float | None = None  # ready to decode (KV verified), waiting for a place in the batch
     joined_s: float | None = None  # joined the batch
+    prefix: Any = None  # this decode's pool hit (full-attention KV it will not be sent), held until the KV is in
+    decode_prefix_len: int | None = None  # positions of that hit, told to the router (None: no block hashes given)
 
     @property
     def request_id(self) -> str:
@@ -384,6 +426,7 @@ class DecodeWorker:
 
         self.cfg = cfg
         self.compute = make_compute(cfg)
+        self.pool = make_pool(cfg, self.compute.section.spec)
         self.lock = threading.Lock()
         self.pending: dict[str, DecodeSlot] = {}
         self.arrived: dict[str, tuple[float, Any]] = {}  # KV that came before its request
@@ -407,15 +450,34 @@ class DecodeWorker:
         self._fill(slot, received)
 
     def _fill(self, slot: DecodeSlot, received: Any) -> None:
+        from testbed.serving.compute import join_prefix
+
         slot.kv = received.cache if received.cache is not None else received.kv_bytes
         slot.kv_error = None if received.ok else (received.reason or "transfer failed")
+        hashes = list(slot.req.block_hashes)
+        if received.ok and received.cache is not None:
+            try:
+                slot.kv = join_prefix(slot.prefix.cache if slot.prefix is not None else None, received.cache)
+                self.pool.insert(hashes, slot.kv)
+            except ValueError as exc:
+                slot.kv_error = str(exc)
+        elif received.ok and hashes:
+            self.pool.insert(hashes, tokens=slot.req.input_len - 1)
+        if slot.prefix is not None:
+            self.pool.release(slot.prefix)
+            slot.prefix = None
         slot.kv_bytes = int(received.kv_bytes)
         slot.transfer_start_s = received.first_frame_s
         slot.transfer_end_s = received.complete_s
         slot.kv_ready.set()
 
     def register(self, req: DecodeRequest) -> DecodeSlot:
+        """Take a request: hold this pool's prefix of its prompt (`slot.prefix.tokens` is the
+        ``decode_prefix_len`` the prefill is told) and wait for the rest of its KV."""
         slot = DecodeSlot(req)
+        if req.block_hashes and req.input_len > 1:
+            slot.prefix = self.pool.match(list(req.block_hashes), max_tokens=req.input_len - 1, acquire=True)
+            slot.decode_prefix_len = slot.prefix.tokens
         with self.lock:
             early = self.arrived.pop(slot.request_id, None)
             if early is None:
@@ -431,6 +493,9 @@ class DecodeWorker:
         ok = slot.kv_ready.wait(max(0.0, slot.deadline_s(self.cfg.request_timeout_s) - now_s()))
         with self.lock:
             self.pending.pop(slot.request_id, None)
+            prefix, slot.prefix = slot.prefix, None
+        if prefix is not None:
+            self.pool.release(prefix)
         if not ok:
             slot.events.put(slot.final("failed", f"KV did not arrive within the request timeout "
                                                  f"({slot.timeout_s(self.cfg.request_timeout_s):g} s)"))
@@ -495,7 +560,7 @@ class DecodeWorker:
         with self.lock:
             waiting = len(self.pending)
         return WorkerState("decode", self.cfg.instance, self.cfg.cluster, queue_depth=waiting + len(self.ready) + len(self.active),
-                           busy=bool(self.active), batch=len(self.active))
+                           busy=bool(self.active), batch=len(self.active), pool=self.pool.stats().to_dict())
 
 
 # -------------------------------------------------------------------------------------------------- HTTP
@@ -548,6 +613,8 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
 
         def _stream(self, slot: DecodeSlot) -> None:
             self.send_response(200)
+            if slot.decode_prefix_len is not None:  # what the prefill need not send (SGLang's decode_prefix_len)
+                self.send_header(DECODE_PREFIX_HEADER, str(slot.decode_prefix_len))
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")

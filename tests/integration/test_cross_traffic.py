@@ -15,7 +15,7 @@ from typing import Iterator
 import pandas as pd
 import pytest
 
-from testbed.scenario import Fields
+from testbed.validation import Fields
 from traffic.cross import CrossTraffic, parse_cross_traffic_section
 
 pytestmark = pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 is not installed (apt-get install iperf3)")

@@ -6,7 +6,7 @@ import pandas as pd
 
 from testbed.net.calibrate import IperfServer
 from testbed.net.emulation import Network
-from testbed.scenario import parse_scenario
+from testbed.sections import parse_scenario
 
 
 def test_rate_step_down_and_revert_show_in_telemetry_parquet(tmp_path):

@@ -11,7 +11,8 @@ from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, me
 from testbed.net.emulation import Network
 from testbed.net.netem import netem_available
 from testbed.net.schedule import ScheduleAction
-from testbed.scenario import LossSpec, parse_scenario
+from testbed.scenario import LossSpec
+from testbed.sections import parse_scenario
 
 DIRS = ("prfaas_to_pd", "pd_to_prfaas")
 

@@ -20,7 +20,7 @@ from analysis.rundir import load_run
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from testbed.run import run_scenario
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = tmp_path_factory.mktemp("quick") / "run"

@@ -21,7 +21,8 @@ from testbed.kv.wire import DEFAULT_CHUNK_BYTES, Trailer, data_header_bytes, enc
 from testbed.models.spec import load_model_spec
 from testbed.net import state
 from testbed.run import run_scenario
-from testbed.scenario import builtin_scenarios_dir, parse_scenario
+from testbed.scenario import builtin_scenarios_dir
+from testbed.sections import parse_scenario
 from traffic.request import Request
 from traffic.workload import generate
 

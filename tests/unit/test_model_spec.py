@@ -20,7 +20,7 @@ from testbed.models.spec import (
     parse_model_section,
     parse_model_spec,
 )
-from testbed.scenario import Fields
+from testbed.validation import Fields
 
 REQUIRED_PRESETS = {
     "kimi-linear-48b", "mimo-v2-flash", "qwen3.5-397b", "qwen3-next-80b", "ring-2.5-1t",
@@ -218,7 +218,7 @@ def test_bad_model_section_is_rejected_naming_the_field(data: dict, field: str, 
 
 
 def test_a_scenario_file_with_a_model_section_gets_a_typed_section(tmp_path: Path) -> None:
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "s", "wan": {"rate": "10Gbps"}, "model": {"name": "qwen3.5-397b", "variant": "faithful", "state_dtype": "fp32"}}))

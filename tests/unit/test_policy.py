@@ -9,7 +9,7 @@ import pytest
 from testbed import clock
 from testbed.errors import FieldError
 from testbed.kv.pool import chain_block_hashes
-from testbed.scenario import Fields
+from testbed.validation import Fields
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.policy import (
     ClusterState, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog, TelemetrySample,

@@ -14,10 +14,10 @@ from testbed.serving.protocol import (
 )
 
 MESSAGES = [
-    PrefillRequest("r1", 2048, KVDestination("10.2.0.5", 9001, 1), cached_len=512, block_hashes=(7, 8, 9, 10),
+    PrefillRequest("r1", 2048, KVDestination("10.2.0.5", 9001, 1), cached_len=512, decode_prefix_len=1024, block_hashes=(7, 8, 9, 10),
                    prompt_token_ids=(1, 2, 3), route="pd", arrival_s=12.5, request_timeout_s=120.0, shed_ttft_s=10.0),
-    DecodeRequest("r1", 2048, 16, (1, 2, 3), arrival_s=12.5, request_timeout_s=120.0),
-    PrefillResult("r1", "ok", None, 1.0, 2.0, 1.1, 2.5, 4096, 4200, queue_s=0.25),
+    DecodeRequest("r1", 2048, 16, (1, 2, 3), (7, 8, 9, 10), arrival_s=12.5, request_timeout_s=120.0),
+    PrefillResult("r1", "ok", None, 1.0, 2.0, 1.1, 2.5, 4096, 4200, queue_s=0.25, prefill_cached_len=512, decode_prefix_len=1024),
     PrefillResult("r2", "failed", "waited 90.0 s in the queue of prefill instance 0"),
     TokenEvent(42, 0, 3.25),
     FinalEvent("ok", None, 4096, 1.1, 2.5, 2.6, 3.0, 16, queue_s=0.0),

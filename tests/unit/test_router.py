@@ -21,7 +21,7 @@ from testbed.kv.pool import chain_block_hashes
 from testbed.serving.policy import TelemetrySample, parse_policy_section
 from testbed.serving.policy.signals import ORACLE_FIELDS
 from testbed.serving.protocol import DecodeRequest, FinalEvent, PrefillRequest, PrefillResult, TokenEvent, WorkerState
-from testbed.scenario import Fields
+from testbed.validation import Fields
 from testbed.serving.router import (
     DecodeInstanceConfig, PrefillInstanceConfig, Router, RouterConfig, block_hashes_of, tokenize,
 )
@@ -83,11 +83,10 @@ class FakeWorkers:
                 if mode == "hang":
                     time.sleep(30)
                     return
+                self.sse_start()  # a decode answers at once (its prefix header), then waits for the KV
                 if not fw.event(req.request_id).wait(5):
-                    self.sse_start()
                     self.sse(FinalEvent("failed", "KV did not arrive").to_json())
                     return
-                self.sse_start()
                 t_first = None
                 for i in range(req.output_len):
                     if mode == "die" and i == 2:

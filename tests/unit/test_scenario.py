@@ -5,7 +5,8 @@ import pytest
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.net.schedule import expand_schedule
-from testbed.scenario import apply_overrides, load_scenario, parse_scenario
+from testbed.scenario import apply_overrides
+from testbed.sections import load_scenario, parse_scenario
 
 
 def wan(**kw):

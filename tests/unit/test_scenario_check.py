@@ -12,7 +12,8 @@ import yaml
 
 from analysis.scenario_check import check_scenario
 from testbed import cli
-from testbed.scenario import builtin_scenarios_dir, load_scenario, parse_scenario
+from testbed.scenario import builtin_scenarios_dir
+from testbed.sections import load_scenario, parse_scenario
 
 READY = sorted(p.stem for p in builtin_scenarios_dir().glob("*.yaml"))
 

@@ -8,7 +8,7 @@ import pytest
 from testbed.cli import main as cli_main
 from testbed.errors import FieldError, UserError
 from testbed.models.spec import load_model_spec
-from testbed.scenario import load_scenario
+from testbed.sections import load_scenario
 from testbed.serving.compute import wire_layer_bytes
 from testbed.serving.config import DECODE_PORT, KV_PORT, PREFILL_PORT, plan_run
 

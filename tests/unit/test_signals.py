@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from testbed import clock
-from testbed.scenario import Fields
+from testbed.validation import Fields
 from testbed.serving.policy import InstanceState, RequestView, SchedulerLog, TelemetrySample, build_policy, parse_policy_section
 from testbed.serving.policy.estimator import BandwidthEstimator
 from testbed.serving.policy.signals import ORACLE_FIELDS, GroundTruth, admit

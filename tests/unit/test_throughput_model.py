@@ -179,7 +179,7 @@ def test_model_command_refuses_a_bad_step(capsys):
 
 def test_case_study_scenario_file_gives_the_same_model_as_the_builtin_case_study():
     pytest.importorskip("testbed.models.spec")
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     cm, homo, dist, inputs = tm.cluster_model_from_scenario(load_scenario("case-study"))
     assert (cm.n_prfaas, cm.n_pd, homo.n_pd, cm.egress_bps) == (4, 8, 12, 100e9)

@@ -70,8 +70,8 @@ def test_linear_layer_prefill_chunked_equals_recurrent_in_the_model(kind: str) -
     model = build_model(small_spec([kind], "float32", "float32"), "faithful", seed=0, device="cpu")
     mixer = model.blocks[0].mixer
     x = torch.randn(150, model.hidden_size, generator=torch.Generator().manual_seed(0))
-    y_c, kv_c = mixer(x, 0, None, recurrent=False)
-    y_r, kv_r = mixer(x, 0, None, recurrent=True)
+    y_c, kv_c, _ = mixer(x, 0, None, recurrent=False)
+    y_r, kv_r, _ = mixer(x, 0, None, recurrent=True)
     assert 150 % model.variant.chunk_tokens and 150 > 2 * model.variant.chunk_tokens  # several chunks, the last partial
     assert torch.allclose(y_c, y_r, atol=1e-4, rtol=0)
     for name in kv_c.tensors:
@@ -294,7 +294,7 @@ def test_attention_in_query_blocks_equals_one_block(kinds: list[str], monkeypatc
 
 
 def test_linear_chunks_divide_the_prefix_cache_block_so_block_boundaries_are_exact_resume_points() -> None:
-    from traffic.request import BLOCK_TOKENS
+    from testbed.blocks import BLOCK_TOKENS
 
     from testbed.models.torch_model import VARIANTS
 

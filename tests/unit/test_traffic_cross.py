@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from testbed.errors import FieldError
-from testbed.scenario import Fields
+from testbed.validation import Fields
 from traffic.cross import FlowSpec, RatePeriod, iperf3_client_argv, parse_cross_traffic_section, parse_iperf3_intervals
 
 

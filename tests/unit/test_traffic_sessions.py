@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from traffic.lengths import Fixed, Uniform
-from traffic.request import BLOCK_TOKENS
+from testbed.blocks import BLOCK_TOKENS
 from traffic.sessions import SessionSpec, SystemPrompts, assign_block_hashes, build_conversations
 from traffic.stats import reusable_tokens
 from traffic.workload import WorkloadSpec, generate_batch

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from testbed.errors import FieldError
-from testbed.scenario import Fields, parse_scenario
+from testbed.sections import parse_scenario
+from testbed.validation import Fields
 from traffic.arrivals import ClosedLoop, Poisson
 from traffic.lengths import PAPER_INPUT, Fixed
 from traffic.stats import per_second_counts

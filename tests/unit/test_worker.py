@@ -19,7 +19,7 @@ import pytest
 from testbed.kv.pool import chain_block_hashes
 from testbed.kv.wire import Trailer, encode_trailer, profile_frames, transfer_digest
 from testbed.models.spec import load_model_spec
-from testbed.serving.worker import WorkerConfig
+from testbed.serving.worker import DECODE_PREFIX_HEADER, WorkerConfig
 
 pytestmark = pytest.mark.timeout(120)
 KV_TIMEOUT_S = 6.0  # from the decode request to the whole KV: prefill (0.72 s) + transfer, with room for a loaded host
@@ -107,6 +107,48 @@ def test_kv_streams_layer_by_layer_and_the_decode_emits_every_token(workers):
     st = json.loads(raw)
     assert st["role"] == "prefill" and st["queue_depth"] == 0
     assert chain_block_hashes(hashes)[-1] in st["prefix_blocks"]
+
+
+def decode_with_header(port: int, body: dict[str, Any], out: dict[str, Any]) -> None:
+    """A decode request as the router makes it: the prefix header first, then the event stream."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("POST", "/v1/decode", json.dumps(body))
+        r = c.getresponse()
+        out["decode_prefix_len"] = r.getheader(DECODE_PREFIX_HEADER)
+        out["ready"].set()
+        raw = r.read()
+        out["events"] = [json.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    finally:
+        c.close()
+
+
+def test_a_decode_holding_the_prompts_prefix_is_sent_only_the_rest(workers):
+    """SGLang's decode-side prefix cache: the decode names the prefix it holds (header), the prefill sends
+    the full-attention KV after it plus the whole fixed state, and the request decodes as before."""
+    dec, pre = workers
+    spec = load_model_spec("paper-1t-hybrid")
+    first, second = list(range(300, 308)), list(range(300, 306)) + [400, 401, 402]  # 8 blocks; 6 shared + 3 new
+    results = []
+    for rid, hashes, n in (("d1", first, 8 * 512), ("d2", second, 9 * 512)):
+        out: dict[str, Any] = {"ready": threading.Event()}
+        t = threading.Thread(target=decode_with_header, args=(dec.port, {"request_id": rid, "input_len": n, "output_len": 2,
+                                                                          "block_hashes": hashes}, out))
+        t.start()
+        assert out["ready"].wait(10)
+        status, raw = request(pre.port, "POST", "/v1/prefill", {
+            "request_id": rid, "input_len": n, "block_hashes": hashes, "decode_prefix_len": int(out["decode_prefix_len"]),
+            "decode": {"host": "127.0.0.1", "kv_port": dec.kv_port, "instance": 0}})
+        t.join(30)
+        results.append((out, json.loads(raw)))
+    (o1, r1), (o2, r2) = results
+    assert o1["decode_prefix_len"] == "0" and o2["decode_prefix_len"] == str(6 * 512)  # d1 left 7 full blocks (4095 positions)
+    assert r1["kv_bytes"] == round(spec.kv_bytes(8 * 512).total_bytes / SCALE)
+    assert r2["kv_bytes"] == round((spec.kv_bytes(9 * 512).total_bytes - 6 * 512 * spec.full_attention_bytes_per_token) / SCALE)
+    # the prefill's own pool has d1's linear state only at block 8, so by the hybrid rule it recomputes d2;
+    # the decode needs no state (it is sent the final one), so its 6 shared blocks count
+    assert r2["prefill_cached_len"] == 0 and r2["decode_prefix_len"] == 6 * 512
+    assert [e.get("index") for e in o2["events"][:-1]] == [0, 1] and o2["events"][-1]["status"] == "ok"
 
 
 def test_a_decode_whose_kv_never_arrives_fails_with_the_reason(workers):

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed import units
-from testbed.scenario import Fields, boolean, number, positive_int, positive_number
 from testbed.serving.policy.estimator import EstimatorSpec
+from testbed.validation import Fields, boolean, number, positive_int, positive_number
 
 MAX_TOKENS = 128 * 1024  # the paper's longest request (truncation point of its length distribution)
 

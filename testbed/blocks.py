@@ -1,0 +1,26 @@
+"""Prompts as chains of fixed-size token blocks: the unit of prefix reuse everywhere.
+
+A prompt of N tokens is ceil(N / BLOCK_TOKENS) blocks (the last may be partial), each named by a hash
+id (Mooncake traces) or a chained hash of its tokens (the router). Two prompts share a reusable
+prefix of k full blocks when their first k ids agree. Traces, the router, the global KV manager, the
+workers' prefix pools and the analysis all count in these blocks, so the size is defined once here.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+BLOCK_TOKENS = 512  # Mooncake's block size (its traces' hash_ids are one per 512 tokens)
+
+
+def prompt_token_ids(block_hashes: Sequence[int], input_len: int, vocab_size: int, request_id: str) -> list[int]:
+    """Token ids for a prompt known only by its block hashes (torch compute mode): each block's tokens
+    are drawn from a generator seeded by its hash, so equal prefixes give equal tokens. Blocks beyond
+    the given hashes are seeded by (request_id, position)."""
+    out: list[int] = []
+    for i in range(0, input_len, BLOCK_TOKENS):
+        h = block_hashes[i // BLOCK_TOKENS] if i // BLOCK_TOKENS < len(block_hashes) else hash((request_id, i))
+        rng = random.Random(h)
+        out.extend(rng.randrange(vocab_size) for _ in range(min(BLOCK_TOKENS, input_len - i)))
+    return out

@@ -1,0 +1,114 @@
+"""The validation toolkit every reader of user input uses: `Fields` and the number readers.
+
+A reader takes one mapping (a scenario section, a config file, a request body) and a dotted path;
+every bad value becomes one `FieldError` naming the field and what is allowed (``wan.rate: '10' has no
+rate unit; use ...``), which the CLI prints as one line with exit status 2. Value parsers (here and in
+`testbed.units`) raise ``ValueError``; `Fields.get` adds the field name. Nothing here knows a scenario.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, TypeVar
+
+from testbed.errors import FieldError
+
+__all__ = ["REQUIRED", "FieldError", "Fields", "boolean", "number", "positive_int", "positive_number"]
+
+T = TypeVar("T")
+REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
+
+
+class Fields:
+    """Reads one mapping (a scenario section, a config, a request body), naming every bad value by its dotted path.
+
+    ``f.get("rate", units.parse_rate_bps)`` parses or raises `FieldError("wan.rate", ...)`;
+    ``f.done()`` refuses keys nobody read, listing the allowed ones.
+    """
+
+    def __init__(self, data: Any, path: str = "", source: str | None = None) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise FieldError(path or "scenario", f"must be a mapping of keys to values, got {type(data).__name__}", source)
+        self.data = data
+        self.path = path
+        self.source = source
+        self._read: set[str] = set()
+
+    def name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str, message: str) -> FieldError:
+        return FieldError(self.name(key), message, self.source)
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def mark_read(self, *keys: str) -> None:
+        """Keys read some other way (e.g. by a parser given the raw data): `done()` will not refuse them."""
+        self._read.update(keys)
+
+    def get(self, key: str, parse: Callable[[Any], T], default: Any = REQUIRED) -> T:
+        self._read.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is REQUIRED:
+                raise self.error(key, "is required")
+            return default
+        try:
+            return parse(self.data[key])
+        except FieldError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise self.error(key, str(exc)) from None
+
+    def choice(self, key: str, allowed: tuple[str, ...] | list[str], default: Any = REQUIRED) -> str:
+        def parse(v: Any) -> str:
+            if str(v) not in allowed:
+                raise ValueError(f"{v!r} is not allowed; use one of: {', '.join(allowed)}")
+            return str(v)
+
+        return self.get(key, parse, default)
+
+    def section(self, key: str) -> "Fields":
+        self._read.add(key)
+        return Fields(self.data.get(key), self.name(key), self.source)
+
+    def items(self, key: str) -> list["Fields"]:
+        """A list of mappings, each read as `Fields` named ``key[i]``."""
+        self._read.add(key)
+        raw = self.data.get(key) or []
+        if not isinstance(raw, list):
+            raise self.error(key, f"must be a list, got {type(raw).__name__}")
+        return [Fields(v, f"{self.name(key)}[{i}]", self.source) for i, v in enumerate(raw)]
+
+    def done(self) -> None:
+        unknown = sorted(set(map(str, self.data)) - self._read)
+        if unknown:
+            allowed = ", ".join(sorted(self._read)) or "(none)"
+            raise self.error(unknown[0], f"unknown key; allowed keys here: {allowed}")
+
+
+def positive_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{v!r} is not a whole number >= 0")
+    return v
+
+
+def boolean(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{v!r} is not true or false")
+    return v
+
+
+def number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{v!r} is not a number")
+    return float(v)
+
+
+def positive_number(v: Any) -> float:
+    x = number(v)
+    if x <= 0:
+        raise ValueError(f"{v!r} must be > 0")
+    return x
