@@ -37,12 +37,18 @@ def load_answers(path: Path) -> dict[str, Any]:
 
 
 def lookup(answers: dict[str, Any], key: str) -> Any:
-    """The answer at a dotted key, or None when missing or left blank."""
+    """The answer at a dotted key, or None when missing or left blank. Names may hold dots themselves
+    (a run folder ``q0.25``): at each level the longest key that fits is taken."""
     node: Any = answers
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
+    rest = key
+    while rest:
+        if not isinstance(node, dict):
             return None
-        node = node[part]
+        fits = [k for k in node if rest == str(k) or rest.startswith(f"{k}.")]
+        if not fits:
+            return None
+        k = max(fits, key=lambda x: len(str(x)))
+        node, rest = node[k], rest[len(str(k)) + 1:]
     return node
 
 

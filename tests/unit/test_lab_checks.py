@@ -117,6 +117,15 @@ def test_lab4_checker_recomputes_the_paired_confidence_interval(tmp_path: Path) 
     assert [k for k, ok in _verdicts(4, answers, runs).items() if not ok] == ["prfaas_better"]
 
 
+def test_answers_are_found_under_run_names_that_hold_dots() -> None:
+    from labs.answers import lookup
+
+    answers = {"runs": {"q0.25": {"goodput_mbps": 80}, "q0": {"25": {"goodput_mbps": 1}}, 2048: {"x": 3}}}
+    assert lookup(answers, "runs.q0.25.goodput_mbps") == 80
+    assert lookup(answers, "runs.2048.x") == 3
+    assert lookup(answers, "runs.q4.goodput_mbps") is None
+
+
 def test_paired_ci95_matches_student_t() -> None:
     mean, lo, hi = paired_ci95([1.0, 2.0, 3.0])
     assert mean == 2.0 and hi - mean == pytest.approx(4.302652729911275 * 1.0 / np.sqrt(3))
