@@ -127,7 +127,7 @@ def kv_wait_p90_s(run: Any) -> float:
 
 
 def wan_rate_gbps(run: Any) -> float:
-    from testbed.scenario import parse_scenario
+    from testbed.sections import parse_scenario
 
     return parse_scenario(run.scenario).wan.prfaas_to_pd.rate_bps / 1e9
 
@@ -179,7 +179,7 @@ def run_threshold(run: Any) -> float:
 
 def model_t_star(run: Any) -> float:
     from analysis import throughput_model as tm
-    from testbed.scenario import parse_scenario
+    from testbed.sections import parse_scenario
 
     cm, _, dist, _ = tm.cluster_model_from_scenario(parse_scenario(run.scenario))
     return float(tm.search_prfaas_pd(cm, dist).threshold)
@@ -211,7 +211,7 @@ def check_lab3(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
 
 def dip_window_s(run: Any) -> tuple[float, float]:
     """[start, end) of the scenario's first timed WAN change, on the run's clock."""
-    from testbed.scenario import parse_scenario
+    from testbed.sections import parse_scenario
 
     sc = parse_scenario(run.scenario)
     for e in sc.wan.schedule:
@@ -273,7 +273,7 @@ RECOVERY_GRACE_S = 5.0
 
 def fault_end_s(run: Any) -> float:
     """When the run's fault (WAN schedule entry or worker fault) is over, on the run's clock."""
-    from testbed.scenario import parse_scenario
+    from testbed.sections import parse_scenario
 
     sc = parse_scenario(run.scenario)
     ends = [e.at_s + (e.down_s or e.for_s or 0.0) for e in sc.wan.schedule]

@@ -46,7 +46,7 @@ def test_five_labs_each_with_handout_scenarios_questions_and_answers_template() 
 
 def test_every_lab_scenario_passes_prfaas_check() -> None:
     from analysis.scenario_check import check_scenario
-    from testbed.scenario import load_scenario
+    from testbed.sections import load_scenario
 
     for lab in list_labs():
         for f in lab.files:
