@@ -8,6 +8,8 @@ teardown of the last test). tests/conftest.py checks namespaces once more when t
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -16,6 +18,18 @@ from testbed.net import cleanup, state
 
 # Processes the testbed starts; none may outlive the test that started it.
 OUR_PROCESSES = ("testbed.net.delayline", "testbed.serving.worker", "testbed.serving.router", "testbed.serving.loadgen", "iperf3 -s")
+
+
+def _ours(pid: str, pattern: str) -> bool:
+    """A Python process of the testbed counts only when this interpreter runs it (another checkout's tests
+    on the same host are not ours); iperf3 has no such mark and always counts."""
+    if pattern.startswith("iperf3"):
+        return True
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return False  # gone meanwhile
+    return argv0 == sys.executable
 
 
 def leftovers() -> list[str]:
@@ -34,7 +48,7 @@ def leftovers() -> list[str]:
     live_inodes = {h["netns_inode"] for _, d in live for h in d.get("hosts", {}).values()}
     for pattern in OUR_PROCESSES:
         pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
-        if stray := [p for p in pids if state.netns_inode(int(p)) not in live_inodes]:
+        if stray := [p for p in pids if _ours(p, pattern) and state.netns_inode(int(p)) not in live_inodes]:
             out.append(f"processes matching {pattern!r}: {stray}")
     if "NFQUEUE" in subprocess.run(["iptables-legacy", "-S"], capture_output=True, text=True).stdout:
         out.append("NFQUEUE rules in the root namespace's iptables")
