@@ -21,7 +21,7 @@ def gpu_check():
     return mod
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA: the no-CUDA path does not apply")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="cuda: this host has CUDA, so the no-CUDA path does not apply")
 def test_without_cuda_nothing_is_checked_it_says_so_and_exits_0(tmp_path: Path, capsys) -> None:
     out = tmp_path / "r.json"
     assert gpu_check().main(["--json", str(out)]) == 0
