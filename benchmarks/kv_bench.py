@@ -6,7 +6,8 @@ Targets (exit status 1 if one is missed):
 - serialise + deserialise >= 1 GB/s on one core for a 32K-token cache of a geometry-faithful preset
   (the serialised stream round-trips bit-identically);
 - the byte table (KV bytes at 1K/8K/32K/128K for every preset, from `ModelSpec.kv_bytes`) equals the
-  reference geometry (`../shared/reference/model-configs.json`) wherever the reference has the model;
+  reference geometry (`tests/data/model-configs.json`) wherever the reference has the model (a missing
+  reference file, or one that checks no preset, is a missed target);
 - framing overhead <= 0.1% of the payload at >= 1K tokens for every preset.
 Prefill time per token (faithful and tiny variants) is reported, not judged: it sizes scenario defaults.
 `--quick` measures the wire at 8K tokens and prefill on fewer presets/tokens.
@@ -33,7 +34,7 @@ from testbed.kv.wire import decode_transfer, encode_cache, wire_bytes_for  # noq
 from testbed.models.spec import list_presets, load_model_spec  # noqa: E402
 
 TOKENS = {"1K": 1024, "8K": 8192, "32K": 32768, "128K": 131072}
-REFERENCE = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "model-configs.json"
+REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "data" / "model-configs.json"
 DENSE_REFERENCE = "minimax-m2.5"  # the paper's dense GQA comparison point
 SERDES_TARGET_BPS = 1e9
 OVERHEAD_TARGET = 0.001
@@ -88,10 +89,12 @@ def bench_serdes(model: str, tokens: int, repeats: int) -> dict:
 
 
 def byte_table() -> tuple[list[dict], list[str]]:
+    rows, errors = [], []
     ref = {}
     if REFERENCE.exists():
         ref = {m["hf_repo"]: m for m in json.loads(REFERENCE.read_text())}
-    rows, errors = [], []
+    else:
+        errors.append(f"reference geometry {REFERENCE} not found: the byte table cannot be checked")
     dense32 = load_model_spec(DENSE_REFERENCE).kv_bytes(TOKENS["32K"]).total_bytes
     for name in list_presets():
         spec = load_model_spec(name)
@@ -115,6 +118,8 @@ def byte_table() -> tuple[list[dict], list[str]]:
         row["fixed_state_bytes"] = spec.kv_bytes(TOKENS["32K"]).fixed_state_bytes + spec.kv_bytes(TOKENS["32K"]).window_bytes
         row["dense_over_this_32K"] = dense32 / row["32K"]
         rows.append(row)
+    if ref and not any(r.get("reference_checked") for r in rows):
+        errors.append(f"no preset's hf_repo is in {REFERENCE.name}: the byte table was checked against nothing")
     return rows, errors
 
 

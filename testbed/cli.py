@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "testbed.serving.commands",  # run, quickstart
     "analysis.commands",  # model, report, sweep
     "analysis.scenario_check",  # check
+    "labs.commands",  # lab list/show/start/check
 )
 
 

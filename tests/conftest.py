@@ -2,6 +2,11 @@
 
 Unit tests (tests/unit) need no root. Integration tests (tests/integration) are marked ``root``: they
 bring up real namespaces and always tear them down; without root they are skipped with the reason.
+
+Skips: a test may skip only for a host capability a user's machine may lack, listed in ALLOWED_SKIPS
+(the one list): its reason starts with the capability's tag (``pytest.skip("netem: ...")``). In CI
+(``CI=true``, which .ci/run sets) and in any run as root, a skip for another reason fails the session,
+so a missing file or a broken import can never pass as a skip.
 """
 
 from __future__ import annotations
@@ -12,7 +17,28 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+DATA = REPO / "tests" / "data"  # reference data with its provenance and licence: tests/data/README.md
+
+# tag -> the host capability. Both directions count: a test of the netem path skips where the kernel
+# has no netem, a test of the fallback skips where it has one.
+ALLOWED_SKIPS = {
+    "netem": "the kernel's netem qdisc (present or absent)",
+    "cuda": "a CUDA device",
+}
+
+pytest_plugins = ["pytester"]
+
+
+def skip_is_allowed(reason: str) -> bool:
+    tag, sep, _ = reason.removeprefix("Skipped: ").partition(":")
+    return bool(sep) and tag.strip().lower() in ALLOWED_SKIPS
+
+
+def skips_enforced() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes") or os.geteuid() == 0
+
+
+_unexpected_skips: list[str] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -26,21 +52,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """../shared beside the checkout (traces, reference tables); tests that need it skip with the reason."""
-    if not SHARED.exists():
-        pytest.skip(f"{SHARED} not found: reference data lives beside the checkout")
-    return SHARED
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if not skip_is_allowed(reason):
+            _unexpected_skips.append(f"{report.nodeid}: {reason}")
 
 
 @pytest.fixture(scope="session")
-def mooncake_trace(shared_dir: Path) -> Path:
-    return shared_dir / "traces" / "mooncake_synthetic_trace.jsonl"
+def test_data() -> Path:
+    """tests/data: the reference tables and the Mooncake trace (tests/data/README.md)."""
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def mooncake_trace(test_data: Path) -> Path:
+    return test_data / "mooncake_synthetic_trace.jsonl"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """After a root run: no namespace may be left behind (the suite's promise); fail the session if one is."""
+    """Fail the session on a skip outside ALLOWED_SKIPS (CI or root), and, after a root run, on any
+    network namespace left behind (the suite's promise)."""
+    if _unexpected_skips and skips_enforced():
+        allowed = ", ".join(f"{k} ({v})" for k, v in ALLOWED_SKIPS.items())
+        print(f"\nERROR: {len(_unexpected_skips)} unexpected skip(s); only host capabilities may skip ({allowed}):")
+        for line in _unexpected_skips:
+            print(f"  {line}")
+        session.exitstatus = 1
     if os.geteuid() != 0:
         return
     import subprocess

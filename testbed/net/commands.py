@@ -82,7 +82,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                   f"from {par['capacity_source']}, shared by parallel runs)")
         if rep["missing"]:
             con.print(f"[red]not ready:[/] {', '.join(rep['missing'])}")
-        con.print(f"next: {rep['next']}", highlight=False, markup=False)
+        con.print(f"next: {rep['next']}", highlight=False, markup=False, soft_wrap=True)
     return 0 if rep["ready"] else 1
 
 

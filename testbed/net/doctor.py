@@ -119,4 +119,4 @@ def next_command(missing: list[str]) -> str:
         return "run as root: prfaas doctor (a root shell, or sudo)"
     if missing:
         return "bash scripts/bootstrap.sh setup   (as root: installs what is missing), then prfaas doctor"
-    return "prfaas quickstart   (the README's run; `prfaas check quick` shows its numbers first)"
+    return "prfaas quickstart   (the README's run; `prfaas check quick` shows its numbers first, `prfaas lab list` the labs)"

@@ -304,6 +304,18 @@ class Network:
     def hosts(self) -> list[str]:
         return sorted(self.addresses)
 
+    def rx_bytes(self, host: str) -> int:
+        """Bytes received on the host's interface (its kernel counter: frames with their Ethernet header,
+        the unit of the configured rate). Read at the receiver, it measures the WAN independently of the
+        shaper's own counters."""
+        node = self._node(host)
+        ifname = node.defaultIntf().name
+        for line in Path(f"/proc/{node.pid}/net/dev").read_text().splitlines()[2:]:
+            name, _, counters = line.partition(":")
+            if name.strip() == ifname:
+                return int(counters.split()[0])
+        raise HostError(f"{host}: interface {ifname} not in /proc/{node.pid}/net/dev")
+
     def popen(self, host: str, argv: list[str], **kwargs: Any) -> subprocess.Popen:
         """Start argv inside the host's namespace (its own session); stopped at the latest by stop()."""
         kwargs.setdefault("stdout", None)

@@ -94,7 +94,7 @@ def test_popen_runs_inside_the_host_namespace(net):
     assert net.host_ip("pd-d0") in out and net.host_ip("prfaas-p0") not in out
 
 
-@pytest.mark.skipif(not netem_available()[0], reason=f"netem runtime path: {netem_available()[1]} (its configuration is unit-tested in tests/unit/test_netem.py)")
+@pytest.mark.skipif(not netem_available()[0], reason=f"netem: runtime path not testable here: {netem_available()[1]} (its configuration is unit-tested in tests/unit/test_netem.py)")
 def test_netem_backend_runs_delay_on_the_kernel():
     with Network(scenario(backend="netem")) as n:
         rtt = measure_rtt(n, "prfaas-p0", "pd-d0", count=30, interval_s=0.02)
@@ -103,7 +103,7 @@ def test_netem_backend_runs_delay_on_the_kernel():
 
 def test_netem_backend_on_a_kernel_without_netem_is_refused_before_anything_starts():
     if netem_available()[0]:
-        pytest.skip("this kernel has netem")
+        pytest.skip("netem: this kernel has netem, so the refusal without it cannot be tested here")
     from testbed.errors import HostError
     from testbed.net import state
 

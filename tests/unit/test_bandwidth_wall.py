@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("testbed.models.spec")
-
-from analysis import bandwidth_wall as bw  # noqa: E402
-from analysis.plots import missing_units  # noqa: E402
+from analysis import bandwidth_wall as bw
+from analysis.plots import missing_units
 
 
 def test_implied_dense_prefill_latencies_match_the_derived_values():

@@ -14,8 +14,8 @@ from testbed.models.spec import ModelSpec, list_presets, load_model_spec
 LENGTHS = {"1K": 1024, "8K": 8192, "32K": 32768, "128K": 131072}
 
 
-def _reference(shared_dir: Path) -> list[dict]:
-    return json.loads((shared_dir / "reference" / "model-configs.json").read_text())
+def _reference(test_data: Path) -> list[dict]:
+    return json.loads((test_data / "model-configs.json").read_text())
 
 
 def _preset(hf_repo: str) -> ModelSpec:
@@ -46,8 +46,8 @@ def _entry_for_md_name(entries: list[dict], md_name: str) -> dict:
     return matches[0]
 
 
-def test_every_preset_matches_the_json_totals_bf16_and_fp32_state(shared_dir: Path) -> None:
-    entries = _reference(shared_dir)
+def test_every_preset_matches_the_json_totals_bf16_and_fp32_state(test_data: Path) -> None:
+    entries = _reference(test_data)
     assert len(entries) == 9
     for entry in entries:
         spec = _preset(entry["hf_repo"])
@@ -64,9 +64,9 @@ def test_every_preset_matches_the_json_totals_bf16_and_fp32_state(shared_dir: Pa
         assert b.window_bytes == min(4096, window) * entry["swa_bytes_per_token_bf16"], spec.name
 
 
-def test_every_preset_matches_the_markdown_exact_byte_tables(shared_dir: Path) -> None:
-    text = (shared_dir / "reference" / "model-configs.md").read_text()
-    entries = _reference(shared_dir)
+def test_every_preset_matches_the_markdown_exact_byte_tables(test_data: Path) -> None:
+    text = (test_data / "model-configs.md").read_text()
+    entries = _reference(test_data)
     exact = _md_table(text, "Exact byte totals (bf16):")
     assert len(exact) == 9
     fp32_rows = _md_table(text, "| Model | bf16 state | conv bf16 + recurrent fp32 |")
@@ -90,8 +90,8 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 
 @pytest.mark.parametrize("state_dtype,key", [(None, "total_bytes_bf16"), ("float32", "total_bytes_conv_bf16_recurrent_fp32")])
-def test_cli_json_total_bytes_for_every_preset(capsys: pytest.CaptureFixture[str], shared_dir: Path, state_dtype: str | None, key: str) -> None:
-    for entry in _reference(shared_dir):
+def test_cli_json_total_bytes_for_every_preset(capsys: pytest.CaptureFixture[str], test_data: Path, state_dtype: str | None, key: str) -> None:
+    for entry in _reference(test_data):
         name = _preset(entry["hf_repo"]).name
         for label in LENGTHS:
             extra = ["--state-dtype", state_dtype] if state_dtype else []

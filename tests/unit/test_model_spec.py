@@ -28,8 +28,8 @@ REQUIRED_PRESETS = {
 }
 
 
-def reference_models(shared_dir: Path) -> list[dict]:
-    return json.loads((shared_dir / "reference" / "model-configs.json").read_text())
+def reference_models(test_data: Path) -> list[dict]:
+    return json.loads((test_data / "model-configs.json").read_text())
 
 
 def preset_for(entry: dict):
@@ -43,8 +43,8 @@ def test_every_required_preset_is_listed() -> None:
     assert REQUIRED_PRESETS <= set(list_presets())
 
 
-def test_every_reference_model_has_a_preset_with_its_layer_pattern(shared_dir: Path) -> None:
-    for entry in reference_models(shared_dir):
+def test_every_reference_model_has_a_preset_with_its_layer_pattern(test_data: Path) -> None:
+    for entry in reference_models(test_data):
         spec = preset_for(entry)
         pattern = entry["layer_pattern"]
         assert len(spec.layers) == entry["num_hidden_layers"], spec.name
@@ -56,8 +56,8 @@ def test_every_reference_model_has_a_preset_with_its_layer_pattern(shared_dir: P
         assert full == want, spec.name
 
 
-def test_preset_geometries_match_the_reference_fields(shared_dir: Path) -> None:
-    for entry in reference_models(shared_dir):
+def test_preset_geometries_match_the_reference_fields(test_data: Path) -> None:
+    for entry in reference_models(test_data):
         spec = preset_for(entry)
         full = next(layer for layer in spec.layers if layer.kind in ("gqa", "mla"))
         if isinstance(full, MLALayer):

@@ -190,7 +190,8 @@ def test_metadata_only_mode_accounts_bytes_without_tensors() -> None:
 
 
 def test_pool_for_a_model_spec_charges_its_geometry() -> None:
-    spec_mod = pytest.importorskip("testbed.models.spec")
+    from testbed.models import spec as spec_mod
+
     spec = spec_mod.load_model_spec("kimi-linear-48b")
     pool = HybridPrefixPool.for_spec(spec, capacity_bytes=1 << 30, store_tensors=False)
     pool.insert(list(range(4)), tokens=4 * 512)

@@ -18,7 +18,7 @@ from testbed.models.profiling import (Measurement, ProfilePlan, fit_decode, fit_
                                       profile_document, write_profile)
 from testbed.models.spec import load_model_spec
 from testbed.models.torch_model import tiny_spec
-from testbed.scenario import load_scenario
+from testbed.sections import load_scenario
 from testbed.serving.config import plan_run
 
 C0, C1, C2 = 0.05, 2e-4, 3e-8  # an exact quadratic: the fit must find it

@@ -70,10 +70,17 @@ def test_kv_egress_spreads_each_transfer_over_its_duration():
     assert eg.tolist() == pytest.approx([8e9, 8e9, 0.0, 0.0])  # 1 GB x 2 over 2 s = 8 Gbit/s for 2 s
 
 
-def test_load_run_recomputes_the_summary_written_by_the_same_code(run_a):
+def test_load_run_metrics_match_figures_computed_by_hand_from_the_files(run_a):
     run = load_run(run_a)
-    assert run.metrics["requests_total"] == len(run.requests)
-    assert run.metrics["ttft_s"] == pytest.approx(run.summary["ttft_s"])
+    req = pd.read_parquet(run_a / "requests.parquet")  # read here, not through load_run
+    ok = req[req["status"] == "ok"]
+    ttft = (ok["first_token_s"] - ok["arrival_s"]).to_numpy()
+    assert run.metrics["requests_total"] == len(req) and run.metrics["requests_ok"] == len(ok) < len(req)
+    assert run.metrics["ttft_s"]["mean"] == pytest.approx(ttft.mean())
+    assert run.metrics["ttft_s"]["p90"] == pytest.approx(np.percentile(ttft, 90))
+    span_s = req["finish_s"].max() - req["arrival_s"].min()
+    kv_bits = req.loc[req["route"] == "prfaas", "kv_bytes"].sum() * 8 * 10  # wire bytes x scale 10
+    assert run.metrics["egress_gbps"]["mean"] == pytest.approx(kv_bits / span_s / 1e9)
     assert run.scale == 10.0
 
 

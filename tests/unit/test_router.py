@@ -196,7 +196,8 @@ def get_text(r: Router, path: str) -> str:
 
 
 def test_the_openai_client_streams_a_completion_through_the_router(router) -> None:
-    openai = pytest.importorskip("openai", reason="the openai package is a test dependency")
+    import openai  # a test dependency (pyproject.toml [test]): installed by scripts/bootstrap.sh setup
+
     r = router()
     client = openai.OpenAI(base_url=url(r, "/v1"), api_key="unused", max_retries=0)
     chunks = list(client.completions.create(model="prfaas", prompt="the quick brown fox", max_tokens=5, stream=True))
@@ -262,7 +263,8 @@ def test_a_decode_worker_dying_mid_request_gives_a_failed_record_with_a_reason_a
 
 
 def test_a_streaming_client_sees_an_error_when_the_decode_worker_dies(router, fw) -> None:
-    openai = pytest.importorskip("openai", reason="the openai package is a test dependency")
+    import openai  # a test dependency (pyproject.toml [test]): installed by scripts/bootstrap.sh setup
+
     fw.decode_mode = {0: "die", 1: "die"}
     r = router()
     client = openai.OpenAI(base_url=url(r, "/v1"), api_key="unused", max_retries=0)

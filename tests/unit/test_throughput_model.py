@@ -156,7 +156,6 @@ def test_bad_inputs_are_refused_with_a_clear_error():
 
 
 def test_model_command_prints_one_json_section_per_configuration(capsys):
-    pytest.importorskip("testbed.models.spec")
     from testbed.cli import main
 
     assert main(["model", "--paper-case-study", "--json", "--step", "256"]) == 0
@@ -178,7 +177,6 @@ def test_model_command_refuses_a_bad_step(capsys):
 
 
 def test_case_study_scenario_file_gives_the_same_model_as_the_builtin_case_study():
-    pytest.importorskip("testbed.models.spec")
     from testbed.sections import load_scenario
 
     cm, homo, dist, inputs = tm.cluster_model_from_scenario(load_scenario("case-study"))

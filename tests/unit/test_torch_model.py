@@ -270,7 +270,7 @@ def test_bad_token_ids_and_variants_are_refused() -> None:
         build_model(small_spec(["gqa"]), "huge")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (this host has none); the CPU path is tested above")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuda: needs a CUDA device (this host has none); the CPU path is tested above")
 def test_cuda_model_matches_the_cpu_model() -> None:
     spec = small_spec(HYBRID, "float32", "float32")
     ids = prompt(20, 512)

@@ -97,7 +97,8 @@ def test_encoding_does_not_copy_tensor_memory() -> None:
 
 
 def test_header_overhead_at_1k_tokens_is_at_most_0_1_percent_for_every_preset() -> None:
-    spec_mod = pytest.importorskip("testbed.models.spec")
+    from testbed.models import spec as spec_mod
+
     for name in spec_mod.list_presets():
         spec = spec_mod.load_model_spec(name)
         sizes = [t.nbytes for i in range(len(spec.layers)) for t in spec.layer_tensors(i, 1024).values()]

@@ -1,0 +1,71 @@
+"""Where the labs are and what each folder holds.
+
+A lab is a folder ``labs/labN-<slug>/`` with ``lab.yaml`` (number, title, minutes of machine time, the
+answers file the handout names, the files a student copies), ``handout.md``, ``questions.md``, scenario
+files and an answers template. The folders travel with the package (package data), so ``prfaas lab``
+finds them from any working directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from testbed.errors import UserError
+
+LABS_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Lab:
+    number: int
+    slug: str
+    title: str
+    minutes: float  # machine time of the handout's commands on a 2-core host
+    point: str  # the one thing the lab teaches
+    answers: str  # answers file name (in the student's lab directory)
+    files: tuple[str, ...]  # what `prfaas lab start` copies
+    folder: Path
+
+    @property
+    def handout(self) -> Path:
+        return self.folder / "handout.md"
+
+    @property
+    def default_dir(self) -> str:
+        return f"lab{self.number}"
+
+
+def _read(folder: Path) -> Lab:
+    meta = yaml.safe_load((folder / "lab.yaml").read_text())
+    return Lab(int(meta["number"]), folder.name.split("-", 1)[1], str(meta["title"]), float(meta["minutes"]), str(meta["point"]),
+               str(meta["answers"]), tuple(meta["files"]), folder)
+
+
+def list_labs() -> list[Lab]:
+    return sorted((_read(d) for d in LABS_DIR.glob("lab*-*") if (d / "lab.yaml").is_file()), key=lambda lab: lab.number)
+
+
+def get_lab(number: int) -> Lab:
+    labs = list_labs()
+    for lab in labs:
+        if lab.number == number:
+            return lab
+    raise UserError(f"lab {number}: no such lab; labs: {', '.join(str(x.number) for x in labs)} (prfaas lab list)")
+
+
+def start_lab(lab: Lab, dest: Path, *, force: bool = False) -> list[Path]:
+    """Copy the lab's student files into `dest` (scenarios, questions, answers template, scripts) and make
+    its ``runs/`` folder. Refuses to overwrite an answers file unless `force`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if (dest / lab.answers).exists() and not force:
+        raise UserError(f"{dest / lab.answers} exists already (your answers?); use another --dir or --force")
+    out = []
+    for name in lab.files + ("handout.md",):
+        shutil.copy(lab.folder / name, dest / name)
+        out.append(dest / name)
+    (dest / "runs").mkdir(exist_ok=True)
+    return out

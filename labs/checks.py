@@ -1,0 +1,326 @@
+"""One checker per lab: recompute every answer from the student's own runs, then compare.
+
+A checker takes the answers (a mapping) and the run directories by name (``runs/<name>``) and returns one
+`Verdict` per question. Serving runs (labs 2-5) are read with `analysis.rundir.load_run`, the project's
+run-directory loader, and their metrics come from `analysis.metrics`; lab 1's measurement folders (iperf3
+JSON, ping output, `prfaas check --json`) are read here. Nothing is compared with a number fixed in the
+repository except physics: a BDP or a queue's drain time from the configured rate and delay.
+Tolerances are stated in each verdict and in labs/INSTRUCTORS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from labs.answers import Verdict, choice, interval, lookup, number
+from testbed.errors import UserError
+
+Checker = Callable[[dict[str, Any], dict[str, Path]], list[Verdict]]
+
+
+def _need_runs(runs: dict[str, Path], at_least: int, lab: int) -> None:
+    if len(runs) < at_least:
+        raise UserError(f"lab {lab}: needs at least {at_least} run directories, got {len(runs)} "
+                        f"({', '.join(runs) or 'none'}); list them under `runs:` in the answers file or give them on the command line")
+
+
+def _load_runs(runs: dict[str, Path]) -> dict[str, Any]:
+    from analysis.rundir import load_run
+
+    return {name: load_run(path) for name, path in runs.items()}
+
+
+# ------------------------------------------------------------------------------------- lab 1: queues
+
+
+@dataclass(frozen=True)
+class QueueMeasurement:
+    """One folder of lab 1: the configured WAN (`prfaas check --json`), iperf3 and ping across it."""
+
+    wire_rate_bps: float
+    rtt_s: float
+    queue_bytes: int
+    goodput_bps: float
+    rtt_idle_s: float  # median
+    rtt_loaded_s: float  # median, pings sent while iperf3 ran
+
+
+def read_queue_measurement(path: Path) -> QueueMeasurement:
+    from testbed.net.calibrate import parse_ping_rtts_s
+
+    def text(name: str) -> str:
+        f = path / name
+        if not f.is_file():
+            raise UserError(f"{path}: missing {name} (the handout's measure.sh writes check.json, iperf3.json, ping-idle.txt, ping-loaded.txt)")
+        return f.read_text()
+
+    try:
+        check = json.loads(text("check.json"))
+        d = next(x for x in check["directions"] if x["direction"] == "prfaas_to_pd")
+        iperf = json.loads(text("iperf3.json"))
+        goodput = float(iperf["end"]["sum_received"]["bits_per_second"])
+    except (ValueError, KeyError, StopIteration, TypeError) as exc:
+        raise UserError(f"{path}: check.json or iperf3.json is not what `prfaas check --json` / `iperf3 -J` write ({type(exc).__name__}: {exc})") from None
+    rtts = {}
+    for kind in ("idle", "loaded"):
+        r = parse_ping_rtts_s(text(f"ping-{kind}.txt"))
+        if not r:
+            raise UserError(f"{path / f'ping-{kind}.txt'}: no ping replies in it")
+        rtts[kind] = float(np.median(r))
+    return QueueMeasurement(float(d["wire_rate_bps"]), float(d["rtt_s"]), int(d["queue_wire_bytes"]), goodput, rtts["idle"], rtts["loaded"])
+
+
+def check_lab1(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
+    _need_runs(runs, 2, 1)
+    m = {name: read_queue_measurement(p) for name, p in runs.items()}
+    first = next(iter(m.values()))
+    bdp = first.wire_rate_bps / 8 * first.rtt_s  # physics: configured rate x configured RTT
+    out = [number(answers, "bdp_bytes", bdp, rel=0.02, unit=" B", source="configured rate x RTT (physics)")]
+    for name, q in m.items():
+        k = f"runs.{name}"
+        drain_ms = q.queue_bytes * 8 / q.wire_rate_bps * 1e3
+        out += [
+            number(answers, f"{k}.queue_delay_ms", drain_ms, rel=0.05, unit=" ms", source="configured queue bytes / wire rate (physics)"),
+            number(answers, f"{k}.goodput_mbps", q.goodput_bps / 1e6, rel=0.05, unit=" Mbit/s", source=f"{runs[name]}/iperf3.json"),
+            number(answers, f"{k}.rtt_idle_ms", q.rtt_idle_s * 1e3, rel=0.10, abs_=1.0, unit=" ms", source="ping-idle.txt (median)"),
+            number(answers, f"{k}.rtt_loaded_ms", q.rtt_loaded_s * 1e3, rel=0.10, abs_=2.0, unit=" ms", source="ping-loaded.txt (median)"),
+            number(answers, f"{k}.queue_fill", (q.rtt_loaded_s - q.rtt_idle_s) * 1e3 / drain_ms, rel=0.0, abs_=0.15,
+                   source="(loaded - idle RTT) / queue delay"),
+        ]
+    top = max(q.goodput_bps for q in m.values())
+    best = min((n for n, q in m.items() if q.goodput_bps >= 0.9 * top), key=lambda n: m[n].rtt_loaded_s)
+    out.append(choice(answers, "best_queue", best, rule="lowest loaded RTT among runs within 90% of the best goodput"))
+    return out
+
+
+# ------------------------------------------------------------------------------- serving-run helpers
+
+
+def offloaded_ok(run: Any) -> Any:
+    from analysis.metrics import offloaded_mask, ok_mask
+
+    df = run.requests
+    return df[offloaded_mask(df) & ok_mask(df)]
+
+
+def phi_kv_gbps(run: Any) -> float:
+    """Median over offloaded requests of emulated KV bytes / prefill time (the paper's Phi_kv, per instance)."""
+    df = offloaded_ok(run)
+    dur = (df["prefill_end_s"] - df["prefill_start_s"]).astype(float)
+    v = (df["kv_bytes"].astype(float) * run.scale * 8 / dur.where(dur > 0)).dropna()
+    if not len(v):
+        raise UserError(f"{run.path}: no offloaded request finished, so Phi_kv cannot be measured (lower the threshold?)")
+    return float(np.median(v)) / 1e9
+
+
+def kv_wait_p90_s(run: Any) -> float:
+    """p90 over offloaded requests of transfer end - prefill end: how long KV waited for the WAN after prefill."""
+    df = offloaded_ok(run)
+    v = (df["transfer_end_s"] - df["prefill_end_s"]).astype(float).dropna()
+    return float(np.percentile(v, 90)) if len(v) else 0.0
+
+
+def wan_rate_gbps(run: Any) -> float:
+    from testbed.sections import parse_scenario
+
+    return parse_scenario(run.scenario).wan.prfaas_to_pd.rate_bps / 1e9
+
+
+def _metric(run: Any, *keys: str) -> float:
+    v: Any = run.metrics
+    for k in keys:
+        v = v.get(k) if isinstance(v, dict) else None
+    if v is None or not math.isfinite(float(v)):
+        raise UserError(f"{run.path}: no {'.'.join(keys)} in this run (no request finished?)")
+    return float(v)
+
+
+# ------------------------------------------------------------------------------ lab 2: the wall
+
+
+def check_lab2(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
+    _need_runs(runs, 2, 2)
+    loaded = _load_runs(runs)
+    out = []
+    util = {}
+    for name, run in loaded.items():
+        k = f"runs.{name}"
+        df = offloaded_ok(run)
+        kv_mb = float(df["kv_bytes"].astype(float).mean()) * run.scale / 1e6 if len(df) else 0.0
+        eg = _metric(run, "egress_gbps", "mean")
+        util[name] = eg / wan_rate_gbps(run)
+        out += [
+            number(answers, f"{k}.kv_mb_per_request", kv_mb, rel=0.05, unit=" MB", source="requests.parquet kv_bytes x scale, offloaded"),
+            number(answers, f"{k}.phi_kv_gbps", phi_kv_gbps(run), rel=0.10, unit=" Gbps", source="KV bytes / prefill time, median"),
+            number(answers, f"{k}.egress_gbps", eg, rel=0.10, unit=" Gbps", source="summary egress_gbps.mean"),
+            number(answers, f"{k}.wan_utilisation", util[name], rel=0.10, abs_=0.02, source="egress / configured WAN rate"),
+            number(answers, f"{k}.kv_wait_p90_s", kv_wait_p90_s(run), rel=0.15, abs_=0.05, unit=" s", source="transfer end - prefill end, p90"),
+        ]
+    out.append(choice(answers, "hits_the_wall", max(util, key=util.get), rule="the run with the highest WAN utilisation"))
+    return out
+
+
+# --------------------------------------------------------------------------- lab 3: choosing t
+
+
+def run_threshold(run: Any) -> float:
+    """The threshold the router applied (median over the run's requests; constant under fixed-threshold)."""
+    t = run.requests["threshold"].astype(float).dropna()
+    if not len(t):
+        raise UserError(f"{run.path}: requests.parquet records no threshold")
+    return float(t.median())
+
+
+def model_t_star(run: Any) -> float:
+    from analysis import throughput_model as tm
+    from testbed.sections import parse_scenario
+
+    cm, _, dist, _ = tm.cluster_model_from_scenario(parse_scenario(run.scenario))
+    return float(tm.search_prfaas_pd(cm, dist).threshold)
+
+
+def check_lab3(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
+    _need_runs(runs, 3, 3)
+    loaded = _load_runs(runs)
+    out = []
+    ttft, thr = {}, {}
+    for name, run in loaded.items():
+        k = f"runs.{name}"
+        ttft[name] = _metric(run, "ttft_s", "p90")
+        thr[name] = _metric(run, "throughput_rps")
+        out += [number(answers, f"{k}.threshold_tokens", run_threshold(run), rel=0.0, abs_=0.5, source="requests.parquet threshold"),
+                number(answers, f"{k}.ttft_p90_s", ttft[name], rel=0.10, abs_=0.05, unit=" s", source="requests.parquet"),
+                number(answers, f"{k}.throughput_rps", thr[name], rel=0.05, unit=" req/s", source="requests.parquet")]
+    top = max(thr.values())
+    best = min((n for n in loaded if thr[n] >= 0.95 * top), key=lambda n: ttft[n])
+    out.append(number(answers, "best_threshold_tokens", run_threshold(loaded[best]), rel=0.0, abs_=0.5,
+                      source=f" run {best} (lowest TTFT p90 among runs within 95% of the best throughput)"))
+    first = next(iter(loaded.values()))
+    out.append(number(answers, "model_t_star_tokens", model_t_star(first), rel=0.05, abs_=256, source=" the throughput model on your scenario"))
+    return out
+
+
+# ------------------------------------------------------------------ lab 4: congestion response
+
+
+def dip_window_s(run: Any) -> tuple[float, float]:
+    """[start, end) of the scenario's first timed WAN change, on the run's clock."""
+    from testbed.sections import parse_scenario
+
+    sc = parse_scenario(run.scenario)
+    for e in sc.wan.schedule:
+        length = e.down_s or e.for_s
+        if length:
+            return run.schedule_offset_s + e.at_s, run.schedule_offset_s + e.at_s + length
+    raise UserError(f"{run.path}: the scenario has no timed WAN change (a dip with `for:`)")
+
+
+def ttft_p90_in_dip_s(run: Any) -> float:
+    """p90 TTFT of requests that arrived during the dip; a failed request counts as infinitely slow."""
+    from analysis.metrics import ok_mask, ttft_s
+
+    lo, hi = dip_window_s(run)
+    df = run.requests[(run.requests["arrival_s"] >= lo) & (run.requests["arrival_s"] < hi)]
+    if not len(df):
+        raise UserError(f"{run.path}: no request arrived during the dip [{lo:.1f}, {hi:.1f}) s")
+    v = ttft_s(df).where(ok_mask(df), np.inf).astype(float).to_numpy()
+    return float(np.percentile(v, 90, method="higher"))
+
+
+def paired_ci95(diffs: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high) of the mean of paired differences, Student t with n - 1 degrees of freedom."""
+    from scipy import stats
+
+    x = np.asarray(diffs, dtype=float)
+    if x.size < 2:
+        raise UserError("lab 4: a confidence interval needs at least two seeds run under both policies")
+    half = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+
+
+def check_lab4(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
+    _need_runs(runs, 4, 4)
+    loaded = _load_runs(runs)
+    by: dict[str, dict[int, float]] = {}
+    for run in loaded.values():
+        by.setdefault(str(run.scenario.get("policy", {}).get("name")), {})[int(run.scenario.get("seed", 1))] = ttft_p90_in_dip_s(run)
+    if set(by) != {"prfaas", "fixed-threshold"}:
+        raise UserError(f"lab 4: the runs must be of policies prfaas and fixed-threshold; got {', '.join(sorted(by))}")
+    seeds = sorted(set(by["prfaas"]) & set(by["fixed-threshold"]))
+    out = [number(answers, f"ttft_p90_dip_s.{pol}", float(np.mean([by[pol][s] for s in seeds])), rel=0.10, abs_=0.05, unit=" s",
+                  source=f" the mean over seeds {seeds}") for pol in ("prfaas", "fixed-threshold")]
+    mean, lo, hi = paired_ci95([by["fixed-threshold"][s] - by["prfaas"][s] for s in seeds])
+    if not all(map(math.isfinite, (mean, lo, hi))):
+        raise UserError("lab 4: a run had more than 10% failed requests in the dip, so its p90 TTFT is infinite; see the handout")
+    out.append(interval(answers, "difference_ci95_s", (lo, hi), rel=0.10, abs_=0.05, unit=" s",
+                        source=f" fixed - prfaas, paired by seed ({len(seeds)} pairs, Student t)"))
+    verdict = "yes" if lo > 0 else ("no" if hi < 0 else "unclear")
+    out.append(choice(answers, "prfaas_better", verdict, rule="yes: the CI is above 0; no: below; unclear: it holds 0"))
+    return out
+
+
+# ---------------------------------------------------------------------------------- lab 5: break it
+
+
+RECOVERY_GRACE_S = 5.0
+
+
+def fault_end_s(run: Any) -> float:
+    """When the run's fault (WAN schedule entry or worker fault) is over, on the run's clock."""
+    from testbed.sections import parse_scenario
+
+    sc = parse_scenario(run.scenario)
+    ends = [e.at_s + (e.down_s or e.for_s or 0.0) for e in sc.wan.schedule]
+    serving = sc.section("serving")
+    ends += [f.at_s for f in (serving.faults if serving else ())]
+    if not ends:
+        raise UserError(f"{run.path}: the scenario injects nothing (no wan.schedule, no serving.faults)")
+    return run.schedule_offset_s + max(ends)
+
+
+def main_failure_reason(run: Any) -> str:
+    from analysis.metrics import ok_mask
+
+    df = run.requests[~ok_mask(run.requests)]
+    if not len(df):
+        return "none"
+    if "reason" not in df:
+        return "unknown"
+    return str(df["reason"].fillna("unknown").astype(str).value_counts().index[0])
+
+
+def recovered(run: Any) -> str:
+    from analysis.metrics import ok_mask
+
+    after = run.requests[run.requests["arrival_s"] >= fault_end_s(run) + RECOVERY_GRACE_S]
+    if not len(after):
+        raise UserError(f"{run.path}: no request arrived {RECOVERY_GRACE_S:g} s after the fault ended; make the run longer")
+    return "yes" if float(ok_mask(after).mean()) >= 0.9 else "no"
+
+
+def check_lab5(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
+    _need_runs(runs, 3, 5)
+    out = []
+    for name, run in _load_runs(runs).items():
+        k = f"runs.{name}"
+        out += [number(answers, f"{k}.requests_ok", _metric(run, "requests_ok"), rel=0.0, source="requests.parquet"),
+                number(answers, f"{k}.requests_failed", _metric(run, "requests_failed"), rel=0.0, source="requests.parquet"),
+                number(answers, f"{k}.ttft_p99_s", _metric(run, "ttft_s", "p99"), rel=0.10, abs_=0.05, unit=" s", source="requests.parquet"),
+                choice(answers, f"{k}.main_failure_reason", main_failure_reason(run), rule="the most common reason of failed requests"),
+                choice(answers, f"{k}.recovered", recovered(run),
+                       rule=f">= 90% ok among requests arriving {RECOVERY_GRACE_S:g} s after the fault ended")]
+    return out
+
+
+CHECKERS: dict[int, Checker] = {1: check_lab1, 2: check_lab2, 3: check_lab3, 4: check_lab4, 5: check_lab5}
+
+
+def run_names(answers: dict[str, Any]) -> list[str]:
+    runs = lookup(answers, "runs")
+    return [str(k) for k in runs] if isinstance(runs, dict) else []

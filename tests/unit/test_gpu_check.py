@@ -1,0 +1,39 @@
+"""benchmarks/gpu_check.py (issue 12 item 7): without CUDA it checks nothing, says so and exits 0; its checks
+run for real on the CPU (workers in torch mode on 127.0.0.1, KV over the real transport, prefix reuse)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.timeout(300)
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+
+
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="cuda: this host has CUDA, so the no-CUDA path does not apply")
+def test_without_cuda_nothing_is_checked_it_says_so_and_exits_0(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "r.json"
+    assert gpu_check().main(["--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["result"] for r in doc["rows"]] == ["not checked"] * 5
+    assert "Nothing was checked: no CUDA device" in doc["summary"] and "Nothing was checked" in capsys.readouterr().out
+
+
+def test_the_same_checks_pass_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    rc = gpu_check().main(["--device", "cpu", "--variant", "tiny", "--tokens", "530", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 0, doc
+    assert [r["result"] for r in doc["rows"]] == ["pass"] * 5
+    assert "512 of" in doc["rows"][4]["detail"] and "tokens equal" in doc["rows"][4]["detail"]

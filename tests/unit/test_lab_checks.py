@@ -1,0 +1,161 @@
+"""The lab checkers on run directories written by the project's run-directory writer (tests/unit/rundir_factory):
+answers computed here independently of the checker hold; a wrong one is named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from labs.catalog import list_labs
+from labs.checks import CHECKERS, paired_ci95
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rundir_factory import write_run_dir  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _verdicts(lab: int, answers: dict, runs: dict[str, Path]) -> dict[str, bool]:
+    return {v.question: v.holds for v in CHECKERS[lab](answers, runs)}
+
+
+def _requests(d: Path) -> pd.DataFrame:
+    return pd.read_parquet(d / "requests.parquet")
+
+
+def test_five_labs_each_with_handout_scenarios_questions_and_answers_template() -> None:
+    labs = list_labs()
+    assert [lab.number for lab in labs] == [1, 2, 3, 4, 5]
+    for lab in labs:
+        assert lab.minutes <= 15
+        assert lab.answers in lab.handout.read_text() or "answers.yaml" in lab.handout.read_text()
+        for f in lab.files:
+            assert (lab.folder / f).is_file(), f
+        assert any(f.endswith(".yaml") and f != lab.answers for f in lab.files)
+        assert yaml.safe_load((lab.folder / lab.answers).read_text())  # the template parses
+        assert set(CHECKERS) >= {lab.number}
+
+
+def test_every_lab_scenario_passes_prfaas_check() -> None:
+    from analysis.scenario_check import check_scenario
+    from testbed.sections import load_scenario
+
+    for lab in list_labs():
+        for f in lab.files:
+            if f.endswith(".yaml") and f != lab.answers:
+                check_scenario(load_scenario(str(lab.folder / f)))
+
+
+def test_lab_start_and_show_work_from_any_directory(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH="")
+    r = subprocess.run([sys.executable, "-m", "testbed.cli", "lab", "start", "3"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "lab3" / "answers.yaml").is_file() and (tmp_path / "lab3" / "scenario.yaml").is_file()
+    assert (tmp_path / "lab3" / "runs").is_dir()
+    again = subprocess.run([sys.executable, "-m", "testbed.cli", "lab", "start", "3"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1  # never overwrites a student's answers
+    show = subprocess.run([sys.executable, "-m", "testbed.cli", "lab", "show", "9"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert show.returncode == 2 and "no such lab" in show.stderr
+
+
+def _ttft(df: pd.DataFrame) -> pd.Series:
+    return df["first_token_s"] - df["arrival_s"]
+
+
+def test_lab3_checker_recomputes_ttft_throughput_and_the_best_threshold(tmp_path: Path) -> None:
+    runs = {f"t{t}": write_run_dir(tmp_path / f"t{t}", policy="fixed-threshold", threshold=t, seed=3) for t in (4096, 16384, 65536)}
+    answers: dict = {"runs": {}}
+    for name, d in runs.items():
+        df = _requests(d)
+        ok = df[df["status"] == "ok"]
+        span = df["finish_s"].max() - df["arrival_s"].min()
+        answers["runs"][name] = {"threshold_tokens": int(df["threshold"].iloc[0]), "ttft_p90_s": float(np.percentile(_ttft(ok), 90)),
+                                 "throughput_rps": len(ok) / span}
+    rows = answers["runs"]
+    top = max(r["throughput_rps"] for r in rows.values())
+    best = min((r for r in rows.values() if r["throughput_rps"] >= 0.95 * top), key=lambda r: r["ttft_p90_s"])
+    answers["best_threshold_tokens"] = best["threshold_tokens"]
+    answers["model_t_star_tokens"] = 1  # deliberately wrong
+    v = _verdicts(3, answers, runs)
+    assert v.pop("model_t_star_tokens") is False
+    assert all(v.values()), v
+    answers["runs"]["t16384"]["ttft_p90_s"] *= 1.5
+    v = _verdicts(3, answers, runs)
+    assert [k for k, ok in v.items() if not ok] == ["runs.t16384.ttft_p90_s", "model_t_star_tokens"]
+
+
+def _p90_in_dip(d: Path, lo: float = 10.0, hi: float = 20.0) -> float:
+    df = _requests(d)
+    dip = df[(df["arrival_s"] >= lo) & (df["arrival_s"] < hi)]
+    return float(np.percentile(_ttft(dip).where(dip["status"] == "ok", np.inf), 90, method="higher"))
+
+
+def test_lab4_checker_recomputes_the_paired_confidence_interval(tmp_path: Path) -> None:
+    runs = {}
+    for seed in (1, 2, 3):
+        # the synthetic prfaas run keeps more requests local (higher t): less KV in the dip
+        runs[f"p{seed}"] = write_run_dir(tmp_path / f"p{seed}", policy="prfaas", threshold=40000, seed=seed)
+        runs[f"f{seed}"] = write_run_dir(tmp_path / f"f{seed}", policy="fixed-threshold", threshold=8000, seed=seed)
+    p = [_p90_in_dip(runs[f"p{s}"]) for s in (1, 2, 3)]
+    f = [_p90_in_dip(runs[f"f{s}"]) for s in (1, 2, 3)]
+    d = np.subtract(f, p)
+    half = 4.302652729911275 * d.std(ddof=1) / np.sqrt(3)  # t(0.975, 2)
+    lo, hi = d.mean() - half, d.mean() + half
+    answers = {"ttft_p90_dip_s": {"prfaas": float(np.mean(p)), "fixed-threshold": float(np.mean(f))},
+               "difference_ci95_s": [float(lo), float(hi)], "prfaas_better": "yes" if lo > 0 else ("no" if hi < 0 else "unclear")}
+    assert all(_verdicts(4, answers, runs).values())
+    answers["prfaas_better"] = {"yes": "no", "no": "yes", "unclear": "yes"}[answers["prfaas_better"]]
+    assert [k for k, ok in _verdicts(4, answers, runs).items() if not ok] == ["prfaas_better"]
+
+
+def test_answers_are_found_under_run_names_that_hold_dots() -> None:
+    from labs.answers import lookup
+
+    answers = {"runs": {"q0.25": {"goodput_mbps": 80}, "q0": {"25": {"goodput_mbps": 1}}, 2048: {"x": 3}}}
+    assert lookup(answers, "runs.q0.25.goodput_mbps") == 80
+    assert lookup(answers, "runs.2048.x") == 3
+    assert lookup(answers, "runs.q4.goodput_mbps") is None
+
+
+def test_paired_ci95_matches_student_t() -> None:
+    mean, lo, hi = paired_ci95([1.0, 2.0, 3.0])
+    assert mean == 2.0 and hi - mean == pytest.approx(4.302652729911275 * 1.0 / np.sqrt(3))
+
+
+def test_lab5_checker_counts_failures_reasons_and_recovery(tmp_path: Path) -> None:
+    runs = {name: write_run_dir(tmp_path / name, seed=seed, rate_rps=4.0) for name, seed in (("loss", 1), ("outage", 2), ("kill", 3))}
+    answers: dict = {"runs": {}}
+    for name, d in runs.items():
+        df = _requests(d)
+        ok = df[df["status"] == "ok"]
+        after = df[df["arrival_s"] >= 20.0 + 5.0]  # the factory's dip ends at 20 s
+        answers["runs"][name] = {"requests_ok": len(ok), "requests_failed": len(df) - len(ok),
+                                 "ttft_p99_s": float(np.percentile(_ttft(ok), 99)),
+                                 "main_failure_reason": "unknown" if len(ok) < len(df) else "none",  # the factory writes no reason
+                                 "recovered": "yes" if (after["status"] == "ok").mean() >= 0.9 else "no"}
+    assert all(_verdicts(5, answers, runs).values())
+    answers["runs"]["outage"]["requests_failed"] += 1
+    assert [k for k, ok in _verdicts(5, answers, runs).items() if not ok] == ["runs.outage.requests_failed"]
+
+
+def test_lab_check_command_exit_status_and_one_line_errors(tmp_path: Path) -> None:
+    from testbed import cli
+
+    runs = tmp_path / "runs"
+    for name, seed in (("loss", 1), ("outage", 2), ("kill", 3)):
+        write_run_dir(runs / name, seed=seed)
+    (tmp_path / "answers.yaml").write_text(yaml.safe_dump({"runs": {"loss": {}, "outage": {}, "kill": {}}}))
+    assert cli.main(["lab", "check", "5", "--answers", str(tmp_path / "answers.yaml")]) == 1  # blanks are wrong answers
+    (tmp_path / "bad.yaml").write_text("runs: [")
+    assert cli.main(["lab", "check", "5", "--answers", str(tmp_path / "bad.yaml")]) == 2
+    (tmp_path / "few.yaml").write_text(json.dumps({"runs": {"loss": {}}}))
+    assert cli.main(["lab", "check", "5", "--answers", str(tmp_path / "few.yaml")]) == 2
