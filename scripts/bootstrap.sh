@@ -19,13 +19,36 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 APT_PKGS="mininet iproute2 iptables iperf3 ethtool tcpdump iputils-ping procps psmisc python3 python3-venv python3-dev"
-missing=""
-for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
+export DEBIAN_FRONTEND=noninteractive
+apt_updated=""
+apt_install() {  # apt_install PKG...: only what is not installed yet
+  local missing="" p
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+  [ -z "$missing" ] && return 0
   log "installing Debian packages:$missing"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
+  [ -n "$apt_updated" ] || { apt-get update -qq; apt_updated=1; }
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+apt_install $APT_PKGS
+
+# Where this kernel has no netem: what scripts/guest-kernel.sh needs to run the netem path in a qemu
+# guest (docs/network.md, "Testing the netem path on a kernel without it"). Never fatal: without a
+# guest the testbed uses the delay line and the netem tests skip saying why.
+guest_kernel_ok() { ls /lib/modules/*/kernel/net/sched/sch_netem.ko* >/dev/null 2>&1 && ls /boot/vmlinuz-* >/dev/null 2>&1; }
+if ! unshare --net tc qdisc add dev lo root netem delay 1ms 2>/dev/null && [ "$(dpkg --print-architecture)" = amd64 ]; then
+  apt_install qemu-system-x86 busybox-static || log "warning: qemu/busybox-static not installed: no guest kernel for the netem tests"
+  if ! guest_kernel_ok; then
+    . /etc/os-release
+    kpkg=linux-image-amd64; [ "${ID:-}" = ubuntu ] && kpkg=linux-image-generic
+    # The kernel package needs an initramfs tool; tiny-initramfs satisfies that without pulling in
+    # systemd/udev (initramfs-tools does), and INITRD=No skips initramfs-tools' hook where it exists.
+    # The guest boots with its own initramfs, so a hook that fails in a container does not matter:
+    # what counts is that the kernel image and its modules are on disk.
+    tool=""; dpkg -s initramfs-tools >/dev/null 2>&1 || dpkg -s dracut >/dev/null 2>&1 || tool=tiny-initramfs
+    INITRD=No apt_install "$kpkg" $tool || true
+    if guest_kernel_ok; then log "guest kernel for the netem tests: $(ls /boot/vmlinuz-* | tail -1)"
+    else log "warning: no kernel with sch_netem for the guest: the netem tests will skip"; fi
+  fi
 fi
 
 # The system interpreter: Debian's mininet package (which ships mnexec) installs its module there.
