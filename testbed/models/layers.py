@@ -60,6 +60,16 @@ def rope(x: torch.Tensor, start: int) -> torch.Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def rope_at(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """`rope` of one token per row: ``x [B, ..., D]``, row b at position ``positions[b]`` (a decode batch)."""
+    b, d = x.shape[0], x.shape[-1]
+    half = d // 2
+    ang = (positions.to(torch.float32)[:, None] * _rope_inv_freq(half, x.device)[None, :]).view(b, *([1] * (x.dim() - 2)), half)
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, k_start: int, window: int | None, scale: float) -> torch.Tensor:
     """Causal (optionally sliding-window) attention with grouped heads.
 
@@ -231,6 +241,51 @@ class LinearMixer(nn.Module):
         return y, LayerKV(self.layer_index, "linear", tensors), ckpt
 
 
+    def decode_batch(self, x: torch.Tensor, starts: list[int], prevs: list[LayerKV]) -> tuple[torch.Tensor, list[LayerKV]]:
+        """One decode step for B requests (``x [B, hidden]``, request i at position ``starts[i]`` with its own
+        cache entry): the projections, the conv and the recurrent state update run on the whole batch."""
+        sp = self.spec
+        b = x.shape[0]
+        h, hk, dk, dv = sp.heads, sp.qk_heads, sp.key_dim, sp.value_dim
+        qkv = x @ self.w_qkv.T
+        conv_states: list[torch.Tensor | None] = [None] * b
+        if sp.conv_kernel:
+            qkv = qkv.to(self.kv_dtype)
+            before = torch.stack([p.tensors["conv"].to(x.device) for p in prevs])  # [B, K-1, C]
+            seq = torch.cat((before, qkv[:, None, :]), dim=1)  # [B, K, C]
+            conv_states = [seq[i, 1:].clone() for i in range(b)]
+            seq = seq.float()
+            qkv = sum(seq[:, j] * self.w_conv[:, j] for j in range(sp.conv_kernel))
+        qkv = F.silu(qkv)
+        q, k, v = qkv.split(self.widths, dim=-1)
+        q = F.normalize(q.reshape(b, hk, dk), dim=-1) * dk**-0.5
+        k = F.normalize(k.reshape(b, hk, dk), dim=-1)
+        if h != hk:
+            q, k = q.repeat_interleave(h // hk, dim=1), k.repeat_interleave(h // hk, dim=1)
+        v = v.reshape(b, h, dv)
+        state = torch.stack([p.tensors["state"].to(x.device).float() for p in prevs])  # [B, H, dk, dv]
+        if sp.rule == "delta":
+            state = state * F.logsigmoid(x @ self.w_decay.T + 3.0).exp()[:, :, None, None]
+            mem = torch.einsum("bhk,bhkv->bhv", k, state)
+            delta = (v - mem) * torch.sigmoid(x @ self.w_beta.T)[..., None]
+        else:
+            state = state * self.neg_slopes.exp()[None, :, None, None]
+            delta = v
+        state = state + k[..., None] * delta[..., None, :]
+        o = torch.einsum("bhk,bhkv->bhv", q, state)
+        y = rms_norm(o).reshape(b, h * dv) @ self.w_o.T
+        out = []
+        for i in range(b):
+            st = state[i]
+            if (starts[i] + 1) % self.chunk_tokens == 0:  # the same rounding as the sequential path
+                st = st.to(self.state_dtype).float()
+            tensors = {"state": st.to(self.state_dtype).contiguous()}
+            if conv_states[i] is not None:
+                tensors["conv"] = conv_states[i]
+            out.append(LayerKV(self.layer_index, "linear", tensors))
+        return y, out
+
+
 # ---------------------------------------------------------------------------------- attention
 
 
@@ -271,6 +326,22 @@ class GQAMixer(nn.Module):
         if self.window is not None and k.shape[0] > self.window:
             k, v = k[-self.window:].clone(), v[-self.window:].clone()
         return y, LayerKV(self.layer_index, sp.kind, {"k": k.contiguous(), "v": v.contiguous()}), ckpt
+
+    def decode_batch(self, x: torch.Tensor, starts: list[int], prevs: list[LayerKV]) -> tuple[torch.Tensor, list[LayerKV]]:
+        """One decode step for B requests: projections on the batch, attention per request over its own cache."""
+        sp = self.spec
+        kvh, dk, dv = sp.kv_heads, sp.k_head_dim, sp.v_head_dim
+        qs, ks, vs = (x @ self.w_q.T), (x @ self.w_k.T), (x @ self.w_v.T)
+        outs, layers = [], []
+        for i, (start, prev) in enumerate(zip(starts, prevs)):
+            q = rope(qs[i:i + 1].view(1, kvh, self.q_per_kv, dk), start)
+            k = torch.cat((prev.tensors["k"].to(x.device), rope(ks[i:i + 1].view(1, kvh, dk), start).to(self.kv_dtype)), dim=0)
+            v = torch.cat((prev.tensors["v"].to(x.device), vs[i:i + 1].view(1, kvh, dv).to(self.kv_dtype)), dim=0)
+            outs.append(attend(q, k.float(), v.float(), start, start + 1 - k.shape[0], self.window, dk**-0.5).reshape(1, -1))
+            if self.window is not None and k.shape[0] > self.window:
+                k, v = k[-self.window:].clone(), v[-self.window:].clone()
+            layers.append(LayerKV(self.layer_index, sp.kind, {"k": k.contiguous(), "v": v.contiguous()}))
+        return torch.cat(outs) @ self.w_o.T, layers
 
 
 class MLAMixer(nn.Module):
@@ -330,6 +401,34 @@ class MLAMixer(nn.Module):
             ckpt = LayerKV(self.layer_index, "mla", {"latent": latent[:checkpoint_at - k_start], "k_rope": k_rope[:checkpoint_at - k_start]})
         return y, LayerKV(self.layer_index, "mla", {"latent": latent.contiguous(), "k_rope": k_rope.contiguous()}), ckpt
 
+    def decode_batch(self, x: torch.Tensor, starts: list[int], prevs: list[LayerKV]) -> tuple[torch.Tensor, list[LayerKV]]:
+        """One decode step for B requests in one pass: the absorbed form over every request's latent cache,
+        padded to the longest and masked (each request sees only its own positions)."""
+        b = x.shape[0]
+        nh, dn, dvh = self.heads, self.nope_dim, self.v_dim
+        r, dr = self.spec.kv_lora_rank, self.spec.rope_dim
+        pos = torch.tensor(starts, device=x.device)
+        latents = rms_norm(x @ self.w_dkv.T).to(self.kv_dtype)
+        k_ropes = rope_at(x @ self.w_kr.T, pos).to(self.kv_dtype)
+        q = (x @ self.w_q.T).view(b, nh, dn + dr)
+        q_lat = torch.einsum("bhn,hnr->bhr", q[..., :dn], self.w_uk.view(nh, dn, r))
+        q_rope = rope_at(q[..., dn:], pos)
+        layers, lats, krs = [], [], []
+        for i, prev in enumerate(prevs):
+            latent = torch.cat((prev.tensors["latent"].to(x.device), latents[i:i + 1]), dim=0)
+            k_rope = torch.cat((prev.tensors["k_rope"].to(x.device), k_ropes[i:i + 1]), dim=0)
+            layers.append(LayerKV(self.layer_index, "mla", {"latent": latent, "k_rope": k_rope}))
+            lats.append(latent)
+            krs.append(k_rope)
+        lat = torch.nn.utils.rnn.pad_sequence(lats, batch_first=True).float()  # [B, S_max, r]
+        kr = torch.nn.utils.rnn.pad_sequence(krs, batch_first=True).float()
+        lengths = torch.tensor([t.shape[0] for t in lats], device=x.device)
+        visible = torch.arange(lat.shape[1], device=x.device)[None, :] < lengths[:, None]  # [B, S_max]
+        scores = (torch.einsum("bhr,bsr->bhs", q_lat, lat) + torch.einsum("bhd,bsd->bhs", q_rope, kr)) * (dn + dr) ** -0.5
+        p = scores.masked_fill(~visible[:, None, :], float("-inf")).softmax(dim=-1)
+        o = torch.einsum("bhr,hvr->bhv", torch.einsum("bhs,bsr->bhr", p, lat), self.w_uv.view(nh, dvh, r))
+        return o.reshape(b, nh * dvh) @ self.w_o.T, layers
+
 
 class Block(nn.Module):
     """Pre-norm residual block: mixer, then a SwiGLU MLP."""
@@ -351,3 +450,9 @@ class Block(nn.Module):
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         return (F.silu(h @ self.w_gate.T) * (h @ self.w_up.T)) @ self.w_down.T
+
+    def decode_batch(self, x: torch.Tensor, starts: list[int], prevs: list[LayerKV]) -> tuple[torch.Tensor, list[LayerKV]]:
+        """`forward` for one decode step of B requests (``x [B, hidden]``), each with its own cache entry."""
+        y, kvs = self.mixer.decode_batch(rms_norm(x), starts, prevs)
+        x = x + y
+        return x + self.mlp(rms_norm(x)), kvs

@@ -4,7 +4,7 @@ item 5), so profile-mode runs and the throughput model can use the user's own de
 
 Prefill: the fastest of `repeats` runs after one untimed run, per length. Decode: a step of batch b is what
 the decode worker does per step today, one ``model.decode`` per request of the batch
-(`decode_step_time_s`, the one place to change when decode batches inside the model), on caches of
+(`decode_step_time_s`: one batched pass, as the decode worker's step), on caches of
 the model's exact geometry with random values at each context length; the median of `steps` steps.
 The ``full`` variant (testbed.models.full) is timed whole when it fits in half the device's free memory,
 else per layer kind and extrapolated; ``--validate`` compares the two at the given depth.
@@ -111,14 +111,13 @@ def _whole_fits(spec: Any, device: Any) -> bool:
 
 
 def decode_step_time_s(model: Any, caches: list[Any], first_token: int, steps: int, sync: Callable[[], None]) -> float:
-    """Median time of one decode step for the batch `caches` (one model.decode per request, as the decode
-    worker's step does)."""
+    """Median time of one decode step for the batch `caches`: one `decode_batch` pass, as the decode
+    worker's continuous batching does."""
     times = []
     for _ in range(max(1, steps)):
         sync()
         t0 = time.perf_counter()
-        for c in caches:
-            model.decode(first_token, c)
+        model.decode_batch([first_token] * len(caches), caches, check=False)
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)

@@ -200,6 +200,26 @@ class HybridModel(nn.Module):
         cache.tokens += 1
         return logits[0]
 
+    @torch.no_grad()
+    def decode_batch(self, token_ids: Sequence[int], caches: Sequence[KVCache], check: bool = True) -> torch.Tensor:
+        """Continuous batching: logits ``[B, vocab]`` of the next token of B requests, each continuing its
+        own cache (any lengths), in one pass. Advances every cache in place, as `decode`. `check=False`
+        skips `check_cache` for caches this model produced or checked before (a serving loop's later steps)."""
+        if len(token_ids) != len(caches) or not caches:
+            raise ValueError(f"decode_batch: {len(token_ids)} tokens for {len(caches)} caches")
+        for cache in caches if check else ():
+            self.check_cache(cache)
+        x = self.embed[self._ids(list(token_ids))]
+        starts = [c.tokens for c in caches]
+        per_layer = []
+        for i, block in enumerate(self.blocks):
+            x, kvs = block.decode_batch(x, starts, [c.layers[i] for c in caches])
+            per_layer.append(kvs)
+        for j, cache in enumerate(caches):
+            cache.layers = [kvs[j] for kvs in per_layer]
+            cache.tokens += 1
+        return rms_norm(x) @ self.lm_head.T
+
     def generate(self, token_ids: torch.Tensor | Sequence[int], max_new_tokens: int, cache: KVCache | None = None) -> list[int]:
         """Greedy decoding: the `max_new_tokens` tokens after the prompt (continuing from `cache` if given)."""
         if max_new_tokens <= 0:

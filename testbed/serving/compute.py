@@ -164,18 +164,18 @@ class TorchCompute:
         return PrefillOutput(cache.tokens, checkpoint)
 
     def decode_step(self, slots: list[Any]) -> list[int]:
-        """One token for each request in the batch (one decode call per request on its own cache)."""
-        out = []
+        """One token for each request in the batch: one batched pass (`HybridModel.decode_batch`), each
+        request on its own cache; a request's cache is checked against the model when it joins."""
         with self.torch.inference_mode():
             for s in slots:
                 if s.next_input is None:  # first step: the prompt's last token
                     s.next_input = int(s.req.prompt_token_ids[-1])
                     s.kv = _cache_to(s.kv, self.device, self.torch)
-                logits = self.model.decode(s.next_input, s.kv)
-                logits = logits[0] if isinstance(logits, tuple) else logits
-                tok = int(self.torch.argmax(logits.reshape(-1)).item())
-                s.next_input = tok
-                out.append(tok)
+                    self.model.check_cache(s.kv)
+            logits = self.model.decode_batch([s.next_input for s in slots], [s.kv for s in slots], check=False)
+            out = [int(t) for t in self.torch.argmax(logits, dim=-1).tolist()]
+        for s, tok in zip(slots, out):
+            s.next_input = tok
         return out
 
 
