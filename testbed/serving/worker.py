@@ -101,6 +101,7 @@ class PrefillJob:
     started: bool = False  # left the queue (guarded by PrefillWorker.lock)
     done: threading.Event = field(default_factory=threading.Event)
     result: dict[str, Any] = field(default_factory=dict)  # PrefillResult's fields, filled in as the job goes
+    compute_after_first_s: float = 0.0  # compute time after the first layer was handed over (not blocked time)
     hit: Any = None  # the pool's prefix hit, referenced until the job ends
     checkpoint: Any = None  # torch: the cache at the last block boundary, stored in the pool on success
 
@@ -163,7 +164,7 @@ class Destination:
                     self.sender.abort(rid, payload)
                 continue
             start = self.started.setdefault(rid, now_s())
-            if rid not in self.failed and now_s() - start > self.kv_timeout_s:  # the KV timeout runs from the first layer
+            if rid not in self.failed and self._elapsed_s(job, start) > self.kv_timeout_s:  # the KV timeout runs from the first layer
                 self.failed[rid] = self._late()
                 if self.sender is not None:
                     self.sender.abort(rid, self.failed[rid])
@@ -180,7 +181,7 @@ class Destination:
                     sender.send_layer(rid, payload)
                 else:
                     self.started.pop(rid, None)
-                    left_s = max(0.0, start + self.kv_timeout_s - now_s())
+                    left_s = max(0.0, self.kv_timeout_s - self._elapsed_s(job, start))
                     threading.Thread(target=self._finish, args=(sender, job, payload, left_s), daemon=True).start()
             except Exception as exc:  # the decode side went away or the WAN broke the connection
                 reason = f"KV transfer to {self.host}:{self.kv_port} failed: {exc}"
@@ -191,6 +192,12 @@ class Destination:
                     self._end(job, None, reason)
                 else:
                     self.failed[rid] = reason
+
+    @staticmethod
+    def _elapsed_s(job: PrefillJob, start_s: float) -> float:
+        """The transfer's clock: time since its first layer was handed over, less the time the prefill was
+        still computing later layers (layer-wise streaming: a long prefill is not a slow transfer)."""
+        return now_s() - start_s - job.compute_after_first_s
 
     def _late(self) -> str:
         return f"KV transfer to {self.host}:{self.kv_port} did not complete within {self.kv_timeout_s:g} s of its start"
@@ -338,8 +345,16 @@ class PrefillWorker:
         job.result["prefill_start_s"] = now_s()
         job.result["queue_s"] = job.result["prefill_start_s"] - job.queued_s
 
+        handed: list[float] = []  # when the compute last handed a layer over (after any back-pressure)
+
+        def computed() -> None:  # the compute ran from the last hand-over until now
+            if handed:
+                job.compute_after_first_s += now_s() - handed[-1]
+
         def on_layer(layer: Any) -> None:
-            dest.items.put(("layer", job, layer))
+            computed()
+            dest.items.put(("layer", job, layer))  # blocks while the path is full: that time is the transfer's
+            handed.append(now_s())
 
         try:
             plan = self.plan(job)
@@ -350,6 +365,7 @@ class PrefillWorker:
             dest.items.put(("abort", job, f"prefill failed: {exc}"))
             raise
         job.checkpoint = out.checkpoint
+        computed()
         job.result["prefill_end_s"] = now_s()
         took_s = (job.result["prefill_end_s"] - job.result["prefill_start_s"]) / max(1, req.input_len - plan.cached_len)
         self.s_per_token = took_s if self.s_per_token == 0 else 0.8 * self.s_per_token + 0.2 * took_s

@@ -278,3 +278,31 @@ def test_a_request_waiting_for_a_place_in_a_full_batch_fails_naming_the_batch_qu
     assert isinstance(final, FinalEvent) and final.status == "failed" and final.tokens == 0
     assert final.reason.startswith("waited 0.") and final.reason.endswith("s in the batch queue of decode instance 3 (request timeout 0.3 s)")
     assert not isinstance(first_long, FinalEvent)
+
+
+def test_the_kv_clock_pauses_while_the_prefill_computes_later_layers() -> None:
+    """Layer-wise streaming: 0.8 s of compute between two layers does not count against a 0.5 s KV timeout."""
+    import torch
+
+    from testbed.kv.cache import LayerKV
+    from testbed.kv.transport import KVReceiver
+    from testbed.serving.protocol import KVDestination, PrefillRequest
+    from testbed.serving.worker import Destination, PrefillJob
+
+    got: list[Any] = []
+    rx = KVReceiver("127.0.0.1", 0, lambda rid, r: got.append(r), request_timeout_s=10).start()
+    ended: list[PrefillJob] = []
+    done = threading.Event()
+    try:
+        dest = Destination("127.0.0.1", rx.port, 2, lambda j: (ended.append(j), done.set()), "m", kv_timeout_s=0.5)
+        job = PrefillJob(PrefillRequest("slow-compute", 16, KVDestination("127.0.0.1", rx.port, 0)))
+        dest.items.put(("layer", job, LayerKV(0, "linear", {"state": torch.ones(2, 4, 4)})))
+        time.sleep(0.8)  # the prefill computing layer 1
+        job.compute_after_first_s += 0.8
+        dest.items.put(("layer", job, LayerKV(1, "linear", {"state": torch.ones(2, 4, 4)})))
+        dest.items.put(("finish", job, 16))
+        assert done.wait(10)
+    finally:
+        rx.close()
+    assert ended[0].result["status"] == "ok", ended[0].result
+    assert got and got[0].ok
