@@ -195,6 +195,17 @@ class LinearMixer(nn.Module):
             self.register_buffer("neg_slopes", -slopes.to(device), persistent=False)
         self.w_o = make_param(gen, (hidden, h * dv), (h * dv) ** -0.5 / math.sqrt(2 * n_layers), device)
 
+    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token-major q, k (L2-normalised, q scaled, repeated to every value head) and v: ``[T, H, d]``."""
+        sp = self.spec
+        t, h, hk, dk = qkv.shape[0], sp.heads, sp.qk_heads, sp.key_dim
+        q, k, v = F.silu(qkv).split(self.widths, dim=-1)
+        q = F.normalize(q.reshape(t, hk, dk), dim=-1) * dk**-0.5
+        k = F.normalize(k.reshape(t, hk, dk), dim=-1)
+        if h != hk:
+            q, k = q.repeat_interleave(h // hk, dim=1), k.repeat_interleave(h // hk, dim=1)
+        return q, k, v.reshape(t, h, sp.value_dim)
+
     def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False,
                 checkpoint_at: int | None = None) -> tuple[torch.Tensor, LayerKV, LayerKV | None]:
         sp = self.spec
@@ -211,13 +222,7 @@ class LinearMixer(nn.Module):
             conv_at = seq[at:at + sp.conv_kernel - 1].clone() if at is not None else None
             seq = seq.float()
             qkv = sum(seq[j:j + t] * self.w_conv[:, j] for j in range(sp.conv_kernel))  # depthwise causal conv
-        qkv = F.silu(qkv)
-        q, k, v = qkv.split(self.widths, dim=-1)
-        q = F.normalize(q.reshape(t, hk, dk), dim=-1) * dk**-0.5
-        k = F.normalize(k.reshape(t, hk, dk), dim=-1)
-        if h != hk:
-            q, k = q.repeat_interleave(h // hk, dim=1), k.repeat_interleave(h // hk, dim=1)
-        q, k, v = (z.transpose(0, 1).contiguous() for z in (q, k, v.reshape(t, h, dv)))
+        q, k, v = (z.transpose(0, 1).contiguous() for z in self._heads(qkv))
         if sp.rule == "delta":
             g = F.logsigmoid(x @ self.w_decay.T + 3.0).T  # per-token log decay, about -0.05
             beta = torch.sigmoid(x @ self.w_beta.T).T
@@ -256,13 +261,7 @@ class LinearMixer(nn.Module):
             conv_states = [seq[i, 1:].clone() for i in range(b)]
             seq = seq.float()
             qkv = sum(seq[:, j] * self.w_conv[:, j] for j in range(sp.conv_kernel))
-        qkv = F.silu(qkv)
-        q, k, v = qkv.split(self.widths, dim=-1)
-        q = F.normalize(q.reshape(b, hk, dk), dim=-1) * dk**-0.5
-        k = F.normalize(k.reshape(b, hk, dk), dim=-1)
-        if h != hk:
-            q, k = q.repeat_interleave(h // hk, dim=1), k.repeat_interleave(h // hk, dim=1)
-        v = v.reshape(b, h, dv)
+        q, k, v = self._heads(qkv)
         state = torch.stack([p.tensors["state"].to(x.device).float() for p in prevs])  # [B, H, dk, dv]
         if sp.rule == "delta":
             state = state * F.logsigmoid(x @ self.w_decay.T + 3.0).exp()[:, :, None, None]
