@@ -301,7 +301,7 @@ def test_linear_chunks_divide_the_prefix_cache_block_so_block_boundaries_are_exa
     assert all(BLOCK_TOKENS % v.chunk_tokens == 0 for v in VARIANTS.values())
 
 
-@pytest.mark.parametrize("name", ["kimi-linear-48b", "mimo-v2-flash"])  # linear + MLA; SWA + GQA
+@pytest.mark.parametrize("name", ["paper-1t-hybrid", "mimo-v2-flash"])  # KDA + MLA; SWA + GQA
 def test_a_batched_decode_step_gives_each_request_the_tokens_and_cache_of_its_own_decode(name: str) -> None:
     """Continuous batching: requests of different lengths decoded together get the same greedy tokens, and
     caches within float rounding, as each decoded alone."""
