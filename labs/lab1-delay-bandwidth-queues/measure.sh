@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Lab 1: measure one queue size. Usage (as root): bash measure.sh 0.25bdp runs/q0.25
 # Brings the lab's network up with that queue, records the configured figures (prfaas check), pings
-# across the idle WAN, then pings again while TCP (iperf3, CUBIC, 4 parallel flows) fills it, and tears
-# it down. LAB1_SECONDS (default 12) is how long the flows run; the loaded pings start 3 s into them.
-# LAB1_STREAMS (default 4): one flow alone grows its window too slowly to fill a 4 BDP queue in 12 s.
+# across the idle WAN, then pings again while TCP (iperf3, CUBIC) fills it, and tears it down.
+# LAB1_SECONDS (default 12) is how long the flows run; the loaded pings start 3 s into them.
+# LAB1_STREAMS (default 1) parallel flows: try 4 and compare (one flow grows its window slowly).
 set -euo pipefail
 queue=$1; out=$2
-secs=${LAB1_SECONDS:-12}; streams=${LAB1_STREAMS:-4}; settle=$(( secs / 4 < 3 ? secs / 4 : 3 )); pings=$(( (secs - settle - 1) * 5 ))
+secs=${LAB1_SECONDS:-12}; streams=${LAB1_STREAMS:-1}; settle=$(( secs / 4 < 3 ? secs / 4 : 3 )); pings=$(( (secs - settle - 1) * 5 ))
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 prfaas check "$here/wan.yaml" --set wan.queue="$queue" --json > "$out/check.json"
