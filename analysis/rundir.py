@@ -42,7 +42,7 @@ class Run:
     def label(self) -> str:
         """Short label for legends: policy and directory name."""
         pol = self.summary.get("policy") or (self.scenario.get("policy") or {}).get("name", "")
-        if pol and self.signals == "oracle":
+        if pol == "prfaas" and self.signals == "oracle":
             pol += " [ORACLE signals]"
         return f"{pol} ({self.path.name})" if pol else self.path.name
 

@@ -289,6 +289,7 @@ class Congestion:
     inflight_bytes: float = 0.0
     delivery_rate_bps: float = 0.0
     goodput_bps: float = 0.0
+    path_rate_bps: float = 0.0  # the kernel's delivery rate while a sender has work (the bandwidth estimator's input)
     by_destination: dict[str, Any] = field(default_factory=dict)
 
     def numbers(self) -> dict[str, float]:
@@ -303,7 +304,8 @@ class Congestion:
         return out
 
 
-NUMBERS = ("retransmits", "rtt_ms", "min_rtt_ms", "cwnd", "send_queue_bytes", "inflight_bytes", "delivery_rate_bps", "goodput_bps")
+NUMBERS = ("retransmits", "rtt_ms", "min_rtt_ms", "cwnd", "send_queue_bytes", "inflight_bytes", "delivery_rate_bps", "goodput_bps",
+           "path_rate_bps")
 
 
 @dataclass(frozen=True)

@@ -599,6 +599,7 @@ class Router:
         self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total,
                                                  send_queue_bytes=self.scale.emulated_bytes(wire("send_queue_bytes")),
                                                  inflight_bytes=self.scale.emulated_bytes(wire("inflight_bytes")), kv_goodput_bps=goodput,
+                                                 kv_path_rate_bps=self.scale.emulated_bps(wire("path_rate_bps")),
                                                  rtt_ms=max(rtts, default=0.0), min_rtt_ms=min(floors, default=0.0)))
 
     def _get_state(self, inst: _Instance) -> WorkerState | None:

@@ -196,3 +196,20 @@ def test_sweep_refuses_a_bad_grid_and_bad_points_before_running(tmp_path):
     with pytest.raises(UserError, match="wan.rate"):
         run_sweep(str(scen), ["wan.rate=10Gbps,fast"], tmp_path / "sw", runner=lambda sc, out: ran.append(out))
     assert ran == []
+
+
+def test_reports_label_a_prfaas_run_told_the_oracle_signals(tmp_path):
+    from analysis.report import summary_rows
+    from analysis.rundir import load_run
+
+    labels = {}
+    for mode in ("observed", "oracle"):
+        d = tmp_path / mode
+        write_run_dir(d, policy="prfaas", duration_s=5.0)
+        s = json.loads((d / "summary.json").read_text())
+        s["signals"] = mode
+        (d / "summary.json").write_text(json.dumps(s))
+        run = load_run(d)
+        labels[mode] = (run.label, summary_rows([run], [{}])[1][0][1])
+    assert "ORACLE" not in labels["observed"][0] and "ORACLE" not in labels["observed"][1]
+    assert "[ORACLE signals]" in labels["oracle"][0] and "[ORACLE signals]" in labels["oracle"][1]
