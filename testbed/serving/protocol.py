@@ -289,8 +289,8 @@ class Congestion:
     inflight_bytes: float = 0.0
     delivery_rate_bps: float = 0.0
     goodput_bps: float = 0.0
-    path_rate_bps: float = 0.0  # the kernel's delivery rate while a sender has work (the bandwidth estimator's input)
     by_destination: dict[str, Any] = field(default_factory=dict)
+    path_rate_bps: float = 0.0  # the kernel's delivery rate while a sender has work (the bandwidth estimator's input)
 
     def numbers(self) -> dict[str, float]:
         """The summed signals by name (everything but the per-destination detail)."""
