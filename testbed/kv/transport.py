@@ -265,9 +265,10 @@ class KVSender(KVSendConnector):
             "delivery_rate_bps": sum(s.delivery_rate_bps for s in now if not s.app_limited),
             "goodput_bps": goodput,
             # the path's rate as TCP measures it (the kernel keeps the last delivery-rate sample that was not
-            # application-limited), summed over the connections, only while this sender has work: KV is
+            # application-limited), summed over the connections that have work now: KV is
             # streamed as prefill produces it, so acked bytes per second measure the prefill, not the path
-            "path_rate_bps": sum(s.delivery_rate_bps for s in now) if queued or any(s.notsent_bytes or s.unacked_bytes for s in now) else 0.0,
+            # connections without bytes unsent or in flight are left out: their last rate may predate a dip
+            "path_rate_bps": sum(s.delivery_rate_bps for s in now if s.notsent_bytes or s.unacked_bytes),
             "connections": len(self._conns),
             "broken": self._broken,
         }
