@@ -146,7 +146,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     for r in runs:
         parts.append(f"<details><summary>{html.escape(r.path.name)}: scenario, environment, summary.json</summary>"
                      f"<h3>scenario.yaml</h3><pre>{html.escape(yaml.safe_dump(r.scenario, sort_keys=False))}</pre>"
-                     f"<h3>environment.json</h3><pre>{html.escape(json.dumps(r.environment, indent=2))}</pre>"
+                     f"<h3>environment.json</h3><pre>{html.escape(json.dumps(r.environment.to_json(), indent=2, default=str))}</pre>"
                      f"<h3>summary.json</h3><pre>{html.escape(json.dumps(r.summary, indent=2))}</pre></details>")
     parts.append("</body></html>")
     out.mkdir(parents=True, exist_ok=True)

@@ -114,14 +114,14 @@ def bootstrap_ci(x: list[float], n: int = 10000, seed: int = 0) -> tuple[float, 
 
 
 def run_one(shape: str, arm: str, seed: int, out: Path, extra: list[str]) -> Path:
-    from testbed.run import run_scenario
+    from experiments.runs import run_once
     from testbed.sections import load_scenario
 
     d = out / shape / f"{arm}-s{seed}"
     if (d / "summary.json").exists():
         return d
     sc = load_scenario(shape, ARMS[arm] + [f"seed={seed}"] + extra)
-    run_scenario(sc, d, progress=False)
+    run_once(sc, d, progress=False)
     return d
 
 
