@@ -1,4 +1,4 @@
-"""Subcommands of the analysis area: ``model``, ``report``, ``sweep``, ``wall``."""
+"""Subcommands of the analysis area: ``model``, ``report``, ``wall``."""
 
 from __future__ import annotations
 
@@ -27,13 +27,6 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", metavar="DIR", help="where report.html and plots/ go (default: the run directory; required for several)")
     r.set_defaults(func=cmd_report)
-
-    s = sub.add_parser("sweep", help="run a grid of scenario variations, resumable, ending in one comparison report")
-    s.add_argument("scenario", metavar="SCENARIO")
-    s.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="e.g. --grid wan.rate=10Gbps,40Gbps --grid seed=1,2")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to every point")
-    s.add_argument("--out", required=True, metavar="DIR")
-    s.set_defaults(func=cmd_sweep)
 
     w = sub.add_parser("wall", help="the bandwidth wall: Phi_kv per model (published, profiles, measured) and cluster egress")
     w.add_argument("--measure", nargs="*", metavar="MODEL", help="also time prefill of these torch models here (default: kimi-linear-48b minimax-m2.5)")
@@ -112,18 +105,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = write_report(args.run_dirs, args.out)
     print(f"wrote {path} ({time.perf_counter() - t0:.1f} s)")
     return 0
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from analysis.sweep import run_sweep
-
-    man = run_sweep(args.scenario, args.grid, args.out, args.set)
-    failed = {k: v["status"] for k, v in man["points"].items() if v["status"].startswith(("failed", "incomplete"))}
-    for k, v in man["points"].items():
-        print(f"{k}: {v['status']}")
-    if "report" in man:
-        print(f"wrote {man['report']}")
-    return 1 if failed else 0
 
 
 def _lengths(text: str) -> list[int]:

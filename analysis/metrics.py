@@ -18,11 +18,6 @@ import pandas as pd
 from testbed.scale import Scale
 from testbed.units import finite_or_none
 
-REQUEST_COLUMNS = (
-    "request_id", "arrival_s", "input_len", "cached_len", "output_len", "route", "threshold",
-    "prefill_start_s", "prefill_end_s", "kv_bytes", "transfer_start_s", "transfer_end_s",
-    "first_token_s", "finish_s", "status",
-)
 OFFLOAD_ROUTE_PREFIX = "prfaas"
 
 

@@ -68,7 +68,7 @@ def summary_rows(runs: Sequence[Run], predictions: Sequence[dict[str, Any]]) -> 
         m = r.metrics
         ms = lambda v: v * 1e3 if v is not None else None  # noqa: E731
         rows.append([
-            r.path.name, m["policy"] + (" [ORACLE signals]" if m.get("signals") == "oracle" else ""), _fmt(r.scale), f"{m['requests_ok']} / {m['requests_total']}", _fmt(m["throughput_rps"]),
+            r.path.name, m["policy"] + (" [ORACLE signals]" if m["policy"] == "prfaas" and m.get("signals") == "oracle" else ""), _fmt(r.scale), f"{m['requests_ok']} / {m['requests_total']}", _fmt(m["throughput_rps"]),
             _fmt(pr.get("lambda_max")), _fmt(m["ttft_s"]["mean"]), _fmt(m["ttft_s"]["p50"]), _fmt(m["ttft_s"]["p90"]),
             _fmt(m["ttft_s"]["p99"]), _fmt(ms(m["tpot_s"]["mean"])), _fmt(ms(m["tpot_s"]["p90"])), _fmt(m["offload_fraction"]),
             _fmt(pr.get("offload_fraction")), _fmt(pr.get("threshold")), _fmt(m["egress_gbps"]["mean"]), _fmt(pr.get("egress_gbps")),
@@ -146,7 +146,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     for r in runs:
         parts.append(f"<details><summary>{html.escape(r.path.name)}: scenario, environment, summary.json</summary>"
                      f"<h3>scenario.yaml</h3><pre>{html.escape(yaml.safe_dump(r.scenario, sort_keys=False))}</pre>"
-                     f"<h3>environment.json</h3><pre>{html.escape(json.dumps(r.environment, indent=2))}</pre>"
+                     f"<h3>environment.json</h3><pre>{html.escape(json.dumps(r.environment.to_json(), indent=2, default=str))}</pre>"
                      f"<h3>summary.json</h3><pre>{html.escape(json.dumps(r.summary, indent=2))}</pre></details>")
     parts.append("</body></html>")
     out.mkdir(parents=True, exist_ok=True)

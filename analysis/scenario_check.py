@@ -68,9 +68,18 @@ class CheckReport:
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: non-finite numbers (an unbounded Lambda, say) become null."""
         doc = asdict(self)
         doc["timeline"] = [{"at_s": t, "action": a} for t, a in self.timeline]
-        return doc
+        return _finite(doc)
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def direction_plans(sc: Scenario, scale: float) -> list[DirectionPlan]:
@@ -261,7 +270,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     rep = check_scenario(load_scenario(args.scenario, args.set))
     if args.json:
-        json.dump(rep.to_dict(), sys.stdout, indent=1, default=lambda v: None if isinstance(v, float) and not math.isfinite(v) else str(v))
+        json.dump(rep.to_dict(), sys.stdout, indent=1, default=str, allow_nan=False)
         sys.stdout.write("\n")
     else:
         print(format_report(rep))

@@ -46,6 +46,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from analysis.metrics import egress_series_bps, offloaded_mask, ttft_s  # noqa: E402
+from testbed.rundir import REQUESTS_FILE, SCENARIO_FILE, load_run_dir  # noqa: E402
 from testbed.scale import Scale  # noqa: E402
 from testbed.sections import load_scenario  # noqa: E402
 
@@ -81,12 +82,11 @@ def ratio(a: float, b: float) -> float:
 
 def measure(run: Path) -> dict[str, Any]:
     """Every figure the checks and the table use, from one run directory."""
-    req = pd.read_parquet(run / "requests.parquet")
-    sched = pd.read_parquet(run / "scheduler.parquet")
-    link = pd.read_parquet(run / "link.parquet")
-    sc = load_scenario(str(run / "scenario.yaml"))
+    data = load_run_dir(run, require_summary=False)
+    req, sched, link = data.requests, data.scheduler, data.link
+    sc = load_scenario(str(run / SCENARIO_FILE))
     scale = Scale(float(sc.scale))
-    start = float(json.loads((run / "environment.json").read_text())["workload_start_s"])
+    start = float(data.environment.workload_start_s or 0.0)
     ev = next(e for e in sc.wan.schedule if any(k == "rate_bps" for k, _ in e.changes))
     dip0, dip1 = start + ev.at_s, start + ev.at_s + float(ev.for_s or 0.0)
     dip_rate = float(dict(ev.changes)["rate_bps"])
@@ -248,16 +248,16 @@ def main() -> int:
         return 2
     if args.measure:
         out = Path(args.measure)
-        keys = [k for k in keys if (out / k / "requests.parquet").exists()]
+        keys = [k for k in keys if (out / k / REQUESTS_FILE).exists()]
     else:
-        from testbed.run import run_scenario
+        from experiments.runs import run_once
 
         out = Path(args.out)
         quick = QUICK if args.quick else []
         scenarios = {k: load_scenario(RUNS[k][0], quick + RUNS[k][1]) for k in keys}  # all checked first
         for key, sc in scenarios.items():
             print(f"== {key}", flush=True)
-            run_scenario(sc, out / key, progress=sys.stdout.isatty())
+            run_once(sc, out / key, progress=sys.stdout.isatty())
     results = {k: measure(out / k) for k in keys}
     (out / "case_study.json").write_text(json.dumps(results, indent=1))
     ok = report(results, f"{'re-measured' if args.measure else 'quick' if args.quick else 'full'} runs in {out}; profile compute")

@@ -67,8 +67,10 @@ def measure(run_dir: Path) -> dict[str, Any]:
 
     run = load_run(run_dir)
     sc = run.scenario
-    t_base = float((sc.get("policy") or {}).get("threshold") or 16384)
-    slo = float(str((sc.get("serving") or {}).get("slo", {}).get("ttft", "10s")).rstrip("s"))
+    from testbed import units
+
+    t_base = float(units.parse_tokens((sc.get("policy") or {}).get("threshold") or "16K"))
+    slo = units.parse_duration_s((sc.get("serving") or {}).get("slo", {}).get("ttft", "10s"))
     off = run.schedule_offset_s
     df = run.requests.copy()
     df["ttft"] = pd.to_numeric(df["first_token_s"], errors="coerce") - pd.to_numeric(df["arrival_s"], errors="coerce")
@@ -112,14 +114,14 @@ def bootstrap_ci(x: list[float], n: int = 10000, seed: int = 0) -> tuple[float, 
 
 
 def run_one(shape: str, arm: str, seed: int, out: Path, extra: list[str]) -> Path:
-    from testbed.run import run_scenario
+    from experiments.runs import run_once
     from testbed.sections import load_scenario
 
     d = out / shape / f"{arm}-s{seed}"
     if (d / "summary.json").exists():
         return d
     sc = load_scenario(shape, ARMS[arm] + [f"seed={seed}"] + extra)
-    run_scenario(sc, d, progress=False)
+    run_once(sc, d, progress=False)
     return d
 
 

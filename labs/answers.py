@@ -77,14 +77,17 @@ def number(answers: dict[str, Any], key: str, truth: float, *, rel: float, abs_:
     return Verdict(key, ok, f"you wrote {given:.4g}{unit}, recomputed{src}: {truth:.4g}{unit} (tolerance +/-{tol:.3g}{unit})")
 
 
-def choice(answers: dict[str, Any], key: str, truth: str, *, rule: str = "") -> Verdict:
-    """A word or name; case and surrounding spaces aside it must be the one `rule` picks from the runs."""
+def choice(answers: dict[str, Any], key: str, truth: str | tuple[str, ...], *, rule: str = "") -> Verdict:
+    """A word or name; case and surrounding spaces aside it must be the one `rule` picks from the runs
+    (or one of several, when the rule ties)."""
     raw = lookup(answers, key)
+    ok_values = (truth,) if isinstance(truth, str) else tuple(truth)
+    want = " or ".join(repr(str(t)) for t in ok_values)
     why = f" ({rule})" if rule else ""
     if raw is None:
-        return Verdict(key, False, f"not answered; from your runs: {truth!r}{why}")
-    ok = str(raw).strip().lower() == str(truth).strip().lower()
-    return Verdict(key, ok, f"you wrote {raw!r}, from your runs: {truth!r}{why}")
+        return Verdict(key, False, f"not answered; from your runs: {want}{why}")
+    ok = str(raw).strip().lower() in {str(t).strip().lower() for t in ok_values}
+    return Verdict(key, ok, f"you wrote {raw!r}, from your runs: {want}{why}")
 
 
 def interval(answers: dict[str, Any], key: str, truth: tuple[float, float], *, rel: float, abs_: float = 0.0, unit: str = "",

@@ -284,15 +284,17 @@ def fault_end_s(run: Any) -> float:
     return run.schedule_offset_s + max(ends)
 
 
-def main_failure_reason(run: Any) -> str:
+def main_failure_reasons(run: Any) -> tuple[str, ...]:
+    """The most common `reason` among failed requests (all of them when several tie); ("none",) when none failed."""
     from analysis.metrics import ok_mask
 
     df = run.requests[~ok_mask(run.requests)]
     if not len(df):
-        return "none"
+        return ("none",)
     if "reason" not in df:
-        return "unknown"
-    return str(df["reason"].fillna("unknown").astype(str).value_counts().index[0])
+        return ("unknown",)
+    counts = df["reason"].fillna("unknown").astype(str).value_counts()
+    return tuple(str(r) for r, n in counts.items() if n == counts.iloc[0])
 
 
 def recovered(run: Any) -> str:
@@ -312,7 +314,7 @@ def check_lab5(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
         out += [number(answers, f"{k}.requests_ok", _metric(run, "requests_ok"), rel=0.0, source="requests.parquet"),
                 number(answers, f"{k}.requests_failed", _metric(run, "requests_failed"), rel=0.0, source="requests.parquet"),
                 number(answers, f"{k}.ttft_p99_s", _metric(run, "ttft_s", "p99"), rel=0.10, abs_=0.05, unit=" s", source="requests.parquet"),
-                choice(answers, f"{k}.main_failure_reason", main_failure_reason(run), rule="the most common reason of failed requests"),
+                choice(answers, f"{k}.main_failure_reason", main_failure_reasons(run), rule="the most common reason of failed requests"),
                 choice(answers, f"{k}.recovered", recovered(run),
                        rule=f">= 90% ok among requests arriving {RECOVERY_GRACE_S:g} s after the fault ended")]
     return out

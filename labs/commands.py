@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from testbed.errors import UserError
+
+if TYPE_CHECKING:
+    from labs.catalog import Lab
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -24,7 +29,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     ck = lsub.add_parser("check", help="recompute each answer from your runs and say which hold")
     ck.add_argument("number", type=int)
     ck.add_argument("run_dirs", nargs="*", type=Path, metavar="RUN_DIR", help="default: the runs the answers file lists, under its runs/")
-    ck.add_argument("--answers", type=Path, help="answers file (default ./labN/<the file the handout names>)")
+    ck.add_argument("--answers", type=Path, help="answers file (default: ./answers.yaml inside the lab folder, else ./labN/answers.yaml)")
     ck.set_defaults(func=cmd_check)
     lab.set_defaults(func=lambda a: (lab.print_help(), 2)[1])
 
@@ -56,6 +61,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_answers(lab: "Lab") -> Path:
+    """``answers.yaml`` here when run inside the lab folder (as the handouts do), else ``labN/answers.yaml``."""
+    here, below = Path(lab.answers), Path(lab.default_dir) / lab.answers
+    if here.is_file() and (Path("runs").is_dir() or not below.is_file()):
+        return here
+    return below
+
+
 def resolve_runs(answers: dict, answers_path: Path, given: list[Path]) -> dict[str, Path]:
     """Run directories by name: those given, else the answers' ``runs:`` keys under runs/, else every folder there."""
     from labs.checks import run_names
@@ -75,7 +88,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from labs.checks import CHECKERS
 
     lab = get_lab(args.number)
-    path = args.answers or Path(lab.default_dir) / lab.answers
+    path = args.answers or default_answers(lab)
     answers = load_answers(path)
     runs = resolve_runs(answers, path, args.run_dirs)
     missing = [str(p) for p in runs.values() if not p.is_dir()]

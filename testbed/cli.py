@@ -20,10 +20,10 @@ COMMAND_MODULES = (
     "testbed.net.commands",  # doctor, net up/exec/down, clean, calibrate
     "testbed.models.commands",  # kv-size
     "traffic.commands",  # traffic stats
-    "testbed.serving.commands",  # run, quickstart
-    "analysis.commands",  # model, report, sweep
+    "analysis.commands",  # model, report, wall
     "analysis.scenario_check",  # check
     "labs.commands",  # lab list/show/start/check
+    "experiments.commands",  # run, quickstart, sweep
 )
 
 

@@ -33,9 +33,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from testbed.rundir import FIDELITY_FILE
 from testbed.units import finite_or_none as _num
 
-FIDELITY_FILE = "fidelity.json"
 PROBE_SLEEP_S = 0.005  # the order of a profile-mode layer or decode-step sleep
 CORES_PER_RUN_DEFAULT = 2.0  # a `quick` run alone on a 2-core host (measured: benchmarks/scale_out_bench.py)
 HEADROOM = 0.8  # share of the host's cores that parallel runs may fill and still keep time

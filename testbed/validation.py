@@ -13,7 +13,8 @@ from typing import Any, Callable, TypeVar
 
 from testbed.errors import FieldError
 
-__all__ = ["REQUIRED", "FieldError", "Fields", "boolean", "number", "positive_int", "positive_number"]
+__all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "mapping", "non_negative", "number",
+           "positive_int", "positive_number", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -111,4 +112,45 @@ def positive_number(v: Any) -> float:
     x = number(v)
     if x <= 0:
         raise ValueError(f"{v!r} must be > 0")
+    return x
+
+
+def text(v: Any) -> str:
+    """A non-empty string."""
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"{v!r} is not a non-empty string")
+    return v
+
+
+def string(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"{v!r} is not a string")
+    return v
+
+
+def integers(v: Any) -> tuple[int, ...]:
+    """A list of whole numbers (not booleans), as a tuple."""
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise ValueError("must be a list of integers")
+    return tuple(v)
+
+
+def mapping(v: Any) -> dict[str, Any]:
+    """A JSON object / YAML mapping, copied."""
+    if not isinstance(v, dict):
+        raise ValueError(f"must be an object, got {type(v).__name__}")
+    return dict(v)
+
+
+def at_least_one(v: Any) -> int:
+    n = positive_int(v)
+    if n < 1:
+        raise ValueError(f"{v!r} is not a whole number >= 1")
+    return n
+
+
+def non_negative(v: Any) -> float:
+    x = number(v)
+    if x < 0:
+        raise ValueError(f"{v!r} must be >= 0")
     return x

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 from testbed import clock, units
 from testbed.errors import FieldError
+from testbed.rundir import CROSS_TRAFFIC_FILE, cross_traffic_frame
 from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS
 from testbed.validation import Fields, positive_int
@@ -31,8 +32,6 @@ PATTERNS = ("constant", "onoff", "schedule")
 HOST_RE = re.compile(r"^(prfaas|pd)-x\d+$")
 BASE_PORT = 5301
 SERVER_READY_S = 0.25
-RECORD_COLUMNS = ("t_s", "flow", "protocol", "src", "dst", "period", "interval_s", "bytes", "achieved_bps",
-                  "configured_bps", "lost_packets", "packets", "jitter_ms")
 
 
 @dataclass(frozen=True)
@@ -314,15 +313,13 @@ class CrossTraffic:
             left = list(self._procs)
         for p in left:
             self._end(p, 0.0)
-        self.write(self.out_dir / "cross_traffic.parquet")
+        self.write(self.out_dir / CROSS_TRAFFIC_FILE)
 
     def records(self) -> "Any":
         """A pandas DataFrame: one row per flow and report interval (t_s is from `start()`)."""
-        import pandas as pd
-
         with self._lock:
             rows = list(self._rows)
-        return pd.DataFrame(rows, columns=list(RECORD_COLUMNS)).sort_values(["t_s", "flow"], ignore_index=True)
+        return cross_traffic_frame(rows)
 
     def write(self, path: str | Path) -> Path:
         p = Path(path)

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Lab 1: measure one queue size. Usage (as root): bash measure.sh 0.25bdp runs/q0.25
 # Brings the lab's network up with that queue, records the configured figures (prfaas check), pings
-# across the idle WAN, then pings again while one TCP flow (iperf3, CUBIC) fills it, and tears it down.
-# LAB1_SECONDS (default 12) is how long the TCP flow runs; the loaded pings start 3 s into it.
+# across the idle WAN, then pings again while TCP (iperf3, CUBIC) fills it, and tears it down.
+# LAB1_SECONDS (default 12) is how long the flows run; the loaded pings start 3 s into them.
+# LAB1_STREAMS (default 1) parallel flows: try 4 and compare (one flow grows its window slowly).
 set -euo pipefail
 queue=$1; out=$2
-secs=${LAB1_SECONDS:-12}; settle=$(( secs / 4 < 3 ? secs / 4 : 3 )); pings=$(( (secs - settle - 1) * 5 ))
+secs=${LAB1_SECONDS:-12}; streams=${LAB1_STREAMS:-1}; settle=$(( secs / 4 < 3 ? secs / 4 : 3 )); pings=$(( (secs - settle - 1) * 5 ))
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 prfaas check "$here/wan.yaml" --set wan.queue="$queue" --json > "$out/check.json"
@@ -14,7 +15,7 @@ trap 'prfaas net down' EXIT
 dst=$(prfaas net exec pd-x0 -- hostname -I | awk '{print $1}')       # pd-x0's address
 prfaas net exec pd-x0 -- iperf3 -s -D -1                                # a server for one test
 prfaas net exec prfaas-x0 -- ping -n -c 10 -i 0.2 "$dst" > "$out/ping-idle.txt"
-prfaas net exec prfaas-x0 -- iperf3 -c "$dst" -t "$secs" -J > "$out/iperf3.json" &
+prfaas net exec prfaas-x0 -- iperf3 -c "$dst" -t "$secs" -P "$streams" -J > "$out/iperf3.json" &
 sleep "$settle"                                                         # past slow start
 prfaas net exec prfaas-x0 -- ping -n -c "$pings" -i 0.2 "$dst" > "$out/ping-loaded.txt"
 wait

@@ -264,6 +264,11 @@ class KVSender(KVSendConnector):
             "inflight_bytes": sum(s.unacked_bytes for s in now),
             "delivery_rate_bps": sum(s.delivery_rate_bps for s in now if not s.app_limited),
             "goodput_bps": goodput,
+            # the path's rate as TCP measures it (the kernel keeps the last delivery-rate sample that was not
+            # application-limited), summed over the connections that have work now: KV is
+            # streamed as prefill produces it, so acked bytes per second measure the prefill, not the path
+            # connections without bytes unsent or in flight are left out: their last rate may predate a dip
+            "path_rate_bps": sum(s.delivery_rate_bps for s in now if s.notsent_bytes or s.unacked_bytes),
             "connections": len(self._conns),
             "broken": self._broken,
         }

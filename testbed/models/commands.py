@@ -47,6 +47,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "extrapolated) or auto (all when it fits in half the free memory)")
     q.add_argument("--validate", action="store_true", help="full variant: also time the whole model at the shortest length "
                    "and print the extrapolation's error")
+    q.add_argument("--clock", default="auto", help="wall, cpu (this process's CPU time) or auto: wall on CUDA, cpu on the CPU "
+                   "(robust on a shared host; with several torch threads it sums them)")
     q.add_argument("--seed", type=int, default=0)
     q.set_defaults(func=run_profile)
 
@@ -143,6 +145,8 @@ def run_profile(args: argparse.Namespace) -> int:
         raise UserError(f"--device: {args.device!r} is not allowed; use one of: auto, cpu, cuda")
     if args.layers not in ("auto", "all", "sample"):
         raise UserError(f"--layers: {args.layers!r} is not allowed; use one of: auto, all, sample")
+    if args.clock not in ("auto", "wall", "cpu"):
+        raise UserError(f"--clock: {args.clock!r} is not allowed; use one of: auto, wall, cpu")
     if args.repeats < 1:
         raise UserError("--repeats: must be at least 1")
     batches = _token_list(args.batches, "--batches", least=1) or (1,)
@@ -150,7 +154,7 @@ def run_profile(args: argparse.Namespace) -> int:
     plan = ProfilePlan(spec.name if Path(args.model).suffix not in (".yaml", ".yml") else args.model, args.variant,
                        args.device, _token_list(args.lengths, "--lengths"), batches,
                        _token_list(args.contexts, "--contexts"), args.repeats, depth=args.depth, layers=args.layers,
-                       validate=args.validate, seed=args.seed)
+                       validate=args.validate, seed=args.seed, clock=args.clock)
     console = Console(stderr=True)
     with console.status(f"profiling {plan.model} ({plan.variant})") as status:
         m = measure(plan, progress=lambda msg: (console.log(msg), status.update(msg)))
@@ -158,7 +162,7 @@ def run_profile(args: argparse.Namespace) -> int:
     prof = write_profile(profile_document(m, out.stem), out)
     meas = prof.extra["measured"]
     c = prof.coefficients + (0.0,) * (3 - len(prof.coefficients))
-    print(f"{prof.model} ({plan.variant}, {meas['layers']}) on {prof.chip}")
+    print(f"{prof.model} ({plan.variant}, {meas['layers']}) on {prof.chip}, {meas['clock']} time")
     print(f"  prefill T(l) = {c[0]:.4g} + {c[1]:.4g} l + {c[2]:.4g} l^2 s; fit error: "
           f"rms {meas['prefill_fit_error']['rms_rel']:.1%}, max {meas['prefill_fit_error']['max_rel']:.1%} over {len(prof.points_tokens)} lengths")
     for n, s in zip(prof.points_tokens, prof.points_s):

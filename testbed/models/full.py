@@ -182,7 +182,7 @@ def layer_kinds(spec: ModelSpec, w: Widths) -> dict[str, list[int]]:
 
 
 def time_prefill_per_layer(spec: ModelSpec, tokens: int, seed: int = 0, device: str = "auto", repeats: int = 1,
-                           sync: Callable[[], None] | None = None) -> tuple[float, list[LayerTiming]]:
+                           clock: Callable[[], float] = time.perf_counter) -> tuple[float, list[LayerTiming]]:
     """Prefill time of the whole model at `tokens`, extrapolated from one timed block of each kind:
     sum over kinds of (layers of that kind x one block's time), plus embedding, final norm and the last
     position's logits (timed on a one-block model). Returns (seconds, per-kind timings)."""
@@ -191,28 +191,28 @@ def time_prefill_per_layer(spec: ModelSpec, tokens: int, seed: int = 0, device: 
     for kind, idx in layer_kinds(spec, w).items():
         m = build_full_model(spec, seed, device, layers=[idx[0]])
         s = _time(lambda: m.blocks[0](torch.randn(tokens, w.hidden, generator=torch.Generator().manual_seed(seed)).to(m.device), 0, None),
-                  repeats, m.device)
+                  repeats, m.device, clock)
         timings.append(LayerTiming(kind, len(idx), s))
         del m
     return sum(t.layers * t.seconds for t in timings), timings
 
 
-def _time(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
+def _time(fn: Callable[[], Any], repeats: int, device: torch.device, clock: Callable[[], float] = time.perf_counter) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best = float("inf")
     with torch.inference_mode():
         fn()  # warm-up
         for _ in range(max(1, repeats)):
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
             sync()
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, clock() - t0)
     return best
 
 
 def time_decode_per_layer(spec: ModelSpec, context: int, seed: int = 0, device: str = "auto",
-                          repeats: int = 1) -> tuple[float, list[LayerTiming]]:
+                          repeats: int = 1, clock: Callable[[], float] = time.perf_counter) -> tuple[float, list[LayerTiming]]:
     """One request's decode step at `context` cached positions, extrapolated like the prefill: one block of
     each kind steps one token over a cache entry of that layer's exact geometry (random values)."""
     from testbed.kv.cache import LayerKV
@@ -227,7 +227,7 @@ def time_decode_per_layer(spec: ModelSpec, context: int, seed: int = 0, device: 
             name: torch.empty(ts.shape, dtype=torch.float32).normal_(generator=gen).to(torch_dtype(ts.dtype)).to(m.device)
             for name, ts in spec.layer_tensors(idx[0], context).items()})
         x = torch.randn(1, w.hidden, generator=gen).to(m.device)
-        s = _time(lambda: m.blocks[0](x, context, prev, True), repeats, m.device)
+        s = _time(lambda: m.blocks[0](x, context, prev, True), repeats, m.device, clock)
         timings.append(LayerTiming(kind, len(idx), s))
         del m
     return sum(t.layers * t.seconds for t in timings), timings

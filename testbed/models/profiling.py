@@ -42,6 +42,7 @@ class ProfilePlan:
     layers: str = "auto"  # full variant: "all" (time the whole model), "sample" (one block per kind), "auto"
     validate: bool = False  # full variant: also time the whole (reduced-depth) model and compare
     seed: int = 0
+    clock: str = "auto"  # "wall", "cpu" (this process's CPU time), "auto": wall on CUDA, cpu on the CPU
 
 
 @dataclass
@@ -55,12 +56,20 @@ class Measurement:
     layers: str = "all"
     validation: dict[str, Any] | None = None
     per_layer: list[dict[str, Any]] = field(default_factory=list)
+    clock: str = "wall"
 
 
 def default_lengths(device_type: str, variant: str) -> tuple[int, ...]:
     if device_type == "cuda":
         return (1024, 2048, 4096, 8192, 16384, 32768)
     return {"tiny": (256, 512, 1024, 2048), "faithful": (128, 256, 512, 1024)}.get(variant, (64, 128, 256))
+
+
+def clock_for(plan: ProfilePlan, device_type: str) -> tuple[str, Callable[[], float]]:
+    """Wall time on a GPU (what a user's engine sees). On the CPU this process's CPU time by default: the
+    compute itself, and what a shared host leaves of it (with several torch threads it sums them)."""
+    kind = plan.clock if plan.clock != "auto" else ("wall" if device_type == "cuda" else "cpu")
+    return kind, (time.process_time if kind == "cpu" else time.perf_counter)
 
 
 def _sync(device: Any) -> Callable[[], None]:
@@ -110,16 +119,17 @@ def _whole_fits(spec: Any, device: Any) -> bool:
     return need < free / 2
 
 
-def decode_step_time_s(model: Any, caches: list[Any], first_token: int, steps: int, sync: Callable[[], None]) -> float:
+def decode_step_time_s(model: Any, caches: list[Any], first_token: int, steps: int, sync: Callable[[], None],
+                       clock: Callable[[], float] = time.perf_counter) -> float:
     """Median time of one decode step for the batch `caches`: one `decode_batch` pass, as the decode
     worker's continuous batching does."""
     times = []
     for _ in range(max(1, steps)):
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         model.decode_batch([first_token] * len(caches), caches, check=False)
         sync()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -133,6 +143,7 @@ def measure(plan: ProfilePlan, progress: Callable[[str], None] | None = None) ->
     lengths = plan.lengths or default_lengths(dev.type, plan.variant)
     contexts = plan.contexts or (min(lengths), max(lengths))
     out = Measurement(plan, dev.type, chip_name(dev), kv_bytes=[(n, spec.kv_bytes(n).total_bytes) for n in lengths])
+    out.clock, clock = clock_for(plan, dev.type)
     note = progress or (lambda _msg: None)
     sample = plan.variant == "full" and (plan.layers == "sample" or (plan.layers == "auto" and not _whole_fits(spec, dev)))
     if sample:
@@ -140,16 +151,16 @@ def measure(plan: ProfilePlan, progress: Callable[[str], None] | None = None) ->
 
         out.layers = f"{len(spec.layers)} layers, extrapolated from one timed block per layer kind"
         for n in lengths:
-            s, per = time_prefill_per_layer(spec, n, plan.seed, str(dev.type), plan.repeats)
+            s, per = time_prefill_per_layer(spec, n, plan.seed, str(dev.type), plan.repeats, clock)
             out.prefill.append((n, s))
             out.per_layer += [{"phase": "prefill", "tokens": n, "kind": t.kind, "layers": t.layers, "seconds": t.seconds} for t in per]
             note(f"prefill {n} tokens: {s:.3f} s (extrapolated)")
         for c in contexts:
-            s, per = time_decode_per_layer(spec, c, plan.seed, str(dev.type), max(plan.repeats, plan.decode_steps))
+            s, per = time_decode_per_layer(spec, c, plan.seed, str(dev.type), max(plan.repeats, plan.decode_steps), clock)
             out.decode += [(b, c, b * s) for b in plan.batches]
             note(f"decode step at context {c}: {s * 1e3:.1f} ms per request (extrapolated)")
         if plan.validate:
-            out.validation = validate_extrapolation(spec, min(lengths), plan.seed, str(dev.type), plan.repeats, out.prefill[0][1])
+            out.validation = validate_extrapolation(spec, min(lengths), plan.seed, str(dev.type), plan.repeats, out.prefill[0][1], clock)
         return out
     model = build_model(model_spec(replace(plan, variant="faithful")), plan.variant, plan.seed, str(dev.type))  # tiny shrinks it itself
     model.last_logits_only = True
@@ -164,22 +175,22 @@ def measure(plan: ProfilePlan, progress: Callable[[str], None] | None = None) ->
             best = float("inf")
             for _ in range(max(1, plan.repeats)):
                 sync()
-                t0 = time.perf_counter()
+                t0 = clock()
                 model.prefill(ids)
                 sync()
-                best = min(best, time.perf_counter() - t0)
+                best = min(best, clock() - t0)
             out.prefill.append((n, best))
             note(f"prefill {n} tokens: {best:.3f} s")
         for c in contexts:
             caches = [synthetic_cache(model.spec, c, seed=plan.seed + i, device=str(dev.type)) for i in range(max(plan.batches))]
             for b in plan.batches:
-                s = decode_step_time_s(model, [_copy(x) for x in caches[:b]], 1, plan.decode_steps, sync)
+                s = decode_step_time_s(model, [_copy(x) for x in caches[:b]], 1, plan.decode_steps, sync, clock)
                 out.decode.append((b, c, s))
                 note(f"decode batch {b} at context {c}: {s * 1e3:.1f} ms per step")
     if plan.validate and plan.variant == "full":
         from testbed.models.full import time_prefill_per_layer
 
-        est, _ = time_prefill_per_layer(spec, min(lengths), plan.seed, str(dev.type), plan.repeats)
+        est, _ = time_prefill_per_layer(spec, min(lengths), plan.seed, str(dev.type), plan.repeats, clock)
         out.validation = _validation(min(lengths), out.prefill[0][1], est, len(spec.layers))
     return out
 
@@ -195,7 +206,8 @@ def _validation(tokens: int, whole_s: float, extrapolated_s: float, layers: int)
             "relative_error": round(extrapolated_s / whole_s - 1.0, 4)}
 
 
-def validate_extrapolation(spec: Any, tokens: int, seed: int, device: str, repeats: int, extrapolated_s: float) -> dict[str, Any]:
+def validate_extrapolation(spec: Any, tokens: int, seed: int, device: str, repeats: int, extrapolated_s: float,
+                           clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Time the whole model of `spec` (it must fit) at `tokens` and compare with the per-layer extrapolation."""
     import torch
 
@@ -203,7 +215,7 @@ def validate_extrapolation(spec: Any, tokens: int, seed: int, device: str, repea
 
     m = build_full_model(spec, seed, device)
     ids = torch.randint(0, m.vocab_size, (tokens,), generator=torch.Generator().manual_seed(seed))
-    whole = _time(lambda: m.prefill(ids), repeats, m.device)
+    whole = _time(lambda: m.prefill(ids), repeats, m.device, clock)
     return _validation(tokens, whole, extrapolated_s, len(spec.layers))
 
 
@@ -266,7 +278,7 @@ def profile_document(m: Measurement, name: str) -> dict[str, Any]:
         "model": p.model,
         "gpus_per_instance": 1,
         "provenance": (f"Measured by `prfaas profile` on {host} ({m.chip}), {when}: the {p.variant} variant of {p.model} "
-                       f"({m.layers}), random weights (seed {p.seed}), torch {torch.__version__}. Prefill: fastest of "
+                       f"({m.layers}), random weights (seed {p.seed}), torch {torch.__version__}, {m.clock} time. Prefill: fastest of "
                        f"{p.repeats} run(s) after one untimed run per length; decode: median of {p.decode_steps} steps, one "
                        f"model.decode per request of the batch, fitted at context {ctx}."),
         "prefill": {"points": [[int(n), round(float(s), 6)] for n, s in m.prefill], "degree": degree},
@@ -275,7 +287,7 @@ def profile_document(m: Measurement, name: str) -> dict[str, Any]:
                    "points": [[int(b), int(c), round(float(s), 6)] for b, c, s in m.decode]},
         "measured": {
             "host": host, "device": m.device, "variant": p.variant, "base_model": p.model, "depth": p.depth,
-            "layers": m.layers, "torch": str(torch.__version__), "threads": torch.get_num_threads(), "date": when,
+            "layers": m.layers, "clock": m.clock, "torch": str(torch.__version__), "threads": torch.get_num_threads(), "date": when,
             "prefill_fit_error": {k: round(v, 5) for k, v in fit_errors(*zip(*m.prefill), coeffs).items()},
             "decode_fit_error": {k: round(v, 5) for k, v in dec_err.items()},
             "kv_bytes": [[int(n), int(b)] for n, b in m.kv_bytes],

@@ -95,11 +95,8 @@ class Telemetry:
             self._thread.join(timeout=5)
 
     def write_parquet(self, path: Path) -> Path:
-        import pandas as pd
+        from testbed.rundir import link_frame
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        frame = pd.DataFrame(self.rows)
-        if not frame.empty:
-            frame = frame.sort_values(["t_s", "direction"], kind="stable")
-        frame.to_parquet(path, index=False)
+        link_frame(self.rows).to_parquet(path, index=False)
         return path

@@ -5,7 +5,7 @@ the testbed extension ``"prfaas": {request_id, input_len, block_hashes}``), one 
 its arrival time (open loop) or N users with think times (closed loop), and records what the client
 saw. Because it is the only process of the run inside the PD datacenter's client host, it also relays
 the run's WAN telemetry (JSON lines on stdin) to the router's ``/v1/telemetry`` and reports progress
-and the router's state as JSON lines on stdout, which `testbed.run` reads.
+and the router's state as JSON lines on stdout, which `testbed.runner.live` reads.
 """
 
 from __future__ import annotations

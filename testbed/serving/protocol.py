@@ -20,7 +20,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, TypeVar
 
-from testbed.validation import Fields, boolean, number, positive_int, positive_number
+from testbed.validation import (
+    Fields, at_least_one, boolean, integers, mapping, non_negative, positive_int, positive_number, string, text,
+)
 
 STATUSES = ("ok", "failed")
 DECODE_PREFIX_HEADER = "X-Prfaas-Decode-Prefix-Len"  # on the /v1/decode response: positions this decode already holds
@@ -28,44 +30,6 @@ ROLES = ("prefill", "decode")
 ROUTES = ("prfaas", "pd")
 
 M = TypeVar("M")
-
-
-def _text(v: Any) -> str:
-    if not isinstance(v, str) or not v:
-        raise ValueError(f"{v!r} is not a non-empty string")
-    return v
-
-
-def _optional_text(v: Any) -> str:
-    if not isinstance(v, str):
-        raise ValueError(f"{v!r} is not a string")
-    return v
-
-
-def _ints(v: Any) -> tuple[int, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise ValueError("must be a list of integers")
-    return tuple(v)
-
-
-def _mapping(v: Any) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise ValueError(f"must be an object, got {type(v).__name__}")
-    return dict(v)
-
-
-def _at_least_one(v: Any) -> int:
-    n = positive_int(v)
-    if n < 1:
-        raise ValueError(f"{v!r} is not a whole number >= 1")
-    return n
-
-
-def _non_negative(v: Any) -> float:
-    x = number(v)
-    if x < 0:
-        raise ValueError(f"{v!r} must be >= 0")
-    return x
 
 
 def _read(cls: type[M], data: Any, source: str, path: str, fields: Callable[[Fields], dict[str, Any]]) -> M:
@@ -93,7 +57,7 @@ class KVDestination:
 
     @classmethod
     def read(cls, f: Fields) -> "KVDestination":
-        out = cls(f.get("host", _text), f.get("kv_port", _at_least_one), f.get("instance", positive_int))
+        out = cls(f.get("host", text), f.get("kv_port", at_least_one), f.get("instance", positive_int))
         f.done()
         return out
 
@@ -112,7 +76,7 @@ class Deadline:
 
 
 def _deadline(f: Fields, default_timeout_s: float | None) -> dict[str, Any]:
-    return {"arrival_s": f.get("arrival_s", _non_negative, None),
+    return {"arrival_s": f.get("arrival_s", non_negative, None),
             "request_timeout_s": f.get("request_timeout_s", positive_number, default_timeout_s)}
 
 
@@ -140,11 +104,11 @@ class PrefillRequest:
     @classmethod
     def from_json(cls, data: Any, source: str = "POST /v1/prefill") -> "PrefillRequest":
         def fields(f: Fields) -> dict[str, Any]:
-            out = {"request_id": f.get("request_id", _text), "input_len": f.get("input_len", _at_least_one),
-                   "decode": KVDestination.read(f.section("decode")) if f.has("decode") else f.get("decode", _mapping),
+            out = {"request_id": f.get("request_id", text), "input_len": f.get("input_len", at_least_one),
+                   "decode": KVDestination.read(f.section("decode")) if f.has("decode") else f.get("decode", mapping),
                    "cached_len": f.get("cached_len", positive_int, 0), "decode_prefix_len": f.get("decode_prefix_len", positive_int, 0),
-                   "block_hashes": f.get("block_hashes", _ints, ()),
-                   "prompt_token_ids": f.get("prompt_token_ids", _ints, None), "route": f.choice("route", ROUTES, "prfaas"),
+                   "block_hashes": f.get("block_hashes", integers, ()),
+                   "prompt_token_ids": f.get("prompt_token_ids", integers, None), "route": f.choice("route", ROUTES, "prfaas"),
                    "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), **_deadline(f, None)}
             for key in ("cached_len", "decode_prefix_len"):
                 if out[key] >= out["input_len"]:
@@ -173,9 +137,9 @@ class DecodeRequest:
     @classmethod
     def from_json(cls, data: Any, source: str = "POST /v1/decode") -> "DecodeRequest":
         return _read(cls, data, source, "", lambda f: {
-            "request_id": f.get("request_id", _text), "input_len": f.get("input_len", _at_least_one),
-            "output_len": f.get("output_len", _at_least_one, 1), "prompt_token_ids": f.get("prompt_token_ids", _ints, None),
-            "block_hashes": f.get("block_hashes", _ints, ()), **_deadline(f, None)})
+            "request_id": f.get("request_id", text), "input_len": f.get("input_len", at_least_one),
+            "output_len": f.get("output_len", at_least_one, 1), "prompt_token_ids": f.get("prompt_token_ids", integers, None),
+            "block_hashes": f.get("block_hashes", integers, ()), **_deadline(f, None)})
 
 
 # ---------------------------------------------------------------------------------------- answers
@@ -208,9 +172,9 @@ class PrefillResult:
     @classmethod
     def from_json(cls, data: Any, source: str = "prefill result") -> "PrefillResult":
         return _read(cls, data, source, "", lambda f: {
-            "request_id": f.get("request_id", _text), "status": f.choice("status", STATUSES),
-            "reason": f.get("reason", _optional_text, None),
-            **{k: f.get(k, _non_negative, None) for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s",
+            "request_id": f.get("request_id", text), "status": f.choice("status", STATUSES),
+            "reason": f.get("reason", string, None),
+            **{k: f.get(k, non_negative, None) for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s",
                                                           "transfer_end_s", "queue_s")},
             **{k: f.get(k, positive_int, None) for k in ("kv_bytes", "wire_bytes", "prefill_cached_len", "decode_prefix_len")}})
 
@@ -229,7 +193,7 @@ class TokenEvent:
     @classmethod
     def from_json(cls, data: Any, source: str = "token event") -> "TokenEvent":
         return _read(cls, data, source, "", lambda f: {"token_id": f.get("token_id", positive_int),
-                                                       "index": f.get("index", positive_int), "t_s": f.get("t_s", _non_negative)})
+                                                       "index": f.get("index", positive_int), "t_s": f.get("t_s", non_negative)})
 
 
 @dataclass(frozen=True)
@@ -258,9 +222,9 @@ class FinalEvent:
         def fields(f: Fields) -> dict[str, Any]:
             if not f.get("done", boolean):
                 raise f.error("done", "must be true in a final event")
-            return {"status": f.choice("status", STATUSES), "reason": f.get("reason", _optional_text, None),
+            return {"status": f.choice("status", STATUSES), "reason": f.get("reason", string, None),
                     "kv_bytes": f.get("kv_bytes", positive_int, 0), "tokens": f.get("tokens", positive_int, 0),
-                    **{k: f.get(k, _non_negative, None) for k in ("transfer_start_s", "transfer_end_s", "first_token_s",
+                    **{k: f.get(k, non_negative, None) for k in ("transfer_start_s", "transfer_end_s", "first_token_s",
                                                                   "finish_s", "queue_s")}}
 
         return _read(cls, data, source, "", fields)
@@ -290,6 +254,7 @@ class Congestion:
     delivery_rate_bps: float = 0.0
     goodput_bps: float = 0.0
     by_destination: dict[str, Any] = field(default_factory=dict)
+    path_rate_bps: float = 0.0  # the kernel's delivery rate while a sender has work (the bandwidth estimator's input)
 
     def numbers(self) -> dict[str, float]:
         """The summed signals by name (everything but the per-destination detail)."""
@@ -297,13 +262,14 @@ class Congestion:
 
     @classmethod
     def read(cls, f: Fields) -> "Congestion":
-        out = cls(**{k: f.get(k, _non_negative, 0.0) for k in NUMBERS},
-                  by_destination=f.get("by_destination", _mapping, {}))
+        out = cls(**{k: f.get(k, non_negative, 0.0) for k in NUMBERS},
+                  by_destination=f.get("by_destination", mapping, {}))
         f.done()
         return out
 
 
-NUMBERS = ("retransmits", "rtt_ms", "min_rtt_ms", "cwnd", "send_queue_bytes", "inflight_bytes", "delivery_rate_bps", "goodput_bps")
+NUMBERS = ("retransmits", "rtt_ms", "min_rtt_ms", "cwnd", "send_queue_bytes", "inflight_bytes", "delivery_rate_bps", "goodput_bps",
+           "path_rate_bps")
 
 
 @dataclass(frozen=True)
@@ -326,10 +292,10 @@ class WorkerState:
     @classmethod
     def from_json(cls, data: Any, source: str = "GET /v1/state") -> "WorkerState":
         return _read(cls, data, source, "", lambda f: {
-            "role": f.choice("role", ROLES), "instance": f.get("instance", positive_int), "cluster": f.get("cluster", _text),
+            "role": f.choice("role", ROLES), "instance": f.get("instance", positive_int), "cluster": f.get("cluster", text),
             "queue_depth": f.get("queue_depth", positive_int, 0), "busy": f.get("busy", boolean, False),
-            "batch": f.get("batch", positive_int, 0), "prefix_blocks": f.get("prefix_blocks", _ints, ()),
-            "pool": f.get("pool", _mapping, None), "congestion": Congestion.read(f.section("congestion"))})
+            "batch": f.get("batch", positive_int, 0), "prefix_blocks": f.get("prefix_blocks", integers, ()),
+            "pool": f.get("pool", mapping, None), "congestion": Congestion.read(f.section("congestion"))})
 
 
 @dataclass(frozen=True)

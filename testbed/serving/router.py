@@ -35,6 +35,7 @@ from typing import Any, Iterator
 from testbed import clock
 from testbed.blocks import BLOCK_TOKENS, prompt_token_ids
 from testbed.errors import FieldError, UserError
+from testbed.rundir import ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
 from testbed.scale import Scale
 from testbed.validation import Fields, boolean, positive_int, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
@@ -51,12 +52,6 @@ from testbed.serving.policy import (
 )
 
 COMPUTE_MODES = ("profile", "torch")
-RECORD_COLUMNS = (
-    "request_id", "arrival_s", "input_len", "cached_len", "uncached_len", "output_len", "route", "threshold",
-    "prefill_instance", "decode_instance", "prefill_start_s", "prefill_end_s", "kv_bytes", "wire_bytes", "kv_bytes_emulated",
-    "transfer_start_s", "transfer_end_s", "first_token_s", "finish_s", "status", "reason", "route_reason",
-    "cache_transfer_tokens",
-)
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -358,7 +353,7 @@ class Router:
         """Run one request; yields `TokenEvent`s, and last the record (``{"record": ...}``). Never raises
         for a worker fault: the record says failed, with the reason."""
         arrival = clock.now_s()
-        rec: dict[str, Any] = dict.fromkeys(RECORD_COLUMNS)
+        rec: dict[str, Any] = dict.fromkeys(ROUTER_RECORD_COLUMNS)
         rec.update(request_id=c.request_id, arrival_s=arrival, input_len=c.input_len, output_len=c.output_len, status="failed")
         try:
             with self._lock:
@@ -599,6 +594,7 @@ class Router:
         self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total,
                                                  send_queue_bytes=self.scale.emulated_bytes(wire("send_queue_bytes")),
                                                  inflight_bytes=self.scale.emulated_bytes(wire("inflight_bytes")), kv_goodput_bps=goodput,
+                                                 kv_path_rate_bps=self.scale.emulated_bps(wire("path_rate_bps")),
                                                  rtt_ms=max(rtts, default=0.0), min_rtt_ms=min(floors, default=0.0)))
 
     def _get_state(self, inst: _Instance) -> WorkerState | None:
@@ -858,12 +854,10 @@ def main(argv: list[str] | None = None) -> int:
     done.wait()
     router.stop()
     if args.out:
-        import pandas as pd
-
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        router.log.to_frame().to_parquet(out / "scheduler.parquet")
-        pd.DataFrame(router.records(), columns=list(RECORD_COLUMNS)).to_parquet(out / "router_requests.parquet")
+        router.log.to_frame().to_parquet(out / SCHEDULER_FILE, index=False)
+        router_records_frame(router.records()).to_parquet(out / ROUTER_REQUESTS_FILE, index=False)
     return 0
 
 

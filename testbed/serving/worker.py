@@ -392,7 +392,8 @@ def _merge_congestion(per_dest: dict[str, dict[str, Any]]) -> Congestion:
     floor = min((float(v["min_rtt_ms"]) for v in vals if v.get("min_rtt_ms")), default=0.0)
     return Congestion(retransmits=total("retransmits"), rtt_ms=peak("rtt_ms"), min_rtt_ms=floor, cwnd=total("cwnd"),
                       send_queue_bytes=total("send_queue_bytes"), inflight_bytes=total("inflight_bytes"),
-                      delivery_rate_bps=total("delivery_rate_bps"), goodput_bps=total("goodput_bps"), by_destination=per_dest)
+                      delivery_rate_bps=total("delivery_rate_bps"), goodput_bps=total("goodput_bps"),
+                      path_rate_bps=total("path_rate_bps"), by_destination=per_dest)
 
 
 # ------------------------------------------------------------------------------------------------ decode

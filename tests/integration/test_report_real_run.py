@@ -1,6 +1,6 @@
 """A report from a real short run: the `quick` scenario on real namespaces (profile compute), then analysis.
 
-Root is needed (tests/integration is marked ``root`` by conftest); `run_scenario` brings the network up
+Root is needed (tests/integration is marked ``root`` by conftest); `run_once` brings the network up
 and always tears it down itself.
 """
 
@@ -22,12 +22,12 @@ from analysis.rundir import load_run
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from testbed.run import run_scenario
+    from experiments.runs import run_once
     from testbed.sections import load_scenario
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = tmp_path_factory.mktemp("quick") / "run"
-    run_scenario(load_scenario("quick"), out, progress=False)
+    run_once(load_scenario("quick"), out, progress=False)
     return out
 
 

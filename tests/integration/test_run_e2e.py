@@ -15,12 +15,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.rundir import REQUIRED_FILES, SUMMARY_KEYS
-from analysis.metrics import REQUEST_COLUMNS
+from experiments.runs import run_once
 from testbed.kv.wire import DEFAULT_CHUNK_BYTES, Trailer, data_header_bytes, encode_trailer
 from testbed.models.spec import load_model_spec
 from testbed.net import state
-from testbed.run import run_scenario
+from testbed.rundir import ENVIRONMENT_VERSION, REQUEST_DTYPES, REQUEST_REQUIRED, REQUIRED_FILES, SUMMARY_KEYS, load_run_dir
 from testbed.scenario import builtin_scenarios_dir
 from testbed.sections import parse_scenario
 from traffic.request import Request
@@ -92,13 +91,20 @@ def test_profile_run_writes_a_complete_run_directory_with_spec_sized_kv(run_dir:
                   workload__arrivals={"process": "poisson", "rate": "2/s"},
                   serving__instances={"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1})
     expected = generate(sc.section("workload"), sc.seed, sc.duration_s)
-    run_scenario(sc, run_dir, progress=False)
+    run_once(sc, run_dir, progress=False)
 
     for name in REQUIRED_FILES:
         assert (run_dir / name).is_file(), name
     df = pd.read_parquet(run_dir / "requests.parquet")
-    assert set(REQUEST_COLUMNS) <= set(df.columns)
+    assert set(REQUEST_REQUIRED) <= set(df.columns)
     assert sorted(df["request_id"]) == sorted(r.request_id for r in expected)
+    # the real run directory round-trips through the one loader: every column in its declared dtype
+    data = load_run_dir(run_dir)
+    assert data.environment.schema_version == ENVIRONMENT_VERSION and data.environment.scale == 10.0
+    assert set(data.requests.columns) == set(REQUEST_DTYPES) - {"text"}  # profile mode keeps no text
+    assert {c: str(data.requests[c].dtype) for c in data.requests} == {c: REQUEST_DTYPES[c] for c in data.requests}
+    assert {c: str(df[c].dtype) for c in df} == {c: REQUEST_DTYPES[c] for c in df}  # as written, before coercion
+    assert data.summary == json.loads((run_dir / "summary.json").read_text())
     assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", ["request_id", "reason"]].to_string()
     assert set(df["route"]) == {"prfaas", "pd"}
     assert ((df["uncached_len"] > 4096) == (df["route"] == "prfaas")).all()
@@ -156,7 +162,7 @@ def test_torch_tokens_decoded_from_kv_that_crossed_the_wan_equal_a_local_prefill
                             "arrivals": {"process": "poisson", "rate": "0.7/s"}},
                   serving={"instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1},
                            "timeouts": {"kv": "30s", "request": "60s", "startup": "90s", "drain": "30s"}})
-    run_scenario(sc, run_dir, progress=False)
+    run_once(sc, run_dir, progress=False)
 
     df = pd.read_parquet(run_dir / "requests.parquet")
     assert len(df) >= 2 and (df["status"] == "ok").all(), df[["request_id", "status", "reason"]].to_string()
@@ -177,7 +183,7 @@ def test_a_decode_worker_killed_mid_run_fails_its_requests_with_reasons_and_the_
                   workload__output=200, workload__arrivals={"process": "poisson", "rate": "2/s"},
                   serving__instances={"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 2},
                   serving__faults=[{"at": "4s", "role": "decode", "instance": 0}])
-    run_scenario(sc, run_dir, progress=False)
+    run_once(sc, run_dir, progress=False)
 
     df = pd.read_parquet(run_dir / "requests.parquet")
     failed = df[df["status"] != "ok"]
@@ -224,7 +230,7 @@ def test_a_prfaas_run_with_observed_signals_records_its_mode_its_estimate_and_th
                   workload__arrivals={"process": "poisson", "rate": "2/s"},
                   serving__instances={"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1})
     assert sc.section("policy").signals == "observed"
-    run_scenario(sc, run_dir, progress=False)
+    run_once(sc, run_dir, progress=False)
 
     router_cfg = json.loads((run_dir / "work" / "router.json").read_text())
     assert router_cfg["wan_capacity_bps"] == sc.wan.prfaas_to_pd.rate_bps  # the nominal rate, nothing else

@@ -1,5 +1,6 @@
-"""Builds run directories that follow the documented contract (docs/serving.md "Run directory",
-docs/analysis.md for link/scheduler columns), for testing the analysis code before real runs exist.
+"""Builds synthetic run directories through the testbed's own writer (`testbed.rundir.RunDirWriter`), for
+testing the analysis code: the files have exactly the shape real runs write, because the same code
+writes them.
 
 The numbers are synthetic but consistent (a request's TTFT >= its prefill, offloaded requests carry KV
 bytes, telemetry is cumulative); they are test inputs, never results.
@@ -7,20 +8,30 @@ bytes, telemetry is cumulative); they are test inputs, never results.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.metrics import summarize
+from experiments.runs import summarize_run_dir
+from testbed.rundir import Environment, RunDirWriter
+
+
+def synthetic_environment(scale: float, workload_start_s: float = 0.0) -> Environment:
+    return Environment(
+        host={"hostname": "synthetic", "cpus": 2, "python": "3", "platform": "synthetic"}, kernel="synthetic",
+        backends={"wan": "delayline", "shaper": "htb", "torch": None, "cuda": False},
+        calibration={"capacity_bps": 10e9, "capacity_source": "synthetic", "wan_rtt": None},
+        compute={"mode": "profile", "profiles": None, "model": "paper-1t-hybrid", "variant": None, "device": None},
+        scale=scale, run_id="synthetic", workload_start_s=workload_start_s, network=None, instances=[], serving={},
+    )
 
 
 def write_run_dir(out: Path, *, policy: str = "prfaas", duration_s: float = 30.0, rate_rps: float = 5.0, seed: int = 1,
                   scale: float = 10.0, threshold: int = 19400, dip: tuple[float, float] | None = (10.0, 20.0)) -> Path:
     rng = np.random.default_rng(seed)
-    out.mkdir(parents=True, exist_ok=True)
+    w = RunDirWriter(out)
     n = max(2, int(rng.poisson(rate_rps * duration_s)))
     arrival = np.sort(rng.uniform(0, duration_s, n))
     inp = np.clip(rng.lognormal(9.9, 1.0, n), 128, 131072).astype(int)
@@ -40,28 +51,25 @@ def write_run_dir(out: Path, *, policy: str = "prfaas", duration_s: float = 30.0
     out_len = np.full(n, 64)
     finish = first + 0.025 * (out_len - 1) * rng.uniform(1.0, 1.2, n)
     status = np.where(rng.uniform(size=n) < 0.02, "failed", "ok")
-    req = pd.DataFrame({
+    w.requests(pd.DataFrame({
         "request_id": [f"r{i}" for i in range(n)], "arrival_s": arrival, "input_len": inp, "cached_len": cached,
-        "output_len": out_len, "route": route, "threshold": threshold, "prefill_start_s": pstart, "prefill_end_s": pend,
-        "kv_bytes": kv, "transfer_start_s": tstart, "transfer_end_s": tend, "first_token_s": first, "finish_s": finish,
-        "status": status,
-    })
+        "uncached_len": unc, "output_len": out_len, "route": route, "threshold": threshold, "prefill_start_s": pstart,
+        "prefill_end_s": pend, "kv_bytes": kv, "transfer_start_s": tstart, "transfer_end_s": tend, "first_token_s": first,
+        "finish_s": finish, "status": status, "scheduled_arrival_s": arrival, "session_id": np.arange(n) % 7,
+    }))
     t = np.arange(0, duration_s, 0.1)
     rate = np.where(dip and (t > dip[0]) & (t < dip[1]), 2e9, 10e9) / scale if dip else np.full(t.size, 10e9 / scale)
     tx = np.cumsum(rate / 8 * 0.1 * rng.uniform(0.3, 0.95, t.size))
-    link = pd.DataFrame({"t_s": t, "direction": "prfaas_to_pd", "rate_bps": rate, "tx_bytes": tx.astype(np.int64),
+    w.link(pd.DataFrame({"t_s": t, "direction": "prfaas_to_pd", "rate_bps": rate, "tx_bytes": tx.astype(np.int64),
                          "backlog_bytes": (rng.uniform(0, 1, t.size) * (rate < 5e8) * 3e6).astype(np.int64),
-                         "drops": np.cumsum(rng.poisson(0.2, t.size))})
-    sch = pd.DataFrame({"t_s": t[::10], "threshold": np.where((t[::10] > 11) & (t[::10] < 21), threshold * 2, threshold),
-                        "egress_utilisation": rng.uniform(0.3, 1.0, t[::10].size)})
-    req.to_parquet(out / "requests.parquet")
-    link.to_parquet(out / "link.parquet")
-    sch.to_parquet(out / "scheduler.parquet")
+                         "drops": np.cumsum(rng.poisson(0.2, t.size))}))
+    w.scheduler(pd.DataFrame({"t_s": t[::10], "kind": "control",
+                              "threshold": np.where((t[::10] > 11) & (t[::10] < 21), threshold * 2, threshold),
+                              "egress_utilization": rng.uniform(0.3, 1.0, t[::10].size)}))
     scen = {"name": f"synthetic-{policy}", "seed": seed, "scale": scale, "duration": f"{duration_s}s",
             "wan": {"rate": "10Gbps", "delay": "10ms", "schedule": [{"at": f"{dip[0]}s", "rate": "2Gbps", "for": f"{dip[1] - dip[0]}s"}] if dip else []},
             "policy": {"name": policy}}
-    (out / "scenario.yaml").write_text(yaml.safe_dump(scen))
-    (out / "environment.json").write_text(json.dumps({"host": "test", "kernel": "synthetic", "wan_backend": "delayline", "compute": "profile"}))
-    summary = summarize(req, link, scale=scale, policy=policy, model="paper-1t-hybrid")
-    (out / "summary.json").write_text(json.dumps(summary))
+    w.scenario(yaml.safe_dump(scen))
+    w.environment(synthetic_environment(scale))
+    summarize_run_dir(out)
     return out

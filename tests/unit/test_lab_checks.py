@@ -159,3 +159,16 @@ def test_lab_check_command_exit_status_and_one_line_errors(tmp_path: Path) -> No
     assert cli.main(["lab", "check", "5", "--answers", str(tmp_path / "bad.yaml")]) == 2
     (tmp_path / "few.yaml").write_text(json.dumps({"runs": {"loss": {}}}))
     assert cli.main(["lab", "check", "5", "--answers", str(tmp_path / "few.yaml")]) == 2
+
+
+def test_lab_check_finds_the_answers_file_from_inside_the_lab_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from testbed import cli
+
+    lab = tmp_path / "lab5"
+    for name, seed in (("loss", 1), ("outage", 2), ("kill", 3)):
+        write_run_dir(lab / "runs" / name, seed=seed)
+    (lab / "answers.yaml").write_text(yaml.safe_dump({"runs": {"loss": {}, "outage": {}, "kill": {}}}))
+    monkeypatch.chdir(lab)
+    assert cli.main(["lab", "check", "5"]) == 1  # found and read (blank answers are wrong), not exit 2
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["lab", "check", "5"]) == 1  # from the parent: lab5/answers.yaml

@@ -1,5 +1,5 @@
 """The client agent (`testbed.serving.loadgen`) against a stand-in router on 127.0.0.1 speaking the
-router's streaming format, and the assembly of requests.parquet rows (`testbed.run.requests_frame`)."""
+router's streaming format, and the assembly of requests.parquet rows (`testbed.runner.collect.requests_frame`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from testbed.run import requests_frame
+from testbed.runner.collect import requests_frame
 from testbed.serving.loadgen import Client, LoadConfig
 from traffic.request import Request
 

@@ -1,7 +1,7 @@
 """Run directories -> metrics, plots and report.html; bad run directories give one clear error; sweeps resume.
 
-Run directories are built from the documented contract (tests/unit/rundir_factory.py) until real runs
-exist; the lead adds a test on a real short run.
+Run directories are written by the testbed's own writer (tests/unit/rundir_factory.py); a real run's
+directory is checked by tests/integration/test_run_e2e.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from rundir_factory import write_run_dir  # noqa: E402
 from analysis import metrics, plots  # noqa: E402
 from analysis.report import write_report  # noqa: E402
 from analysis.rundir import load_run  # noqa: E402
-from analysis.sweep import expand, parse_grid, run_sweep  # noqa: E402
+from experiments.executor import Executor, RunOutcome  # noqa: E402
+from experiments.sweep import expand, parse_grid, run_sweep  # noqa: E402
+from testbed import rundir  # noqa: E402
 from testbed.errors import UserError  # noqa: E402
 
 
@@ -37,7 +39,7 @@ def run_b(tmp_path: Path) -> Path:
 
 
 def _requests(**cols) -> pd.DataFrame:
-    base = {c: [0.0, 0.0, 0.0] for c in metrics.REQUEST_COLUMNS}
+    base = {c: [0.0, 0.0, 0.0] for c in rundir.REQUEST_REQUIRED}
     base.update(request_id=["a", "b", "c"], route=["prfaas", "pd-p", "pd-p"], status=["ok", "ok", "failed"])
     base.update(cols)
     return pd.DataFrame(base)
@@ -162,23 +164,33 @@ def test_report_of_a_two_minute_run_renders_within_a_loose_bound(tmp_path):
     assert time.perf_counter() - t0 < 20.0  # loose here (shared CPU); benchmarks/model_bench.py checks the 10 s target
 
 
+class FakeExecutor(Executor):
+    """Stands in for a real executor in this unit test only: writes a synthetic run directory per task."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def run(self, tasks, on_done):
+        for t in tasks:
+            self.calls.append(t.out_dir.name)
+            write_run_dir(t.out_dir, policy=t.overrides[-1], duration_s=10, seed=len(self.calls))
+            on_done(RunOutcome(t, "ok", None, 0.0, "test"))
+
+
 def test_sweep_runs_every_grid_point_then_resumes_without_rerunning(tmp_path):
     calls = []
-
-    def fake_runner(sc, out):  # stands in for testbed.run.run_scenario in this unit test only
-        calls.append(out.name)
-        return write_run_dir(out, policy=f"seed{sc.seed}", duration_s=10, seed=len(calls))
+    fake_runner = FakeExecutor(calls)
 
     scen = tmp_path / "s.yaml"
     scen.write_text("name: s\nduration: 10s\nwan: {rate: 10Gbps}\n")
     grid = ["wan.rate=10Gbps,20Gbps", "seed=1,2"]
-    man = run_sweep(str(scen), grid, tmp_path / "sw", runner=fake_runner, report=False)
+    man = run_sweep(str(scen), grid, tmp_path / "sw", executor=fake_runner, report=False)
     assert len(calls) == 4 and all(v["status"] == "ok" for v in man["points"].values())
     assert "wan.rate=20Gbps,seed=2" in man["points"]
     # an interrupted point (no summary.json) is rerun; finished ones are skipped
     (tmp_path / "sw" / "points" / "wan.rate=10Gbps,seed=1" / "summary.json").unlink()
     calls.clear()
-    man = run_sweep(str(scen), grid, tmp_path / "sw", runner=fake_runner)
+    man = run_sweep(str(scen), grid, tmp_path / "sw", executor=fake_runner)
     assert calls == ["wan.rate=10Gbps,seed=1"]
     assert (tmp_path / "sw" / "report.html").read_text().count("<tr><td>") == 4
     assert sum(v["status"].startswith("skipped") for v in man["points"].values()) == 3
@@ -194,5 +206,22 @@ def test_sweep_refuses_a_bad_grid_and_bad_points_before_running(tmp_path):
     scen.write_text("name: s\nwan: {rate: 10Gbps}\n")
     ran = []
     with pytest.raises(UserError, match="wan.rate"):
-        run_sweep(str(scen), ["wan.rate=10Gbps,fast"], tmp_path / "sw", runner=lambda sc, out: ran.append(out))
+        run_sweep(str(scen), ["wan.rate=10Gbps,fast"], tmp_path / "sw", executor=FakeExecutor(ran))
     assert ran == []
+
+
+def test_reports_label_a_prfaas_run_told_the_oracle_signals(tmp_path):
+    from analysis.report import summary_rows
+    from analysis.rundir import load_run
+
+    labels = {}
+    for mode in ("observed", "oracle"):
+        d = tmp_path / mode
+        write_run_dir(d, policy="prfaas", duration_s=5.0)
+        s = json.loads((d / "summary.json").read_text())
+        s["signals"] = mode
+        (d / "summary.json").write_text(json.dumps(s))
+        run = load_run(d)
+        labels[mode] = (run.label, summary_rows([run], [{}])[1][0][1])
+    assert "ORACLE" not in labels["observed"][0] and "ORACLE" not in labels["observed"][1]
+    assert "[ORACLE signals]" in labels["oracle"][0] and "[ORACLE signals]" in labels["oracle"][1]

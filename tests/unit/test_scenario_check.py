@@ -138,3 +138,12 @@ def test_fuzz_corpus_refusals_are_one_line_and_exit_2(tmp_path: Path, capsys: py
         else:
             assert "valid" in out, label
     assert refused >= 100  # most mutations are bad input; the rest must check cleanly
+
+
+@pytest.mark.parametrize("name", READY)
+def test_json_output_is_strict_json(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert cli.main(["check", name, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert doc["name"] and len(doc["directions"]) == 2 and doc["segments"]

@@ -156,3 +156,34 @@ def test_committed_kv_beyond_a_prefill_time_is_priced_and_calm_waits_for_it_to_d
     pol.tick(now + 1)
     assert pol.controller.predicted_demand_bps(pol.threshold, now + 1) <= 0.8 * 10 * G - 30e9 / 4 + 1
     assert any("committed KV" in r["reason"] for r in pol.log.rows("threshold"))
+
+
+def test_at_low_arrival_rates_the_demand_model_does_not_vanish_between_arrivals() -> None:
+    """1 request every 1.3 s: a 10 s window holds 7-8, fewer than min_samples (10); the law keeps the last
+    10 instead of falling back to blind x1.5 steps whenever the window runs short."""
+    from testbed.serving.kvmanager import KVManager
+    from testbed.serving.policy import ClusterState
+
+    pol = observed_policy()
+    kv = KVManager({p.instance: p.cluster for p in PREFILL})
+    t0 = clock.now_s() - 60
+    known = []
+    for i in range(40):
+        t = t0 + 1.3 * i
+        pol.decide(RequestView(f"r{i}", 4 * K, 16, t), ClusterState(t, PREFILL, DECODE, kv.match([], 4 * K)))
+        known.append(pol.controller.predicted_demand_bps(0.0, t + 1.0) is not None)
+    assert not any(known[:9]) and all(known[9:])
+    # the rate it predicts is the arrivals' own: 10 x S_kv(4K) over the ~11.7 s they span (+1 s to now)
+    assert pol.controller.predicted_demand_bps(0.0, t0 + 1.3 * 39) == pytest.approx(10 * 150e3 * 4 * K * 8 / (1.3 * 9), rel=0.01)
+
+
+def test_provisioned_mode_takes_the_nominal_rate_as_the_capacity_and_ignores_the_emulator() -> None:
+    pol = observed_policy(signals="provisioned")
+    t = clock.now_s()
+    pol.on_telemetry(TelemetrySample(t, egress_bps=19 * G, capacity_bps=2 * G, drops=1e6))
+    pol.on_telemetry(TelemetrySample(t + 0.5, kv_goodput_bps=5 * G, kv_path_rate_bps=6 * G, send_queue_bytes=1e6,
+                                     rtt_ms=30.0, min_rtt_ms=10.0))
+    c = pol.controller
+    assert c.estimator is None and c.kv_capacity_bps == 20 * G and c.capacity_bps == 20 * G
+    assert c.egress_utilization == pytest.approx(5 / 20)
+    assert pol.status()["signals"] == "provisioned"

@@ -297,3 +297,28 @@ def test_tcp_info_is_sampled_into_telemetry_and_the_congestion_signal(receiver: 
     acked = [s.bytes_acked for s in seen if s.connection == 0]
     assert acked == sorted(acked) and acked[-1] > acked[0]
     assert c["goodput_bps"] > 0 and c["rtt_ms"] > 0 and c["cwnd"] >= 2
+    assert 0 < c["min_rtt_ms"] <= c["rtt_ms"] + 1e-3 and c["inflight_bytes"] >= 0
+
+
+def test_the_path_rate_is_reported_while_the_sender_has_work_and_zero_when_idle(receiver: tuple[KVReceiver, Results]) -> None:
+    rx, _ = receiver
+    with KVSender(LOOPBACK, rx.port, connections=2, sample_interval_s=0.01) as tx:
+        rates = []
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                rates.append(tx.congestion()["path_rate_bps"])
+                time.sleep(0.002)
+
+        w = threading.Thread(target=watch)
+        w.start()
+        for i in range(4):
+            tx.send_bytes(f"b-{i}", 0, "gqa", 64 << 20)
+        for i in range(4):
+            assert tx.finish(f"b-{i}").ok
+        done.set()
+        w.join()
+        time.sleep(0.1)
+        idle = tx.congestion()
+    assert max(rates) > 0 and idle["path_rate_bps"] == 0.0

@@ -59,7 +59,8 @@ class TelemetrySample:
     (0: the link is down), backlog_bytes, drops (cumulative).
     Observed (the router polls the PrfaaS prefill workers across the WAN; TCP_INFO of their KV
     senders, summed): retransmits (cumulative), send_queue_bytes (queued + not yet sent),
-    inflight_bytes (sent, not acknowledged), kv_goodput_bps (acknowledged per second), rtt_ms (peak
+    inflight_bytes (sent, not acknowledged), kv_goodput_bps (acknowledged per second, 1 s),
+    kv_path_rate_bps (TCP's delivery rate, summed over the connections of senders that have work now), rtt_ms (peak
     over workers), min_rtt_ms (the kernel's min RTT, lowest over workers).
     Queues (router, every tick): requests in flight per instance of each pool, and of decode.
     A finished offload (router): transfer_uncached_len and transfer_kv_bytes (fit S_kv(l)), prefill_s.
@@ -74,6 +75,7 @@ class TelemetrySample:
     send_queue_bytes: float | None = None
     inflight_bytes: float | None = None
     kv_goodput_bps: float | None = None
+    kv_path_rate_bps: float | None = None
     rtt_ms: float | None = None
     min_rtt_ms: float | None = None
     prfaas_queue_per_instance: float | None = None

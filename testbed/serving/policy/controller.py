@@ -19,6 +19,9 @@ from testbed.serving.policy.signals import admit
 from testbed.serving.policy.spec import PolicySpec
 
 
+STALE_WINDOWS = 6  # arrivals older than this many windows never inform the demand model
+
+
 class PrfaasController:
     """Measurements in (`observe`, `note_arrival`), changes of t out (`step`, logged)."""
 
@@ -114,7 +117,9 @@ class PrfaasController:
 
     def note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
         self._arrivals.append((now_s, uncached_prfaas, local_len))
-        while self._arrivals and self._arrivals[0][0] < now_s - self.window_s:
+        keep = self.spec.control.min_samples  # at low rates the window keeps the last min_samples arrivals
+        while self._arrivals and (self._arrivals[0][0] < now_s - STALE_WINDOWS * self.window_s
+                                  or (self._arrivals[0][0] < now_s - self.window_s and len(self._arrivals) > keep)):
             self._arrivals.popleft()
 
     def _rate(self, name: str, t_s: float, value: float) -> float | None:
@@ -145,8 +150,9 @@ class PrfaasController:
             if s.send_queue_bytes is not None or s.inflight_bytes is not None:
                 self._committed_bytes = (s.send_queue_bytes or 0.0) + (s.inflight_bytes or 0.0)
             if s.kv_goodput_bps is not None and self.mode != "oracle":
-                if self.estimator is not None:
-                    self.estimator.update(s.t_s, s.kv_goodput_bps, self._committed_bytes, s.rtt_ms or 0.0,
+                if self.estimator is not None:  # the path's rate: KV is streamed as prefill makes it, goodput measures that
+                    sample = s.kv_path_rate_bps if s.kv_path_rate_bps is not None else s.kv_goodput_bps
+                    self.estimator.update(s.t_s, sample, self._committed_bytes, s.rtt_ms or 0.0,
                                           s.min_rtt_ms or 0.0, s.retransmits)
                 a = self.kv_capacity_bps
                 self._utilization(s.t_s, min(s.kv_goodput_bps / a, 1.5) if a > 0 else 1.5)
@@ -189,8 +195,13 @@ class PrfaasController:
         return None
 
     def _recent(self, now_s: float) -> tuple[list[int], float]:
-        """Uncached lengths (w.r.t. PrfaaS) of the arrivals in the window, and the time they span."""
+        """Uncached lengths (w.r.t. PrfaaS) of the arrivals in the window, and the time they span. When the
+        window holds fewer than `min_samples`, the last `min_samples` arrivals (up to STALE_WINDOWS windows
+        old): at 1 req/s a 10 s window holds ~10, and a model that appears and vanishes with each arrival
+        made the law alternate between the fit and blind x1.5 steps."""
         recent = [(ts, l) for ts, l, _ in self._arrivals if ts >= now_s - self.window_s]
+        if len(recent) < self.spec.control.min_samples:
+            recent = [(ts, l) for ts, l, _ in list(self._arrivals)[-self.spec.control.min_samples:]]
         span = max(now_s - recent[0][0], 1.0) if recent else 1.0
         return [l for _, l in recent], span
 

@@ -1,7 +1,9 @@
 """Available KV bandwidth from what the PrfaaS senders observe (docs/router.md, "The bandwidth estimator").
 
-Inputs per poll of the PrfaaS workers (summed over them): KV goodput (bytes acknowledged per second,
-TCP_INFO), the senders' backlog (bytes queued and not yet sent plus bytes in flight), RTT and min RTT,
+Inputs per poll of the PrfaaS workers (summed over them): the path rate of the senders that have work
+(TCP_INFO `delivery_rate` summed over their connections; the kernel keeps the last sample that was not
+application-limited, so layer-wise streaming at the prefill's pace does not read as a slow path;
+`KVSender.congestion()["path_rate_bps"]`), the senders' backlog (bytes queued and not yet sent plus bytes in flight), RTT and min RTT,
 cumulative retransmits. No emulator figure enters. The estimate:
 
 - while the senders are **backlogged**, what they get acknowledged is what the path gives them: the
@@ -89,6 +91,8 @@ class BandwidthEstimator:
         backlogged = backlog_bytes > s.min_backlog_bytes
         queue = s.queue_delay_ms > 0 and qdelay >= max(s.queue_delay_ms, s.queue_delay_fraction * floor)
         x = min(max(goodput_bps, 0.0), self.nominal_bps)
+        if backlogged and x <= 0:  # work queued but no rate measured yet: no information
+            backlogged = False
         if backlogged:
             if queue:
                 self._max.clear()  # saturated now: what we get now is what is available

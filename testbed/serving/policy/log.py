@@ -6,22 +6,14 @@ import threading
 from typing import Any
 
 from testbed import clock
+from testbed.rundir import SCHEDULER_COLUMNS, scheduler_frame
 
 
 class SchedulerLog:
     """Every decision, change of t, role flip and control step (the signals the control law saw),
     timestamped with `testbed.clock` (-> scheduler.parquet; ``kind`` says which)."""
 
-    COLUMNS = (
-        "t_s", "kind", "request_id", "route", "prefill_instance", "decode_instance", "input_len",
-        "cached_len", "uncached_len", "cached_pd", "cached_prfaas", "threshold", "old_threshold",
-        "egress_utilization", "bandwidth_scarce", "demand_ratio", "kv_capacity_bps", "pdp_cap_threshold",
-        "congestion_events_per_s", "prfaas_queue",
-        "pdp_queue", "decode_queue", "reason",
-        # signals rows (one per control tick): the policy's belief beside the emulator's ground truth
-        "signals", "kv_available_bps", "truth_kv_available_bps", "wan_capacity_bps", "queueing_delay_ms",
-        "committed_bytes", "backlogged", "excess_committed_bits",
-    )
+    COLUMNS = SCHEDULER_COLUMNS
 
     def __init__(self) -> None:
         self._rows: list[dict[str, Any]] = []
@@ -39,10 +31,5 @@ class SchedulerLog:
 
     def to_frame(self) -> "Any":
         """A pandas DataFrame, `t_s` relative to the run's start (`clock.run_t0()`)."""
-        import pandas as pd
-
-        rows = self.rows()
-        cols = list(self.COLUMNS) + sorted({k for r in rows for k in r} - set(self.COLUMNS))
-        df = pd.DataFrame(rows, columns=cols)
-        df["t_s"] = df["t_s"].astype(float) - clock.run_t0()
-        return df
+        t0 = clock.run_t0()
+        return scheduler_frame([{**r, "t_s": float(r["t_s"]) - t0} for r in self.rows()])

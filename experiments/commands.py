@@ -1,12 +1,12 @@
-"""`prfaas run SCENARIO [--out DIR] [--set key=value ...]` and `prfaas quickstart`."""
+"""Subcommands of the experiments layer: ``run``, ``quickstart``, ``sweep``."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
+from testbed import rundir
 from testbed.errors import UserError
 
 
@@ -28,13 +28,26 @@ def register(sub: "argparse._SubParsersAction") -> None:
     q.add_argument("--no-progress", action="store_true")
     q.set_defaults(func=cmd_quickstart)
 
+    s = sub.add_parser("sweep", help="run a grid of scenario variations, resumable, ending in one comparison report")
+    s.add_argument("scenario", metavar="SCENARIO")
+    s.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="e.g. --grid wan.rate=10Gbps,40Gbps --grid seed=1,2")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to every point")
+    s.add_argument("--out", required=True, metavar="DIR")
+    _executor_option(s)
+    s.set_defaults(func=cmd_sweep)
+
+
+def _executor_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", default="local", metavar="NAME[:ARG]",
+                   help="how the runs are run: local (one after another, the default); docs/experiments.md")
+
 
 def _default_out(name: str) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _print_summary(out: Path) -> None:
-    s = json.loads((out / "summary.json").read_text())
+    s = rundir.read_summary(out)
     ttft, tpot, eg = s.get("ttft_s") or {}, s.get("tpot_s") or {}, s.get("egress_gbps") or {}
 
     def f(x: object, fmt: str = "{:.3f}") -> str:
@@ -57,14 +70,14 @@ def _run_report(out: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from testbed.run import run_scenario
+    from experiments.runs import run_once
     from testbed.sections import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
     out = Path(args.out) if args.out else _default_out(scenario.name)
-    if out.exists() and (out / "summary.json").exists():
-        raise UserError(f"--out {out}: already holds a run (summary.json); choose another directory")
-    run_scenario(scenario, out, progress=not args.no_progress)
+    if out.exists() and (out / rundir.SUMMARY_FILE).exists():
+        raise UserError(f"--out {out}: already holds a run ({rundir.SUMMARY_FILE}); choose another directory")
+    run_once(scenario, out, progress=not args.no_progress)
     _print_summary(out)
     _run_report(out)
     return 0
@@ -73,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """The quick scenario once per policy, then the comparison report."""
     from analysis.report import write_report
-    from testbed.run import run_scenario
+    from experiments.runs import run_once
     from testbed.sections import load_scenario
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -85,9 +98,22 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     for policy, scenario in zip(policies, scenarios):
         out = parent / policy
         print(f"== quick scenario, policy {policy}")
-        run_scenario(scenario, out, progress=not args.no_progress)
+        run_once(scenario, out, progress=not args.no_progress)
         _print_summary(out)
         _run_report(out)
         outs.append(out)
     print(f"report: {write_report(outs, parent / 'report')}")
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from experiments.executor import make_executor
+    from experiments.sweep import run_sweep
+
+    man = run_sweep(args.scenario, args.grid, args.out, args.set, executor=make_executor(args.executor))
+    failed = {k: v["status"] for k, v in man["points"].items() if v["status"].startswith("failed")}
+    for k, v in man["points"].items():
+        print(f"{k}: {v['status']}")
+    if "report" in man:
+        print(f"wrote {man['report']}")
+    return 1 if failed else 0

@@ -1,0 +1,61 @@
+"""The engine every multi-run command shares (``prfaas experiment``, ``sweep``, ``capacity``): run the
+tasks that are not finished yet through an executor, with a progress bar, and say how each went.
+
+Resumable: a task whose run directory already loads completely (`experiments.runs.is_finished`) is
+skipped, so an interrupted experiment continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from experiments.executor import Executor, RunOutcome, RunTask, SequentialExecutor
+from experiments.runs import is_finished
+
+SKIPPED = "skipped (finished before)"
+
+
+def resolve_scenario_ref(ref: str) -> str:
+    """A scenario file as an absolute path (so a task can run from any working directory); a ready
+    scenario's name stays a name."""
+    p = Path(ref)
+    return str(p.resolve()) if p.suffix in (".yaml", ".yml") or p.exists() else ref
+
+
+def run_tasks(tasks: Sequence[RunTask], executor: Executor | None = None, *, label: str = "runs",
+              progress: bool = True) -> dict[str, RunOutcome]:
+    """Run every task not finished before; returns the outcome per task key (skipped ones have status
+    `SKIPPED`)."""
+    from contextlib import nullcontext
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    keys = [t.key for t in tasks]
+    if len(set(keys)) != len(keys):
+        raise ValueError("task keys must be unique")
+    outcomes: dict[str, RunOutcome] = {}
+    todo = []
+    for t in tasks:
+        if is_finished(t.out_dir):
+            outcomes[t.key] = RunOutcome(task=t, status=SKIPPED, error=None, wall_s=0.0, node="")
+        else:
+            todo.append(t)
+    lock = threading.Lock()
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) if progress else None
+    with bar if bar is not None else nullcontext():
+        task_id = bar.add_task(label, total=len(tasks), completed=len(tasks) - len(todo)) if bar is not None else None
+
+        def on_done(outcome: RunOutcome) -> None:
+            with lock:
+                outcomes[outcome.task.key] = outcome
+                if bar is not None:
+                    bar.update(task_id, advance=1, description=f"{label}: {outcome.task.key} {outcome.status}")
+
+        if todo:
+            (executor or SequentialExecutor()).run(todo, on_done)
+    missing = [t.key for t in todo if t.key not in outcomes]
+    if missing:
+        raise RuntimeError(f"the executor returned without an outcome for {', '.join(missing)}")
+    return {k: outcomes[k] for k in keys}

@@ -1,0 +1,91 @@
+"""The executor interface: how an experiment's runs get run.
+
+An experiment (or sweep) turns its specification into `RunTask`s, plain picklable data: a key, a
+scenario reference (name in topologies/ or an absolute path), ``--set`` overrides and the run directory.
+An `Executor` runs them and hands each `RunOutcome` to a callback as it finishes, in any order. The
+engine never looks at how: results are read back from the run directories.
+
+The contract, for every implementation:
+
+- ``run(tasks, on_done)`` returns once every task has an outcome; ``on_done`` is called once per task,
+  from the calling thread or another (the engine's callback is thread-safe);
+- a failed run is an outcome with ``status == "failed"`` and the reason, never an exception;
+- after ``on_done(outcome)`` the task's ``out_dir`` holds the complete run directory on the driver's
+  file system (an executor that runs elsewhere copies it back before calling);
+- `experiments.runs.execute(task)` is the one function that runs a task on a host; executors call it in
+  the process (or node) they choose.
+
+Implementations are registered by name in `EXECUTORS` and chosen with ``--executor NAME[:ARG]``:
+``local`` (one run after another, in this process) here; the scale-out issue adds ``local:N`` and ``ray``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from testbed.errors import UserError
+
+
+@dataclass(frozen=True)
+class RunTask:
+    key: str  # unique within an experiment; names the run directory
+    scenario: str  # a scenario file (absolute path) or the name of a ready one in topologies/
+    overrides: tuple[str, ...]  # "key=value", applied in order
+    out_dir: Path
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    task: RunTask
+    status: str  # "ok" | "failed"
+    error: str | None
+    wall_s: float
+    node: str  # host name of the machine that ran it
+
+
+OnDone = Callable[[RunOutcome], None]
+
+
+class Executor(abc.ABC):
+    """Runs `RunTask`s; see the module docstring for the contract."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def run(self, tasks: Sequence[RunTask], on_done: OnDone) -> None:
+        ...
+
+
+class SequentialExecutor(Executor):
+    """One run after another in this process (``--executor local``)."""
+
+    name = "local"
+
+    def __init__(self, progress: bool = False) -> None:
+        self.progress = progress
+
+    def run(self, tasks: Sequence[RunTask], on_done: OnDone) -> None:
+        from experiments.runs import execute
+
+        for task in tasks:
+            on_done(execute(task, progress=self.progress))
+
+
+def _local(arg: str | None) -> Executor:
+    if arg not in (None, "", "1"):
+        raise UserError(f"--executor local:{arg}: parallel local runs are not available in this version; use local")
+    return SequentialExecutor()
+
+
+EXECUTORS: dict[str, Callable[[str | None], Executor]] = {"local": _local}
+
+
+def make_executor(spec: str) -> Executor:
+    """``local`` -> `SequentialExecutor`; ``NAME:ARG`` passes ARG to the registered factory."""
+    name, _, arg = (spec or "local").partition(":")
+    if name not in EXECUTORS:
+        raise UserError(f"--executor {spec!r}: unknown executor; allowed: {', '.join(sorted(EXECUTORS))}")
+    return EXECUTORS[name](arg or None)

@@ -1,0 +1,78 @@
+"""``prfaas sweep``: a grid of scenario variations (e.g. WAN rate x delay x policy x seed).
+
+Each point runs into ``OUT/points/<key=value,...>/`` through the experiment engine (`experiments.engine`,
+any executor); a point whose run directory loads cleanly is finished and skipped on the next call, so an
+interrupted sweep resumes where it stopped. Every point's scenario is validated before the first run
+starts. The sweep ends with one comparison report in ``OUT/report.html``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.engine import SKIPPED, resolve_scenario_ref, run_tasks
+from experiments.executor import Executor, RunTask
+from testbed.errors import UserError
+from testbed.sections import load_scenario
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    overrides: tuple[str, ...]  # "key=value" in grid order
+
+    @property
+    def name(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.=,+-]", "_", ",".join(self.overrides))
+
+
+def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
+    """``["wan.rate=10Gbps,20Gbps", "seed=1,2"]`` -> [("wan.rate", ["10Gbps", "20Gbps"]), ("seed", ["1", "2"])]."""
+    if not items:
+        raise UserError("sweep: give at least one --grid key=v1,v2,...")
+    out = []
+    for it in items:
+        if "=" not in it:
+            raise UserError(f"--grid {it!r}: use key=v1,v2,... e.g. --grid wan.rate=10Gbps,20Gbps")
+        key, vals = it.split("=", 1)
+        values = [v.strip() for v in vals.split(",") if v.strip()]
+        if not key.strip() or not values:
+            raise UserError(f"--grid {it!r}: needs a key and at least one value")
+        if key.strip() in (k for k, _ in out):
+            raise UserError(f"--grid: key {key.strip()!r} given twice")
+        out.append((key.strip(), values))
+    return out
+
+
+def expand(grid: list[tuple[str, list[str]]]) -> list[SweepPoint]:
+    return [SweepPoint(tuple(f"{k}={v}" for k, v in zip((k for k, _ in grid), combo))) for combo in itertools.product(*(v for _, v in grid))]
+
+
+def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_overrides: list[str] | None = None,
+              executor: Executor | None = None, report: bool = True) -> dict[str, Any]:
+    """Run every grid point not yet finished; returns the manifest (also written to ``OUT/sweep.json``)."""
+    grid = parse_grid(grid_items)
+    points = expand(grid)
+    out = Path(out_dir)
+    for p in points:  # every point is checked before anything runs
+        load_scenario(scenario, list(base_overrides or []) + list(p.overrides))
+    ref = resolve_scenario_ref(scenario)
+    tasks = [RunTask(p.name, ref, tuple(base_overrides or []) + p.overrides, out / "points" / p.name) for p in points]
+    outcomes = run_tasks(tasks, executor, label="sweep")
+    manifest: dict[str, Any] = {"scenario": scenario, "grid": dict(grid), "base_overrides": base_overrides or [], "points": {}}
+    for p in points:
+        o = outcomes[p.name]
+        status = o.status if o.status in ("ok", SKIPPED) else f"failed: {o.error}"
+        manifest["points"][p.name] = {"overrides": list(p.overrides), "status": status}
+    out.mkdir(parents=True, exist_ok=True)
+    done = [out / "points" / n for n, v in manifest["points"].items() if v["status"] in ("ok", SKIPPED)]
+    if report and done:
+        from analysis.report import write_report
+
+        manifest["report"] = str(write_report(done, out))
+    (out / "sweep.json").write_text(json.dumps(manifest, indent=2))
+    return manifest

@@ -1,0 +1,339 @@
+"""The run directory: the one owner of its file names, columns, dtypes and JSON keys, with its writer and loader.
+
+A run directory (docs/serving.md "The run directory") holds:
+
+- ``scenario.yaml``: the scenario as run (overrides, scale and the serving plan written out);
+- ``environment.json``: `Environment`, versioned by ``schema_version`` (`ENVIRONMENT_VERSION`);
+- ``requests.parquet``: one row per generated request, columns and dtypes `REQUEST_DTYPES`;
+- ``link.parquet``: WAN telemetry (`LINK_REQUIRED` plus backend counters);
+- ``scheduler.parquet``: the router's scheduler log (`SCHEDULER_COLUMNS` plus per-kind extras);
+- ``cross_traffic.parquet`` when the scenario has cross traffic (`CROSS_TRAFFIC_COLUMNS`);
+- ``fidelity.json``: the run's timing-fidelity record (`testbed.fidelity.build_record`);
+- ``summary.json``: the summary metrics, written by the experiments layer (``experiments.runs``) from
+  ``analysis.metrics.summarize``; the runner itself writes raw results only.
+
+Every producer (the runner, the router, NET's telemetry, cross traffic) writes through `RunDirWriter` or
+the frame builders here, and every reader loads through `load_run_dir`, so a column or key is named in
+this module and nowhere else. This module is in the foundation layer: it imports no other package of
+the project except `testbed.errors`; pandas and yaml are imported by the functions that need them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from testbed.errors import UserError
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built: the router and workers start without it
+    import pandas as pd
+
+# ------------------------------------------------------------------------------------------ file names
+
+SCENARIO_FILE = "scenario.yaml"
+ENVIRONMENT_FILE = "environment.json"
+REQUESTS_FILE = "requests.parquet"
+LINK_FILE = "link.parquet"
+SCHEDULER_FILE = "scheduler.parquet"
+SUMMARY_FILE = "summary.json"
+CROSS_TRAFFIC_FILE = "cross_traffic.parquet"
+FIDELITY_FILE = "fidelity.json"  # the run's timing-fidelity record (testbed.fidelity)
+ROUTER_REQUESTS_FILE = "router_requests.parquet"  # the router's own records, merged into requests.parquet
+WORK_DIR = "work"  # configs, logs and raw per-process records of a run
+
+RAW_FILES = (SCENARIO_FILE, ENVIRONMENT_FILE, REQUESTS_FILE, LINK_FILE, SCHEDULER_FILE)
+REQUIRED_FILES = RAW_FILES + (SUMMARY_FILE,)
+
+# --------------------------------------------------------------------------------------------- columns
+
+FLOAT, INT, STRING = "float64", "Int64", "string"
+
+# The router's record of a request (router_requests.parquet and the first columns of requests.parquet).
+ROUTER_RECORD_COLUMNS = (
+    "request_id", "arrival_s", "input_len", "cached_len", "uncached_len", "output_len", "route", "threshold",
+    "prefill_instance", "decode_instance", "prefill_start_s", "prefill_end_s", "kv_bytes", "wire_bytes", "kv_bytes_emulated",
+    "transfer_start_s", "transfer_end_s", "first_token_s", "finish_s", "status", "reason", "route_reason",
+    "cache_transfer_tokens",
+)
+# What the client agent saw of a request (work/client.jsonl).
+CLIENT_COLUMNS = ("client_arrival_s", "client_first_token_s", "client_finish_s", "tokens_received", "client_status",
+                  "client_reason", "text")
+# From the generated workload.
+WORKLOAD_COLUMNS = ("scheduled_arrival_s", "session_id")
+
+REQUEST_DTYPES: dict[str, str] = {
+    "request_id": STRING, "arrival_s": FLOAT, "input_len": INT, "cached_len": INT, "uncached_len": INT, "output_len": INT,
+    "route": STRING, "threshold": FLOAT, "prefill_instance": INT, "decode_instance": INT, "prefill_start_s": FLOAT,
+    "prefill_end_s": FLOAT, "kv_bytes": INT, "wire_bytes": INT, "kv_bytes_emulated": FLOAT, "transfer_start_s": FLOAT,
+    "transfer_end_s": FLOAT, "first_token_s": FLOAT, "finish_s": FLOAT, "status": STRING, "reason": STRING,
+    "route_reason": STRING, "cache_transfer_tokens": INT,
+    "client_arrival_s": FLOAT, "client_first_token_s": FLOAT, "client_finish_s": FLOAT, "tokens_received": INT,
+    "client_status": STRING, "client_reason": STRING, "text": STRING,
+    "scheduled_arrival_s": FLOAT, "session_id": INT,
+}
+assert tuple(REQUEST_DTYPES) == ROUTER_RECORD_COLUMNS + CLIENT_COLUMNS + WORKLOAD_COLUMNS
+# The columns analysis needs; a requests.parquet without one of them does not load.
+REQUEST_REQUIRED = (
+    "request_id", "arrival_s", "input_len", "cached_len", "output_len", "route", "threshold",
+    "prefill_start_s", "prefill_end_s", "kv_bytes", "transfer_start_s", "transfer_end_s",
+    "first_token_s", "finish_s", "status",
+)
+TORCH_ONLY_REQUEST_COLUMNS = ("text",)  # the streamed tokens; kept only in torch compute mode
+
+LINK_REQUIRED = ("t_s",)  # plus direction, tx_bytes, rate_bps, backlog_bytes, drops, ... (docs/network.md)
+
+SCHEDULER_COLUMNS = (
+    "t_s", "kind", "request_id", "route", "prefill_instance", "decode_instance", "input_len",
+    "cached_len", "uncached_len", "cached_pd", "cached_prfaas", "threshold", "old_threshold",
+    "egress_utilization", "bandwidth_scarce", "demand_ratio", "kv_capacity_bps", "pdp_cap_threshold",
+    "congestion_events_per_s", "prfaas_queue",
+    "pdp_queue", "decode_queue", "reason",
+    # signals rows (one per control tick): the policy's belief beside the emulator's ground truth
+    "signals", "kv_available_bps", "truth_kv_available_bps", "wan_capacity_bps", "queueing_delay_ms",
+    "committed_bytes", "backlogged", "excess_committed_bits",
+)
+SCHEDULER_REQUIRED = ("t_s",)
+
+CROSS_TRAFFIC_COLUMNS = ("t_s", "flow", "protocol", "src", "dst", "period", "interval_s", "bytes", "achieved_bps",
+                         "configured_bps", "lost_packets", "packets", "jitter_ms")
+
+# summary.json: keys every summary has (analysis.metrics.summarize writes more).
+SUMMARY_KEYS = ("requests_total", "requests_ok", "requests_failed", "throughput_rps", "ttft_s", "tpot_s",
+                "offload_fraction", "egress_gbps", "scale", "policy", "model")
+
+
+def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with every known column cast to its `REQUEST_DTYPES` dtype (unparseable numbers become NA)."""
+    import pandas as pd
+
+    df = df.copy()
+    for col, dtype in REQUEST_DTYPES.items():
+        if col not in df:
+            continue
+        if dtype == STRING:
+            df[col] = df[col].astype(STRING)
+        else:
+            num = pd.to_numeric(df[col], errors="coerce")
+            df[col] = num.astype(float) if dtype == FLOAT else num.astype(INT)
+    return df
+
+
+def empty_link_frame() -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame({"t_s": pd.Series([], dtype=FLOAT), "direction": pd.Series([], dtype=STRING)})
+
+
+def link_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """NET's telemetry samples as link.parquet rows, ordered by time and direction."""
+    import pandas as pd
+
+    frame = pd.DataFrame(list(rows))
+    if frame.empty:
+        return empty_link_frame()
+    return frame.sort_values(["t_s", "direction"], kind="stable")
+
+
+def scheduler_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Scheduler-log rows (``t_s`` already on the run's clock) with `SCHEDULER_COLUMNS` first."""
+    import pandas as pd
+
+    cols = list(SCHEDULER_COLUMNS) + sorted({k for r in rows for k in r} - set(SCHEDULER_COLUMNS))
+    df = pd.DataFrame(rows, columns=cols)
+    df["t_s"] = df["t_s"].astype(float)
+    return df
+
+
+def router_records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(records, columns=list(ROUTER_RECORD_COLUMNS))
+
+
+def cross_traffic_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=list(CROSS_TRAFFIC_COLUMNS)).sort_values(["t_s", "flow"], ignore_index=True)
+
+
+# ----------------------------------------------------------------------------------- environment.json
+
+ENVIRONMENT_VERSION = 1
+T0_NOTE = "all times are seconds after the network's start (PRFAAS_T0); the WAN schedule and faults count from workload_start_s"
+
+
+@dataclass
+class Environment:
+    """environment.json: where and how a run ran. Nested parts are plain JSON objects whose keys are
+    documented in docs/serving.md; the top-level keys and `schema_version` are this class's fields."""
+
+    host: dict[str, Any]  # hostname, cpus, python, platform
+    kernel: str
+    backends: dict[str, Any]  # wan, shaper, torch, cuda
+    calibration: dict[str, Any]  # capacity_bps, capacity_source, wan_rtt
+    compute: dict[str, Any]  # mode, profiles, model, variant, device
+    scale: float
+    run_id: str | None  # keys the run's host-global resources (docs/scale-out.md)
+    workload_start_s: float | None
+    network: dict[str, Any] | None  # NET's description of the emulated network
+    instances: list[dict[str, Any]]
+    serving: dict[str, Any]
+    t0: str = T0_NOTE
+    extra: dict[str, Any] = field(default_factory=dict)  # additions by later issues (e.g. fidelity records)
+    schema_version: int = ENVIRONMENT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = ENVIRONMENT_FILE) -> "Environment":
+        version = data.get("schema_version")
+        if version != ENVIRONMENT_VERSION:
+            raise UserError(f"{where}: schema_version {version!r} is not supported (this testbed reads version "
+                            f"{ENVIRONMENT_VERSION}; a run from an older testbed lacks the key)")
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in data and n not in ("t0", "extra")]
+        if missing:
+            raise UserError(f"{where}: missing key(s) {', '.join(missing)}")
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
+        return cls(**{n: data[n] for n in names if n in data})
+
+
+# ----------------------------------------------------------------------------------------------- writer
+
+
+class RunDirWriter:
+    """Writes the files of one run directory; each method writes one file in its documented form."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def work(self) -> Path:
+        return self.path / WORK_DIR
+
+    def scenario(self, text: str) -> Path:
+        return self._text(SCENARIO_FILE, text)
+
+    def environment(self, env: Environment) -> Path:
+        return self._text(ENVIRONMENT_FILE, json.dumps(env.to_json(), indent=1, default=str))
+
+    def requests(self, df: pd.DataFrame, *, keep_text: bool = True) -> Path:
+        missing = [c for c in REQUEST_REQUIRED if c not in df]
+        if missing:
+            raise ValueError(f"requests frame lacks column(s) {', '.join(missing)}")
+        df = coerce_requests(df)
+        if not keep_text:
+            df = df.drop(columns=[c for c in TORCH_ONLY_REQUEST_COLUMNS if c in df])
+        df.to_parquet(self.path / REQUESTS_FILE, index=False)
+        return self.path / REQUESTS_FILE
+
+    def link(self, df: pd.DataFrame | None) -> Path:
+        (empty_link_frame() if df is None else df).to_parquet(self.path / LINK_FILE, index=False)
+        return self.path / LINK_FILE
+
+    def scheduler(self, df: pd.DataFrame) -> Path:
+        df.to_parquet(self.path / SCHEDULER_FILE, index=False)
+        return self.path / SCHEDULER_FILE
+
+    def cross_traffic(self, df: pd.DataFrame) -> Path:
+        df.to_parquet(self.path / CROSS_TRAFFIC_FILE, index=False)
+        return self.path / CROSS_TRAFFIC_FILE
+
+    def fidelity(self, record: Mapping[str, Any]) -> Path:
+        return self._text(FIDELITY_FILE, json.dumps(dict(record), indent=1, default=str))
+
+    def summary(self, summary: Mapping[str, Any]) -> Path:
+        absent = [k for k in SUMMARY_KEYS if k not in summary]
+        if absent:
+            raise ValueError(f"summary lacks key(s) {', '.join(absent)}")
+        return self._text(SUMMARY_FILE, json.dumps(dict(summary), indent=1, default=str))
+
+    def _text(self, name: str, text: str) -> Path:
+        (self.path / name).write_text(text)
+        return self.path / name
+
+
+# ----------------------------------------------------------------------------------------------- loader
+
+
+@dataclass
+class RunData:
+    """Every file of a run directory, read and checked."""
+
+    path: Path
+    scenario: dict[str, Any]
+    environment: Environment
+    requests: pd.DataFrame
+    link: pd.DataFrame
+    scheduler: pd.DataFrame
+    summary: dict[str, Any] | None  # None when the run has not been summarised yet
+    cross_traffic: pd.DataFrame | None = None
+
+
+def _read_parquet(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
+    import pandas as pd
+
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UserError(f"{path}: not a readable parquet file ({type(exc).__name__}: {first})") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)}; present: {', '.join(map(str, df.columns)) or '(none)'}")
+    return df
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: must be a JSON object")
+    return data
+
+
+def read_summary(path: str | Path) -> dict[str, Any]:
+    """summary.json of a run directory, checked for `SUMMARY_KEYS`."""
+    p = Path(path) / SUMMARY_FILE
+    if not p.is_file():
+        raise UserError(f"{Path(path)}: no {SUMMARY_FILE} (the run was not summarised)")
+    summary = _read_json(p)
+    absent = [k for k in SUMMARY_KEYS if k not in summary]
+    if absent:
+        raise UserError(f"{p}: missing key(s) {', '.join(absent)}")
+    return summary
+
+
+def load_run_dir(path: str | Path, *, require_summary: bool = True) -> RunData:
+    """Read and check every file of a run directory. Every problem is a `UserError` naming the directory,
+    the file and what is wrong."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_dir():
+        raise UserError(f"{p}: not a run directory (it does not exist or is not a directory)")
+    needed = REQUIRED_FILES if require_summary else RAW_FILES
+    missing = [f for f in needed if not (p / f).is_file()]
+    if missing:
+        raise UserError(f"{p}: not a complete run directory: missing {', '.join(missing)} (a run writes {', '.join(needed)})")
+    try:
+        scenario = yaml.safe_load((p / SCENARIO_FILE).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{p / SCENARIO_FILE}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(scenario, dict):
+        raise UserError(f"{p / SCENARIO_FILE}: must be a mapping")
+    environment = Environment.from_json(_read_json(p / ENVIRONMENT_FILE), str(p / ENVIRONMENT_FILE))
+    summary = read_summary(p) if (p / SUMMARY_FILE).is_file() or require_summary else None
+    requests = coerce_requests(_read_parquet(p / REQUESTS_FILE, REQUEST_REQUIRED))
+    link = _read_parquet(p / LINK_FILE, LINK_REQUIRED)
+    scheduler = _read_parquet(p / SCHEDULER_FILE, SCHEDULER_REQUIRED)
+    cross = _read_parquet(p / CROSS_TRAFFIC_FILE, ("t_s",)) if (p / CROSS_TRAFFIC_FILE).is_file() else None
+    return RunData(p, scenario, environment, requests, link, scheduler, summary, cross)

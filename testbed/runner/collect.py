@@ -1,0 +1,103 @@
+"""Collecting a run's raw results into its run directory (`testbed.rundir`): requests.parquet from the
+generated workload, the router's records and what the client saw; the router's scheduler log; cross
+traffic; environment.json; the timing-fidelity record (fidelity.json, `testbed.fidelity`). Summaries are not computed here (``experiments.runs`` does that)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+from pathlib import Path
+from typing import Any
+
+from testbed import rundir
+from testbed.scenario import Scenario
+from testbed.serving.config import ServingPlan
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def requests_frame(requests: list[Any], router_rows: list[dict[str, Any]], client_rows: list[dict[str, Any]]) -> Any:
+    """One row per generated request: the router's record, what the client saw, and a failed row with
+    the reason for a request that never got an answer. Dtypes: `testbed.rundir.REQUEST_DTYPES`."""
+    import pandas as pd
+
+    by_router = {str(r["request_id"]): r for r in router_rows}
+    by_client = {str(r["request_id"]): r for r in client_rows}
+    rows = []
+    for req in requests:
+        rid = req.request_id
+        row = dict.fromkeys(rundir.ROUTER_RECORD_COLUMNS)
+        row.update(request_id=rid, input_len=req.input_len, output_len=req.output_len, status="failed")
+        row.update({k: v for k, v in by_router.get(rid, {}).items() if v is not None})
+        c = by_client.get(rid)
+        if c is not None:
+            row.update({k: v for k, v in c.items() if k != "request_id" and k != "route"})
+            if row.get("arrival_s") is None:
+                row["arrival_s"] = c["client_arrival_s"]
+            if rid not in by_router:
+                row["reason"] = c.get("client_reason") or "the router kept no record"
+        elif rid not in by_router:
+            row["reason"] = "not sent before the run ended"
+        row["scheduled_arrival_s"] = req.arrival_s
+        row["session_id"] = req.session_id
+        rows.append(row)
+    return rundir.coerce_requests(pd.DataFrame(rows))
+
+
+def environment(plan: ServingPlan, scenario: Scenario, scale: float, env_info: dict[str, Any]) -> rundir.Environment:
+    """environment.json of a run: host, backends, calibration, compute, network, instances, serving."""
+    import torch
+
+    from testbed.net.emulation import host_capacity_bps
+
+    cap, cap_source = host_capacity_bps()
+    model = scenario.section("model")
+    return rundir.Environment(
+        host={"hostname": socket.gethostname(), "cpus": os.cpu_count(), "python": platform.python_version(),
+              "platform": platform.platform()},
+        kernel=platform.release(),
+        backends={"wan": (env_info.get("network") or {}).get("backend"), "shaper": scenario.wan.shaper,
+                  "torch": torch.__version__, "cuda": torch.cuda.is_available()},
+        calibration={"capacity_bps": cap, "capacity_source": cap_source, "wan_rtt": env_info.get("rtt")},
+        compute={"mode": plan.compute, "profiles": dict(plan.profiles) if plan.compute == "profile" else None,
+                 "model": model.name, "variant": model.variant if plan.compute == "torch" else None,
+                 "device": model.device if plan.compute == "torch" else None},
+        scale=scale,
+        run_id=env_info.get("run_id"),
+        workload_start_s=env_info.get("workload_start_s"),
+        network=env_info.get("network"),
+        instances=[{"role": i.role, "instance": i.index, "cluster": i.cluster, "host": i.host, "port": i.port,
+                    "kv_port": i.kv_port} for i in plan.instances],
+        serving={"bs_max": plan.spec.bs_max, "kv_connections": plan.spec.kv_connections,
+                 "kv_timeout_s": plan.spec.kv_timeout_s, "request_timeout_s": plan.spec.request_timeout_s},
+    )
+
+
+def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, requests: list[Any], scale: float,
+            env_info: dict[str, Any]) -> None:
+    """Write the run's raw files (everything but summary.json) from its work directory."""
+    import pandas as pd
+
+    from testbed.serving.policy import SchedulerLog
+
+    work = out.work
+    router_dir = work / "router"
+    router_file = router_dir / rundir.ROUTER_REQUESTS_FILE
+    router_rows = pd.read_parquet(router_file).to_dict("records") if router_file.exists() else []
+    df = requests_frame(requests, router_rows, read_jsonl(work / "client.jsonl"))
+    out.requests(df, keep_text=plan.compute == "torch")
+    if (work / rundir.CROSS_TRAFFIC_FILE).exists():
+        out.cross_traffic(pd.read_parquet(work / rundir.CROSS_TRAFFIC_FILE))
+    sched = router_dir / rundir.SCHEDULER_FILE
+    out.scheduler(pd.read_parquet(sched) if sched.exists() else SchedulerLog().to_frame())
+    if not (out.path / rundir.LINK_FILE).exists():  # NET writes it when the network stops
+        out.link(None)
+    out.environment(environment(plan, scenario, scale, env_info))
+    if env_info.get("fidelity") is not None:
+        out.fidelity(env_info["fidelity"])

@@ -1,0 +1,63 @@
+"""The run directory's one owner (`testbed.rundir`): what the writer writes, the loader reads back with
+the declared dtypes; a wrong environment.json schema is refused with one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rundir_factory import synthetic_environment, write_run_dir  # noqa: E402
+
+from testbed import rundir  # noqa: E402
+from testbed.errors import UserError  # noqa: E402
+
+
+def test_written_run_directory_loads_back_with_declared_dtypes_and_environment(tmp_path):
+    d = write_run_dir(tmp_path / "r", scale=8.0, seed=3)
+    data = rundir.load_run_dir(d)
+    assert data.environment == synthetic_environment(8.0)
+    assert data.environment.schema_version == rundir.ENVIRONMENT_VERSION
+    for col in data.requests:
+        assert str(data.requests[col].dtype) == rundir.REQUEST_DTYPES[col], col
+    assert data.summary is not None and data.summary["requests_total"] == len(data.requests)
+    assert json.loads((d / rundir.ENVIRONMENT_FILE).read_text())["schema_version"] == rundir.ENVIRONMENT_VERSION
+
+
+def test_coerce_requests_turns_strings_and_none_into_typed_columns():
+    df = rundir.coerce_requests(pd.DataFrame({"request_id": ["a", "b"], "kv_bytes": ["12", None], "arrival_s": [1, "x"]}))
+    assert str(df["kv_bytes"].dtype) == "Int64" and df["kv_bytes"].iloc[0] == 12 and pd.isna(df["kv_bytes"].iloc[1])
+    assert str(df["arrival_s"].dtype) == "float64" and pd.isna(df["arrival_s"].iloc[1])
+    assert str(df["request_id"].dtype) == "string"
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda e: e.pop("schema_version"), "schema_version None is not supported"),
+    (lambda e: e.update(schema_version=99), "schema_version 99"),
+    (lambda e: e.pop("scale"), "missing key.*scale"),
+    (lambda e: e.update(egress_utilisation=1), "unknown key.*egress_utilisation"),
+])
+def test_environment_of_another_shape_is_refused_naming_the_key(tmp_path, change, match):
+    d = write_run_dir(tmp_path / "r")
+    env = json.loads((d / rundir.ENVIRONMENT_FILE).read_text())
+    change(env)
+    (d / rundir.ENVIRONMENT_FILE).write_text(json.dumps(env))
+    with pytest.raises(UserError, match=match):
+        rundir.load_run_dir(d)
+
+
+def test_raw_run_without_summary_loads_only_when_asked(tmp_path):
+    d = write_run_dir(tmp_path / "r")
+    (d / rundir.SUMMARY_FILE).unlink()
+    assert rundir.load_run_dir(d, require_summary=False).summary is None
+    with pytest.raises(UserError, match="missing summary.json"):
+        rundir.load_run_dir(d)
+
+
+def test_writer_refuses_a_requests_frame_without_the_required_columns(tmp_path):
+    with pytest.raises(ValueError, match="first_token_s"):
+        rundir.RunDirWriter(tmp_path).requests(pd.DataFrame({"request_id": ["a"]}))
