@@ -33,7 +33,10 @@ def measure(code: Path, overrides: list[str]) -> dict[str, float]:
         from testbed.sections import load_scenario
     except ImportError:  # an older checkout
         from testbed.scenario import load_scenario  # type: ignore[no-redef]
-    from testbed.run import run_scenario
+    try:
+        from testbed.runner.run import run_scenario
+    except ImportError:  # an older checkout
+        from testbed.run import run_scenario  # type: ignore[no-redef]
 
     env = {**os.environ, "PYTHONPATH": str(code)}
     t = time.monotonic()
