@@ -122,8 +122,105 @@ def estimator_error(scheduler: pd.DataFrame | None, steady_window_s: float = 2.0
             "p90_abs_error": float(np.percentile(e, 90)) if len(e) else None}
 
 
+def good_mask(df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: float) -> pd.Series:
+    """Good requests (goodput, as vLLM's ``bench serve --goodput`` and DistServe): ok, and meeting every SLO,
+    TTFT and TPOT (a one-token answer has no TPOT and meets that SLO)."""
+    tpot = tpot_s(df)
+    return ok_mask(df) & (ttft_s(df) <= slo_ttft_s) & (tpot.isna() | (tpot <= slo_tpot_s))
+
+
+def inflight_series(df: pd.DataFrame, step_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Requests in flight (arrived, not finished) every `step_s` from the first to the last arrival; a
+    request that never finished stays in flight."""
+    arr = df["arrival_s"].to_numpy(float)
+    fin = df["finish_s"].to_numpy(float)
+    if "client_finish_s" in df:
+        fin = np.where(np.isfinite(fin), fin, df["client_finish_s"].to_numpy(float))
+    fin = np.where(np.isfinite(fin), fin, np.inf)
+    arr = arr[np.isfinite(arr)]
+    if arr.size < 2:
+        return np.array([]), np.array([])
+    t = np.arange(arr.min(), arr.max() + 1e-9, step_s)
+    return t, (np.searchsorted(np.sort(arr), t, "right") - np.searchsorted(np.sort(fin), t, "right")).astype(float)
+
+
+def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = 0.05) -> dict[str, Any]:
+    """Does the number of requests in flight grow over the run? A trend test, not a threshold.
+
+    In-flight counts are sampled every max(1 s, median request latency) -- consecutive samples closer
+    than a request's lifetime share most requests, and that autocorrelation would make any test
+    over-confident -- over the arrivals after a warm-up (`warmup_fraction` of the span). The queue grows
+    when Kendall's tau is positive with one-sided p < `alpha`, the Theil-Sen slope's 95% interval lies
+    above zero and its growth over the window is at least one request (docs/experiments.md).
+    """
+    from scipy import stats as sps
+
+    empty = {"samples": 0, "slope_per_s": None, "slope_low_per_s": None, "growth": None, "kendall_tau": None,
+             "p_value": None, "growing": None}
+    if not len(df):
+        return empty
+    lat = (df["finish_s"] - df["arrival_s"]).dropna()
+    step = max(1.0, float(lat.median()) if len(lat) else 1.0)
+    t, n = inflight_series(df, step)
+    if t.size:
+        keep = t >= t.min() + warmup_fraction * (t.max() - t.min())
+        t, n = t[keep], n[keep]
+    if t.size < 5:
+        return {**empty, "samples": int(t.size)}
+    if np.all(n == n[0]):
+        return {**empty, "samples": int(t.size), "slope_per_s": 0.0, "slope_low_per_s": 0.0, "growth": 0.0, "growing": False}
+    slope, _, low, _ = sps.theilslopes(n, t, 0.95)
+    tau = sps.kendalltau(t, n, alternative="greater")
+    growth = float(slope * (t.max() - t.min()))
+    growing = bool(tau.pvalue < alpha and low > 0 and growth >= 1.0)
+    return {"samples": int(t.size), "slope_per_s": float(slope), "slope_low_per_s": float(low), "growth": growth,
+            "kendall_tau": float(tau.statistic), "p_value": float(tau.pvalue), "growing": growing}
+
+
+def prefix_cache(df: pd.DataFrame) -> dict[str, Any]:
+    """Achieved prefix-cache hits against the ideal of the workload: one infinite cache shared by every
+    instance, filled by every earlier request (arrival order) the moment it arrives.
+
+    ``hit_requests``: share of requests with a cached prefix; ``hit_tokens``: cached / input tokens;
+    ``ideal_*`` the same under the ideal cache (a prompt's last token is never reused, a partial block
+    never is: `testbed.serving.kvmanager.reusable_blocks`); ``efficiency`` = hit_tokens / ideal_hit_tokens.
+    """
+    from testbed.blocks import BLOCK_TOKENS
+    from testbed.kv.pool import chain_block_hashes
+    from testbed.serving.kvmanager import full_blocks, reusable_blocks
+
+    out: dict[str, Any] = {"hit_requests": None, "hit_tokens": None, "ideal_hit_requests": None, "ideal_hit_tokens": None,
+                           "efficiency": None}
+    if not len(df) or "cached_len" not in df:
+        return out
+    inputs = float(df["input_len"].astype(float).sum())
+    cached = df["cached_len"].astype(float).fillna(0.0)
+    out["hit_requests"] = float((cached > 0).mean())
+    out["hit_tokens"] = float(cached.sum()) / inputs if inputs else None
+    if "block_hashes" not in df:
+        return out
+    order = df.sort_values("scheduled_arrival_s" if "scheduled_arrival_s" in df else "arrival_s")
+    seen: set[int] = set()
+    hits, tokens = 0, 0
+    for hashes, n in zip(order["block_hashes"], order["input_len"].astype(int)):
+        hashes = [int(h) for h in hashes] if hashes is not None else []
+        keys = chain_block_hashes(hashes[:reusable_blocks(n)])
+        depth = 0
+        while depth < len(keys) and keys[depth] in seen:
+            depth += 1
+        hits += depth > 0
+        tokens += depth * BLOCK_TOKENS
+        seen.update(chain_block_hashes(hashes[:full_blocks(n)]))
+    out["ideal_hit_requests"] = hits / len(order)
+    out["ideal_hit_tokens"] = tokens / inputs if inputs else None
+    if out["ideal_hit_tokens"] and out["hit_tokens"] is not None:
+        out["efficiency"] = out["hit_tokens"] / out["ideal_hit_tokens"]
+    return out
+
+
 def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale: Scale | float = 1.0, policy: str = "",
-              model: str = "", duration_s: float | None = None, scheduler: pd.DataFrame | None = None) -> dict[str, Any]:
+              model: str = "", duration_s: float | None = None, scheduler: pd.DataFrame | None = None,
+              slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict[str, Any]:
     """The ``summary.json`` document of one run (keys of docs/serving.md "Run directory", plus a few more).
 
     Throughput counts ok requests over `duration_s` (default: first arrival to last finish).
@@ -148,6 +245,7 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
     wan_stats = ({"mean": float(wan.mean()) / 1e9, "p99": float(np.percentile(wan, 99)) / 1e9, "source": "link.parquet tx_bytes x scale"}
                  if wan is not None and len(wan) else {"mean": None, "p99": None, "source": "no link telemetry"})
     short = good[~offloaded_mask(good)] if len(good) else good
+    n_good = int(good_mask(df, slo_ttft_s, slo_tpot_s).sum()) if slo_ttft_s is not None and slo_tpot_s is not None and total else None
     return {
         "requests_total": total,
         "requests_ok": int(ok.sum()),
@@ -166,4 +264,9 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
         "policy": policy,
         "model": model,
         "estimator": estimator_error(scheduler),
+        "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
+        "good_fraction": n_good / total if n_good is not None and total else None,
+        "goodput_rps": n_good / duration_s if n_good is not None and duration_s else None,
+        "queue": queue_trend(df),
+        "prefix_cache": prefix_cache(df),
     }

@@ -11,22 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 
 from analysis.metrics import summarize
-from testbed.rundir import Environment, load_run_dir
+from testbed.rundir import RunData, load_run_dir
 
 
 @dataclass
-class Run:
-    path: Path
-    scenario: dict[str, Any]
-    environment: Environment
-    requests: pd.DataFrame
-    link: pd.DataFrame
-    scheduler: pd.DataFrame
-    summary: dict[str, Any]
-    metrics: dict[str, Any] = field(default_factory=dict)  # recomputed by analysis.metrics.summarize
+class Run(RunData):
+    """A loaded run directory (`RunData`) with its summary metrics recomputed by `analysis.metrics.summarize`."""
+
+    metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -65,7 +59,7 @@ def load_run(path: str | Path) -> Run:
     """Read and check every file of a run directory; recompute the summary metrics from requests.parquet."""
     data = load_run_dir(path)
     assert data.summary is not None
-    run = Run(data.path, data.scenario, data.environment, data.requests, data.link, data.scheduler, data.summary)
+    run = Run(**vars(data))
     run.metrics = summarize(data.requests, data.link, scale=run.scale, policy=str(data.summary.get("policy", "")),
                             model=str(data.summary.get("model", "")), duration_s=data.summary.get("duration_s"),
                             scheduler=data.scheduler)

@@ -45,6 +45,8 @@ import pandas as pd  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from testbed.rundir import SUMMARY_FILE  # noqa: E402
+
 SHAPES = ("val-dip", "val-staircase", "val-rtt-surge", "val-cross-surge", "val-loss-burst")
 DIP_SHAPES = ("val-dip", "val-staircase")
 ARMS = {
@@ -118,7 +120,7 @@ def run_one(shape: str, arm: str, seed: int, out: Path, extra: list[str]) -> Pat
     from testbed.sections import load_scenario
 
     d = out / shape / f"{arm}-s{seed}"
-    if (d / "summary.json").exists():
+    if (d / SUMMARY_FILE).exists():
         return d
     sc = load_scenario(shape, ARMS[arm] + [f"seed={seed}"] + extra)
     run_once(sc, d, progress=False)
@@ -208,7 +210,7 @@ def main() -> int:
                 if not a.measure:
                     console.print(f"[bold]{shape}[/] {arm} seed {seed}")
                     run_one(shape, arm, seed, out, a.set)
-                if (d / "summary.json").exists():
+                if (d / SUMMARY_FILE).exists():
                     rows.append({"shape": shape, "arm": arm, "seed": seed, **measure(d)})
     (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
     t = Table(title="per run")

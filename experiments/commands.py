@@ -1,4 +1,4 @@
-"""Subcommands of the experiments layer: ``run``, ``quickstart``, ``sweep``."""
+"""Subcommands of the experiments layer: ``run``, ``quickstart``, ``sweep``, ``experiment``, ``capacity``, ``reproduce``."""
 
 from __future__ import annotations
 
@@ -35,6 +35,37 @@ def register(sub: "argparse._SubParsersAction") -> None:
     s.add_argument("--out", required=True, metavar="DIR")
     _executor_option(s)
     s.set_defaults(func=cmd_sweep)
+
+    e = sub.add_parser("experiment", help="arms x seeds x repetitions of a scenario, compared with paired 95%% CIs (resumable)",
+                       description="Run an experiment spec (docs/experiments.md): results.parquet, comparison.json and report.md in --out.")
+    e.add_argument("spec", metavar="SPEC.yaml")
+    e.add_argument("--out", required=True, metavar="DIR")
+    _executor_option(e)
+    e.set_defaults(func=cmd_experiment)
+
+    c = sub.add_parser("capacity", help="measured Lambda_max: the highest arrival rate meeting the SLOs with a steady queue",
+                       description="Bracket then bisect the Poisson arrival rate of SCENARIO (docs/experiments.md, Capacity).")
+    c.add_argument("scenario", metavar="SCENARIO")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override")
+    c.add_argument("--out", metavar="DIR", help="where the probe runs go (default: runs/capacity-<scenario>-<time>)")
+    c.add_argument("--repetitions", type=int, default=2, help="runs per rate while bisecting (seeds 1..N; default 2)")
+    c.add_argument("--tolerance", type=float, default=0.1, help="stop when (hi - lo) / lo is below this (default 0.1)")
+    c.add_argument("--max-probes", type=int, default=8, help="most rates tried (default 8)")
+    c.add_argument("--start", type=float, metavar="RPS", help="first rate (default: the throughput model's Lambda_max)")
+    c.add_argument("--json", action="store_true")
+    _executor_option(c)
+    c.set_defaults(func=cmd_capacity)
+
+    r = sub.add_parser("reproduce", help="the paper's headline on the wire: Lambda_max of PrfaaS-PD, homogeneous PD, naive heterogeneous")
+    r.add_argument("target", choices=("case-study",))
+    r.add_argument("--quick", action="store_true", help="40 s runs, 128-token answers, coarser search (docs/experiments.md)")
+    r.add_argument("--out", metavar="DIR", help="default: runs/reproduce-case-study-<time>")
+    r.add_argument("--repetitions", type=int, default=2)
+    r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
+                   help="comma-separated configurations to measure")
+    r.add_argument("--json", action="store_true")
+    _executor_option(r)
+    r.set_defaults(func=cmd_reproduce)
 
 
 def _executor_option(p: argparse.ArgumentParser) -> None:
@@ -117,3 +148,82 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if "report" in man:
         print(f"wrote {man['report']}")
     return 1 if failed else 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from experiments.executor import make_executor
+    from experiments.experiment import run_experiment
+    from experiments.spec import load_spec
+
+    res = run_experiment(load_spec(args.spec), args.out, make_executor(args.executor))
+    print(res["text"])
+    print(f"wrote {res['results']}, {res['comparison']}, {res['report']}")
+    return 1 if res["failed"] else 0
+
+
+def _positive(name: str, v: float) -> None:
+    if v <= 0:
+        raise UserError(f"{name}: {v:g} must be > 0")
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    import json
+
+    from experiments.capacity import measure_capacity
+    from experiments.executor import make_executor
+
+    _positive("--repetitions", args.repetitions)
+    _positive("--tolerance", args.tolerance)
+    _positive("--max-probes", args.max_probes)
+    out = Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}")
+    doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
+                           max_probes=args.max_probes, start_rps=args.start, executor=make_executor(args.executor),
+                           progress=not args.json)
+    (out / "capacity.json").write_text(json.dumps(doc, indent=1))
+    if args.json:
+        print(json.dumps({k: doc[k] for k in ("lambda_max_rps", "ci", "runs", "slo", "scenario")}))
+        return 0
+    lo, hi = doc["ci"]
+    print(f"Lambda_max {doc['lambda_max_rps']:.3g} req/s (every repetition passed at {lo:.3g}, "
+          f"{'every one failed at ' + format(hi, '.3g') if hi is not None else 'no rate failed in every repetition'}); "
+          f"{doc['runs']} runs; SLO TTFT {doc['slo']['ttft_s']:g} s, TPOT {doc['slo']['tpot_s'] * 1e3:g} ms, "
+          f">= {doc['slo']['good_fraction']:.0%} good, queue not growing")
+    for p in doc["probes"]:
+        print(f"  {p['rate_rps']:.4g} req/s: {'pass' if p['passed'] else 'fail'}  "
+              + "; ".join(f"seed {r['seed']}: {'ok' if r['passed'] else r['reason']}" for r in p["runs"]))
+    print(f"wrote {out / 'capacity.json'}")
+    return 0 if doc["bracketed"] else 1
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    import json
+
+    from experiments.executor import make_executor
+    from experiments.reproduce import CONFIGURATIONS, reproduce_case_study
+
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
+    bad = [x for x in only if x not in CONFIGURATIONS]
+    if bad or not only:
+        raise UserError(f"--only {args.only!r}: choose from {', '.join(CONFIGURATIONS)}")
+    _positive("--repetitions", args.repetitions)
+    out = Path(args.out) if args.out else _default_out("reproduce-case-study")
+    doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
+                               executor=make_executor(args.executor), progress=not args.json)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "reproduce.json").write_text(json.dumps(doc, indent=1))
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    print(f"case study ({'quick' if args.quick else 'full'}), Lambda_max in req/s")
+    print(f"{'configuration':22} {'measured':>9} {'interval':>17} {'model lit.':>10} {'model mean':>10} "
+          f"{'ratio meas.':>11} {'ratio model':>11} {'paper':>6}")
+    for k in CONFIGURATIONS:
+        m, md = doc["measured"].get(k), doc["model"][k]
+        r = doc["measured_ratio_vs_homogeneous"].get(k)
+        ci = f"[{m['ci'][0]:.3g}, {m['ci'][1]:.3g}]" if m and m["ci"][1] is not None else "-"
+        paper = doc["paper_ratio_vs_homogeneous"][k]
+        print(f"{k:22} {m['lambda_max_rps'] if m else float('nan'):9.3g} {ci:>17} {md['lambda_max_rps']:10.3g} "
+              f"{md['lambda_max_rps_mean_reading']:10.3g} {r if r is not None else float('nan'):11.3g} "
+              f"{doc['model_ratio_vs_homogeneous']['literal'][k]:11.3g} {paper if paper is not None else float('nan'):6.3g}")
+    print(f"wrote {out / 'reproduce.json'}")
+    return 0

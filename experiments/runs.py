@@ -22,8 +22,10 @@ def summarize_run_dir(path: str | Path) -> dict[str, Any]:
 
     data = rundir.load_run_dir(path, require_summary=False)
     policy = data.scenario.get("policy") or {}
+    slo = _slo(data)
     summary = summarize(data.requests, data.link, scale=float(data.environment.scale), policy=str(policy.get("name", "")),
-                        model=str(data.environment.compute.get("model") or ""), duration_s=None, scheduler=data.scheduler)
+                        model=str(data.environment.compute.get("model") or ""), duration_s=None, scheduler=data.scheduler,
+                        slo_ttft_s=slo[0] if slo else None, slo_tpot_s=slo[1] if slo else None)
     summary["signals"] = policy.get("signals") or PolicySpec.signals  # "oracle" runs were told the emulator's ground truth
     summary["compute"] = data.environment.compute.get("mode")
     record = load_record(Path(path))
@@ -31,6 +33,18 @@ def summarize_run_dir(path: str | Path) -> dict[str, Any]:
         summary.update(summary_fields(record))
     rundir.RunDirWriter(path).summary(summary)
     return summary
+
+
+def _slo(data: rundir.RunData) -> tuple[float, float] | None:
+    """The run's SLOs (``serving.slo`` of its scenario as run), or None when the scenario does not parse
+    (a synthetic run directory)."""
+    from testbed.sections import parse_scenario
+
+    try:
+        spec = parse_scenario(data.scenario, str(data.path / rundir.SCENARIO_FILE)).section("serving")
+    except UserError:
+        return None
+    return (spec.slo.ttft_s, spec.slo.tpot_s) if spec is not None else None
 
 
 def run_once(scenario: Scenario, out_dir: str | Path, *, progress: bool = True) -> Path:

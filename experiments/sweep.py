@@ -3,7 +3,8 @@
 Each point runs into ``OUT/points/<key=value,...>/`` through the experiment engine (`experiments.engine`,
 any executor); a point whose run directory loads cleanly is finished and skipped on the next call, so an
 interrupted sweep resumes where it stopped. Every point's scenario is validated before the first run
-starts. The sweep ends with one comparison report in ``OUT/report.html``.
+starts. The sweep ends with one comparison report in ``OUT/report.html`` and ``OUT/results.parquet``
+(one row per point, the same form as an experiment's, `experiments.experiment.results_frame`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
         status = o.status if o.status in ("ok", SKIPPED) else f"failed: {o.error}"
         manifest["points"][p.name] = {"overrides": list(p.overrides), "status": status}
     out.mkdir(parents=True, exist_ok=True)
+    from experiments.experiment import RESULTS_FILE, results_frame, run_row
+
+    rows = [run_row(outcomes[p.name], out.resolve(), experiment=f"sweep {Path(scenario).stem}", arm=p.name,
+                    **{f"grid.{k}": v.split("=", 1)[1] for k, v in zip((k for k, _ in grid), p.overrides)}) for p in points]
+    results_frame(rows).to_parquet(out / RESULTS_FILE, index=False)
+    manifest["results"] = str(out / RESULTS_FILE)
     done = [out / "points" / n for n, v in manifest["points"].items() if v["status"] in ("ok", SKIPPED)]
     if report and done:
         from analysis.report import write_report

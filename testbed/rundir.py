@@ -48,7 +48,7 @@ REQUIRED_FILES = RAW_FILES + (SUMMARY_FILE,)
 
 # --------------------------------------------------------------------------------------------- columns
 
-FLOAT, INT, STRING = "float64", "Int64", "string"
+FLOAT, INT, STRING, LIST = "float64", "Int64", "string", "object"
 
 # The router's record of a request (router_requests.parquet and the first columns of requests.parquet).
 ROUTER_RECORD_COLUMNS = (
@@ -61,7 +61,7 @@ ROUTER_RECORD_COLUMNS = (
 CLIENT_COLUMNS = ("client_arrival_s", "client_first_token_s", "client_finish_s", "tokens_received", "client_status",
                   "client_reason", "text")
 # From the generated workload.
-WORKLOAD_COLUMNS = ("scheduled_arrival_s", "session_id")
+WORKLOAD_COLUMNS = ("scheduled_arrival_s", "session_id", "block_hashes")
 
 REQUEST_DTYPES: dict[str, str] = {
     "request_id": STRING, "arrival_s": FLOAT, "input_len": INT, "cached_len": INT, "uncached_len": INT, "output_len": INT,
@@ -71,7 +71,7 @@ REQUEST_DTYPES: dict[str, str] = {
     "route_reason": STRING, "cache_transfer_tokens": INT,
     "client_arrival_s": FLOAT, "client_first_token_s": FLOAT, "client_finish_s": FLOAT, "tokens_received": INT,
     "client_status": STRING, "client_reason": STRING, "text": STRING,
-    "scheduled_arrival_s": FLOAT, "session_id": INT,
+    "scheduled_arrival_s": FLOAT, "session_id": INT, "block_hashes": LIST,  # the prompt's 512-token block ids
 }
 assert tuple(REQUEST_DTYPES) == ROUTER_RECORD_COLUMNS + CLIENT_COLUMNS + WORKLOAD_COLUMNS
 # The columns analysis needs; a requests.parquet without one of them does not load.
@@ -111,6 +111,8 @@ def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     for col, dtype in REQUEST_DTYPES.items():
         if col not in df:
+            continue
+        if dtype == LIST:
             continue
         if dtype == STRING:
             df[col] = df[col].astype(STRING)

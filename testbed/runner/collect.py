@@ -46,6 +46,7 @@ def requests_frame(requests: list[Any], router_rows: list[dict[str, Any]], clien
             row["reason"] = "not sent before the run ended"
         row["scheduled_arrival_s"] = req.arrival_s
         row["session_id"] = req.session_id
+        row["block_hashes"] = [int(h) for h in req.block_hashes]
         rows.append(row)
     return rundir.coerce_requests(pd.DataFrame(rows))
 

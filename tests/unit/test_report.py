@@ -194,6 +194,9 @@ def test_sweep_runs_every_grid_point_then_resumes_without_rerunning(tmp_path):
     assert calls == ["wan.rate=10Gbps,seed=1"]
     assert (tmp_path / "sw" / "report.html").read_text().count("<tr><td>") == 4
     assert sum(v["status"].startswith("skipped") for v in man["points"].values()) == 3
+    res = pd.read_parquet(tmp_path / "sw" / "results.parquet")
+    assert len(res) == 4 and (res["status"] == "ok").all() and set(res["grid.seed"]) == {"1", "2"}
+    assert res.set_index("arm").loc["wan.rate=10Gbps,seed=1", "requests_total"] == load_run(tmp_path / "sw" / "points" / "wan.rate=10Gbps,seed=1").metrics["requests_total"]
 
 
 def test_sweep_refuses_a_bad_grid_and_bad_points_before_running(tmp_path):

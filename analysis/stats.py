@@ -1,0 +1,103 @@
+"""Comparisons with confidence: paired bootstrap confidence intervals of a ratio of means (scipy), and the
+sentence a report prints for each.
+
+Arms of an experiment share seeds, so run i of arm A and run i of arm B saw the same workload and WAN
+schedule: the unit of resampling is the pair, not the run (`scipy.stats.bootstrap(..., paired=True)`).
+The ratio is mean(A) / mean(B) over the pairs; its 95% interval is BCa (bias-corrected and
+accelerated), or the percentile interval where BCa is undefined (very few pairs). A difference is
+significant when the interval excludes 1.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+MIN_PAIRS = 2  # fewer pairs: no interval at all
+FEW_PAIRS = 10  # below this the bootstrap interval is measurably too narrow (docs/experiments.md, Statistics)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metric, arm A against arm B (the keys of comparison.json)."""
+
+    metric: str
+    arm_a: str
+    arm_b: str
+    a: float | None  # mean of A over the pairs
+    b: float | None
+    ratio: float | None  # a / b
+    ci_low: float | None
+    ci_high: float | None
+    n: int  # pairs with both values finite
+    significant: bool
+    method: str  # "bca", "percentile", "degenerate" (every pair has the same ratio) or "too few pairs"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ratio_of_means(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(a, axis=axis) / np.mean(b, axis=axis)
+
+
+def paired_ratio_ci(a: Sequence[float], b: Sequence[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+                    seed: int = 0) -> tuple[float, float, float, str]:
+    """(mean(a) / mean(b), low, high, method) with a paired bootstrap interval. `a[i]` and `b[i]` are one pair."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError("a and b must be 1-D and of equal length (one value per pair)")
+    if len(x) < MIN_PAIRS:
+        raise ValueError(f"need at least {MIN_PAIRS} pairs, got {len(x)}")
+    ratio = float(_ratio_of_means(x, y))
+    if np.allclose(x * y.mean(), y * x.mean()):  # every pair gives the same ratio: no spread to resample
+        return ratio, ratio, ratio, "degenerate"
+    rng = np.random.default_rng(seed)
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scipy warns on degenerate resamples; we check the interval instead
+            res = sps.bootstrap((x, y), _ratio_of_means, paired=True, vectorized=True, confidence_level=confidence,
+                                n_resamples=resamples, method=method, random_state=rng)
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if math.isfinite(lo) and math.isfinite(hi):
+            return ratio, lo, hi, method.lower()
+    return ratio, float("nan"), float("nan"), "failed"
+
+
+def compare(metric: str, arm_a: str, arm_b: str, a: Sequence[float], b: Sequence[float], *, seed: int = 0) -> Comparison:
+    """A against B on `metric` from paired values (pairs with a missing or non-finite value are dropped)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    n = int(len(x))
+    mean_a = float(x.mean()) if n else None
+    mean_b = float(y.mean()) if n else None
+    if n < MIN_PAIRS or not mean_b:
+        ratio = mean_a / mean_b if n and mean_b else None
+        return Comparison(metric, arm_a, arm_b, mean_a, mean_b, ratio, None, None, n, False, "too few pairs")
+    ratio, lo, hi, method = paired_ratio_ci(x, y, seed=seed)
+    ok = math.isfinite(lo) and math.isfinite(hi)
+    return Comparison(metric, arm_a, arm_b, mean_a, mean_b, ratio, lo if ok else None, hi if ok else None, n,
+                      bool(ok and (lo > 1.0 or hi < 1.0)), method)
+
+
+def sentence(c: Comparison, higher_is_better: bool | None) -> str:
+    """"A is better than B on M (ratio r, 95% CI [lo, hi])" or "no significant difference"; for a metric
+    without a direction, "A is higher/lower than B"."""
+    if c.ratio is None or c.ci_low is None or c.ci_high is None:
+        return f"{c.arm_a} vs {c.arm_b} on {c.metric}: no interval ({c.method}, n = {c.n})"
+    ci = f"ratio {c.ratio:.3g}, {CONFIDENCE:.0%} CI [{c.ci_low:.3g}, {c.ci_high:.3g}], n = {c.n}"
+    if not c.significant:
+        return f"{c.arm_a} vs {c.arm_b} on {c.metric}: no significant difference ({ci})"
+    a_higher = c.ci_low > 1.0
+    if higher_is_better is None:
+        return f"{c.arm_a} is {'higher' if a_higher else 'lower'} than {c.arm_b} on {c.metric} ({ci})"
+    better = a_higher == higher_is_better
+    return f"{c.arm_a} is {'better' if better else 'worse'} than {c.arm_b} on {c.metric} ({ci})"

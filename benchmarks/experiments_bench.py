@@ -1,0 +1,102 @@
+"""Issue 10's targets, measured: `prfaas reproduce case-study` time, interval separation and fidelity.
+
+Targets (each printed with its numbers; exit 1 when one is missed):
+  - time: `--quick` completes in <= 20 min (full: <= 60 min), wall clock of the whole reproduction;
+  - separation (full only): the three configurations' Lambda_max intervals do not overlap;
+  - fidelity: measured Lambda_max ratios PrfaaS-PD / homogeneous and naive / homogeneous within +-15%
+    of the model's ratio (literal reading) for the same scenario;
+  - statistics: the paired bootstrap interval covers a known ratio >= 93% of 200 seeded trials
+    (the same check as tests/unit/test_stats.py, at 10, 20 and 30 pairs side by side).
+
+Run as root: `python benchmarks/experiments_bench.py [--quick] [--out DIR] [--stats-only]`.
+`--reuse DIR` re-reads an earlier reproduction's reproduce.json instead of running (no time target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+QUICK_LIMIT_S = 20 * 60
+FULL_LIMIT_S = 60 * 60
+RATIO_TOLERANCE = 0.15
+COVERAGE_MIN = 0.93
+
+
+def coverage(pairs: int, trials: int = 200, effect: float = 1.25) -> float:
+    from analysis.stats import paired_ratio_ci
+
+    hit = 0
+    for t in range(trials):
+        rng = np.random.default_rng(1000 + t)
+        x = rng.lognormal(0.0, 0.3, pairs) * 2.0
+        a, b = effect * x * rng.lognormal(0.0, 0.15, pairs), x * rng.lognormal(0.0, 0.15, pairs)
+        _, lo, hi, _ = paired_ratio_ci(a, b, seed=t)
+        hit += lo <= effect <= hi
+    return hit / trials
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=f"runs/experiments-bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    ap.add_argument("--reuse", metavar="DIR", help="judge an earlier reproduction (DIR/reproduce.json)")
+    ap.add_argument("--stats-only", action="store_true", help="only the bootstrap coverage (no runs, no root)")
+    args = ap.parse_args()
+    ok = True
+
+    cov = {n: coverage(n) for n in (10, 20, 30)}
+    print("bootstrap coverage of a known ratio (200 trials): " + ", ".join(f"{n} pairs {c:.1%}" for n, c in cov.items()))
+    met = cov[30] >= COVERAGE_MIN
+    ok &= met
+    print(f"  target >= {COVERAGE_MIN:.0%} at 30 pairs: {'met' if met else 'NOT MET'}")
+    if args.stats_only:
+        return 0 if ok else 1
+
+    if args.reuse:
+        doc = json.loads((Path(args.reuse) / "reproduce.json").read_text())
+        wall = None
+    else:
+        from experiments.reproduce import reproduce_case_study
+
+        t0 = time.monotonic()
+        doc = reproduce_case_study(args.out, quick=args.quick, progress=sys.stdout.isatty())
+        wall = time.monotonic() - t0
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "reproduce.json").write_text(json.dumps(doc, indent=1))
+    quick = bool(doc["scenario"]["quick"])
+    if wall is not None:
+        limit = QUICK_LIMIT_S if quick else FULL_LIMIT_S
+        print(f"reproduction wall time {wall / 60:.1f} min (target <= {limit / 60:.0f} min): {'met' if wall <= limit else 'NOT MET'}")
+        ok &= wall <= limit
+    for k, m in doc["measured"].items():
+        print(f"  {k}: measured {m['lambda_max_rps']:.3g} req/s interval {m['ci']} ({m['runs']} runs); "
+              f"model {doc['model'][k]['lambda_max_rps']:.3g} (literal) / {doc['model'][k]['lambda_max_rps_mean_reading']:.3g} (mean)")
+    for k in ("prfaas_pd", "naive_heterogeneous"):
+        meas, model = doc["measured_ratio_vs_homogeneous"].get(k), doc["model_ratio_vs_homogeneous"]["literal"][k]
+        if meas is None:
+            print(f"  ratio {k}/homogeneous: not measured: NOT MET")
+            ok = False
+            continue
+        within = abs(meas / model - 1) <= RATIO_TOLERANCE
+        ok &= within
+        print(f"  ratio {k}/homogeneous: measured {meas:.3f}, model {model:.3f} ({meas / model - 1:+.0%}; "
+              f"target within +-{RATIO_TOLERANCE:.0%}): {'met' if within else 'NOT MET'}")
+    if not quick:
+        iv = sorted((m["ci"][0], m["ci"][1] if m["ci"][1] is not None else float("inf")) for m in doc["measured"].values())
+        apart = all(a[1] <= b[0] for a, b in zip(iv, iv[1:]))
+        ok &= apart
+        print(f"  intervals {iv} do not overlap: {'met' if apart else 'NOT MET'}")
+    print("all targets met" if ok else "some targets NOT MET")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""``prfaas experiment SPEC.yaml --out DIR``: arms x seeds x repetitions through the engine, then
+``DIR/results.parquet`` (one row per run), ``DIR/comparison.json`` (paired bootstrap CIs,
+`analysis.stats`) and ``DIR/report.md`` (one sentence per comparison).
+
+Runs go to ``DIR/runs/<arm>/seed<s>-rep<r>/``; a finished run is skipped on the next call (resumable).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from analysis import stats
+from experiments.engine import SKIPPED, run_tasks
+from experiments.executor import Executor, RunOutcome, RunTask
+from experiments.spec import KNOWN_DIRECTIONS, ExperimentSpec
+from testbed import rundir
+from testbed.errors import UserError
+
+RESULTS_FILE = "results.parquet"
+COMPARISON_FILE = "comparison.json"
+REPORT_FILE = "report.md"
+RUN_COLUMNS = ("experiment", "arm", "seed", "repetition", "run_dir", "status", "error", "wall_s", "node")
+
+
+def flatten(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"ttft_s": {"p50": 1.0}}`` -> ``{"ttft_s.p50": 1.0}``; scalars only (lists are dropped)."""
+    out: dict[str, Any] = {}
+    for k, v in summary.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        elif v is None or isinstance(v, (bool, int, float, str)):
+            out[key] = v
+    return out
+
+
+def results_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per run: `RUN_COLUMNS`, then every summary metric (flattened), for ok and failed runs alike."""
+    df = pd.DataFrame(rows)
+    for col in RUN_COLUMNS:
+        if col not in df:
+            df[col] = None
+    rest = sorted(c for c in df.columns if c not in RUN_COLUMNS)
+    df = df[list(RUN_COLUMNS) + rest]
+    for c in rest:  # a column that is numbers in some runs and missing in others stays numeric
+        if df[c].map(lambda v: v is None or isinstance(v, (int, float)) and not isinstance(v, bool)).all():
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+
+def run_row(outcome: RunOutcome, out: Path, **labels: Any) -> dict[str, Any]:
+    """The results row of one run: its labels, how it went, and its summary when it has one."""
+    t = outcome.task
+    ok = outcome.status in ("ok", SKIPPED)
+    row: dict[str, Any] = {**labels, "run_dir": str(Path(t.out_dir).relative_to(out)) if Path(t.out_dir).is_relative_to(out) else str(t.out_dir),
+                           "status": "ok" if ok else "failed", "error": outcome.error, "wall_s": outcome.wall_s or None,
+                           "node": outcome.node or None}
+    if ok:
+        summary = flatten(rundir.read_summary(t.out_dir))
+        row.update({k: v for k, v in summary.items() if k not in RUN_COLUMNS})
+        row["node"] = row["node"] or summary.get("node")
+    return row
+
+
+def tasks_of(spec: ExperimentSpec, out: Path) -> list[tuple[RunTask, dict[str, Any]]]:
+    """Every run of the experiment with its labels; every scenario is checked here, before anything runs."""
+    from testbed.sections import load_scenario
+
+    tasks = []
+    for arm in spec.arms:
+        for seed in spec.seeds:
+            for rep in range(1, spec.repetitions + 1):
+                overrides = spec.overrides + arm.overrides + (f"seed={seed}",)
+                load_scenario(spec.scenario, list(overrides))
+                key = f"{arm.name}/seed{seed}-rep{rep}"
+                tasks.append((RunTask(key, spec.scenario, overrides, out / "runs" / key),
+                              {"experiment": spec.name, "arm": arm.name, "seed": seed, "repetition": rep}))
+    return tasks
+
+
+def compare_arms(results: pd.DataFrame, spec: ExperimentSpec) -> list[stats.Comparison]:
+    """Every metric of the spec, for every pair of `spec.pairs()`, paired on (seed, repetition)."""
+    ok = results[results["status"] == "ok"]
+    out = []
+    for metric in spec.metrics:
+        if metric not in ok:
+            continue
+        for i, (a, b) in enumerate(spec.pairs()):
+            va = ok[ok["arm"] == a].set_index(["seed", "repetition"])[metric]
+            vb = ok[ok["arm"] == b].set_index(["seed", "repetition"])[metric]
+            both = pd.concat([va.rename("a"), vb.rename("b")], axis=1, join="inner")
+            out.append(stats.compare(metric, a, b, pd.to_numeric(both["a"], errors="coerce").to_numpy(float),
+                                     pd.to_numeric(both["b"], errors="coerce").to_numpy(float), seed=i))
+    return out
+
+
+def report_text(spec: ExperimentSpec, results: pd.DataFrame, comparisons: list[stats.Comparison]) -> str:
+    n_ok = int((results["status"] == "ok").sum())
+    lines = [f"# Experiment {spec.name}", "",
+             f"Scenario `{spec.scenario}`; arms {', '.join(a.name for a in spec.arms)}; seeds {list(spec.seeds)}; "
+             f"{spec.repetitions} repetition(s); {n_ok} of {len(results)} runs ok.", "",
+             f"Paired bootstrap {stats.CONFIDENCE:.0%} confidence intervals of the ratio of means (arm A / arm B), "
+             "pairs = runs with the same seed and repetition (analysis/stats.py).", ""]
+    few = sorted({c.n for c in comparisons if c.n < stats.FEW_PAIRS})
+    if few:
+        lines += [f"Note: comparisons with fewer than {stats.FEW_PAIRS} pairs (n = {', '.join(map(str, few))}) have intervals "
+                  "that are too narrow (docs/experiments.md, Statistics); read them as indicative only.", ""]
+    lines += [f"- {stats.sentence(c, KNOWN_DIRECTIONS.get(c.metric))}" for c in comparisons]
+    failed = results[results["status"] != "ok"]
+    if len(failed):
+        lines += ["", "Failed runs (left out of the comparisons):"] + [f"- {r.run_dir}: {r.error}" for r in failed.itertuples()]
+    return "\n".join(lines) + "\n"
+
+
+def run_experiment(spec: ExperimentSpec, out_dir: str | Path, executor: Executor | None = None, *,
+                   progress: bool = True) -> dict[str, Any]:
+    """Run every run not finished yet; write results.parquet, comparison.json and report.md."""
+    out = Path(out_dir).resolve()
+    labelled = tasks_of(spec, out)
+    outcomes = run_tasks([t for t, _ in labelled], executor, label=f"experiment {spec.name}", progress=progress)
+    results = results_frame([run_row(outcomes[t.key], out, **labels) for t, labels in labelled])
+    out.mkdir(parents=True, exist_ok=True)
+    results.to_parquet(out / RESULTS_FILE, index=False)
+    comparisons = compare_arms(results, spec)
+    (out / COMPARISON_FILE).write_text(json.dumps([c.to_json() for c in comparisons], indent=1))
+    text = report_text(spec, results, comparisons)
+    (out / REPORT_FILE).write_text(text)
+    if results["status"].eq("ok").sum() == 0:
+        raise UserError(f"experiment {spec.name}: every run failed (first: {results['error'].iloc[0]}); see {out / REPORT_FILE}")
+    return {"results": out / RESULTS_FILE, "comparison": out / COMPARISON_FILE, "report": out / REPORT_FILE,
+            "runs": len(results), "failed": int((results["status"] != "ok").sum()), "text": text}

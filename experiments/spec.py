@@ -1,0 +1,136 @@
+"""Experiment specifications (``prfaas experiment SPEC.yaml``): a scenario, arms that override it,
+seeds and repetitions. Every bad value is one `FieldError` naming its key (exit status 2).
+
+    name: policies-on-quick
+    scenario: quick                 # a ready scenario's name, or a file (relative to this spec)
+    set: {duration: 20s}            # overrides for every arm (optional)
+    arms:                           # arm name -> its overrides (key: value, as --set key=value)
+      prfaas: {policy.name: prfaas}
+      fixed: {policy.name: fixed-threshold}
+    seeds: [1, 2]                   # or a count: 3 means 1, 2, 3
+    repetitions: 1                  # runs per (arm, seed); repeats measure the emulator's own noise
+    baseline: fixed                 # optional: compare every arm with this one (default: every pair)
+    metrics: [throughput_rps, ttft_s.p90]   # optional: the metrics compared (default: DEFAULT_METRICS)
+
+Arms share seeds (and repetition numbers), so run (seed s, repetition r) of arm A and of arm B saw the
+same workload and the same WAN schedule: comparisons are paired.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed.errors import FieldError, UserError
+from testbed.validation import Fields, positive_int
+
+# metric -> True when higher is better, False when lower is better, None when it has no direction
+DEFAULT_METRICS: dict[str, bool | None] = {
+    "throughput_rps": True,
+    "goodput_rps": True,
+    "good_fraction": True,
+    "ttft_s.p50": False,
+    "ttft_s.p90": False,
+    "ttft_short_s.p90": False,
+    "tpot_s.mean": False,
+    "requests_failed": False,
+    "offload_fraction": None,
+    "prefix_cache.hit_tokens": True,
+}
+KNOWN_DIRECTIONS: dict[str, bool | None] = {**DEFAULT_METRICS, "ttft_s.p99": False, "ttft_s.mean": False, "tpot_s.p90": False,
+                                            "egress_gbps.mean": None, "prefix_cache.efficiency": True}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    overrides: tuple[str, ...]  # "key=value"
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    name: str
+    scenario: str  # a ready scenario's name or an absolute path
+    overrides: tuple[str, ...]  # for every arm
+    arms: tuple[Arm, ...]
+    seeds: tuple[int, ...]
+    repetitions: int
+    baseline: str | None
+    metrics: tuple[str, ...]
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (A, B) comparisons: every arm against the baseline, or every pair in spec order."""
+        names = [a.name for a in self.arms]
+        if self.baseline is not None:
+            return [(n, self.baseline) for n in names if n != self.baseline]
+        return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+
+
+def _overrides(value: Any, path: str, source: str | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        return tuple(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list) and all(isinstance(x, str) and "=" in x for x in value):
+        return tuple(value)
+    raise FieldError(path, "give a mapping of key: value (or a list of \"key=value\" strings)", source)
+
+
+def _seeds(value: Any) -> tuple[int, ...]:
+    if isinstance(value, bool):
+        raise ValueError("give a count or a list of whole numbers")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"{value} must be >= 1")
+        return tuple(range(1, value + 1))
+    if isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
+        if len(set(value)) != len(value):
+            raise ValueError("seeds repeat; use repetitions to run a seed again")
+        return tuple(value)
+    raise ValueError("give a count (e.g. 3) or a list of whole numbers >= 0 (e.g. [1, 2])")
+
+
+def parse_spec(data: Any, source: str | None = None, base_dir: Path | None = None) -> ExperimentSpec:
+    f = Fields(data, "", source)
+    name = f.get("name", str, Path(source).stem if source else "experiment")
+    scenario = f.get("scenario", str)
+    if base_dir is not None and (scenario.endswith((".yaml", ".yml")) or "/" in scenario):
+        scenario = str((base_dir / scenario).resolve())
+    overrides = _overrides(f.data.get("set"), "set", source)
+    f.mark_read("set")
+    raw_arms = f.data.get("arms")
+    f.mark_read("arms")
+    if not isinstance(raw_arms, dict) or not raw_arms:
+        raise f.error("arms", "give at least one arm: a mapping of arm name -> its overrides")
+    arms = []
+    for arm_name, ov in raw_arms.items():
+        if not NAME_RE.match(str(arm_name)):
+            raise f.error(f"arms.{arm_name}", "an arm name may hold letters, digits and _ . + - only")
+        arms.append(Arm(str(arm_name), _overrides(ov, f"arms.{arm_name}", source)))
+    seeds = f.get("seeds", _seeds, (1,))
+    reps = f.get("repetitions", positive_int, 1)
+    if reps < 1:
+        raise f.error("repetitions", f"{reps} must be >= 1")
+    baseline = f.get("baseline", str, None)
+    if baseline is not None and baseline not in raw_arms:
+        raise f.error("baseline", f"{baseline!r} is not an arm; arms: {', '.join(map(str, raw_arms))}")
+    metrics = f.get("metrics", lambda v: tuple(str(m) for m in v) if isinstance(v, list) and v else (_ for _ in ()).throw(
+        ValueError("give a non-empty list of summary metrics, e.g. [throughput_rps, ttft_s.p90]")), tuple(DEFAULT_METRICS))
+    f.done()
+    return ExperimentSpec(name, scenario, overrides, tuple(arms), seeds, reps, baseline, metrics)
+
+
+def load_spec(path: str | Path) -> ExperimentSpec:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such experiment file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"{p}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    return parse_spec(data, str(p), p.parent.resolve())

@@ -1,0 +1,72 @@
+"""Experiment specs and the engine (experiments.spec, experiments.experiment) with a stand-in executor
+that writes synthetic run directories through the real writer; the real runs: tests/integration/test_experiment.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rundir_factory import write_run_dir  # noqa: E402
+
+from experiments.executor import Executor, RunOutcome, make_executor  # noqa: E402
+from experiments.experiment import run_experiment  # noqa: E402
+from experiments.spec import parse_spec  # noqa: E402
+from testbed.errors import UserError  # noqa: E402
+
+SPEC = {"name": "t", "scenario": "quick", "set": {"duration": "20s"}, "arms": {"fast": {"policy.name": "prfaas"},
+        "slow": {"policy.name": "fixed-threshold"}}, "seeds": 3, "baseline": "slow", "metrics": ["throughput_rps", "ttft_s.p50"]}
+
+
+class Synthetic(Executor):
+    """Stands in for running: arm "fast" gets twice the request rate of arm "slow" on the same seed."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def run(self, tasks, on_done):
+        for t in tasks:
+            self.ran.append(t.key)
+            seed = int(t.overrides[-1].split("=")[1])
+            write_run_dir(t.out_dir, policy=t.key.split("/")[0], seed=seed, duration_s=20,
+                          rate_rps=(10.0 if t.key.startswith("fast") else 5.0) + seed)
+            on_done(RunOutcome(t, "ok", None, 0.1, "test"))
+
+
+def test_spec_reads_arms_seeds_and_pairs_and_names_bad_fields():
+    spec = parse_spec(SPEC, "s.yaml")
+    assert [a.name for a in spec.arms] == ["fast", "slow"] and spec.seeds == (1, 2, 3) and spec.overrides == ("duration=20s",)
+    assert spec.pairs() == [("fast", "slow")]
+    for bad, match in [({"arms": {}}, "arms"), ({"seeds": [1, 1]}, "seeds.*repeat"), ({"baseline": "x"}, "baseline"),
+                       ({"repetitions": 0}, "repetitions"), ({"colour": 1}, "colour.*unknown key")]:
+        with pytest.raises(UserError, match=match):
+            parse_spec({**SPEC, **bad}, "s.yaml")
+
+
+def test_experiment_writes_one_row_per_run_and_paired_comparisons_then_resumes(tmp_path):
+    ex = Synthetic()
+    res = run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    df = pd.read_parquet(res["results"])
+    assert len(df) == 6 and set(df["arm"]) == {"fast", "slow"} and (df["status"] == "ok").all()
+    assert {"run_dir", "seed", "repetition", "throughput_rps", "ttft_s.p50", "prefix_cache.ideal_hit_tokens"} <= set(df.columns)
+    comp = json.loads(res["comparison"].read_text())
+    assert [c["metric"] for c in comp] == ["throughput_rps", "ttft_s.p50"]
+    thr = comp[0]
+    assert set(thr) >= {"metric", "arm_a", "arm_b", "a", "b", "ratio", "ci_low", "ci_high", "n", "significant"}
+    assert (thr["arm_a"], thr["arm_b"], thr["n"]) == ("fast", "slow", 3)
+    by_arm = df.groupby("arm")["throughput_rps"].mean()
+    assert thr["ratio"] == pytest.approx(by_arm["fast"] / by_arm["slow"])
+    assert thr["ci_low"] <= thr["ratio"] <= thr["ci_high"]
+    assert "fast" in res["report"].read_text() and "fewer than 10 pairs" in res["report"].read_text()
+    ex.ran.clear()
+    run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    assert ex.ran == []  # every run finished before: nothing reruns
+
+
+def test_unknown_executor_is_refused_in_one_line():
+    with pytest.raises(UserError, match="unknown executor.*local"):
+        make_executor("cluster")
