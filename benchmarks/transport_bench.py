@@ -9,6 +9,9 @@ N, iperf3 -P N and the KV transport (profile mode: real bytes, framed and checks
 transfer verified by the receiver before it counts) run one after the other on the same network.
 KV goodput = verified payload bytes / (first byte queued .. last verdict received).
 Target: KV goodput >= 0.95 x iperf3 at every N and loss (exit status 1 otherwise).
+Beside it, "same-window" KV / iperf3: TCP bytes acknowledged on the KV connections during exactly the
+seconds iperf3 measures (separates throughput from the wait for each transfer's last frames).
+`--repeat R` runs each (loss, N) R times and prints the mean and a 95% t-interval of both ratios.
 """
 
 from __future__ import annotations
