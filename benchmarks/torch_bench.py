@@ -121,6 +121,7 @@ def decode_batching_figure(model: str = "kimi-linear-48b", variant: str = "tiny"
     """Slot for issue 12 item 2 (a1-protocol): decode tokens/s at batch 8 against batch 1 and TPOT per batch,
     through the decode worker's step (`TorchCompute.decode_step` over `DecodeSlot`s)."""
     from testbed.models.torch_model import synthetic_cache
+    from testbed.serving.protocol import DecodeRequest
     from testbed.serving.worker import DecodeSlot
 
     comp = compute_for(model, variant)
@@ -128,7 +129,8 @@ def decode_batching_figure(model: str = "kimi-linear-48b", variant: str = "tiny"
     for b in (1, 2, 4, 8):
         slots = []
         for i in range(b):
-            s = DecodeSlot({"request_id": f"b{i}", "prompt_token_ids": [1, 2]})
+            s = DecodeSlot(DecodeRequest.from_json({"request_id": f"b{i}", "input_len": 2, "output_len": steps + 2,
+                                                     "prompt_token_ids": [1, 2]}))
             s.kv = synthetic_cache(comp.model.spec, context, seed=i)
             slots.append(s)
         comp.decode_step(slots)  # warm-up (the first step feeds the prompt's last token)
