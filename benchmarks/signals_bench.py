@@ -25,7 +25,9 @@ no failures, SLO(prfaas) >= SLO(fixed) + 10 pp on val-dip and val-staircase and 
 all-local's; estimator median error <= 20%, a 5x dip detected within 2 s. Exit 1 if a target is missed.
 
 Run as root: python benchmarks/signals_bench.py [--shapes val-dip,...] [--seeds 1,2,...] [--arms ...]
-  [--set KEY=VALUE ...] [--out DIR] [--measure DIR]
+  [--set KEY=VALUE ...] [--out DIR] [--measure DIR] [--executor local:N]
+The runs go through the experiments engine (experiments/engine.py: resumable, any executor); this
+script only names the tasks and judges the results.
 The full matrix (5 shapes x 5 seeds x 4 arms = 100 runs of ~2 min): the defaults. `--quick`: val-dip,
 seeds 1-2, three arms (prfaas-observed, prfaas-oracle, fixed-threshold).
 """
@@ -115,16 +117,14 @@ def bootstrap_ci(x: list[float], n: int = 10000, seed: int = 0) -> tuple[float, 
     return float(a.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def run_one(shape: str, arm: str, seed: int, out: Path, extra: list[str]) -> Path:
-    from experiments.runs import run_once
-    from testbed.sections import load_scenario
+def tasks(shapes: list[str], seeds: list[int], arms: list[str], out: Path, extra: list[str]) -> list:
+    """One `RunTask` per (shape, seed, arm): seeds outermost within a shape, so every arm of a seed runs
+    before the next seed (a cut-short matrix stays paired)."""
+    from experiments.executor import RunTask
 
-    d = out / shape / f"{arm}-s{seed}"
-    if (d / SUMMARY_FILE).exists():
-        return d
-    sc = load_scenario(shape, ARMS[arm] + [f"seed={seed}"] + extra)
-    run_once(sc, d, progress=False)
-    return d
+    return [RunTask(key=f"{shape}/{arm}-s{seed}", scenario=shape, overrides=tuple(ARMS[arm] + [f"seed={seed}"] + extra),
+                    out_dir=out / shape / f"{arm}-s{seed}")
+            for shape in shapes for seed in seeds for arm in arms]
 
 
 def compare(rows: list[dict[str, Any]], console: Console) -> bool:
@@ -189,6 +189,7 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override every run's scenario")
     ap.add_argument("--out", default="runs/signals-bench")
     ap.add_argument("--measure", metavar="DIR", help="only re-read the run directories under DIR")
+    ap.add_argument("--executor", default="local", help="experiments executor: local, local:N, ray:ADDR (docs/experiments.md)")
     ap.add_argument("--quick", action="store_true", help="val-dip, seeds 1-2, prfaas-observed/prfaas-oracle/fixed-threshold")
     a = ap.parse_args()
     console = Console()
@@ -202,16 +203,16 @@ def main() -> int:
             print(f"error: {bad[0]!r} is not one of: {', '.join(allowed)}", file=sys.stderr)
             return 2
     out = Path(a.measure or a.out)
-    rows = []
-    for shape in shapes:
-        for seed in seeds:  # seeds outermost within a shape: every arm of a seed runs before the next seed
-            for arm in arms:
-                d = out / shape / f"{arm}-s{seed}"
-                if not a.measure:
-                    console.print(f"[bold]{shape}[/] {arm} seed {seed}")
-                    run_one(shape, arm, seed, out, a.set)
-                if (d / SUMMARY_FILE).exists():
-                    rows.append({"shape": shape, "arm": arm, "seed": seed, **measure(d)})
+    todo = tasks(shapes, seeds, arms, out, a.set)
+    if not a.measure:  # the experiments engine: resumable, any executor
+        from experiments.engine import run_tasks
+        from experiments.executor import make_executor
+
+        for key, o in run_tasks(todo, make_executor(a.executor), label="signals bench").items():
+            if o.status == "failed":
+                console.print(f"[red]{key} failed[/]: {o.error}")
+    rows = [{"shape": t.key.split("/")[0], "arm": t.key.split("/")[1].rsplit("-s", 1)[0], "seed": int(t.key.rsplit("-s", 1)[1]),
+             **measure(t.out_dir)} for t in todo if (t.out_dir / SUMMARY_FILE).exists()]
     (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
     t = Table(title="per run")
     for c in ("shape", "arm", "seed", "long P90 s", "short P90 s", "xfer P90 s", "SLO", "failed", "est err", "detect s", "signals"):
