@@ -70,16 +70,22 @@ def default_answers(lab: "Lab") -> Path:
 
 
 def resolve_runs(answers: dict, answers_path: Path, given: list[Path]) -> dict[str, Path]:
-    """Run directories by name: those given, else the answers' ``runs:`` keys under runs/, else every folder there."""
+    """Run directories by name: those given (named by folder, or by path where two folders share a name, as
+    `prfaas experiment`'s ``runs/<arm>/seed1-rep1`` do), else the answers' ``runs:`` keys under runs/,
+    else every run folder below runs/ (one holding scenario.yaml or check.json)."""
     from labs.checks import run_names
 
     if given:
-        return {p.name: p for p in given}
+        names = [p.name for p in given]
+        return {(p.name if names.count(p.name) == 1 else str(p)): p for p in given}
     base = answers_path.parent / "runs"
     names = run_names(answers)
     if names:
         return {n: base / n for n in names}
-    return {p.name: p for p in sorted(base.iterdir()) if p.is_dir()} if base.is_dir() else {}
+    if not base.is_dir():
+        return {}
+    found = sorted({f.parent for pat in ("scenario.yaml", "check.json") for f in base.rglob(pat)})
+    return {str(p.relative_to(base)): p for p in found}
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ workers' prefix pools and the analysis all count in these blocks, so the size is
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Sequence
 
@@ -17,10 +18,17 @@ BLOCK_TOKENS = 512  # Mooncake's block size (its traces' hash_ids are one per 51
 def prompt_token_ids(block_hashes: Sequence[int], input_len: int, vocab_size: int, request_id: str) -> list[int]:
     """Token ids for a prompt known only by its block hashes (torch compute mode): each block's tokens
     are drawn from a generator seeded by its hash, so equal prefixes give equal tokens. Blocks beyond
-    the given hashes are seeded by (request_id, position)."""
+    the given hashes are seeded by a stable hash of (request_id, position) -- not Python's `hash()`,
+    which is salted per process (PYTHONHASHSEED) -- so the same request gives the same tokens in every
+    process and run."""
     out: list[int] = []
     for i in range(0, input_len, BLOCK_TOKENS):
-        h = block_hashes[i // BLOCK_TOKENS] if i // BLOCK_TOKENS < len(block_hashes) else hash((request_id, i))
+        h = block_hashes[i // BLOCK_TOKENS] if i // BLOCK_TOKENS < len(block_hashes) else _stable_seed(request_id, i)
         rng = random.Random(h)
         out.extend(rng.randrange(vocab_size) for _ in range(min(BLOCK_TOKENS, input_len - i)))
     return out
+
+
+def _stable_seed(request_id: str, position: int) -> int:
+    """A seed for (request_id, position) that is the same in every process (blake2b, like the router's tokeniser)."""
+    return int.from_bytes(hashlib.blake2b(f"{request_id}\0{position}".encode(), digest_size=8).digest(), "little")

@@ -67,7 +67,7 @@ class TcpSample:
 
 
 def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
-    """Linux `struct tcp_info` fields the testbed uses (offsets from include/uapi/linux/tcp.h)."""
+    """Linux `struct tcp_info` fields the testbed uses (offsets from the Linux UAPI header's `struct tcp_info`)."""
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
     except OSError:

@@ -50,7 +50,7 @@ def test_every_lab_scenario_passes_prfaas_check() -> None:
 
     for lab in list_labs():
         for f in lab.files:
-            if f.endswith(".yaml") and f != lab.answers:
+            if f.endswith(".yaml") and f not in (lab.answers, "experiment.yaml"):  # experiment.yaml: a spec (test below)
                 check_scenario(load_scenario(str(lab.folder / f)))
 
 
@@ -172,3 +172,21 @@ def test_lab_check_finds_the_answers_file_from_inside_the_lab_folder(tmp_path: P
     assert cli.main(["lab", "check", "5"]) == 1  # found and read (blank answers are wrong), not exit 2
     monkeypatch.chdir(tmp_path)
     assert cli.main(["lab", "check", "5"]) == 1  # from the parent: lab5/answers.yaml
+
+
+def test_lab4_reads_the_experiment_engines_layout_and_its_spec_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from experiments.spec import load_spec
+    from labs.catalog import get_lab
+    from labs.commands import resolve_runs
+
+    spec = load_spec(get_lab(4).folder / "experiment.yaml")
+    assert {a.name for a in spec.arms} == {"prfaas", "fixed-threshold"} and spec.seeds == (1, 2, 3)
+    for seed in (1, 2, 3):  # prfaas experiment writes runs/<arm>/seed<s>-rep1
+        write_run_dir(tmp_path / "runs" / "prfaas" / f"seed{seed}-rep1", policy="prfaas", threshold=40000, seed=seed)
+        write_run_dir(tmp_path / "runs" / "fixed-threshold" / f"seed{seed}-rep1", policy="fixed-threshold", threshold=8000, seed=seed)
+    found = resolve_runs({}, tmp_path / "answers.yaml", [])
+    assert len(found) == 6 and "prfaas/seed1-rep1" in found
+    given = resolve_runs({}, tmp_path / "answers.yaml", sorted((tmp_path / "runs").glob("*/*")))
+    assert len(given) == 6  # folders sharing a name are told apart by their path
+    verdicts = CHECKERS[4]({}, found)
+    assert [v.question for v in verdicts] == ["ttft_p90_dip_s.prfaas", "ttft_p90_dip_s.fixed-threshold", "difference_ci95_s", "prfaas_better"]

@@ -66,7 +66,9 @@ def test_kv_crosses_n_connections_and_arrives_bit_identical(receiver: tuple[KVRe
         stats = tx.send_cache(cache)
         spread = tx.sent_bytes_by_connection()
     got = results.wait("req-1")
-    assert sum(spread) == stats.wire_bytes and sum(1 for b in spread if b > 0) >= 2
+    # every byte went over one of the 3 connections; how they share an uncongested path is up to the pull
+    # scheduler (one connection may carry it all when no socket ever fills): the next test makes them fill
+    assert len(spread) == 3 and sum(spread) == stats.wire_bytes
     assert stats.ok and got.ok and got.reason is None
     assert rx.connections_accepted == 3
     assert got.kv_bytes == stats.kv_bytes == cache.nbytes
@@ -77,6 +79,37 @@ def test_kv_crosses_n_connections_and_arrives_bit_identical(receiver: tuple[KVRe
         for name, t in a.tensors.items():
             assert torch.equal(t, b.tensors[name])
     assert stats.start_s <= got.first_frame_s <= got.complete_s <= stats.end_s
+
+
+def test_a_connection_that_cannot_take_more_pulls_no_more_and_the_others_carry_the_rest() -> None:
+    """The pull model: a receiver that does not read fills each connection's small socket buffers, so
+    no connection can take the whole transfer and the frames must spread (deterministic, unlike an
+    uncongested path where one connection may legitimately carry everything)."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)  # before listen: a small window
+    server.bind((LOOPBACK, 0))
+    server.listen(8)
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.extend(server.accept()[0] for _ in range(3)), daemon=True).start()
+    cache = _cache()  # 2.7 MB
+    per_connection_cap = 1 << 20  # receive window + notsent_lowat + one batch, generously
+    tx = KVSender(LOOPBACK, server.getsockname()[1], connections=3, chunk_bytes=64 << 10, notsent_lowat_bytes=64 << 10)
+    try:
+        for layer in cache.layers:
+            tx.send_layer("stuck", layer)
+        deadline = time.monotonic() + 20
+        while sum(1 for b in tx.sent_bytes_by_connection() if b > 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # let every writer run into its full socket
+        spread = tx.sent_bytes_by_connection()
+        assert sum(1 for b in spread if b > 0) >= 2, spread
+        assert max(spread) <= per_connection_cap < cache.nbytes, spread
+        assert sum(spread) < cache.nbytes  # nothing reads: the rest is still queued, not lost or faked as sent
+    finally:
+        tx.close()
+        for s in accepted:
+            s.close()
+        server.close()
 
 
 def test_profile_mode_sends_real_bytes_and_delivers_a_verified_count(receiver: tuple[KVReceiver, Results]) -> None:

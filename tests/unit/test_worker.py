@@ -87,15 +87,19 @@ def test_kv_streams_layer_by_layer_and_the_decode_emits_every_token(workers):
     t = threading.Thread(target=sse, args=(dec.port, {"request_id": "a1", "input_len": 8192, "output_len": 5, "prompt_token_ids": None}, events))
     t.start()
     hashes = list(range(100, 116))  # 16 full blocks
+    sent_s = time.monotonic()  # testbed.clock: CLOCK_MONOTONIC, shared with the worker processes
     status, raw = request(pre.port, "POST", "/v1/prefill", {"request_id": "a1", "input_len": 8192, "cached_len": 0, "block_hashes": hashes,
                                                             "decode": {"host": "127.0.0.1", "kv_port": dec.kv_port, "instance": 0}})
+    answered_s = time.monotonic()
     t.join(30)
     res = json.loads(raw)
     spec_bytes = round(load_model_spec("paper-1t-hybrid").kv_bytes(8192).total_bytes / SCALE)
     assert status == 200 and res["status"] == "ok", res
     assert res["kv_bytes"] == spec_bytes and res["wire_bytes"] > spec_bytes
-    # H200 profile at 8K: 0.72 s. A sleep is never shorter; on a loaded host it can be much longer (loose bound).
-    assert 0.72 * 0.97 <= res["prefill_end_s"] - res["prefill_start_s"] < 0.72 + 5.0
+    # H200 profile at 8K: 0.72 s. A sleep is never shorter; on a loaded host it can be many times longer
+    # (8.7 s seen at load average 7), so the upper bound is the request's own span as the client saw it
+    assert 0.72 * 0.97 <= res["prefill_end_s"] - res["prefill_start_s"]
+    assert sent_s <= res["prefill_start_s"] < res["prefill_end_s"] <= answered_s
     assert res["transfer_start_s"] < res["prefill_end_s"] <= res["transfer_end_s"]
     tokens, final = events[:-1], events[-1]
     assert [e["index"] for e in tokens] == [0, 1, 2, 3, 4]

@@ -1,6 +1,6 @@
 """The KV connector interface: how one request's KV gets from a prefill worker to a decode worker.
 
-In the spirit of vLLM's ``KVConnectorBase_V1`` (vllm/distributed/kv_transfer/kv_connector/v1/base.py):
+In the spirit of vLLM's ``KVConnectorBase_V1`` (the base class of vLLM's v1 KV-transfer connectors):
 a small abstract interface with a stated contract per side, typed metadata, and a registry, so a new
 path (RDMA, NIXL, shared memory) is a new class, not a rewrite of the workers.
 
