@@ -190,7 +190,8 @@ def test_a_run_on_a_lost_node_is_retried_and_nothing_is_lost_duplicated_or_left(
         assert_complete_run(task, by_key[task.key])
     assert len({o.node for o in outcomes}) == 1  # both finished on the head node, one of them retried there
     assert not state.owner_alive(killed)
-    # the dead node's run left its network behind; `prfaas clean` removes it and leaves nothing
+    # the dead node's run left its network behind (its state file and root-namespace bridges; its host
+    # processes die with the owner's terminals); `prfaas clean` removes it, and the fixture checks nothing is left
     rep = cleanup.clean()
-    assert rep.networks and rep.processes
+    assert rep.networks == [f"net-{killed['owner_pid']}-{killed['tag']}.json"] and set(killed["bridges"]) <= set(rep.bridges)
     assert not subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.strip()
