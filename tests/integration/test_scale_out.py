@@ -131,7 +131,7 @@ def test_two_isolated_runs_at_once_each_with_its_fidelity_record(leftovers_check
     assert not set(runs["s1"]["bridges"]) & set(runs["s2"]["bridges"])
     for t in tasks:
         env = json.loads((t.out_dir / "environment.json").read_text())
-        assert env["extra"]["run_id"] == t.key
+        assert env["run_id"] == t.key
         # the host's capacity is shared: each of the two runs got half of it
         assert env["calibration"]["capacity_bps"] == pytest.approx(host_capacity_bps()[0] / 2)
     assert all(f["node"] for f in fids)
