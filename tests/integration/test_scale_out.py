@@ -23,6 +23,7 @@ import yaml
 from experiments.executor import RunOutcome, RunTask
 from testbed.net import state
 from testbed.scenario import builtin_scenarios_dir
+from tests.integration.test_run_e2e import processes_mentioning
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -54,19 +55,6 @@ def our_bridges() -> list[str]:
     from testbed.net.cleanup import _our_bridges
 
     return _our_bridges()
-
-
-def processes_mentioning(text: str) -> list[str]:
-    found = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit() and int(p.name) != os.getpid():
-            try:
-                cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmd:
-                found.append(f"{p.name}: {cmd[:160]}")
-    return found
 
 
 def assert_complete_run(task: RunTask, outcome: RunOutcome) -> dict[str, Any]:
