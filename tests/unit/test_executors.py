@@ -76,3 +76,16 @@ def test_local_n_runs_each_task_in_its_own_process_and_reports_failures_as_outco
     assert sorted(o.task.key for o in got) == ["t0", "t1"]
     for o in got:
         assert o.status == "failed" and f"no-such-scenario-{o.task.key[1]}" in (o.error or "") and o.node
+
+
+def test_the_experiment_report_names_runs_whose_timing_fidelity_was_flagged():
+    from experiments.experiment import fidelity_lines, results_frame
+
+    rows = [{"run_dir": "runs/a/seed1-rep1", "status": "ok", "node": "n1", "fidelity_ok": True, "fidelity_flags": ""},
+            {"run_dir": "runs/a/seed2-rep1", "status": "ok", "node": "n2", "fidelity_ok": False,
+             "fidelity_flags": "sleeps late by 7.0 ms at p99 (tolerance 5 ms)"},
+            {"run_dir": "runs/b/seed1-rep1", "status": "failed", "node": "n1", "fidelity_ok": None, "fidelity_flags": None}]
+    lines = fidelity_lines(results_frame(rows))
+    assert "flagged for 1 run(s)" in lines[1]
+    assert lines[2:] == ["- runs/a/seed2-rep1 (node n2): sleeps late by 7.0 ms at p99 (tolerance 5 ms)"]
+    assert fidelity_lines(results_frame(rows[:1])) == [] and fidelity_lines(results_frame([{"status": "ok"}])) == []
