@@ -231,7 +231,9 @@ def fit_errors(tokens: Sequence[float], seconds: Sequence[float], coefficients: 
 
 
 def fit_prefill_robust(points: Sequence[tuple[int, float]]) -> tuple[tuple[float, ...], int]:
-    """The quadratic fit, else a line, else a constant (a noisy host can bend a quadratic below zero)."""
+    """The quadratic fit, else a line, else a constant: a noisy host or a few short lengths can bend a
+    quadratic below zero or make it concave (attention never makes prefill time concave, and a concave
+    curve turns negative when extrapolated)."""
     l = [p[0] for p in points]
     s = [p[1] for p in points]
     last: UserError | None = None
@@ -239,9 +241,14 @@ def fit_prefill_robust(points: Sequence[tuple[int, float]]) -> tuple[tuple[float
         if degree < 0 or degree > len(points) - 1:
             continue
         try:
-            return fit_prefill(l, s, degree), degree
+            coeffs = fit_prefill(l, s, degree)
         except UserError as exc:
             last = exc
+            continue
+        if degree == 2 and coeffs[2] < 0:
+            last = UserError("the quadratic fit is concave")
+            continue
+        return coeffs, degree
     raise UserError(f"prefill points {points}: no usable fit ({last})")
 
 
