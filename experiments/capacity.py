@@ -7,8 +7,9 @@ A run at rate r **passes** when (docs/experiments.md, "Capacity"):
   ``serving.slo`` (TTFT and TPOT), as goodput is defined by vLLM's ``bench serve --goodput`` and
   DistServe; failed and unanswered requests count as not good;
 - the requests in flight do not grow over the run (`analysis.metrics.queue_trend`, a trend test);
-- it served at least `MIN_REQUESTS` requests (a floor on the sample, as MLPerf's loadgen has a minimum
-  query count), else it is too short to judge and fails.
+- it served at least `MIN_REQUESTS` requests and lasted long enough for the trend test (5 in-flight
+  samples after warm-up; a floor on the sample, as MLPerf's loadgen has a minimum query count and
+  duration), else it is too short to judge and fails.
 
 The search brackets (doubling or halving from the start rate, one run per rate), then bisects the
 bracket (geometric midpoints) with `repetitions` runs per rate, seeds 1..R shared by every rate (paired);
@@ -86,6 +87,8 @@ def judge(summary: dict[str, Any], rate_rps: float, seed: int, run_dir: str = ""
         reasons.append(f"{good:.0%} good (< {GOOD_FRACTION:.0%})")
     if growing:
         reasons.append("requests in flight grow over the run")
+    elif growing is None:
+        reasons.append("too short to test the queue's trend (fewer than 5 in-flight samples after warm-up): run longer")
     return RunVerdict(rate_rps, seed, not reasons, good, growing, n, "; ".join(reasons), run_dir)
 
 

@@ -70,7 +70,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 def _executor_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", default="local", metavar="NAME[:ARG]",
-                   help="how the runs are run: local (one after another, the default); docs/experiments.md")
+                   help="how the runs are run: local (one after another, the default), local:N (N at once on this host), "
+                        "ray or ray:ADDRESS (a Ray cluster); docs/scale-out.md")
 
 
 def _default_out(name: str) -> Path:

@@ -16,7 +16,8 @@ The contract, for every implementation:
   the process (or node) they choose.
 
 Implementations are registered by name in `EXECUTORS` and chosen with ``--executor NAME[:ARG]``:
-``local`` (one run after another, in this process) here; the scale-out issue adds ``local:N`` and ``ray``.
+``local`` (one run after another, in this process), ``local:N`` (`experiments.parallel`) and ``ray`` /
+``ray:ADDRESS`` (`experiments.ray_executor`); docs/scale-out.md.
 """
 
 from __future__ import annotations
@@ -75,12 +76,24 @@ class SequentialExecutor(Executor):
 
 
 def _local(arg: str | None) -> Executor:
-    if arg not in (None, "", "1"):
-        raise UserError(f"--executor local:{arg}: parallel local runs are not available in this version; use local")
-    return SequentialExecutor()
+    """``local`` (one after another) or ``local:N`` (N isolated runs at once, `experiments.parallel`)."""
+    if arg in (None, "", "1"):
+        return SequentialExecutor()
+    if not arg.isdigit() or int(arg) < 1:
+        raise UserError(f"--executor local:{arg}: N must be a whole number >= 1 (runs at once on this host)")
+    from experiments.parallel import ParallelExecutor
+
+    return ParallelExecutor(int(arg))
 
 
-EXECUTORS: dict[str, Callable[[str | None], Executor]] = {"local": _local}
+def _ray(arg: str | None) -> Executor:
+    """``ray`` (the cluster at RAY_ADDRESS, or the one `ray start` made on this host) or ``ray:ADDRESS``."""
+    from experiments.ray_executor import RayExecutor
+
+    return RayExecutor(arg or None)
+
+
+EXECUTORS: dict[str, Callable[[str | None], Executor]] = {"local": _local, "ray": _ray}
 
 
 def make_executor(spec: str) -> Executor:

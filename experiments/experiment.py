@@ -110,10 +110,23 @@ def report_text(spec: ExperimentSpec, results: pd.DataFrame, comparisons: list[s
         lines += [f"Note: comparisons with fewer than {stats.FEW_PAIRS} pairs (n = {', '.join(map(str, few))}) have intervals "
                   "that are too narrow (docs/experiments.md, Statistics); read them as indicative only.", ""]
     lines += [f"- {stats.sentence(c, KNOWN_DIRECTIONS.get(c.metric))}" for c in comparisons]
+    lines += fidelity_lines(results)
     failed = results[results["status"] != "ok"]
     if len(failed):
         lines += ["", "Failed runs (left out of the comparisons):"] + [f"- {r.run_dir}: {r.error}" for r in failed.itertuples()]
     return "\n".join(lines) + "\n"
+
+
+def fidelity_lines(results: pd.DataFrame) -> list[str]:
+    """The runs whose timing fidelity was flagged (testbed.fidelity), with why: their figures may carry
+    the host's interference (docs/scale-out.md)."""
+    if "fidelity_ok" not in results:
+        return []
+    flagged = results[(results["status"] == "ok") & (results["fidelity_ok"] == False)]  # noqa: E712 (None = not measured)
+    if not len(flagged):
+        return []
+    return (["", f"Timing fidelity flagged for {len(flagged)} run(s); their figures may include this host's interference "
+             "(docs/scale-out.md):"] + [f"- {r.run_dir} (node {r.node}): {r.fidelity_flags}" for r in flagged.itertuples()])
 
 
 def run_experiment(spec: ExperimentSpec, out_dir: str | Path, executor: Executor | None = None, *,

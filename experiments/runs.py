@@ -36,15 +36,16 @@ def summarize_run_dir(path: str | Path) -> dict[str, Any]:
 
 
 def _slo(data: rundir.RunData) -> tuple[float, float] | None:
-    """The run's SLOs (``serving.slo`` of its scenario as run), or None when the scenario does not parse
-    (a synthetic run directory)."""
-    from testbed.sections import parse_scenario
+    """The run's SLOs (the ``serving`` section of its scenario as run, defaults where it names none), or
+    None when that section does not parse (a synthetic run directory)."""
+    from testbed.serving.config import parse_serving_section
+    from testbed.validation import Fields
 
     try:
-        spec = parse_scenario(data.scenario, str(data.path / rundir.SCENARIO_FILE)).section("serving")
+        spec = parse_serving_section(Fields(data.scenario.get("serving"), "serving", str(data.path / rundir.SCENARIO_FILE)))
     except UserError:
         return None
-    return (spec.slo.ttft_s, spec.slo.tpot_s) if spec is not None else None
+    return spec.slo.ttft_s, spec.slo.tpot_s
 
 
 def run_once(scenario: Scenario, out_dir: str | Path, *, progress: bool = True) -> Path:

@@ -72,6 +72,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
+if [ "$what" = test ] && ! "$VENV/bin/python" -c 'import ray' 2>/dev/null; then
+  # the scale-out tests run a real Ray cluster: the optional `ray` extra is part of the test setup
+  log "installing the optional ray extra for the tests"
+  "$VENV/bin/pip" install -q -e ".[test,ray]" >"$VENV/pip-install-ray.log" 2>&1 || { cat "$VENV/pip-install-ray.log" >&2; echo "bootstrap: pip install of the ray extra failed" >&2; exit 1; }
+fi
 "$VENV/bin/python" -c 'import mininet.net, pyroute2, torch' || { echo "bootstrap: the virtualenv cannot import mininet, pyroute2 or torch" >&2; exit 1; }
 
 export PATH="$VENV/bin:$PATH"

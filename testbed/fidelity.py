@@ -36,6 +36,7 @@ from typing import Any, Iterable
 from testbed.rundir import FIDELITY_FILE
 from testbed.units import finite_or_none as _num
 
+NODE_ENV = "PRFAAS_NODE"  # the node's name when an executor sets one (Ray: HOSTNAME/NODE_ID), else the host name
 PROBE_SLEEP_S = 0.005  # the order of a profile-mode layer or decode-step sleep
 CORES_PER_RUN_DEFAULT = 2.0  # a `quick` run alone on a 2-core host (measured: benchmarks/scale_out_bench.py)
 HEADROOM = 0.8  # share of the host's cores that parallel runs may fill and still keep time
@@ -249,7 +250,7 @@ def build_record(wan: dict[str, Any] | None, sleep: dict[str, Any] | None, fired
     import socket
 
     rec: dict[str, Any] = {
-        "node": socket.gethostname(), "cpus": os.cpu_count(), "wan": wan or {}, "sleep": sleep or {},
+        "node": os.environ.get(NODE_ENV) or socket.gethostname(), "cpus": os.cpu_count(), "wan": wan or {}, "sleep": sleep or {},
         "schedule": {"fired": len(fired_late_s), "late_p99_s": percentile(fired_late_s, 99) if fired_late_s else None,
                      "late_max_s": max(fired_late_s) if fired_late_s else None,
                      "woke_late_p99_s": percentile(woke_late_s, 99) if woke_late_s else None},

@@ -3,8 +3,7 @@ and context for one model, and write a compute profile in the format of ``profil
 item 5), so profile-mode runs and the throughput model can use the user's own device.
 
 Prefill: the fastest of `repeats` runs after one untimed run, per length. Decode: a step of batch b is what
-the decode worker does per step today, one ``model.decode`` per request of the batch
-(`decode_step_time_s`: one batched pass, as the decode worker's step), on caches of
+the decode worker does per step, one batched ``decode_batch`` pass (`decode_step_time_s`), on caches of
 the model's exact geometry with random values at each context length; the median of `steps` steps.
 The ``full`` variant (testbed.models.full) is timed whole when it fits in half the device's free memory,
 else per layer kind and extrapolated; ``--validate`` compares the two at the given depth.
@@ -231,7 +230,9 @@ def fit_errors(tokens: Sequence[float], seconds: Sequence[float], coefficients: 
 
 
 def fit_prefill_robust(points: Sequence[tuple[int, float]]) -> tuple[tuple[float, ...], int]:
-    """The quadratic fit, else a line, else a constant (a noisy host can bend a quadratic below zero)."""
+    """The quadratic fit, else a line, else a constant: a noisy host or a few short lengths can bend a
+    quadratic below zero or make it concave (attention never makes prefill time concave, and a concave
+    curve turns negative when extrapolated)."""
     l = [p[0] for p in points]
     s = [p[1] for p in points]
     last: UserError | None = None
@@ -239,9 +240,14 @@ def fit_prefill_robust(points: Sequence[tuple[int, float]]) -> tuple[tuple[float
         if degree < 0 or degree > len(points) - 1:
             continue
         try:
-            return fit_prefill(l, s, degree), degree
+            coeffs = fit_prefill(l, s, degree)
         except UserError as exc:
             last = exc
+            continue
+        if degree == 2 and coeffs[2] < 0:
+            last = UserError("the quadratic fit is concave")
+            continue
+        return coeffs, degree
     raise UserError(f"prefill points {points}: no usable fit ({last})")
 
 
@@ -279,8 +285,8 @@ def profile_document(m: Measurement, name: str) -> dict[str, Any]:
         "gpus_per_instance": 1,
         "provenance": (f"Measured by `prfaas profile` on {host} ({m.chip}), {when}: the {p.variant} variant of {p.model} "
                        f"({m.layers}), random weights (seed {p.seed}), torch {torch.__version__}, {m.clock} time. Prefill: fastest of "
-                       f"{p.repeats} run(s) after one untimed run per length; decode: median of {p.decode_steps} steps, one "
-                       f"model.decode per request of the batch, fitted at context {ctx}."),
+                       f"{p.repeats} run(s) after one untimed run per length; decode: median of {p.decode_steps} steps of one "
+                       f"batched decode pass (the full variant's per-layer extrapolation: one request x b), fitted at context {ctx}."),
         "prefill": {"points": [[int(n), round(float(s), 6)] for n, s in m.prefill], "degree": degree},
         "decode": {"step_s": float(f"{step:.6g}"), "per_sequence_s": float(f"{per:.6g}"), "max_batch": max(b for b, _, _ in m.decode),
                    "provenance": f"fitted to the batch points at context {ctx}",

@@ -60,3 +60,4 @@ def test_a_run_fails_on_good_fraction_a_growing_queue_or_too_few_requests():
     assert "89% good" in capacity.judge({**ok, "good_fraction": 0.89}, 1.0, 1).reason
     assert "grow" in capacity.judge({**ok, "queue": {"growing": True}}, 1.0, 1).reason
     assert "only 5 requests" in capacity.judge({**ok, "requests_total": 5}, 1.0, 1).reason
+    assert "too short to test the queue" in capacity.judge({**ok, "queue": {"growing": None}}, 1.0, 1).reason

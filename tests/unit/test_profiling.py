@@ -56,6 +56,14 @@ def test_fit_error_is_the_relative_residual_at_the_points() -> None:
     assert ctx == 64 and per == pytest.approx(0.01) and 0 < step < 1e-5 and e["max_rel"] < 1e-3
 
 
+def test_a_concave_fit_falls_back_to_a_line_so_extrapolation_stays_positive() -> None:
+    from testbed.models.profiling import fit_prefill_robust
+
+    coeffs, degree = fit_prefill_robust([(64, 2.77), (128, 3.78), (256, 5.24)])  # measured: flattening
+    assert degree == 1 and coeffs[1] > 0
+    assert fit_prefill_robust([(n, C0 + C1 * n + C2 * n * n) for n in (128, 256, 512)])[1] == 2
+
+
 def test_a_scenario_can_name_a_measured_profile(tmp_path: Path) -> None:
     path = tmp_path / "gpu.yaml"
     write_profile(profile_document(synthetic(ProfilePlan("paper-1t-hybrid")), "gpu"), path)

@@ -269,6 +269,11 @@ def test_a_decode_worker_dying_mid_request_gives_a_failed_record_with_a_reason_a
     assert code == 502 and "failed" in body["error"]["message"]
     (rec,) = r.records()
     assert rec["status"] == "failed" and "decode instance" in rec["reason"] and "final event" in rec["reason"]
+    # the decode's failure answers the client at once; the prefill thread may still be reading its worker's
+    # answer then (its count is released when it has), so the counts must drain soon, not at that instant
+    deadline = time.monotonic() + 5
+    while any(x.inflight for x in list(r.prefill.values()) + list(r.decode.values())) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert all(x.inflight == 0 for x in list(r.prefill.values()) + list(r.decode.values()))
 
 

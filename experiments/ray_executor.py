@@ -1,0 +1,153 @@
+"""``--executor ray`` / ``ray:ADDRESS``: each run is a Ray task on a node of a Ray cluster.
+
+Nodes that can run the testbed (root, the project installed at the same path, `prfaas doctor` ready)
+are marked by the custom resource `NODE_RESOURCE` (``ray start ... --resources '{"prfaas_node": 1}'``);
+its amount is how many runs the node takes at once (`prfaas doctor`'s suggestion). Each task asks for
+one unit and no CPU, so Ray never packs more runs on a node than it was declared to hold.
+
+A task runs `experiments.runs.execute` into a directory on its node, then sends the whole run
+directory back to the driver as files (a gzip tar through Ray's object store), where it is unpacked
+into the task's ``out_dir``; the node's copy is deleted. A scenario *file* travels with the task as
+text (a ready scenario's name is resolved on the node). A node that dies loses only the runs it was
+running: Ray resubmits them (``max_retries``) to another node with the resource, where they run from
+the start; the driver gets exactly one outcome per task. What the dead node's runs left on it
+(namespaces, processes) is removed by `prfaas clean` there.
+
+Progress is shown per node (runs done and failed on each) as outcomes come in; every outcome's
+``node`` is ``HOSTNAME/NODE_ID`` (node ids tell apart two nodes on one host), and each run's
+``fidelity.json`` and summary carry the same name with that node's calibration.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import socket
+import sys
+import tarfile
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+from experiments.executor import Executor, OnDone, RunOutcome, RunTask
+from experiments.parallel import failed, outcome_from_dict, outcome_to_dict, task_from_dict, task_to_dict
+from testbed.errors import UserError
+from testbed.fidelity import NODE_ENV
+
+NODE_RESOURCE = "prfaas_node"
+MAX_RETRIES = 3  # resubmissions of a run whose node (or worker process) died
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--executor ray needs Ray: pip install -e \".[ray]\" (on the driver and on every node)") from None
+    return ray
+
+
+def pack_dir(path: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(path, arcname=".")
+    return buf.getvalue()
+
+
+def unpack_dir(blob: bytes, dest: Path) -> None:
+    """Replace `dest` with the directory packed in `blob` (members must stay inside `dest`)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    root = dest.resolve()
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+        members = tar.getmembers()
+        for m in members:  # what tarfile's "data" filter refuses (Python < 3.11.4 has no filter)
+            target = (root / m.name).resolve()
+            if not (m.isfile() or m.isdir()) or (target != root and root not in target.parents):
+                raise tarfile.TarError(f"refusing archive member {m.name!r}: not a plain file or directory inside {dest}")
+        tar.extractall(dest, members=members)
+
+
+def run_on_node(task_d: dict[str, Any], scenario_text: str | None) -> tuple[dict[str, Any], bytes | None]:
+    """The body of a Ray task: run one task on this node; return its outcome and its packed run directory."""
+    import ray
+
+    from experiments.runs import execute
+
+    node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
+    os.environ[NODE_ENV] = node
+    tmp = Path(tempfile.mkdtemp(prefix="prfaas-ray-"))
+    try:
+        task = task_from_dict(task_d)
+        scenario = task.scenario
+        if scenario_text is not None:
+            scenario = str(tmp / Path(task.scenario).name)
+            Path(scenario).write_text(scenario_text)
+        local = RunTask(key=task.key, scenario=scenario, overrides=task.overrides, out_dir=tmp / "run" / task.key)
+        o = execute(local, progress=False)
+        blob = pack_dir(local.out_dir) if local.out_dir.is_dir() else None
+        return outcome_to_dict(RunOutcome(task=task, status=o.status, error=o.error, wall_s=o.wall_s, node=node)), blob
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class RayExecutor(Executor):
+    """Runs on the Ray cluster at `address` (``auto``: the one `ray start` made on this host, or RAY_ADDRESS)."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, *, max_retries: int = MAX_RETRIES, progress: bool = True) -> None:
+        self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
+        self.max_retries = max_retries
+        self.progress = progress
+        self.per_node: dict[str, Counter] = {}
+
+    def _connect(self) -> Any:
+        ray = _import_ray()
+        if not ray.is_initialized():
+            try:
+                ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+            except ConnectionError as exc:
+                raise UserError(f"--executor ray: no Ray cluster at {self.address!r} ({exc}); start one with "
+                                "`ray start --head --resources '{\"prfaas_node\": 1}'` (docs/scale-out.md)") from None
+        if ray.cluster_resources().get(NODE_RESOURCE, 0) < 1:
+            raise UserError(f"--executor ray: no node of the cluster offers the resource {NODE_RESOURCE!r}; start nodes with "
+                            f"`ray start ... --resources '{{\"{NODE_RESOURCE}\": 1}}'` (docs/scale-out.md)")
+        return ray
+
+    def _show(self, outcome: RunOutcome, done: int, total: int) -> None:
+        c = self.per_node.setdefault(outcome.node, Counter())
+        c[outcome.status] += 1
+        if self.progress:
+            nodes = "; ".join(f"{n}: {v['ok']} ok, {v['failed']} failed" for n, v in sorted(self.per_node.items()))
+            print(f"ray: {outcome.task.key} {outcome.status} on {outcome.node} ({done}/{total})   per node: {nodes}", file=sys.stderr)
+
+    def run(self, tasks: Sequence[RunTask], on_done: OnDone) -> None:
+        ray = self._connect()
+        remote = ray.remote(num_cpus=0, resources={NODE_RESOURCE: 1}, max_retries=self.max_retries,
+                            retry_exceptions=False)(run_on_node)
+        refs = {}
+        for t in tasks:
+            text = Path(t.scenario).read_text() if Path(t.scenario).is_file() else None
+            refs[remote.remote(task_to_dict(t), text)] = t
+        pending, done = list(refs), 0
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                task, t0 = refs[ref], time.monotonic()
+                try:
+                    outcome_d, blob = ray.get(ref)
+                    outcome = outcome_from_dict(outcome_d)
+                    outcome = RunOutcome(task=task, status=outcome.status, error=outcome.error, wall_s=outcome.wall_s, node=outcome.node)
+                    if blob is not None:
+                        unpack_dir(blob, Path(task.out_dir))
+                    elif outcome.status == "ok":
+                        outcome = failed(task, "the node sent no run directory back", outcome.wall_s, outcome.node)
+                except Exception as exc:  # lost after every retry, or the directory could not be unpacked
+                    outcome = failed(task, f"{type(exc).__name__}: {exc}".splitlines()[0], time.monotonic() - t0, "?")
+                done += 1
+                self._show(outcome, done, len(tasks))
+                on_done(outcome)

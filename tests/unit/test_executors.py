@@ -1,0 +1,91 @@
+"""The scale-out executors behind the experiment engine's interface, without a network: choosing them,
+refusing what the host cannot hold, tasks and outcomes as plain data, run directories packed and
+unpacked, and local:N's child processes turning a bad task into a failed outcome (issue 14)."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from experiments.executor import RunOutcome, RunTask, SequentialExecutor, make_executor
+from experiments.parallel import ParallelExecutor, outcome_from_dict, outcome_to_dict, task_from_dict, task_to_dict
+from testbed.errors import UserError
+
+
+def test_executor_names_and_bad_arguments():
+    assert isinstance(make_executor("local"), SequentialExecutor) and isinstance(make_executor("local:1"), SequentialExecutor)
+    for bad in ("local:0", "local:x", "local:-2"):
+        with pytest.raises(UserError, match="N must be a whole number >= 1"):
+            make_executor(bad)
+    with pytest.raises(UserError, match="unknown executor; allowed: local, ray"):
+        make_executor("slurm")
+
+
+def test_local_n_beyond_the_cores_is_refused_and_within_them_warns(capsys: pytest.CaptureFixture[str]):
+    cpus = os.cpu_count() or 1
+    with pytest.raises(UserError, match=f"local:{cpus + 1}: {cpus + 1} runs at once on {cpus} cores"):
+        make_executor(f"local:{cpus + 1}")
+    ex = make_executor(f"local:{max(2, cpus)}") if cpus >= 2 else None
+    if ex is not None:
+        assert isinstance(ex, ParallelExecutor) and ex.n == max(2, cpus)
+        if cpus < 5:  # fewer than 5 cores: doctor suggests 1, so 2 or more at once is warned about
+            assert "doctor` suggests local:1" in capsys.readouterr().err
+
+
+def test_tasks_and_outcomes_travel_as_plain_data(tmp_path: Path):
+    task = RunTask(key="a-s1", scenario="quick", overrides=("seed=1", "wan.rate=1Gbps"), out_dir=tmp_path / "a-s1")
+    assert task_from_dict(task_to_dict(task)) == task
+    o = RunOutcome(task=task, status="failed", error="why", wall_s=1.5, node="n/0123abcd")
+    assert outcome_from_dict(outcome_to_dict(o)) == o
+
+
+def test_a_run_directory_round_trips_as_files_and_a_hostile_archive_is_refused(tmp_path: Path):
+    from experiments.ray_executor import pack_dir, unpack_dir
+
+    src = tmp_path / "src"
+    (src / "plots").mkdir(parents=True)
+    (src / "summary.json").write_text('{"ok": 1}')
+    (src / "plots" / "a.png").write_bytes(bytes(range(256)) * 10)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "stale.txt").write_text("from an interrupted try")
+    unpack_dir(pack_dir(src), dest)
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*")) == ["plots", "plots/a.png", "summary.json"]
+    assert (dest / "plots" / "a.png").read_bytes() == (src / "plots" / "a.png").read_bytes()
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../escaped.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(tarfile.TarError):
+        unpack_dir(buf.getvalue(), tmp_path / "d2")
+    assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_local_n_runs_each_task_in_its_own_process_and_reports_failures_as_outcomes(tmp_path: Path):
+    ex = ParallelExecutor(1)
+    ex.n = 2  # two child processes at once, whatever this host's cores
+    tasks = [RunTask(key=f"t{i}", scenario=f"no-such-scenario-{i}", overrides=(), out_dir=tmp_path / f"t{i}") for i in range(2)]
+    got: list[RunOutcome] = []
+    ex.run(tasks, got.append)
+    assert sorted(o.task.key for o in got) == ["t0", "t1"]
+    for o in got:
+        assert o.status == "failed" and f"no-such-scenario-{o.task.key[1]}" in (o.error or "") and o.node
+
+
+def test_the_experiment_report_names_runs_whose_timing_fidelity_was_flagged():
+    from experiments.experiment import fidelity_lines, results_frame
+
+    rows = [{"run_dir": "runs/a/seed1-rep1", "status": "ok", "node": "n1", "fidelity_ok": True, "fidelity_flags": ""},
+            {"run_dir": "runs/a/seed2-rep1", "status": "ok", "node": "n2", "fidelity_ok": False,
+             "fidelity_flags": "sleeps late by 7.0 ms at p99 (tolerance 5 ms)"},
+            {"run_dir": "runs/b/seed1-rep1", "status": "failed", "node": "n1", "fidelity_ok": None, "fidelity_flags": None}]
+    lines = fidelity_lines(results_frame(rows))
+    assert "flagged for 1 run(s)" in lines[1]
+    assert lines[2:] == ["- runs/a/seed2-rep1 (node n2): sleeps late by 7.0 ms at p99 (tolerance 5 ms)"]
+    assert fidelity_lines(results_frame(rows[:1])) == [] and fidelity_lines(results_frame([{"status": "ok"}])) == []
