@@ -50,6 +50,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "root" in item.keywords:
                 item.add_marker(skip)
+        return
+    _route_netem_tests(config, items)
+
+
+def _route_netem_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """netem tests run here where the kernel has netem; else inside a guest kernel (test_netem_guest.py).
+
+    Only where no guest can start do they skip, naming both reasons. The tests not needed on this host
+    are deselected (pytest counts them as such), never silently dropped.
+    """
+    netem_items = [i for i in items if "netem" in i.keywords]
+    guest_items = [i for i in items if "netem_guest" in i.keywords]
+    if not netem_items and not guest_items:
+        return
+    from testbed.net.guest import guest_available
+    from testbed.net.netem import netem_available
+
+    has_netem, why = netem_available()
+    can_boot, guest_why = (False, "not needed") if has_netem else guest_available()
+    if has_netem:
+        drop = guest_items
+    elif can_boot:
+        drop = netem_items
+    else:
+        drop = guest_items
+        skip = pytest.mark.skip(reason=f"netem: the kernel has none ({why}) and no guest kernel can start ({guest_why})")
+        for item in netem_items:
+            item.add_marker(skip)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if i not in drop]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

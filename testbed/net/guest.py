@@ -380,6 +380,16 @@ class GuestResult:
     modules_missing: str = ""
 
 
+def _die_with_parent() -> None:
+    """In qemu's child before exec: SIGKILL when the harness dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -408,7 +418,8 @@ def run_guest(spec: GuestSpec, argv: list[str], *, cwd: Path, env: dict[str, str
         t0 = time.monotonic()
         boot_s = None
         qemu_log = open(work / "qemu.log", "wb")
-        proc = subprocess.Popen(qemu_argv(spec, initramfs, job, console), stdin=subprocess.DEVNULL, stdout=stdout, stderr=qemu_log)
+        proc = subprocess.Popen(qemu_argv(spec, initramfs, job, console), stdin=subprocess.DEVNULL, stdout=stdout, stderr=qemu_log,
+                                preexec_fn=_die_with_parent)
         status: int | None = None
         try:
             while proc.poll() is None:

@@ -1,0 +1,117 @@
+"""The netem backend on a kernel that has netem: delay, rate, jitter order, loss and live schedule changes.
+
+Marked `netem`. Where the host kernel has netem these run directly. Where it has not, tests/conftest.py
+deselects them here and tests/integration/test_netem_guest.py runs this file inside a qemu guest whose
+kernel has netem (scripts/guest-kernel.sh), reporting each test's outcome there; only where no guest can
+start do they skip, with both reasons. Rates are small (50 Mbit/s on the wire) so that a TCG guest holds
+them; bounds are loose sanity bounds (benchmarks/netem_guest_bench.py has the tight figures).
+"""
+
+import json
+import re
+from dataclasses import replace
+
+import pytest
+
+from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss
+from testbed.net.emulation import Network
+from testbed.net.schedule import ScheduleAction
+from testbed.scenario import LossSpec, parse_scenario
+
+pytestmark = pytest.mark.netem
+SRC, DST, DIR = "prfaas-p0", "pd-d0", "prfaas_to_pd"
+WIRE_BPS = 50e6
+
+
+def scenario(**wan):
+    return parse_scenario({"name": "it-netem", "scale": 1, "duration": "600s",
+                           "topology": {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 0, "decode": 1, "cross": 0}},
+                           "wan": {"backend": "auto", "rate": "50Mbps", "delay": "10ms", **wan}})
+
+
+@pytest.fixture(scope="module")
+def net():
+    with Network(scenario()) as n:  # stops on every way out
+        yield n
+    assert not n.teardown_errors
+
+
+def netem_qdisc(net, gateway="prfaas-gw", ifname="prfaas-gw-wan") -> str:
+    out = net.run(gateway, ["tc", "-s", "qdisc", "show", "dev", ifname]).stdout
+    line = [ln for ln in out.splitlines() if ln.startswith("qdisc netem")]
+    assert line, out
+    return out[out.index(line[0]):]
+
+
+def udp_out_of_order(net, datagrams: int, port: int) -> tuple[int, int]:
+    """(out-of-order, received) of a UDP burst at 10 Mbit/s, as iperf3's receiver counts them."""
+    r = net.run(SRC, ["iperf3", "-J", "-u", "-c", net.host_ip(DST), "-p", str(port), "-b", "10M", "-l", "1000",
+                      "-k", str(datagrams), "-w", "4M"], timeout_s=60)
+    s = json.loads(r.stdout)["end"]["sum"]
+    return int(s.get("out_of_order", 0)), int(s["packets"]) - int(s["lost_packets"])
+
+
+def test_auto_picks_netem_and_hangs_it_under_the_htb_class(net):
+    d = net.describe()
+    assert d["backend"] == "netem" and d["netem_available"]
+    q = netem_qdisc(net)
+    m = re.search(r"qdisc netem 10: parent 1:10 limit (\d+) delay 10ms", q)
+    assert m, q
+    assert int(m.group(1)) >= 1000  # netem's default; the plan never goes below it
+
+
+def test_netem_delays_both_directions(net):
+    rtt = measure_rtt(net, SRC, DST, count=50, interval_s=0.02)
+    assert rtt.replies == 50
+    assert 0.0195 <= rtt.p50_s <= 0.026, rtt  # 2 x 10 ms one way
+
+
+def test_rate_is_held_by_htb_with_netem_as_its_leaf(net):
+    with IperfServer(net, DST):
+        bps = measure_rate_bps(net, SRC, DST, streams=4, duration_s=3, omit_s=1)
+    assert 0.75 * WIRE_BPS <= bps <= 1.02 * WIRE_BPS, bps
+
+
+def test_jitter_keeps_packets_in_order_unless_reorder_is_asked_for(net):
+    base = net.wan.current[DIR]
+    try:
+        with IperfServer(net, DST, port=5302):
+            net.wan.set_direction(DIR, replace(base, jitter_s=0.005, jitter_distribution="normal"))
+            in_order = udp_out_of_order(net, 1500, 5302)
+            net.wan.set_direction(DIR, replace(base, jitter_s=0.005, jitter_distribution="normal", reorder=True))
+            reordered = udp_out_of_order(net, 1500, 5302)
+    finally:
+        net.wan.set_direction(DIR, base)
+    assert in_order[1] >= 1400 and in_order[0] == 0, in_order
+    assert reordered[0] >= 50, reordered  # 1 ms between packets, +-5 ms jitter: many overtake
+
+
+def test_schedule_changes_apply_to_the_live_netem_qdisc(net):
+    before = netem_qdisc(net)
+    net.wan.apply(ScheduleAction(0, 7, (DIR,), "change", (("delay_s", 0.020), ("loss", LossSpec("random", 0.05)), ("rate_bps", 20e6))))
+    try:
+        q = netem_qdisc(net)
+        assert "delay 20ms" in q and "loss 5%" in q, q
+        assert q.split()[2] == before.split()[2] == "10:"  # changed in place, not re-created
+        cls = net.run("prfaas-gw", ["tc", "class", "show", "dev", "prfaas-gw-wan"]).stdout
+        assert "rate 20Mbit" in cls, cls
+        rtt = measure_rtt(net, SRC, DST, count=40, interval_s=0.02)
+        assert 0.0295 <= rtt.p50_s <= 0.036, rtt  # 20 ms + 10 ms
+        with IperfServer(net, DST, port=5303):
+            lost, sent = measure_udp_loss(net, SRC, DST, datagrams=4000, rate_bps=10e6, port=5303)
+        assert sent >= 3800 and 0.035 <= lost / sent <= 0.065, (lost, sent)
+    finally:
+        net.wan.apply(ScheduleAction(0, 7, (DIR,), "revert", (("delay_s", None), ("loss", None), ("rate_bps", None))))
+    q = netem_qdisc(net)
+    assert "delay 10ms" in q and "loss" not in q.splitlines()[0], q
+
+
+def test_link_down_and_up_with_netem(net):
+    dirs = ("prfaas_to_pd", "pd_to_prfaas")
+    net.wan.apply(ScheduleAction(0, 8, dirs, "down"))
+    try:
+        r = net.run(SRC, ["ping", "-c", "3", "-i", "0.1", "-W", "1", net.host_ip(DST)])
+        assert r.returncode != 0 and " 0 received" in r.stdout
+    finally:
+        net.wan.apply(ScheduleAction(0, 8, dirs, "up"))
+    assert net.run(SRC, ["ping", "-c", "2", "-i", "0.1", net.host_ip(DST)]).returncode == 0
