@@ -10,6 +10,11 @@ In-order jitter: netem's tfifo sorts packets by their send time, so plain jitter
 schedules each packet after the previous one (time_to_send = max(own, previous) + serialisation),
 which keeps order (tc-netem(8), "rate"). With `reorder: true` the rate is left out and tfifo reorders.
 
+Live changes use `tc qdisc change` (same qdisc, the packets in it kept). netem keeps any option a change
+leaves out, so every option is always given (`rate 0bit` switches netem's rate off); the one that cannot
+be given is "no table": going from a distribution table (normal, pareto, ...) back to uniform jitter
+re-creates the qdisc (`needs_recreate`), losing what it held at that moment.
+
 Queue: netem's `limit` is in packets and must hold every packet in flight over the delay plus the
 scenario's queue, so limit = (rate x (delay + 4 jitter) + queue bytes) / MTU, at least 1000.
 
@@ -52,9 +57,16 @@ class NetemPlan:
             opts += ["loss", "random", _pct(self.loss.rate)]
         elif self.loss.model == "gilbert-elliott" and self.loss.p > 0:
             opts += ["loss", "gemodel", _pct(self.loss.p), _pct(self.loss.r), _pct(self.loss.bad_loss), _pct(self.loss.good_loss)]
-        if self.rate_bps:
-            opts += ["rate", f"{int(self.rate_bps)}bit"]
+        # Always given: `tc qdisc change` keeps a netem option that is left out (the kernel only sets
+        # attributes present in the message), so in-order jitter followed by `reorder: true` or no
+        # jitter would keep the old rate. "0bit" switches netem's rate off.
+        opts += ["rate", f"{int(self.rate_bps)}bit" if self.rate_bps else "0bit"]
         return opts
+
+    @property
+    def table(self) -> str | None:
+        """The delay distribution table this plan loads into the kernel (None: netem's uniform jitter)."""
+        return self.distribution if self.jitter_s > 0 and self.distribution != "uniform" else None
 
 
 def _usec(seconds: float) -> str:
@@ -78,6 +90,11 @@ def plan_netem(direction: LinkDirectionSpec, shaping: ShapingPlan) -> NetemPlan:
         rate_bps=shaping.rate_bps if keep_order else None,
         reorder=direction.reorder,
     )
+
+
+def needs_recreate(loaded_table: str | None, new: NetemPlan) -> bool:
+    """A change to uniform jitter while a distribution table is loaded: `change` cannot unload it."""
+    return loaded_table is not None and new.jitter_s > 0 and new.table is None
 
 
 def netem_tc_argv(ifname: str, plan: NetemPlan, *, command: str = "replace") -> list[str]:

@@ -153,11 +153,20 @@ class NetemEmulator(_Shaped):
 
     def start(self) -> None:
         self._shape()
-        _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, netem.plan_netem(self.spec, self.plan)))
+        plan = netem.plan_netem(self.spec, self.plan)
+        _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan))
+        self.table = plan.table
 
     def update(self, spec: LinkDirectionSpec) -> None:
         self._reshape(spec)
-        _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, netem.plan_netem(spec, self.plan), command="change"))
+        plan = netem.plan_netem(spec, self.plan)
+        if netem.needs_recreate(self.table, plan):
+            _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan, command="del")[:9])
+            _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan, command="replace"))
+        else:
+            _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan, command="change"))
+        if plan.table is not None or plan.jitter_s > 0:
+            self.table = plan.table
 
     def sample(self) -> dict[str, Any]:
         return self._qdisc_sample()

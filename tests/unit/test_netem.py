@@ -13,7 +13,7 @@ def plan_for(**kw):
 
 def test_delay_only():
     p = plan_for(delay_s=0.01)
-    assert p.tc_options() == ["limit", str(p.limit_packets), "delay", "10000us"]
+    assert p.tc_options() == ["limit", str(p.limit_packets), "delay", "10000us", "rate", "0bit"]
 
 
 def test_jitter_in_order_sets_netem_rate_to_the_wire_rate():
@@ -25,7 +25,7 @@ def test_jitter_in_order_sets_netem_rate_to_the_wire_rate():
 
 def test_jitter_with_reorder_has_no_rate():
     p = plan_for(delay_s=0.02, jitter_s=0.03, reorder=True, jitter_distribution="pareto")
-    assert "rate" not in p.tc_options() and "pareto" in p.tc_options()
+    assert p.tc_options()[-2:] == ["rate", "0bit"] and "pareto" in p.tc_options()  # 0bit: an earlier in-order rate is switched off
 
 
 def test_uniform_jitter_uses_netem_default_table():
@@ -42,7 +42,7 @@ def test_random_loss_in_percent():
 def test_gilbert_elliott_loss_is_gemodel_p_r_1h_1k():
     p = plan_for(delay_s=0.01, loss=LossSpec("gilbert-elliott", p=0.01, r=0.3, bad_loss=0.5, good_loss=0.001))
     opts = p.tc_options()
-    assert opts[opts.index("loss"):] == ["loss", "gemodel", "1%", "30%", "50%", "0.1%"]
+    assert opts[opts.index("loss"):opts.index("loss") + 6] == ["loss", "gemodel", "1%", "30%", "50%", "0.1%"]
 
 
 def test_limit_holds_in_flight_packets_plus_queue():
@@ -60,3 +60,13 @@ def test_limit_never_below_netem_default():
 def test_tc_argv_puts_netem_under_the_htb_class():
     argv = netem.netem_tc_argv("pd-gw-wan", plan_for(delay_s=0.01))
     assert argv[:10] == ["tc", "qdisc", "replace", "dev", "pd-gw-wan", "parent", "1:10", "handle", "10:", "netem"]
+
+
+def test_back_to_uniform_jitter_recreates_the_qdisc_only_when_a_table_is_loaded():
+    normal = plan_for(delay_s=0.02, jitter_s=0.002, jitter_distribution="normal")
+    uniform = plan_for(delay_s=0.02, jitter_s=0.002, jitter_distribution="uniform")
+    assert normal.table == "normal" and uniform.table is None
+    assert netem.needs_recreate("normal", uniform)
+    assert not netem.needs_recreate(None, uniform)
+    assert not netem.needs_recreate("normal", plan_for(delay_s=0.02))  # no jitter: the table is unused
+    assert not netem.needs_recreate("normal", plan_for(delay_s=0.02, jitter_s=0.002, jitter_distribution="pareto"))
