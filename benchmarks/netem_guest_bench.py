@@ -49,7 +49,7 @@ def record(backend: str, target: str, configured: str, measured: str, criterion:
 
 
 def scenario(backend: str, rate: str, delay: str):
-    from testbed.scenario import parse_scenario
+    from testbed.sections import parse_scenario
 
     return parse_scenario({"name": f"netem-guest-{backend}", "scale": 1, "duration": "3600s",
                            "topology": {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 0, "decode": 1, "cross": 0}},

@@ -16,7 +16,8 @@ import pytest
 from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss
 from testbed.net.emulation import Network
 from testbed.net.schedule import ScheduleAction
-from testbed.scenario import LossSpec, parse_scenario
+from testbed.scenario import LossSpec
+from testbed.sections import parse_scenario
 
 pytestmark = pytest.mark.netem
 SRC, DST, DIR = "prfaas-p0", "pd-d0", "prfaas_to_pd"
