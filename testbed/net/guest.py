@@ -7,7 +7,7 @@ Who knows what: `find_kernel` picks a distribution kernel whose modules (with `s
 filesystem carries; `module_order` reads its `modules.dep`; `build_initramfs` writes a busybox
 initramfs (a pure-Python cpio, so no root or mknod is needed) whose `/init` mounts the host's root over
 9p read-only, puts a tmpfs overlay on it, shares the project directory and each `--out` directory
-writable, loads the testbed's modules and runs CMD chrooted there; `qemu_argv` is the qemu command
+writable, switches root to that overlay, loads the testbed's modules and runs CMD there; `qemu_argv` is the qemu command
 line; `run_guest` runs it, streams CMD's output (a virtio console on qemu's stdout), kills qemu in all
 cases and returns CMD's exit status.
 
@@ -257,7 +257,7 @@ class GuestSpec:
     cached_ro: list[Path] = field(default_factory=list)  # under a share, but read through the cached root (a venv)
 
 
-def init_script(spec: GuestSpec, boot_modules: list[str]) -> str:
+def init_script(spec: GuestSpec, boot_modules: list[str], busybox: str = "/bin/busybox") -> str:
     """The guest's /init (busybox sh). Messages go to the serial console log; CMD's output to hvc0."""
     q = shlex.quote
     mounts = "\n".join(
@@ -297,23 +297,34 @@ mkdir -p /newroot/run/guest-job
 mount -t 9p -o {NINEP_OPTS} job /newroot/run/guest-job || fail 'cannot mount the job directory'
 {mounts}
 {binds}
+cat > /newroot/run/guest-init2 <<'STAGE2'
+{stage2_script(busybox)}STAGE2
+stage "switching root"
+exec switch_root /newroot {busybox} sh /run/guest-init2
+fail 'switch_root failed'
+"""
+
+
+def stage2_script(busybox: str) -> str:
+    """PID 1 after switch_root, in the overlay root. A real root, not a chroot: Mininet's `mnexec -a`
+    enters a host's mount namespace, which resets root and cwd to the namespace's root; in a chroot that
+    was the initramfs (seen as "No such file or directory" for every command run in a host)."""
+    return f"""export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+stage() {{ read up rest < /proc/uptime; echo "guest-init: $up s: $*"; }}
 stage "loading the testbed's modules"
-printf '#!/bin/busybox sh\\nexec /bin/busybox chroot /newroot /sbin/modprobe "$@"\\n' > /bin/guest-modprobe
-chmod 755 /bin/guest-modprobe
-echo /bin/guest-modprobe > /proc/sys/kernel/modprobe
-chroot /newroot /sbin/modprobe -a -q {" ".join(TESTBED_MODULES)}
+/sbin/modprobe -a -q {" ".join(TESTBED_MODULES)}
 missing=""
 for m in {" ".join(TESTBED_MODULES)}; do [ -d /sys/module/$m ] || missing="$missing $m"; done
-[ -n "$missing" ] && echo "modules not loaded:$missing" > /newroot/run/guest-job/modules-missing
-hostname prfaas-guest
-chroot /newroot /sbin/ip link set lo up
+[ -n "$missing" ] && echo "modules not loaded:$missing" > /run/guest-job/modules-missing
+{busybox} hostname prfaas-guest
+ip link set lo up
 stage "running the command"
-: > /newroot/run/guest-job/started
-chroot /newroot /bin/sh /run/guest-job/job.sh </dev/null >/dev/hvc0 2>&1
-echo $? > /newroot/run/guest-job/status
+: > /run/guest-job/started
+/bin/sh /run/guest-job/job.sh </dev/null >/dev/hvc0 2>&1
+echo $? > /run/guest-job/status
 stage "command finished"
 sync
-poweroff -f
+{busybox} poweroff -f
 sleep 10
 """
 
@@ -333,7 +344,7 @@ def build_initramfs(spec: GuestSpec, dest: Path) -> None:
     for rel in boot:
         name = Path(rel).name.split(".ko")[0] + ".ko"
         entries.append((f"modules/{name}", 0o100644, _module_bytes(spec.kernel.modules_dir / rel), 0, 0))
-    entries.append(("init", 0o100755, init_script(spec, boot).encode(), 0, 0))
+    entries.append(("init", 0o100755, init_script(spec, boot, str(busybox)).encode(), 0, 0))
     dest.write_bytes(cpio_newc(entries))
 
 

@@ -102,7 +102,8 @@ def test_init_mounts_shares_and_loads_netem():
     init = guest.init_script(spec, ["kernel/a/virtio.ko", "kernel/b/9p.ko"])
     assert init.index("insmod /modules/virtio.ko") < init.index("insmod /modules/9p.ko") < init.index("hostroot /host")
     assert "share0 '/newroot/work/p q'" in init and "mount --bind '/host/work/p q/.venv'" in init
-    assert "sch_netem" in init and "xt_NFQUEUE" in init and "> /newroot/run/guest-job/status" in init
+    assert "sch_netem" in init and "xt_NFQUEUE" in init and "> /run/guest-job/status" in init
+    assert init.index("guest-init2") < init.index("exec switch_root /newroot /bin/busybox sh /run/guest-init2")
 
 
 def test_project_and_out_dirs_are_shared_once(tmp_path):
