@@ -39,6 +39,7 @@ GOODPUT_MIN = 0.9
 LOSS_PROBES = 20_000
 rows: list[dict] = []
 TCG = os.environ.get("PRFAAS_GUEST_ACCEL") == "tcg"
+ROWS_PATH: Path | None = None
 
 
 def record(backend: str, target: str, configured: str, measured: str, criterion: str, ok: bool | None, cpu_bound: bool = False) -> None:
@@ -46,6 +47,8 @@ def record(backend: str, target: str, configured: str, measured: str, criterion:
     rows.append({"backend": backend, "target": target, "configured": configured, "measured": measured,
                  "criterion": criterion, "ok": ok, "note": note})
     print(f"  [{backend}] {target} {configured}: {measured} {'' if ok is None else ('ok' if ok else 'MISSED')} {note}", flush=True)
+    if ROWS_PATH:  # written as they come, so that a run cut short still returns what it measured
+        ROWS_PATH.write_text(json.dumps(rows, indent=1))
 
 
 def scenario(backend: str, rate: str, delay: str):
@@ -231,7 +234,9 @@ def main() -> int:
         return 2
     from testbed.net.netem import netem_available
 
+    global ROWS_PATH
     if a.inside or netem_available()[0]:
+        ROWS_PATH = a.json
         inside(a.quick)
     else:
         outer(a.quick)
