@@ -73,8 +73,9 @@ def rtt_ok(p50_s: float, expected_s: float) -> bool:
 def out_of_order(net, datagrams: int, port: int) -> tuple[int, int]:
     r = net.run(SRC, ["iperf3", "-J", "-u", "-c", net.host_ip(DST), "-p", str(port), "-b", "10M", "-l", "1000",
                       "-k", str(datagrams), "-w", "4M"], timeout_s=120)
-    s = json.loads(r.stdout)["end"]["sum"]
-    return int(s.get("out_of_order", 0)), int(s["packets"]) - int(s["lost_packets"])
+    end = json.loads(r.stdout)["end"]
+    s = end["sum"]  # iperf3 puts out_of_order only in each stream's "udp" section, not in "sum"
+    return sum(int(st["udp"]["out_of_order"]) for st in end["streams"]), int(s["packets"]) - int(s["lost_packets"])
 
 
 def bench_backend(backend: str, points: list[tuple[float, float]], duration_s: float) -> None:
