@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from testbed.errors import FieldError, UserError
-from testbed.validation import Fields, positive_int
+from testbed.validation import Fields, positive_int, read_yaml
 
 # metric -> True when higher is better, False when lower is better, None when it has no direction
 DEFAULT_METRICS: dict[str, bool | None] = {
@@ -129,8 +128,5 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{p}: no such experiment file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"{p}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data = read_yaml(p)
     return parse_spec(data, str(p), p.parent.resolve())

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from testbed.errors import UserError
+from testbed.validation import read_yaml
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,7 @@ class Verdict:
 def load_answers(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: no answers file (`prfaas lab start N` writes the template; fill it in)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: must be a mapping of question -> answer (see the template)")
     return data

@@ -15,7 +15,8 @@ A run directory (docs/serving.md "The run directory") holds:
 Every producer (the runner, the router, NET's telemetry, cross traffic) writes through `RunDirWriter` or
 the frame builders here, and every reader loads through `load_run_dir`, so a column or key is named in
 this module and nowhere else. This module is in the foundation layer: it imports no other package of
-the project except `testbed.errors`; pandas and yaml are imported by the functions that need them.
+the project except `testbed.errors` and `testbed.validation`; pandas is imported by the functions that
+need it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from testbed.errors import UserError
+from testbed.validation import read_yaml
 
 if TYPE_CHECKING:  # pandas is imported where a frame is built: the router and workers start without it
     import pandas as pd
@@ -317,8 +319,6 @@ def read_summary(path: str | Path) -> dict[str, Any]:
 def load_run_dir(path: str | Path, *, require_summary: bool = True) -> RunData:
     """Read and check every file of a run directory. Every problem is a `UserError` naming the directory,
     the file and what is wrong."""
-    import yaml
-
     p = Path(path)
     if not p.is_dir():
         raise UserError(f"{p}: not a run directory (it does not exist or is not a directory)")
@@ -326,10 +326,7 @@ def load_run_dir(path: str | Path, *, require_summary: bool = True) -> RunData:
     missing = [f for f in needed if not (p / f).is_file()]
     if missing:
         raise UserError(f"{p}: not a complete run directory: missing {', '.join(missing)} (a run writes {', '.join(needed)})")
-    try:
-        scenario = yaml.safe_load((p / SCENARIO_FILE).read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{p / SCENARIO_FILE}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    scenario = read_yaml(p / SCENARIO_FILE) or {}
     if not isinstance(scenario, dict):
         raise UserError(f"{p / SCENARIO_FILE}: must be a mapping")
     environment = Environment.from_json(_read_json(p / ENVIRONMENT_FILE), str(p / ENVIRONMENT_FILE))

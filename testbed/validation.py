@@ -9,9 +9,10 @@ rate unit; use ...``), which the CLI prints as one line with exit status 2. Valu
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from testbed.errors import FieldError
+from testbed.errors import FieldError, UserError
 
 __all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "mapping", "non_negative", "number",
            "positive_int", "positive_number", "string", "text"]
@@ -154,3 +155,13 @@ def non_negative(v: Any) -> float:
     if x < 0:
         raise ValueError(f"{v!r} must be >= 0")
     return x
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML file's data; a syntax error becomes one line naming the file (the one reader of user YAML files)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({getattr(exc, 'problem', exc)})") from None

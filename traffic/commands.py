@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from testbed import units
 from testbed.errors import UserError
+from testbed.validation import Fields, read_yaml
 from testbed.scenario import apply_overrides, find_scenario
 from testbed.sections import load_scenario
-from testbed.validation import Fields
 from testbed.blocks import BLOCK_TOKENS
 from traffic.stats import TraceStats, trace_stats
 from traffic.trace import read_trace, write_trace
@@ -81,10 +80,7 @@ def _print_stats(name: str, st: TraceStats, skipped: int, problems: tuple[str, .
 
 def _load_spec(source: str, overrides: list[str]) -> tuple[WorkloadSpec, int | None, float | None]:
     path = find_scenario(source)
-    try:
-        data: Any = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data: Any = read_yaml(path)
     if isinstance(data, dict) and "workload" in data:
         sc = load_scenario(str(path), overrides)
         spec = sc.section("workload")

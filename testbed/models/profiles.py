@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from testbed.errors import UserError
+from testbed.validation import read_yaml
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 # Short names: a chip alone means that chip running the paper's 1T hybrid (the case study's profiles).
@@ -239,8 +239,5 @@ def load_profile(name_or_file: str | Path) -> ComputeProfile:
         path = PROFILES_DIR / f"{ALIASES.get(str(name_or_file), name_or_file)}.yaml"
         if not path.exists():
             raise UserError(f"profile {str(name_or_file)!r}: no such file, and not a ready profile (ready: {', '.join(available_profiles())})")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data = read_yaml(path)
     return profile_from_dict(data, str(path))
