@@ -111,6 +111,7 @@ class Network:
         from mininet.link import Link
         from mininet.log import setLogLevel
         from mininet.net import Mininet
+        from mininet.util import fixLimits
 
         from topologies.two_dc import NetlinkBridge, TwoDatacenterTopo, addressing, bridge_name, gateway_name
 
@@ -129,6 +130,9 @@ class Network:
             }
             state.write_state(self._state_file, self._state)
             self.sysctls_set = state.save_and_set_sysctls()
+            # Mininet raises these limits once per process (Mininet.init); a network stopped earlier in this
+            # process restored them, so raise them again for this one (saved above, restored by the last out).
+            fixLimits()
         self.net = Mininet(topo=TwoDatacenterTopo(topo_spec, tag=self.tag), switch=NetlinkBridge, controller=None,
                            link=Link, build=False, waitConnected=False)
         self.net.build()

@@ -85,3 +85,22 @@ def test_clean_removes_what_a_sigkilled_run_left():
     assert not state.pids_in_netns(inodes)
     assert not (set(data["bridges"]) & our_bridges())
     assert not any(d.get("owner_pid") == child.pid for _, d in state.list_states())
+
+
+def test_each_network_in_one_process_raises_mininet_limits_after_an_earlier_one_restored_them():
+    """Mininet raises rmem_max & co. once per process; a second Network must still get them (iperf3 -w 8M)."""
+    from testbed.net.emulation import Network
+    from testbed.sections import parse_scenario
+
+    spec = {"name": "it-limits", "scale": 10, "duration": "60s",
+            "topology": {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 0, "decode": 1, "cross": 0}},
+            "wan": {"rate": "10Gbps", "delay": "1ms"}}
+    seen = []
+    for _ in range(2):
+        net = Network(parse_scenario(spec))
+        try:
+            net.start()
+            seen.append(int(state.read_sysctl("net.core.rmem_max") or 0))
+        finally:
+            net.stop()
+    assert seen == [max(seen)] * 2 and seen[0] >= 16 * 1024 * 1024, seen
