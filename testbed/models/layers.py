@@ -27,6 +27,7 @@ from testbed.models.spec import GQALayer, LinearLayer, MLALayer, SWALayer
 
 ROPE_THETA = 10000.0
 _ATTN_BLOCK_ELEMS = 1 << 22  # score elements per query block: bounds attention memory at long prompts
+_LINEAR_SEGMENT_ELEMS = 1 << 22  # elements of a segment of linear-attention chunks computed at once
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -70,31 +71,54 @@ def rope_at(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def _pad_last(x: torch.Tensor, width: int) -> torch.Tensor:
+    return x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1]))
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, k_start: int, window: int | None, scale: float) -> torch.Tensor:
     """Causal (optionally sliding-window) attention with grouped heads.
 
     ``q [T, KV, G, D]`` at positions q_start.., ``k [S, KV, D]``, ``v [S, KV, Dv]`` at positions
     k_start..; a query at p sees keys at p-window < pos <= p. Returns ``[T, KV, G, Dv]``.
-    Queries go in blocks so memory stays bounded at long prompts.
+
+    Runs `scaled_dot_product_attention` (the fused, memory-efficient kernel; on CPU the flash kernel,
+    which needs one width for q, k and v: narrower ones are zero-padded, which changes no score and no
+    output column). A prompt attending only to itself is one causal call (the kernel skips the masked
+    half); a query continuing a cached prefix or a window goes in query blocks with a boolean mask, the
+    group's heads folded into the query rows so keys are never copied per head; memory stays bounded at
+    long prompts either way.
     """
-    t, kvh, g, _ = q.shape
-    s = k.shape[0]
-    qh, kh, vh = q.permute(1, 2, 0, 3), k.permute(1, 0, 2).unsqueeze(1), v.permute(1, 0, 2).unsqueeze(1)
-    out = q.new_empty((kvh, g, t, v.shape[-1]))
-    block = max(1, min(t, _ATTN_BLOCK_ELEMS // max(1, s * kvh * g)))
+    t, kvh, g, d = q.shape
+    s, dv = k.shape[0], v.shape[-1]
+    width = d
+    if d != dv:  # padding is needed anyway: a multiple of 8 vectorises best (measured: 16 beats 12)
+        width = max(d, dv) + (-max(d, dv)) % 8
+    kh, vh = _pad_last(k, width).transpose(0, 1), _pad_last(v, width).transpose(0, 1)  # [KV, S, W]
+    qp = _pad_last(q, width)
+    if t > 1 and t == s and q_start == k_start and not window:
+        qh = qp.reshape(t, kvh * g, width).transpose(0, 1)  # [H, T, W]
+        if g > 1:
+            kh, vh = kh.repeat_interleave(g, dim=0), vh.repeat_interleave(g, dim=0)
+        o = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], is_causal=True, scale=scale)[0]
+        return o[..., :dv].transpose(0, 1).reshape(t, kvh, g, dv)
+    qh = qp.permute(1, 2, 0, 3)  # [KV, G, T, W]
+    out = q.new_empty((kvh, g, t, dv))
+    block = max(1, min(t, _ATTN_BLOCK_ELEMS // max(1, s * g)))
     for b0 in range(0, t, block):
         b1 = min(t, b0 + block)
         hi = q_start + b1 - k_start  # keys after the last query of the block are never visible
         lo = max(0, q_start + b0 - window + 1 - k_start) if window else 0
-        scores = (qh[:, :, b0:b1] @ kh[:, :, lo:hi].transpose(-1, -2)) * scale
+        rows = qh[:, :, b0:b1].reshape(kvh, g * (b1 - b0), width)  # the group's heads folded into the rows
+        mask = None
         if b1 - b0 > 1:  # a single query sees every key in [lo, hi): no mask needed
-            qp = torch.arange(q_start + b0, q_start + b1, device=q.device)
-            kp = torch.arange(k_start + lo, k_start + hi, device=q.device)
-            visible = kp[None, :] <= qp[:, None]
+            qpos = torch.arange(q_start + b0, q_start + b1, device=q.device)
+            kpos = torch.arange(k_start + lo, k_start + hi, device=q.device)
+            visible = kpos[None, :] <= qpos[:, None]
             if window:
-                visible &= kp[None, :] > qp[:, None] - window
-            scores = scores.masked_fill(~visible, float("-inf"))
-        out[:, :, b0:b1] = scores.softmax(dim=-1) @ vh[:, :, lo:hi]
+                visible &= kpos[None, :] > qpos[:, None] - window
+            mask = visible.repeat(g, 1)  # rows are (head in group, query)
+        o = F.scaled_dot_product_attention(rows[None], kh[None, :, lo:hi], vh[None, :, lo:hi], attn_mask=mask, scale=scale)[0]
+        out[:, :, b0:b1] = o[..., :dv].view(kvh, g, b1 - b0, dv)
     return out.permute(2, 0, 1, 3)
 
 
@@ -111,42 +135,78 @@ def linear_attention_chunked(
     Head-major inputs: ``q, k [H, T, dk]``, ``v [H, T, dv]``, log-decay ``g [H, T]``, ``beta [H, T]``,
     ``state [H, dk, dv]``. Chunks are aligned to absolute positions. Within a chunk the delta rule's
     sequential updates are folded into a triangular solve (the WY form of DeltaNet / Gated DeltaNet).
-    With `checkpoint_at` (an absolute chunk boundary inside the call) the state there, rounded as it is
-    at every boundary, is appended to `checkpoint` (the hybrid prefix cache's block-boundary state).
+    Everything that does not depend on the state entering a chunk (decays, the solve, U and W, the
+    intra-chunk scores) is computed for a whole segment of chunks at once (bounded by
+    `_LINEAR_SEGMENT_ELEMS`), as flash-linear-attention does; only the chain of states runs chunk by
+    chunk, two fused matrix multiply-adds each (``V' = U - W S``, ``S = e^G S + Kd^T V'``), and the
+    outputs ``Q e^G S + A V'`` are again batched. The state is rounded to `state_dtype` at every absolute
+    chunk boundary, as the recurrence does. With `checkpoint_at` (an absolute chunk boundary inside the
+    call) the state there is appended to `checkpoint` (the hybrid prefix cache's
+    block-boundary state). Equals `linear_attention_recurrent` within float rounding (tested).
     """
-    h, t, _ = q.shape
-    out = q.new_empty((h, t, v.shape[-1]))
-    s0 = 0
-    while s0 < t:
-        s1 = min(t, s0 + chunk_tokens - (start + s0) % chunk_tokens)
-        qc, kc, vc = q[:, s0:s1], k[:, s0:s1], v[:, s0:s1]
-        n = s1 - s0
-        cum = g[:, s0:s1].cumsum(-1)  # [H, n]
-        diff = cum[:, :, None] - cum[:, None, :]
-        lower = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        decay = diff.masked_fill(~lower, float("-inf")).exp()  # exp(G_i - G_j) for j <= i
-        if beta is not None:
-            bc = beta[:, s0:s1, None]
+    h, t, dk = q.shape
+    dv = v.shape[-1]
+    c = chunk_tokens
+    lead = start % c  # the first chunk starts before `start`: those positions are padding
+    n_chunks = -(-(lead + t) // c)
+    tail = n_chunks * c - lead - t
+    # Padding is neutral: k = 0 writes nothing and log decay 0 keeps the state, so real positions see
+    # exactly the values an unpadded chunk would.
+    qp = F.pad(q, (0, 0, lead, tail)).view(h, n_chunks, c, dk)
+    kp = F.pad(k, (0, 0, lead, tail)).view(h, n_chunks, c, dk)
+    vp = F.pad(v, (0, 0, lead, tail)).view(h, n_chunks, c, dv)
+    gp = F.pad(g, (lead, tail)).view(h, n_chunks, c)
+    bp = F.pad(beta, (lead, tail)).view(h, n_chunks, c) if beta is not None else None
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    strict = lower.logical_not() | torch.eye(c, dtype=torch.bool, device=q.device)
+    out = q.new_empty((h, n_chunks, c, dv))
+    per_chunk = h * (3 * c * c + dk * dk + 3 * c * (dk + dv) + 2 * dk * dv)
+    seg = max(1, _LINEAR_SEGMENT_ELEMS // per_chunk)
+    first_pos = start - lead  # absolute position of the first (padded) chunk
+    rounded = state_dtype != torch.float32
+    for n0 in range(0, n_chunks, seg):
+        n1 = min(n_chunks, n0 + seg)
+        m = n1 - n0
+        qc, kc, vc, gc = qp[:, n0:n1], kp[:, n0:n1], vp[:, n0:n1], gp[:, n0:n1]
+        cum = gc.cumsum(-1)  # [H, m, c]
+        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # exp(G_i - G_j), j <= i
+        last = cum[..., -1:]
+        kd = kc * (last - cum).exp()[..., None]  # each key decayed to the chunk's end
+        attn = (qc @ kc.transpose(-1, -2)) * decay
+        kd_t = kd.transpose(-1, -2).transpose(0, 1).contiguous()  # [m, H, dk, c]
+        keep = last.exp()[..., None].transpose(0, 1).contiguous()  # [m, H, 1, 1]: the state's decay over the chunk
+        states = state.new_empty((m + 1, h, dk, dv))  # states[j]: entering chunk j
+        states[0] = state
+        if bp is not None:
+            bc = bp[:, n0:n1, :, None]
             kb = kc * bc
-            a = (kb @ kc.transpose(1, 2)) * decay
-            a = a.masked_fill(lower.logical_not() | torch.eye(n, dtype=torch.bool, device=q.device), 0.0)
-            eye = torch.eye(n, dtype=q.dtype, device=q.device).expand(h, n, n)
+            a = ((kb @ kc.transpose(-1, -2)) * decay).masked_fill(strict, 0.0)
+            eye = torch.eye(c, dtype=q.dtype, device=q.device).expand(h, m, c, c)
             inv = torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True)
-            u = inv @ (vc * bc)
-            w = inv @ (kb * cum.exp()[..., None])
-            v_new = u - w @ state
+            u = (inv @ (vc * bc)).transpose(0, 1).contiguous()  # [m, H, c, dv]
+            w = (inv @ (kb * cum.exp()[..., None])).transpose(0, 1).contiguous()  # [m, H, c, dk]
+            v_new = torch.empty_like(u)
         else:
-            v_new = vc
-        attn = (qc @ kc.transpose(1, 2)) * decay
-        out[:, s0:s1] = (qc * cum.exp()[..., None]) @ state + attn @ v_new
-        last = cum[:, -1:]
-        state = state * last.exp()[..., None] + (kc * (last - cum).exp()[..., None]).transpose(1, 2) @ v_new
-        if (start + s1) % chunk_tokens == 0:
-            state = state.to(state_dtype).float()
-            if checkpoint is not None and start + s1 == checkpoint_at:
-                checkpoint.append(state.to(state_dtype))
-        s0 = s1
-    return out, state
+            v_new = vc.transpose(0, 1).contiguous()
+            add = kd_t @ v_new  # the keys' writes do not depend on the state
+        # the sequential chain; unbind makes every chunk's views in one call (indexing costs ~1 us each)
+        sts, kds, keeps, vns = states.unbind(0), kd_t.unbind(0), keep.unbind(0), v_new.unbind(0)
+        us, ws, adds = (u.unbind(0), w.unbind(0), ()) if bp is not None else ((), (), add.unbind(0))
+        for j in range(m):
+            if bp is not None:
+                torch.baddbmm(us[j], ws[j], sts[j], alpha=-1.0, out=vns[j])  # v - what the state already predicts
+                torch.baddbmm(sts[j] * keeps[j], kds[j], vns[j], out=sts[j + 1])
+            else:
+                torch.addcmul(adds[j], sts[j], keeps[j], out=sts[j + 1])
+            end = first_pos + (n0 + j + 1) * c
+            if end <= start + t:  # a real chunk boundary (a trailing padded chunk has none)
+                if rounded:
+                    sts[j + 1].copy_(sts[j + 1].to(state_dtype))
+                if checkpoint is not None and end == checkpoint_at:
+                    checkpoint.append(sts[j + 1].to(state_dtype, copy=True))
+        state = states[m].clone()
+        out[:, n0:n1] = (qc * cum.exp()[..., None]) @ states[:m].transpose(0, 1) + attn @ v_new.transpose(0, 1)
+    return out.view(h, n_chunks * c, dv)[:, lead:lead + t], state
 
 
 def linear_attention_recurrent(

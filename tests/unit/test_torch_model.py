@@ -65,6 +65,86 @@ def test_chunkwise_linear_attention_equals_token_by_token_recurrence(rule: str, 
     assert float(o_r.abs().max()) > 0.1  # not trivially zero
 
 
+@pytest.mark.parametrize("rule", ["delta", "decay"])
+@pytest.mark.parametrize("segment_elems", [1 << 22, 1], ids=["one-segment", "chunk-by-chunk"])
+def test_chunkwise_form_with_bf16_state_rounds_where_the_recurrence_does_and_captures_the_checkpoint(
+        rule: str, segment_elems: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batched-chunk form rounds the state at the same absolute boundaries as the token-by-token
+    reference (bf16 here, so a misplaced rounding shows), whether the chunks run as one segment or one by one."""
+    import testbed.models.layers as layers
+
+    monkeypatch.setattr(layers, "_LINEAR_SEGMENT_ELEMS", segment_elems)
+    gen = torch.Generator().manual_seed(5)
+    h, t, dk, dv, start = 2, 45, 8, 8, 3
+    q = torch.nn.functional.normalize(torch.randn(h, t, dk, generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(h, t, dk, generator=gen), dim=-1)
+    v = torch.randn(h, t, dv, generator=gen)
+    g = -torch.rand(h, t, generator=gen) * 0.3
+    beta = torch.rand(h, t, generator=gen) if rule == "delta" else None
+    s0 = (torch.randn(h, dk, dv, generator=gen) * 0.3).to(torch.bfloat16).float()
+    saved: list[torch.Tensor] = []
+    o_c, s_c = linear_attention_chunked(q, k, v, g, beta, s0, start, 8, torch.bfloat16, 32, saved)
+    o_r, s_r = linear_attention_recurrent(q, k, v, g, beta, s0, start, 8, torch.bfloat16)
+    _, s_at = linear_attention_recurrent(q[:, :29], k[:, :29], v[:, :29], g[:, :29],
+                                         beta[:, :29] if beta is not None else None, s0, start, 8, torch.bfloat16)
+    assert torch.allclose(o_c, o_r, atol=1e-2, rtol=0) and float((o_c - o_r).abs().mean()) < 1e-3
+    assert torch.allclose(s_c, s_r, atol=1e-2, rtol=0)
+    assert len(saved) == 1 and saved[0].dtype == torch.bfloat16  # position 32 = start + 29
+    assert torch.allclose(saved[0].float(), s_at, atol=1e-2, rtol=0)
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, k_start: int,
+                    window: int | None, scale: float) -> torch.Tensor:
+    """The definition: every score materialised, masked, softmaxed."""
+    t, s = q.shape[0], k.shape[0]
+    scores = torch.einsum("tkgd,skd->kgts", q, k) * scale
+    qp, kp = torch.arange(q_start, q_start + t)[:, None], torch.arange(k_start, k_start + s)[None, :]
+    visible = kp <= qp
+    if window:
+        visible &= kp > qp - window
+    return torch.einsum("kgts,skv->tkgv", scores.masked_fill(~visible, float("-inf")).softmax(-1), v)
+
+
+@pytest.mark.parametrize("case", [
+    (40, 40, 0, 0, None, 2, 12, 8),   # a prompt attending to itself (one causal call), grouped, q/k wider than v
+    (10, 50, 47, 7, None, 2, 12, 8),  # continuing a cached prefix (masked query blocks)
+    (40, 40, 0, 0, 6, 2, 8, 8),       # sliding window
+    (1, 50, 56, 7, None, 3, 12, 16),  # one decode query, v wider than q/k
+    (1, 9, 56, 48, 9, 2, 8, 8),       # one decode query over a full window
+], ids=["causal", "prefix", "window", "decode", "decode-window"])
+@pytest.mark.parametrize("block_elems", [1 << 22, 64], ids=["one-block", "small-blocks"])
+def test_fused_attention_equals_the_materialised_definition(case: tuple, block_elems: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import testbed.models.layers as layers
+
+    monkeypatch.setattr(layers, "_ATTN_BLOCK_ELEMS", block_elems)
+    t, s, q_start, k_start, window, g, d, dv = case
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(t, 2, g, d, generator=gen), torch.randn(s, 2, d, generator=gen), torch.randn(s, 2, dv, generator=gen)
+    got = layers.attend(q, k, v, q_start, k_start, window, d**-0.5)
+    assert got.shape == (t, 2, g, dv)
+    assert torch.allclose(got, naive_attention(q, k, v, q_start, k_start, window, d**-0.5), atol=1e-5, rtol=0)
+
+
+def test_tiny_hybrid_prefill_chunked_and_recurrent_give_the_same_greedy_tokens() -> None:
+    """The serving model (tiny paper-1t-hybrid, bf16 caches): the chunked prefill and the token-by-token
+    reference agree within bf16 rounding and the decode from either picks the same tokens."""
+    model = build_model(load_model_spec("paper-1t-hybrid"), "tiny", seed=0, device="cpu")
+    ids = prompt(70, model.vocab_size).to(model.device)
+    with torch.inference_mode():
+        chunked, layers_c, _ = model._run(ids, None, False, None)
+        recurrent, layers_r, _ = model._run(ids, None, True, None)
+        assert torch.allclose(chunked, recurrent, atol=5e-2, rtol=0)
+        caches = [KVCache("r", model.spec.name, 70, list(ls)) for ls in (layers_c, layers_r)]
+        tokens = []
+        for cache in caches:
+            out = [int(chunked[-1].argmax())]
+            for _ in range(8):
+                out.append(int(model.decode(out[-1], cache).argmax()))
+            tokens.append(out)
+    assert tokens[0] == tokens[1]
+
+
 @pytest.mark.parametrize("kind", ["delta", "decay"])
 def test_linear_layer_prefill_chunked_equals_recurrent_in_the_model(kind: str) -> None:
     model = build_model(small_spec([kind], "float32", "float32"), "faithful", seed=0, device="cpu")
