@@ -269,4 +269,16 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
         "goodput_rps": n_good / duration_s if n_good is not None and duration_s else None,
         "queue": queue_trend(df),
         "prefix_cache": prefix_cache(df),
+        "early_stop": early_stop(df),
     }
+
+
+def early_stop(df: pd.DataFrame) -> str | None:
+    """The client's reason when it ended the run early (`testbed.serving.early_stop`), else None."""
+    from testbed.serving.early_stop import EARLY_STOP_PREFIX
+
+    if "client_reason" not in df or not len(df):
+        return None
+    reasons = df["client_reason"].dropna().astype(str)
+    hit = reasons[reasons.str.startswith(EARLY_STOP_PREFIX)]
+    return str(hit.iloc[0]).split(" (")[0] if len(hit) else None

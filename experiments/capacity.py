@@ -11,10 +11,11 @@ A run at rate r **passes** when (docs/experiments.md, "Capacity"):
   samples after warm-up; a floor on the sample, as MLPerf's loadgen has a minimum query count and
   duration), else it is too short to judge and fails.
 
-The search brackets (doubling or halving from the start rate, one run per rate), then bisects the
-bracket (geometric midpoints) with `repetitions` runs per rate, seeds 1..R shared by every rate (paired);
-a rate passes when the majority of its repetitions pass. It stops when the bracket is narrower than
-`rel_tol` or after `max_probes` rates. ``lambda_max_rps`` is the highest passing rate; ``ci`` is
+The search brackets from the start rate (an exponential search, one run per rate), bisects the
+bracket (geometric midpoints, one run per rate), and gives the two rates that bound the edge
+`repetitions` runs (seeds 1..R shared by every rate: paired) unless their one run was decisive; a rate
+passes when the majority of its runs pass. It stops when the bracket is narrower than `rel_tol` and its
+ends are settled, or after `max_probes` rates. ``lambda_max_rps`` is the highest passing rate; ``ci`` is
 [the highest rate at which every repetition passed, the lowest rate at which every repetition failed]:
 the boundary lies between (not a bootstrap interval: each probe is a whole real-time run).
 """
@@ -40,6 +41,7 @@ class RunVerdict:
     requests: int
     reason: str  # why it failed ("" when it passed)
     run_dir: str = ""
+    decisive: bool = False  # clearly on one side of the boundary: no repetition needed (`is_decisive`)
 
 
 @dataclass
@@ -58,6 +60,11 @@ class Probe:
     @property
     def all_failed(self) -> bool:
         return not any(r.passed for r in self.runs)
+
+    @property
+    def settled(self) -> bool:
+        """No more runs needed here: one decisive run, or the repetitions are done (`search`)."""
+        return len(self.runs) == 1 and self.runs[0].decisive
 
 
 @dataclass
@@ -85,11 +92,40 @@ def judge(summary: dict[str, Any], rate_rps: float, seed: int, run_dir: str = ""
         reasons.append("no SLO figures in the summary")
     elif good < GOOD_FRACTION:
         reasons.append(f"{good:.0%} good (< {GOOD_FRACTION:.0%})")
+    stopped = summary.get("early_stop")
+    if stopped:
+        reasons.insert(0, str(stopped))
     if growing:
         reasons.append("requests in flight grow over the run")
-    elif growing is None:
+    elif growing is None and not stopped:
         reasons.append("too short to test the queue's trend (fewer than 5 in-flight samples after warm-up): run longer")
-    return RunVerdict(rate_rps, seed, not reasons, good, growing, n, "; ".join(reasons), run_dir)
+    passed = not reasons
+    return RunVerdict(rate_rps, seed, passed, good, growing, n, "; ".join(reasons), run_dir,
+                      is_decisive(passed, good, n, growing, bool(stopped)))
+
+
+def good_fraction_interval(good_fraction: float, requests: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Clopper-Pearson interval of a run's good fraction (its requests as binomial trials)."""
+    from scipy.stats import binomtest
+
+    k = int(round(good_fraction * requests))
+    ci = binomtest(k, requests).proportion_ci(confidence_level=confidence, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def is_decisive(passed: bool, good: float | None, requests: int, growing: bool | None, stopped: bool) -> bool:
+    """Is one run enough at this rate? A run stopped early has certainly failed. Otherwise the good
+    fraction's 95% binomial interval must lie wholly on the run's side of `GOOD_FRACTION` (MLPerf's early
+    stopping bounds its tail estimate the same way), and a pass needs a queue that does not grow; a run
+    that fails only because its queue grows while its SLOs still hold is at the edge (marginal)."""
+    if stopped:
+        return True
+    if good is None or requests < MIN_REQUESTS:
+        return False
+    lo, hi = good_fraction_interval(good, requests)
+    if passed:
+        return lo > GOOD_FRACTION and growing is False
+    return hi < GOOD_FRACTION
 
 
 Evaluate = Callable[[float, Sequence[int]], list[RunVerdict]]
@@ -97,7 +133,18 @@ Evaluate = Callable[[float, Sequence[int]], list[RunVerdict]]
 
 def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 2, rel_tol: float = 0.1, max_probes: int = 10,
            min_rps: float = 0.01, max_rps: float = 1e4) -> CapacityResult:
-    """Bracket from `start_rps`, then bisect; `evaluate(rate, seeds)` runs one run per seed at `rate`."""
+    """Bracket from `start_rps`, bisect, then repeat at the two rates that bound the edge;
+    `evaluate(rate, seeds)` runs one run per seed at `rate`.
+
+    Bracketing takes growing steps, one run per rate: (1 + rel_tol)^2, then ^4, ^6, ... away from the
+    start, so a start within (1 + rel_tol)^2 of the edge (the throughput model's prediction) brackets
+    it with two rates and needs one bisection, and a start m steps off costs m + 1 rates and about
+    log2(2m) bisections. Bisection (geometric midpoints, one run each) continues until (hi - lo) / lo
+    <= rel_tol. Then the passing and the failing rate that bound the edge get `repetitions` runs (seeds
+    1..R, shared by every rate) unless their single run was decisive (`is_decisive`); when a repetition
+    flips a rate (majority of its runs), the search goes on from the new bracket. `max_probes` caps the
+    number of rates.
+    """
     probes: dict[float, Probe] = {}
 
     def probe(rate: float, reps: int) -> Probe:
@@ -111,28 +158,38 @@ def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 2, rel_to
 
     lo: float | None = None
     hi: float | None = None
-    r = start_rps
-    while len(probes) < max_probes:  # bracket: one run per rate
+    r, k = start_rps, 1
+    while len(probes) < max_probes:  # bracket: one run per rate, growing steps
+        step = (1 + rel_tol) ** (2 * k)
         if probe(r, 1).passed:
             lo = r
-            if hi is not None or r * 2 > max_rps:
+            if hi is not None or r * step > max_rps:
                 break
-            r *= 2
+            r *= step
         else:
             hi = r
-            if lo is not None or r / 2 < min_rps:
+            if lo is not None or r / step < min_rps:
                 break
-            r /= 2
+            r /= step
+        k += 1
     if lo is None or hi is None:
         best = max((p.rate_rps for p in probes.values() if p.passed), default=0.0)
         return _result(probes, best, bracketed=False)
-    probe(lo, repetitions)  # the bracket's ends get their repetitions too
-    probe(hi, repetitions)
-    lo, hi = _bracket(probes)
-    while hi is not None and lo > 0 and (hi - lo) / lo > rel_tol and len(probes) < max_probes:
-        mid = math.sqrt(lo * hi)
-        probe(mid, repetitions)
+    while len(probes) < max_probes:
         lo, hi = _bracket(probes)
+        if hi is None:  # a repetition failed to confirm the lowest failing rate: the edge is higher
+            probe(max(probes) * (1 + rel_tol) ** 2, 1)
+        elif lo <= 0:  # ... or the highest passing rate: the edge is lower
+            probe(min(probes) / (1 + rel_tol) ** 2, 1)
+        elif (hi - lo) / lo > rel_tol:
+            probe(math.sqrt(lo * hi), 1)
+        else:
+            ends = [x for x in (lo, hi) if len(probes[x].runs) < repetitions and not probes[x].settled]
+            if not ends:
+                break
+            for x in ends:
+                probe(x, repetitions)
+    lo, hi = _bracket(probes)
     return _result(probes, lo, bracketed=hi is not None and lo > 0)
 
 
@@ -217,14 +274,17 @@ def model_start_rps(sc: Any) -> float:
 
 
 def measure_capacity(scenario: str, overrides: Sequence[str], out: str | Path, *, repetitions: int = 2, rel_tol: float = 0.1,
-                     max_probes: int = 8, start_rps: float | None = None, executor: Any = None, progress: bool = True) -> dict[str, Any]:
-    """Lambda_max of `scenario` with `overrides`, measured; the --json document of ``prfaas capacity``."""
+                     max_probes: int = 8, start_rps: float | None = None, executor: Any = None, progress: bool = True,
+                     early_stop: bool = True) -> dict[str, Any]:
+    """Lambda_max of `scenario` with `overrides`, measured; the --json document of ``prfaas capacity``.
+    `early_stop`: every probe ends as soon as it cannot pass (``serving.slo.stop_below`` = `GOOD_FRACTION`)."""
+    overrides = ([f"serving.slo.stop_below={GOOD_FRACTION}"] if early_stop else []) + list(overrides)
     sc = check_scenario(scenario, overrides)
     start = start_rps or model_start_rps(sc)
     res = search(wire_evaluator(scenario, overrides, Path(out), executor, progress), start, repetitions=repetitions,
                  rel_tol=rel_tol, max_probes=max_probes)
     slo = sc.section("serving").slo
     return {**res.to_json(), "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "good_fraction": GOOD_FRACTION,
-                                     "min_requests": MIN_REQUESTS},
+                                     "min_requests": MIN_REQUESTS, "early_stop": slo.stop_below is not None},
             "scenario": {"name": sc.name, "source": scenario, "overrides": list(overrides)}, "start_rps": start,
             "units": "emulated (requests/s are the same on the wire)"}

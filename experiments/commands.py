@@ -52,6 +52,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     c.add_argument("--tolerance", type=float, default=0.1, help="stop when (hi - lo) / lo is below this (default 0.1)")
     c.add_argument("--max-probes", type=int, default=8, help="most rates tried (default 8)")
     c.add_argument("--start", type=float, metavar="RPS", help="first rate (default: the throughput model's Lambda_max)")
+    c.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
     c.add_argument("--json", action="store_true")
     _executor_option(c)
     c.set_defaults(func=cmd_capacity)
@@ -63,6 +64,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("--repetitions", type=int, default=2)
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
                    help="comma-separated configurations to measure")
+    r.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
     r.add_argument("--json", action="store_true")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
@@ -179,7 +181,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}")
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
                            max_probes=args.max_probes, start_rps=args.start, executor=make_executor(args.executor),
-                           progress=not args.json)
+                           progress=not args.json, early_stop=not args.no_early_stop)
     (out / "capacity.json").write_text(json.dumps(doc, indent=1))
     if args.json:
         print(json.dumps({k: doc[k] for k in ("lambda_max_rps", "ci", "runs", "slo", "scenario")}))
@@ -209,22 +211,26 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     _positive("--repetitions", args.repetitions)
     out = Path(args.out) if args.out else _default_out("reproduce-case-study")
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
-                               executor=make_executor(args.executor), progress=not args.json)
+                               executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop)
     out.mkdir(parents=True, exist_ok=True)
     (out / "reproduce.json").write_text(json.dumps(doc, indent=1))
     if args.json:
         print(json.dumps(doc))
         return 0
-    print(f"case study ({'quick' if args.quick else 'full'}), Lambda_max in req/s")
-    print(f"{'configuration':22} {'measured':>9} {'interval':>17} {'model lit.':>10} {'model mean':>10} "
-          f"{'ratio meas.':>11} {'ratio model':>11} {'paper':>6}")
+    print(f"case study ({'quick' if args.quick else 'full'}), Lambda_max in req/s; {doc['wall_s'] / 60:.1f} min")
+    print(f"{'configuration':20} {'measured':>8} {'interval':>15} {'runs':>4} {'model lit.':>10} {'model mean':>10} "
+          f"{'ratio meas.':>11} {'ratio interval':>15} {'model lit.':>10} {'model mean':>10} {'paper':>5}")
+    nan = float("nan")
     for k in CONFIGURATIONS:
         m, md = doc["measured"].get(k), doc["model"][k]
         r = doc["measured_ratio_vs_homogeneous"].get(k)
         ci = f"[{m['ci'][0]:.3g}, {m['ci'][1]:.3g}]" if m and m["ci"][1] is not None else "-"
+        rci = doc["measured_ratio_interval"].get(k)
+        rci = f"[{rci[0]:.3g}, {rci[1]:.3g}]" if rci and None not in rci else "-"
         paper = doc["paper_ratio_vs_homogeneous"][k]
-        print(f"{k:22} {m['lambda_max_rps'] if m else float('nan'):9.3g} {ci:>17} {md['lambda_max_rps']:10.3g} "
-              f"{md['lambda_max_rps_mean_reading']:10.3g} {r if r is not None else float('nan'):11.3g} "
-              f"{doc['model_ratio_vs_homogeneous']['literal'][k]:11.3g} {paper if paper is not None else float('nan'):6.3g}")
+        mr = doc["model_ratio_vs_homogeneous"]
+        print(f"{k:20} {m['lambda_max_rps'] if m else nan:8.3g} {ci:>15} {m['runs'] if m else 0:4d} {md['lambda_max_rps']:10.3g} "
+              f"{md['lambda_max_rps_mean_reading']:10.3g} {r if r is not None else nan:11.3g} {rci:>15} "
+              f"{mr['literal'][k]:10.3g} {mr['mean'][k]:10.3g} {paper if paper is not None else nan:5.3g}")
     print(f"wrote {out / 'reproduce.json'}")
     return 0

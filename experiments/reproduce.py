@@ -26,9 +26,17 @@ PAPER_RATIOS = {"prfaas_pd": 1.54, "homogeneous_pd": 1.0, "naive_heterogeneous":
 # the decode step the model assumes (BS_max 20 at 25 ms), so a real step that runs 0.5 ms late misses it
 # and no request would ever be good; 30 ms leaves 20% for step jitter (docs/experiments.md).
 STEADY = ["wan.schedule=[]", "cross_traffic=null", "serving.slo.tpot=30ms"]
-# --quick: shorter runs and answers (the model is recomputed for the same shortened workload)
-QUICK = ["duration=40s", "workload.output=128", "serving.timeouts.startup=180s", "serving.timeouts.drain=30s"]
-FULL = ["duration=120s"]
+# --quick: shorter runs and answers (the model is recomputed for the same shortened workload). 45 s is
+# the shortest run the queue-trend test can judge here: near the edge a request lives 6-9 s (measured
+# 6.5 s median at 4.2 req/s), and five in-flight samples one lifetime apart after the 10% warm-up need
+# 0.9 x duration >= 4 x 9 s. Full: 1024-token answers live ~30 s, so 0.9 x duration >= 4 x 33 s.
+QUICK = ["duration=45s", "workload.output=128", "serving.timeouts.startup=180s", "serving.timeouts.drain=30s"]
+FULL = ["duration=150s"]
+# The search per configuration (docs/experiments.md, "Reproducing the case study").
+SEARCH = {True: {"rel_tol": 0.15, "max_probes": 5}, False: {"rel_tol": 0.08, "max_probes": 7}}
+# Planning figure: a run costs its duration plus this (measured: start-up ~5 s, drain after the last
+# arrival up to the TTFT tail + the answer, ~15 s, teardown and summary ~5 s; 57 s for a 30-s run).
+RUN_OVERHEAD_S = 27.0
 
 
 def _counts(n_prfaas: int, n_p: int, n_d: int) -> list[str]:
@@ -61,26 +69,56 @@ def configuration_overrides(model: dict[str, dict[str, Any]]) -> dict[str, list[
     }
 
 
+def planned_wall_s(sc: Any, quick: bool, configurations: int) -> dict[str, float]:
+    """What the reproduction should cost: per configuration 3 runs when the model's Lambda_max is within
+    one bracketing step of the edge (2 rates + 1 bisection, every run decisive), 5 when each end of the
+    bracket needs its repetition; failing runs stop early, so this is an upper figure for them."""
+    run_s = float(sc.duration_s) + RUN_OVERHEAD_S
+    return {"run_s": run_s, "best_s": 3 * configurations * run_s, "typical_s": 4 * configurations * run_s,
+            "worst_s": (SEARCH[quick]["max_probes"] + 2) * configurations * run_s}
+
+
+def ratio_interval(a: dict[str, Any], b: dict[str, Any]) -> list[float | None]:
+    """The ratio a / b over both intervals: [a's low / b's high, a's high / b's low] (None: open end)."""
+    (alo, ahi), (blo, bhi) = a["ci"], b["ci"]
+    low = alo / bhi if bhi else None
+    high = ahi / blo if ahi is not None and blo else None
+    return [low, high]
+
+
 def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: int = 2, only: tuple[str, ...] = CONFIGURATIONS,
-                         executor: Any = None, progress: bool = True) -> dict[str, Any]:
+                         executor: Any = None, progress: bool = True, early_stop: bool = True) -> dict[str, Any]:
+    import time
+
     from experiments.capacity import measure_capacity
 
+    t0 = time.monotonic()
     base = STEADY + (QUICK if quick else FULL)
     sc, model = model_results(base)
     overrides = configuration_overrides(model["literal"])
+    plan = planned_wall_s(sc, quick, len(only))
+    if progress:
+        print(f"plan: {len(only)} configurations x 3-5 runs of ~{plan['run_s']:.0f} s: about {plan['best_s'] / 60:.0f}-"
+              f"{plan['typical_s'] / 60:.0f} min (at most {plan['worst_s'] / 60:.0f})")
     measured = {}
     for name in only:
+        t1 = time.monotonic()
         cap = measure_capacity("case-study", base + overrides[name], Path(out) / name, repetitions=repetitions,
-                               rel_tol=0.15 if quick else 0.08, max_probes=6 if quick else 9,
-                               start_rps=model["literal"][name]["lambda_max"], executor=executor, progress=progress)
+                               start_rps=model["literal"][name]["lambda_max"], executor=executor, progress=progress,
+                               early_stop=early_stop, **SEARCH[quick])
         measured[name] = {"lambda_max_rps": cap["lambda_max_rps"], "ci": cap["ci"], "runs": cap["runs"],
-                          "bracketed": cap["bracketed"], "overrides": overrides[name], "probes": cap["probes"]}
+                          "bracketed": cap["bracketed"], "overrides": overrides[name], "probes": cap["probes"],
+                          "wall_s": time.monotonic() - t1}
     homo = measured.get("homogeneous_pd", {}).get("lambda_max_rps")
     ratios = {k: (v["lambda_max_rps"] / homo if homo else None) for k, v in measured.items()}
+    ratio_ci = {k: ratio_interval(v, measured["homogeneous_pd"]) for k, v in measured.items() if homo}
     return {
-        "scenario": {"name": sc.name, "overrides": base, "quick": quick},
+        "scenario": {"name": sc.name, "overrides": base, "quick": quick, "search": SEARCH[quick], "early_stop": early_stop},
+        "wall_s": time.monotonic() - t0,
+        "plan": plan,
         "measured": measured,
         "measured_ratio_vs_homogeneous": ratios,
+        "measured_ratio_interval": ratio_ci,
         "model": {k: {"lambda_max_rps": model["literal"][k]["lambda_max"],
                       "lambda_max_rps_mean_reading": model["mean"][k]["lambda_max"],
                       "n_prfaas": model["literal"][k]["n_prfaas"], "n_p": model["literal"][k]["n_p"], "n_d": model["literal"][k]["n_d"],

@@ -62,7 +62,8 @@ def loadgen_config(plan: ServingPlan, scenario: Scenario, net: Any, work: Path) 
         "out_file": str(work / "client.jsonl"), "model": scenario.section("model").name,
         "request_timeout_s": spec.request_timeout_s, "startup_timeout_s": spec.startup_timeout_s,
         "closed_users": closed.users if closed else 0, "think_s": closed.think_s if closed else 1.0,
-        "duration_s": scenario.duration_s, "seed": scenario.seed}))
+        "duration_s": scenario.duration_s, "seed": scenario.seed,
+        "slo_ttft_s": spec.slo.ttft_s, "slo_tpot_s": spec.slo.tpot_s, "stop_below": spec.slo.stop_below}))
     return path
 
 

@@ -32,6 +32,9 @@ MAX_DECODE = KV_PORT - DECODE_PORT
 class SloSpec:
     ttft_s: float = 30.0  # time to first token a request should meet
     tpot_s: float = 0.025  # time per output token (the paper: 40 tokens/s -> 25 ms)
+    # early stopping: the client ends the run once fewer than this share of all requests can still be
+    # good (None: never; `prfaas capacity` sets its goodput bar; docs/experiments.md, "Early stopping")
+    stop_below: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,16 @@ def _profile_name(path: str, source: str | None) -> Callable[[Any], str]:
     return parse
 
 
+def _fraction(v: Any) -> float | None:
+    """A share in (0, 1], or null."""
+    if v is None:
+        return None
+    x = positive_number(v)
+    if not 0 < x <= 1:
+        raise ValueError(f"{v!r} must be a share of requests in (0, 1] (e.g. 0.9), or null for never")
+    return float(x)
+
+
 def _read_fault(f: Fields) -> FaultSpec:
     fault = FaultSpec(
         at_s=f.get("at", units.parse_duration_s),
@@ -139,7 +152,8 @@ def parse_serving_section(f: Fields) -> ServingSpec:
         raise to.error("kv", f"{units.format_duration(kv_timeout)} must be shorter than timeouts.request "
                        f"({units.format_duration(request_timeout)}), or a lost KV transfer is reported as a client timeout")
     sf = f.section("slo")
-    slo = SloSpec(ttft_s=sf.get("ttft", positive_s, d.slo.ttft_s), tpot_s=sf.get("tpot", positive_s, d.slo.tpot_s))
+    slo = SloSpec(ttft_s=sf.get("ttft", positive_s, d.slo.ttft_s), tpot_s=sf.get("tpot", positive_s, d.slo.tpot_s),
+                  stop_below=sf.get("stop_below", _fraction, d.slo.stop_below))
     sf.done()
     if slo.tpot_s > slo.ttft_s + request_timeout:
         raise sf.error("tpot", "is longer than a whole request may take (slo.ttft + timeouts.request)")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.clock import now_s, run_t0
+from testbed.serving.early_stop import EarlyStop
 
 
 @dataclass
@@ -38,6 +39,9 @@ class LoadConfig:
     duration_s: float = 60.0
     seed: int = 1
     state_period_s: float = 0.5
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    stop_below: float | None = None  # early stopping (testbed.serving.early_stop); None: never
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -52,6 +56,10 @@ class Client:
         self.out = open(cfg.out_file, "w")
         self.sent = self.done = self.ok = 0
         self.stop = threading.Event()
+        self.early: EarlyStop | None = None
+        self.stopped: str | None = None  # the early stop's reason
+        self.flight: dict[str, list[Any]] = {}  # request id -> [arrival, first token, output_len, connection]
+        self.started_ids: set[str] = set()
 
     def _conn(self, timeout_s: float) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.cfg.router_host, self.cfg.router_port, timeout=timeout_s)
@@ -92,12 +100,16 @@ class Client:
                                "client_reason": None, "route": None, "text": ""}
         body = {"model": self.cfg.model, "prompt": "", "max_tokens": int(req["output_len"]), "stream": True,
                 "prfaas": {"request_id": rid, "input_len": int(req["input_len"]), "block_hashes": list(req["block_hashes"])}}
+        conn = self._conn(self.cfg.request_timeout_s)
         with self.lock:
             self.sent += 1
-        conn = self._conn(self.cfg.request_timeout_s)
+            self.started_ids.add(rid)
+            self.flight[rid] = [row["client_arrival_s"], None, int(req["output_len"]), conn]
         deadline = now_s() + self.cfg.request_timeout_s
         parts: list[str] = []
         try:
+            if self.stop.is_set():  # the run was stopped early while this request was starting
+                raise ConnectionAbortedError("cancelled before it was sent")
             conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
             resp = conn.getresponse()
             if resp.status != 200:
@@ -120,6 +132,8 @@ class Client:
                     if text:
                         if row["client_first_token_s"] is None:
                             row["client_first_token_s"] = now_s() - run_t0()
+                            with self.lock:
+                                self.flight[rid][1] = row["client_first_token_s"]
                         parts.append(text)
                         row["tokens_received"] += 1
                     if ev.get("prfaas"):
@@ -133,6 +147,12 @@ class Client:
         row["client_finish_s"] = now_s() - run_t0()
         row["text"] = "".join(parts)
         with self.lock:
+            self.flight.pop(rid, None)
+            if self.stopped and row["client_status"] != "ok":
+                row["client_reason"] = f"{self.stopped} ({row['client_reason'] or 'cancelled'})"
+            if self.early is not None:
+                self.early.finish(row["client_arrival_s"], row["client_first_token_s"], int(req["output_len"]),
+                                  row["client_finish_s"], row["client_status"] == "ok")
             self.done += 1
             self.ok += row["client_status"] == "ok"
             self.out.write(json.dumps(row) + "\n")
@@ -142,7 +162,7 @@ class Client:
         threads = []
         for req in requests:
             delay = start + float(req["arrival_s"]) - now_s()
-            if delay > 0 and self.stop.wait(delay):
+            if (delay > 0 and self.stop.wait(delay)) or self.stop.is_set():
                 break
             t = threading.Thread(target=self.one, args=(req,), daemon=True)
             t.start()
@@ -169,6 +189,34 @@ class Client:
         for t in threads:
             t.start()
         return threads
+
+    def watch_early_stop(self, period_s: float = 0.2) -> None:
+        """Stop the run once it cannot pass any more (`EarlyStop`): no more arrivals, in-flight requests cancelled."""
+        while not self.stop.wait(period_s):
+            with self.lock:
+                reason = self.early.decide([(a, f, n) for a, f, n, _ in self.flight.values()], now_s() - run_t0())
+                if reason is None:
+                    continue
+                self.stopped = reason
+                conns = [c for *_, c in self.flight.values()]
+            self.stop.set()
+            for c in conns:
+                try:
+                    if c.sock is not None:
+                        c.sock.shutdown(2)  # SHUT_RDWR: the streaming read returns at once
+                except OSError:
+                    pass
+            _emit({"kind": "early_stop", "reason": reason})
+            return
+
+    def record_unsent(self, requests: list[dict[str, Any]]) -> None:
+        """After an early stop, a row for every request never sent, with the stop's reason."""
+        for req in requests:
+            rid = str(req["request_id"])
+            if rid not in self.started_ids:
+                self.out.write(json.dumps({"request_id": rid, "client_arrival_s": None, "client_first_token_s": None,
+                                           "client_finish_s": None, "tokens_received": 0, "client_status": "failed",
+                                           "client_reason": f"{self.stopped} (not sent)", "route": None, "text": ""}) + "\n")
 
 
 def _relay_telemetry(client: Client) -> None:
@@ -206,11 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     start = now_s()
     _emit({"kind": "started", "t_s": start - run_t0(), "requests": len(requests)})
     threading.Thread(target=_report, args=(client,), daemon=True).start()
+    if cfg.stop_below is not None and cfg.slo_ttft_s is not None and cfg.slo_tpot_s is not None and requests:
+        client.early = EarlyStop(len(requests), cfg.slo_ttft_s, cfg.slo_tpot_s, cfg.stop_below)
+        threading.Thread(target=client.watch_early_stop, daemon=True).start()
     runner = client.run_closed if cfg.closed_users > 0 else client.run_open
     threads = runner(requests, start)
     for t in threads:
         t.join(max(0.0, cfg.request_timeout_s + 5))
     client.stop.set()
+    if client.stopped:
+        with client.lock:
+            client.record_unsent(requests)
     client.out.close()
     _emit({"kind": "finished", "sent": client.sent, "done": client.done, "ok": client.ok, "t_s": now_s() - run_t0()})
     return 0

@@ -61,3 +61,79 @@ def test_a_run_fails_on_good_fraction_a_growing_queue_or_too_few_requests():
     assert "grow" in capacity.judge({**ok, "queue": {"growing": True}}, 1.0, 1).reason
     assert "only 5 requests" in capacity.judge({**ok, "requests_total": 5}, 1.0, 1).reason
     assert "too short to test the queue" in capacity.judge({**ok, "queue": {"growing": None}}, 1.0, 1).reason
+
+
+def graded_curve(true_rps: float, marginal_below: float = 0.9, flip: dict | None = None):
+    """Good fraction 0.99 well below `true_rps`, 0.92 (a marginal pass on 100 requests) between
+    `marginal_below` x true and true, 0.5 above; `flip` {(rate, seed): good} overrides single runs."""
+    calls = []
+
+    def evaluate(rate, seeds):
+        calls.append((rate, tuple(seeds)))
+        out = []
+        for s in seeds:
+            good = 0.99 if rate <= marginal_below * true_rps else 0.92 if rate <= true_rps else 0.5
+            good = (flip or {}).get((rate, s), good)
+            out.append(capacity.judge({"good_fraction": good, "queue": {"growing": False}, "requests_total": 100}, rate, s))
+        return out
+
+    return evaluate, calls
+
+
+def test_a_start_within_the_first_step_of_the_edge_costs_two_bracketing_rates_and_one_bisection():
+    evaluate, calls = graded_curve(2.5, marginal_below=1.0)  # every pass is decisive here
+    res = capacity.search(evaluate, 2.7, repetitions=2, rel_tol=0.15, max_probes=8)
+    assert [r for r, _ in calls] == [2.7, pytest.approx(2.7 / 1.15 ** 2, rel=1e-3), pytest.approx(2.7 / 1.15, rel=1e-3)]
+    assert res.runs == 3 and res.bracketed
+    lo, hi = res.ci
+    assert lo <= 2.5 < hi and (hi - lo) / lo <= 0.15 + 1e-3
+
+
+def test_a_poor_start_brackets_with_growing_steps():
+    evaluate, calls = graded_curve(1.0, marginal_below=1.0)
+    res = capacity.search(evaluate, 8.0, repetitions=2, rel_tol=0.15, max_probes=12)
+    rates = [r for r, _ in calls]
+    assert rates[:4] == [8.0] + [pytest.approx(8 / 1.15 ** e, rel=1e-3) for e in (2, 6, 12)]
+    assert res.bracketed and res.ci[0] <= 1.0 < res.ci[1] and (res.ci[1] - res.ci[0]) / res.ci[0] <= 0.15 + 1e-3
+    assert len(rates) == 5 + 3  # 5 rates bracket an 8x miss (steps 1.15^2, ^4, ^6, ^8), 3 bisections close 1.15^8
+
+
+def test_only_marginal_runs_at_the_edge_are_repeated():
+    evaluate, calls = graded_curve(2.5, marginal_below=0.8)  # rates in (2.0, 2.5] pass with 92%: marginal
+    res = capacity.search(evaluate, 2.7, repetitions=2, rel_tol=0.15, max_probes=8)
+    lo, hi = res.ci
+    runs = {p.rate_rps: len(p.runs) for p in res.probes}
+    assert 2.0 < lo <= 2.5 < hi
+    assert runs[lo] == 2 and runs[hi] == 1  # the marginal pass repeated (seed 2), the decisive 50% fail not
+    assert all(n == 1 for r, n in runs.items() if r != lo)
+
+
+def test_a_repetition_that_fails_the_lower_end_moves_the_edge_down():
+    rate = float(f"{2.7 / 1.15:.4g}")  # the first bisection point, a marginal pass with seed 1
+    evaluate, calls = graded_curve(2.5, marginal_below=0.8, flip={(rate, 2): 0.5})
+    res = capacity.search(evaluate, 2.7, repetitions=2, rel_tol=0.15, max_probes=8)
+    assert res.lambda_max_rps < rate  # 1 of 2 runs is not a majority: the rate fails
+    assert res.ci[1] == 2.7  # not every run failed at `rate`: the interval's top stays at the last all-fail rate
+    assert res.bracketed and (rate, (2,)) in calls
+
+
+def test_a_run_stopped_early_fails_decisively_and_says_why():
+    summary = {"good_fraction": 0.3, "queue": {"growing": None}, "requests_total": 120,
+               "early_stop": "stopped early: 13 of 120 requests already missed an SLO, so fewer than 90% can be good"}
+    v = capacity.judge(summary, 3.0, 1)
+    assert not v.passed and v.decisive
+    assert v.reason.startswith("stopped early: 13 of 120") and "too short" not in v.reason
+
+
+@pytest.mark.parametrize("good,n,passed,decisive", [(0.99, 100, True, True), (0.93, 100, True, False), (0.93, 2000, True, True),
+                                                   (0.88, 100, False, False), (0.5, 100, False, True)])
+def test_a_run_is_decisive_when_the_binomial_interval_of_its_good_fraction_clears_the_bar(good, n, passed, decisive):
+    v = capacity.judge({"good_fraction": good, "queue": {"growing": False}, "requests_total": n}, 1.0, 1)
+    assert (v.passed, v.decisive) == (passed, decisive)
+    lo, hi = capacity.good_fraction_interval(good, n)
+    assert lo < good < hi
+
+
+def test_a_run_that_fails_only_on_its_growing_queue_is_marginal():
+    v = capacity.judge({"good_fraction": 0.99, "queue": {"growing": True}, "requests_total": 100}, 1.0, 1)
+    assert not v.passed and not v.decisive  # SLOs hold, the queue grows: at the edge

@@ -3,6 +3,7 @@ router's streaming format, and the assembly of requests.parquet rows (`testbed.r
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -12,7 +13,10 @@ from typing import Any
 
 import pytest
 
+from analysis.metrics import early_stop
 from testbed.runner.collect import requests_frame
+from testbed.serving import loadgen
+from testbed.serving.early_stop import MARGIN_S
 from testbed.serving.loadgen import Client, LoadConfig
 from traffic.request import Request
 
@@ -20,7 +24,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class StandIn:
-    """Streams `max_tokens` chunks like the router; request ids starting with "fail" end in an error event."""
+    """Streams `max_tokens` chunks like the router; request ids starting with "fail" end in an error event,
+    ids starting with "stall" wait for `stall` (when set) before answering."""
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
@@ -28,6 +33,7 @@ class StandIn:
         self.active = 0
         self.peak = 0
         self.lock = threading.Lock()
+        self.stall: threading.Event | None = None
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -51,6 +57,8 @@ class StandIn:
                     outer.active += 1
                     outer.peak = max(outer.peak, outer.active)
                 rid = body["prfaas"]["request_id"]
+                if rid.startswith("stall") and outer.stall is not None:
+                    outer.stall.wait(30)  # stands for a prefill queue that never reaches this request
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
@@ -145,3 +153,37 @@ def test_requests_frame_keeps_every_generated_request_and_names_why_one_failed()
     assert df.loc["b", "arrival_s"] == 3.5
     assert df.loc["c", "status"] == "failed" and df.loc["c", "reason"] == "not sent before the run ended"
     assert df.loc["c", "scheduled_arrival_s"] == 1.0 and df.loc["c", "input_len"] == 300
+
+
+def test_the_client_ends_a_run_that_cannot_pass_and_accounts_for_every_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # no telemetry to relay
+    router = StandIn()
+    release = threading.Event()
+    router.stall = release  # requests named "stall*" wait for this before their first token
+    try:
+        reqs = [{"request_id": f"stall{i}", "arrival_s": 0.05 * i, "input_len": 600, "output_len": 4, "block_hashes": [1]}
+                for i in range(3)]
+        reqs += [{"request_id": f"r{i}", "arrival_s": 0.2 + 0.25 * i, "input_len": 600, "output_len": 4, "block_hashes": [2]}
+                 for i in range(17)]  # arrivals up to 4.2 s
+        (tmp_path / "req.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reqs))
+        cfg = {"router_host": "127.0.0.1", "router_port": router.port, "requests_file": str(tmp_path / "req.jsonl"),
+               "out_file": str(tmp_path / "out.jsonl"), "request_timeout_s": 30, "slo_ttft_s": 0.3, "slo_tpot_s": 1.0,
+               "stop_below": 0.9}
+        (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+        t0 = time.monotonic()
+        assert loadgen.main(["--config", str(tmp_path / "cfg.json")]) == 0
+        took = time.monotonic() - t0
+    finally:
+        release.set()
+        router.server.shutdown()
+        router.server.server_close()
+    # 3 of 20 stalled: 17 (85%) can be good once they pass TTFT 0.3 s + margin: the run ends at ~0.9 s, not 30 s
+    assert took < 0.3 + MARGIN_S + 1.5
+    rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(r["request_id"] for r in rows) == sorted(r["request_id"] for r in reqs)
+    by = {r["request_id"]: r for r in rows}
+    assert all(by[f"stall{i}"]["client_status"] == "failed" and by[f"stall{i}"]["client_reason"].startswith("stopped early: 3 of 20")
+               for i in range(3))
+    assert by["r16"]["client_reason"].endswith("(not sent)")
+    df = requests_frame([Request(r["request_id"], r["arrival_s"], 600, 4, tuple(r["block_hashes"])) for r in reqs], [], rows)
+    assert early_stop(df) == "stopped early: 3 of 20 requests already missed an SLO, so fewer than 90% can be good"

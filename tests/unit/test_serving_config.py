@@ -83,6 +83,16 @@ def test_a_tpot_slo_below_one_decode_step_is_refused():
     assert "25 ms" in str(err)
 
 
+@pytest.mark.parametrize("value", ["1.5", "0", "most"])
+def test_an_early_stop_bar_outside_0_to_1_is_refused(value):
+    assert refused(f"serving.slo.stop_below={value}").field == "serving.slo.stop_below"
+
+
+def test_the_early_stop_bar_reaches_the_plan_and_is_off_by_default():
+    assert plan().spec.slo.stop_below is None
+    assert plan("serving.slo.stop_below=0.9").spec.slo.stop_below == 0.9
+
+
 def test_a_ttft_slo_below_the_fastest_prefill_is_refused():
     err = refused("serving.slo.ttft=100ms")  # one 512-token block takes ~0.4 s on either profile
     assert err.field == "serving.slo.ttft"
