@@ -58,7 +58,7 @@ class Client:
         self.stop = threading.Event()
         self.early: EarlyStop | None = None
         self.stopped: str | None = None  # the early stop's reason
-        self.flight: dict[str, list[Any]] = {}  # request id -> [arrival, first token, output_len, connection]
+        self.flight: dict[str, list[Any]] = {}  # request id -> [arrival, first token, output_len, socket or None]
         self.started_ids: set[str] = set()
 
     def _conn(self, timeout_s: float) -> http.client.HTTPConnection:
@@ -104,13 +104,17 @@ class Client:
         with self.lock:
             self.sent += 1
             self.started_ids.add(rid)
-            self.flight[rid] = [row["client_arrival_s"], None, int(req["output_len"]), conn]
+            self.flight[rid] = [row["client_arrival_s"], None, int(req["output_len"]), None]
         deadline = now_s() + self.cfg.request_timeout_s
         parts: list[str] = []
         try:
             if self.stop.is_set():  # the run was stopped early while this request was starting
                 raise ConnectionAbortedError("cancelled before it was sent")
             conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+            with self.lock:  # the socket itself: the response keeps it after the connection hands it over
+                self.flight[rid][3] = conn.sock
+                if self.stopped:
+                    _abort(conn.sock)
             resp = conn.getresponse()
             if resp.status != 200:
                 row["client_reason"] = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace')}"
@@ -198,14 +202,9 @@ class Client:
                 if reason is None:
                     continue
                 self.stopped = reason
-                conns = [c for *_, c in self.flight.values()]
+                for *_, sock in self.flight.values():
+                    _abort(sock)
             self.stop.set()
-            for c in conns:
-                try:
-                    if c.sock is not None:
-                        c.sock.shutdown(2)  # SHUT_RDWR: the streaming read returns at once
-                except OSError:
-                    pass
             _emit({"kind": "early_stop", "reason": reason})
             return
 
@@ -217,6 +216,16 @@ class Client:
                 self.out.write(json.dumps({"request_id": rid, "client_arrival_s": None, "client_first_token_s": None,
                                            "client_finish_s": None, "tokens_received": 0, "client_status": "failed",
                                            "client_reason": f"{self.stopped} (not sent)", "route": None, "text": ""}) + "\n")
+
+
+def _abort(sock: Any) -> None:
+    """End a request's stream now (its reader returns at once); None: not connected yet."""
+    if sock is None:
+        return
+    try:
+        sock.shutdown(2)  # SHUT_RDWR
+    except OSError:
+        pass
 
 
 def _relay_telemetry(client: Client) -> None:

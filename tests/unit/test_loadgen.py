@@ -57,11 +57,12 @@ class StandIn:
                     outer.active += 1
                     outer.peak = max(outer.peak, outer.active)
                 rid = body["prfaas"]["request_id"]
-                if rid.startswith("stall") and outer.stall is not None:
-                    outer.stall.wait(30)  # stands for a prefill queue that never reaches this request
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
+                if rid.startswith("stall") and outer.stall is not None:
+                    self.wfile.flush()
+                    outer.stall.wait(30)  # headers sent, no token: a prefill queue that never reaches this request
                 for i in range(body["max_tokens"]):
                     chunk = {"id": rid, "choices": [{"text": f" t{i}", "index": 0, "finish_reason": None}]}
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
