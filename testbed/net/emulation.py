@@ -166,7 +166,7 @@ class Network:
         self.telemetry = Telemetry(self.wan.sample, DIRECTIONS, t0_s=self.t0_s, scale=self.scale, period_s=self.telemetry_period_s)
         for fn in self._listeners:
             self.telemetry.add_listener(fn)
-        self.schedule = ScheduleRunner(expand_schedule(self.scenario.wan.schedule), self.wan.apply, self.t0_s)
+        self.schedule = ScheduleRunner(expand_schedule(self.scenario.wan.schedule), self.wan.apply, self.t0_s, warm=self.wan.warm)
         self.telemetry.start()
         self.schedule.start()
         self._state.update(ready=True, t0_s=self.t0_s, processes=self._tracked_pids(), backend=self.backend, scale=self.scale.factor)

@@ -4,6 +4,13 @@
 link-down and a link-up. The `ScheduleRunner` fires each action at t0 + at_s on the one clock
 (`testbed.clock.now_s`), t0 being `Network.start()`. A revert restores the values the changed fields
 had just before its event fired (later events keep the fields they changed themselves).
+
+How late an action takes effect (docs/scale-out.md, "How late the WAN schedule fires"): the thread
+waits on a timer (no polling period) at a real-time priority, so it wakes as late as the host wakes a
+sleeper; then `apply` does a few netlink requests (and, for netem changes or link down/up, a `tc` or
+`iptables` process). The first netlink request a thread makes costs 8-12 ms more on this 2-core VM
+(up to 80 ms on a busy host): pyroute2 sets up per-thread state. So the thread pays that with `warm`
+(a read of the qdisc counters) before it waits for its first action, not inside it.
 """
 
 from __future__ import annotations
@@ -51,9 +58,11 @@ def expand_schedule(events: tuple[ScheduleEvent, ...] | list[ScheduleEvent]) -> 
 class ScheduleRunner:
     """Fires actions on a daemon thread; `stop()` cancels what has not fired yet."""
 
-    def __init__(self, actions: list[ScheduleAction], apply: Callable[[ScheduleAction], None], t0_s: float) -> None:
+    def __init__(self, actions: list[ScheduleAction], apply: Callable[[ScheduleAction], None], t0_s: float,
+                 warm: Callable[[], None] | None = None) -> None:
         self.actions = actions
         self.apply = apply
+        self.warm = warm  # run once on the schedule's thread before the first wait (the per-thread netlink setup)
         self.t0_s = t0_s
         self.fired: list[tuple[float, ScheduleAction]] = []  # (t_s fired, action)
         self.woke_late_s: list[float] = []  # per fired action: how late the thread woke for it (testbed.fidelity)
@@ -68,6 +77,11 @@ class ScheduleRunner:
 
     def _run(self) -> None:
         boost_thread_priority()
+        if self.warm is not None:
+            try:
+                self.warm()
+            except Exception as exc:  # the actions will meet the same error and report it; note this one too
+                self.errors.append(f"warm-up: {exc}")
         for action in self.actions:
             wait_s = self.t0_s + action.at_s - clock.now_s()
             if wait_s > 0 and self._stop.wait(wait_s):

@@ -60,6 +60,7 @@ def _run(popen: Popen, argv: list[str], timeout_s: float = 10) -> None:
 
 class DirectionEmulator(Protocol):
     def start(self) -> None: ...
+    def warm(self) -> None: ...
     def update(self, spec: LinkDirectionSpec) -> None: ...
     def sample(self) -> dict[str, Any]: ...
     def stop(self) -> None: ...
@@ -88,6 +89,12 @@ class _Shaped:
         with self.lock:
             shaping.update_plan(self.ipr, self.ifindex, new, leaf=self.leaf)
         self.plan, self.spec = new, spec
+
+    def warm(self) -> None:
+        """One netlink read from the calling thread, so that its first `update` does not pay pyroute2's
+        per-thread setup (testbed.net.schedule)."""
+        with self.lock:
+            shaping.read_qdisc_stats(self.ipr, self.ifindex)
 
     def _qdisc_sample(self) -> dict[str, Any]:
         with self.lock:
@@ -212,6 +219,11 @@ class Wan:
         rule = ["FORWARD", *(["1"] if op == "-I" else []), "-o", port.ifname, "-m", "comment", "--comment", DOWN_COMMENT, "-j", "DROP"]
         _run(port.popen, ["iptables-legacy", "-w", op, *rule])
         self.link_up[direction] = up
+
+    def warm(self) -> None:
+        """Ready the calling thread to `apply` without a first-call cost (`ScheduleRunner(warm=...)`)."""
+        for em in self.emulators.values():
+            em.warm()
 
     def apply(self, action: ScheduleAction) -> None:
         for d in action.directions:

@@ -151,7 +151,7 @@ def _restart_schedule(net: Any, scenario: Scenario, start_s: float) -> None:
     from testbed.net.schedule import ScheduleRunner, expand_schedule
 
     if net.wan is not None and scenario.wan.schedule:
-        net.schedule = ScheduleRunner(expand_schedule(scenario.wan.schedule), net.wan.apply, start_s).start()
+        net.schedule = ScheduleRunner(expand_schedule(scenario.wan.schedule), net.wan.apply, start_s, warm=net.wan.warm).start()
 
 
 def _drive(scenario: Scenario, plan: ServingPlan, procs: Processes, live: LiveState, agent: subprocess.Popen,

@@ -127,3 +127,35 @@ def test_reports_mark_a_flagged_run_and_say_why():
     assert [fidelity_cell(r.summary) for r in (fine, flagged, old)] == ["ok", "<b>FLAGGED</b>", "-"]
     notes = fidelity_notes([fine, flagged, old])
     assert len(notes) == 1 and "run-b" in notes[0] and "node n1" in notes[0] and "sleeps late by 9.0 ms" in notes[0]
+
+
+def test_schedule_tolerance_is_a_wake_up_plus_one_actions_work():
+    tol = fidelity.TOLERANCES
+    assert tol.schedule_late_p99_s == pytest.approx(tol.sleep_late_p99_s + fidelity.SCHEDULE_ACTION_WORK_S) == pytest.approx(0.020)
+    assert fidelity.assess(good_record(schedule={"late_p99_s": 0.019})) == []
+    assert "schedule fired late by 21.0 ms at p99 (tolerance 20 ms)" in fidelity.assess(good_record(schedule={"late_p99_s": 0.021}))[0]
+
+
+def test_the_schedule_thread_warms_its_netlink_path_before_its_first_action():
+    """`warm` runs once on the schedule's own thread, before the first wait (pyroute2 state is per thread);
+    a failing warm-up is reported and the actions still fire."""
+    import threading
+
+    from testbed import clock
+    from testbed.net.schedule import ScheduleAction, ScheduleRunner
+
+    calls: list[tuple[str, int]] = []
+    acts = [ScheduleAction(0.05, 0, ("prfaas_to_pd",), "change", (("rate_bps", 1e9),)),
+            ScheduleAction(0.10, 0, ("prfaas_to_pd",), "revert", (("rate_bps", 1e9),))]
+    r = ScheduleRunner(acts, lambda a: calls.append((a.kind, threading.get_ident())), clock.now_s(),
+                       warm=lambda: calls.append(("warm", threading.get_ident()))).start()
+    r._thread.join(5)
+    assert [k for k, _ in calls] == ["warm", "change", "revert"] and len({t for _, t in calls}) == 1
+    assert calls[0][1] != threading.get_ident() and len(r.fired) == 2 and r.errors == []
+
+    def broken() -> None:
+        raise OSError("netns gone")
+
+    r = ScheduleRunner(acts[:1], lambda a: None, clock.now_s(), warm=broken).start()
+    r._thread.join(5)
+    assert r.errors == ["warm-up: netns gone"] and len(r.fired) == 1
