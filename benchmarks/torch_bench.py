@@ -141,13 +141,56 @@ def decode_batching_figure(model: str = "kimi-linear-48b", variant: str = "tiny"
     return {"by_batch": out, "ratio_8_to_1": out[8]["tokens_per_s"] / out[1]["tokens_per_s"]}
 
 
+def prefill_speed_figure(model: str = "paper-1t-hybrid", variant: str = "tiny",
+                         lengths: tuple[int, ...] = (1024, 4096, 16384), repeats: int = 1) -> dict:
+    """Prefill CPU time against prompt length through the prefill worker's path (`TorchCompute.prefill`,
+    one torch thread, the fastest of `repeats` after an untimed short run), and the fit
+    ``T(L) = a L + b L^2`` (linear layers, MLPs: per token; full attention: per token pair)."""
+    import numpy as np
+
+    comp = compute_for(model, variant)
+    vocab = comp.model.vocab_size
+    comp.prefill("warm", PrefillPlan(257), prompt(257, vocab, 3), lambda _layer: None)
+    points = []
+    for n in lengths:
+        ids = prompt(n + 1, vocab, 11)  # n positions prefilled; the last token is the decode's first input
+        best = min(timed_prefill(comp, PrefillPlan(n + 1), ids)[1] for _ in range(max(1, repeats)))
+        points.append({"tokens": n, "cpu_s": best, "tokens_per_s": n / best})
+    x = np.array([p["tokens"] for p in points], dtype=float)
+    (a, b), *_ = np.linalg.lstsq(np.stack([x, x * x], axis=1), np.array([p["cpu_s"] for p in points]), rcond=None)
+    return {"model": model, "variant": variant, "points": points, "a_s_per_token": float(a), "b_s_per_token2": float(b)}
+
+
+def scenario_demand(scenario: str, fit: dict) -> dict:
+    """The prefill compute a scenario's workload asks of this host in torch mode: its own requests (the
+    scenario's seed and duration, as `prfaas run` draws them) costed with the fit, against the cores."""
+    import numpy as np
+
+    from testbed.sections import load_scenario
+    from traffic.workload import generate_batch
+
+    sc = load_scenario(scenario)
+    lengths = np.asarray(generate_batch(sc.section("workload"), sc.seed, sc.duration_s).input_len, dtype=float) - 1
+    cpu_s = float(np.sum(fit["a_s_per_token"] * lengths + fit["b_s_per_token2"] * lengths**2))
+    cores = os.cpu_count() or 1
+    return {"scenario": scenario, "requests": int(lengths.size), "duration_s": sc.duration_s,
+            "prompt_tokens": int(lengths.sum()), "offered_tokens_per_s": float(lengths.sum()) / sc.duration_s,
+            "core_tokens_per_s": float(lengths.sum()) / cpu_s, "host_tokens_per_s": cores * float(lengths.sum()) / cpu_s,
+            "prefill_cpu_s": cpu_s, "cores_needed": cpu_s / sc.duration_s, "cores": cores,
+            "longest": int(lengths.max()), "rms_tokens": float(np.sqrt(np.mean(lengths**2)))}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter prompts and smaller blocks")
     ap.add_argument("--model", default="kimi-linear-48b")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per point, fastest kept (default 5)")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--prefill-speed", action="store_true",
+                    help="also time the tiny paper-1t-hybrid prefill against length and cost each --scenario's workload with it")
+    ap.add_argument("--scenario", action="append", default=None, help="scenario for --prefill-speed (default: quick, torch-quick)")
     args = ap.parse_args(argv)
+    args.scenario = args.scenario or ["quick", "torch-quick"]
     torch.set_num_threads(1)
     cases = [("tiny", 1024, 256), ("faithful", 512, 128)] if args.quick else [("tiny", 2048, 512), ("faithful", 2048, 512)]
     results, failures = [], []
@@ -176,6 +219,24 @@ def main(argv: list[str] | None = None) -> int:
         f"batch {b}: TPOT {v['tpot_s'] * 1e3:.1f} ms (wall {v['wall_tpot_s'] * 1e3:.1f}), {v['tokens_per_s']:.0f} tok/s"
         for b, v in batching["by_batch"].items())
         + f"; batch 8 / batch 1 = {batching['ratio_8_to_1']:.2f}x (target >= {BATCH_TARGET:g}x)")
+    if args.prefill_speed:
+        lengths = (1024, 4096, 16384) if args.quick else (1024, 4096, 16384, 32768)
+        with console.status(f"prefill speed, paper-1t-hybrid tiny, {lengths} tokens"):
+            speed = prefill_speed_figure(lengths=lengths)
+        demands = [scenario_demand(name, speed) for name in args.scenario]
+        doc["prefill_speed"], doc["scenario_demand"] = speed, demands
+        console.print("Prefill, paper-1t-hybrid tiny, one torch thread, CPU time: " + ", ".join(
+            f"{p['tokens']:,} tokens {p['cpu_s']:.2f} s ({p['tokens_per_s']:,.0f} tok/s)" for p in speed["points"])
+            + f"; fit T(L) = {speed['a_s_per_token'] * 1e6:.0f} us x L + {speed['b_s_per_token2'] * 1e9:.1f} ns x L^2")
+        t = Table(title="Torch-mode prefill the scenario's own requests ask of this host (fit above; informational, not a target)")
+        for col in ("scenario", "requests", "prompt tokens", "offered tok/s", "one core tok/s (this mix)", "host tok/s at most",
+                    "prefill CPU s", "cores needed", "cores"):
+            t.add_column(col, justify="right")
+        for d in demands:
+            t.add_row(d["scenario"], str(d["requests"]), f"{d['prompt_tokens']:,}", f"{d['offered_tokens_per_s']:,.0f}",
+                      f"{d['core_tokens_per_s']:,.0f}", f"{d['host_tokens_per_s']:,.0f}", f"{d['prefill_cpu_s']:.1f}",
+                      f"{d['cores_needed']:.2f}", str(d["cores"]))
+        console.print(t)
     if batching["ratio_8_to_1"] < BATCH_TARGET:
         failures.append(f"decode batch 8 / batch 1 = {batching['ratio_8_to_1']:.2f}x < {BATCH_TARGET:g}x")
     if args.json:

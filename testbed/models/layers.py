@@ -71,6 +71,22 @@ def rope_at(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+# The CPU flash-attention kernel behind `scaled_dot_product_attention`, called directly where its
+# log-sum-exp is needed (an aten op, present in the pinned torch; without it the masked path serves).
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+@functools.lru_cache(maxsize=16)
+def _chunk_masks(chunk_tokens: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions after the query: bool upper triangle, identity) of one linear-attention chunk."""
+    return (torch.ones(chunk_tokens, chunk_tokens, dtype=torch.bool, device=device).triu(1),
+            torch.eye(chunk_tokens, dtype=dtype, device=device))
+
+
+def _flash_cpu_available(x: torch.Tensor) -> bool:
+    return _FLASH_CPU is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, torch.bfloat16)
+
+
 def _pad_last(x: torch.Tensor, width: int) -> torch.Tensor:
     return x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1]))
 
@@ -83,10 +99,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, k_st
 
     Runs `scaled_dot_product_attention` (the fused, memory-efficient kernel; on CPU the flash kernel,
     which needs one width for q, k and v: narrower ones are zero-padded, which changes no score and no
-    output column). A prompt attending only to itself is one causal call (the kernel skips the masked
-    half); a query continuing a cached prefix or a window goes in query blocks with a boolean mask, the
-    group's heads folded into the query rows so keys are never copied per head; memory stays bounded at
-    long prompts either way.
+    output column). Queries that are the last T key positions (a prefill) need no mask: a prompt
+    attending only to itself is one causal call (the kernel skips the masked half); one continuing a
+    cached prefix is, on CPU, two calls of the flash kernel (the prefix unmasked, its own part causal)
+    merged by their log-sum-exps, so it costs what its uncached suffix needs (T x prefix + T^2 / 2 score
+    pairs; a boolean mask would cost about 1.7x more per score). Windows, single queries and other
+    devices go in query blocks with a boolean mask, the group's heads folded into the query rows so keys
+    are never copied per head. Memory stays bounded at long prompts either way.
     """
     t, kvh, g, d = q.shape
     s, dv = k.shape[0], v.shape[-1]
@@ -95,11 +114,19 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, k_st
         width = max(d, dv) + (-max(d, dv)) % 8
     kh, vh = _pad_last(k, width).transpose(0, 1), _pad_last(v, width).transpose(0, 1)  # [KV, S, W]
     qp = _pad_last(q, width)
-    if t > 1 and t == s and q_start == k_start and not window:
-        qh = qp.reshape(t, kvh * g, width).transpose(0, 1)  # [H, T, W]
+    prefix = s - t
+    if t > 1 and not window and q_start - k_start == prefix and (prefix == 0 or _flash_cpu_available(q)):
+        qh = qp.reshape(t, kvh * g, width).transpose(0, 1)[None]  # [1, H, T, W]
         if g > 1:
             kh, vh = kh.repeat_interleave(g, dim=0), vh.repeat_interleave(g, dim=0)
-        o = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], is_causal=True, scale=scale)[0]
+        kh, vh = kh[None], vh[None]
+        if prefix == 0:
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)[0]
+        else:
+            o_pre, lse_pre = _FLASH_CPU(qh, kh[:, :, :prefix], vh[:, :, :prefix], 0.0, False, scale=scale)
+            o_own, lse_own = _FLASH_CPU(qh, kh[:, :, prefix:], vh[:, :, prefix:], 0.0, True, scale=scale)
+            lse = torch.logaddexp(lse_pre, lse_own)
+            o = (o_pre * (lse_pre - lse).exp()[..., None] + o_own * (lse_own - lse).exp()[..., None])[0]
         return o[..., :dv].transpose(0, 1).reshape(t, kvh, g, dv)
     qh = qp.permute(1, 2, 0, 3)  # [KV, G, T, W]
     out = q.new_empty((kvh, g, t, dv))
@@ -138,8 +165,10 @@ def linear_attention_chunked(
     Everything that does not depend on the state entering a chunk (decays, the solve, U and W, the
     intra-chunk scores) is computed for a whole segment of chunks at once (bounded by
     `_LINEAR_SEGMENT_ELEMS`), as flash-linear-attention does; only the chain of states runs chunk by
-    chunk, two fused matrix multiply-adds each (``V' = U - W S``, ``S = e^G S + Kd^T V'``), and the
-    outputs ``Q e^G S + A V'`` are again batched. The state is rounded to `state_dtype` at every absolute
+    chunk and the outputs ``Q e^G S + A V'`` are again batched. The chain is two fused multiply-adds a
+    chunk (``V' = U - W S``, ``S = e^G S + Kd^T V'``) when the key width exceeds the chunk, else one
+    (``S = M S + B``, ``M = e^G I - Kd^T W``): the extra dk x dk product costs nothing for a small
+    state, where the per-operation overhead is the cost (the tiny variant's 8-token chunks). The state is rounded to `state_dtype` at every absolute
     chunk boundary, as the recurrence does. With `checkpoint_at` (an absolute chunk boundary inside the
     call) the state there is appended to `checkpoint` (the hybrid prefix cache's
     block-boundary state). Equals `linear_attention_recurrent` within float rounding (tested).
@@ -150,54 +179,61 @@ def linear_attention_chunked(
     lead = start % c  # the first chunk starts before `start`: those positions are padding
     n_chunks = -(-(lead + t) // c)
     tail = n_chunks * c - lead - t
-    # Padding is neutral: k = 0 writes nothing and log decay 0 keeps the state, so real positions see
-    # exactly the values an unpadded chunk would.
-    qp = F.pad(q, (0, 0, lead, tail)).view(h, n_chunks, c, dk)
-    kp = F.pad(k, (0, 0, lead, tail)).view(h, n_chunks, c, dk)
-    vp = F.pad(v, (0, 0, lead, tail)).view(h, n_chunks, c, dv)
-    gp = F.pad(g, (lead, tail)).view(h, n_chunks, c)
-    bp = F.pad(beta, (lead, tail)).view(h, n_chunks, c) if beta is not None else None
-    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    strict = lower.logical_not() | torch.eye(c, dtype=torch.bool, device=q.device)
+    if lead or tail:  # padding is neutral: k = 0 writes nothing and log decay 0 keeps the state
+        q, k, v = (F.pad(x, (0, 0, lead, tail)) for x in (q, k, v))
+        g, beta = F.pad(g, (lead, tail)), (F.pad(beta, (lead, tail)) if beta is not None else None)
+    qp, kp, vp = q.reshape(h, n_chunks, c, dk), k.reshape(h, n_chunks, c, dk), v.reshape(h, n_chunks, c, dv)
+    gp = g.reshape(h, n_chunks, c)
+    bp = beta.reshape(h, n_chunks, c, 1) if beta is not None else None
+    upper, eye = _chunk_masks(c, q.device, q.dtype)
     out = q.new_empty((h, n_chunks, c, dv))
     per_chunk = h * (3 * c * c + dk * dk + 3 * c * (dk + dv) + 2 * dk * dv)
     seg = max(1, _LINEAR_SEGMENT_ELEMS // per_chunk)
     first_pos = start - lead  # absolute position of the first (padded) chunk
     rounded = state_dtype != torch.float32
+    two_step = bp is not None and dk > c
     for n0 in range(0, n_chunks, seg):
         n1 = min(n_chunks, n0 + seg)
         m = n1 - n0
-        qc, kc, vc, gc = qp[:, n0:n1], kp[:, n0:n1], vp[:, n0:n1], gp[:, n0:n1]
-        cum = gc.cumsum(-1)  # [H, m, c]
-        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # exp(G_i - G_j), j <= i
+        qc, kc, vc = qp[:, n0:n1], kp[:, n0:n1], vp[:, n0:n1]
+        cum = gp[:, n0:n1].cumsum(-1)  # [H, m, c]
+        e_cum = cum.exp()[..., None]
+        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()  # exp(G_i - G_j), j <= i
         last = cum[..., -1:]
-        kd = kc * (last - cum).exp()[..., None]  # each key decayed to the chunk's end
-        attn = (qc @ kc.transpose(-1, -2)) * decay
-        kd_t = kd.transpose(-1, -2).transpose(0, 1).contiguous()  # [m, H, dk, c]
-        keep = last.exp()[..., None].transpose(0, 1).contiguous()  # [m, H, 1, 1]: the state's decay over the chunk
+        keep = last.exp()  # [H, m, 1]: the state's decay over the chunk
+        kd_t = (kc * (last - cum).exp()[..., None]).mT  # each key decayed to the chunk's end, [H, m, dk, c]
+        attn = (qc @ kc.mT) * decay
+        q_eff = qc * e_cum  # out = Q e^G S + A V'
+        u = vc
+        if bp is not None:
+            kb = kc * bp[:, n0:n1]
+            # I + the strict lower triangle: the solve reads nothing else (unit diagonal), so no masking
+            inv = torch.linalg.solve_triangular((kb @ kc.mT) * decay, eye.expand(h, m, c, c), upper=False, unitriangular=True)
+            u, w = inv @ (vc * bp[:, n0:n1]), inv @ (kb * e_cum)
         states = state.new_empty((m + 1, h, dk, dv))  # states[j]: entering chunk j
         states[0] = state
-        if bp is not None:
-            bc = bp[:, n0:n1, :, None]
-            kb = kc * bc
-            a = ((kb @ kc.transpose(-1, -2)) * decay).masked_fill(strict, 0.0)
-            eye = torch.eye(c, dtype=q.dtype, device=q.device).expand(h, m, c, c)
-            inv = torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True)
-            u = (inv @ (vc * bc)).transpose(0, 1).contiguous()  # [m, H, c, dv]
-            w = (inv @ (kb * cum.exp()[..., None])).transpose(0, 1).contiguous()  # [m, H, c, dk]
-            v_new = torch.empty_like(u)
-        else:
-            v_new = vc.transpose(0, 1).contiguous()
-            add = kd_t @ v_new  # the keys' writes do not depend on the state
-        # the sequential chain; unbind makes every chunk's views in one call (indexing costs ~1 us each)
-        sts, kds, keeps, vns = states.unbind(0), kd_t.unbind(0), keep.unbind(0), v_new.unbind(0)
-        us, ws, adds = (u.unbind(0), w.unbind(0), ()) if bp is not None else ((), (), add.unbind(0))
-        for j in range(m):
+        sts = states.unbind(0)
+        if two_step:  # V' = U - W S, then S = e^G S + Kd^T V': two multiply-adds a chunk, no dk x dk matrix
+            v_new = u.new_empty((m, h, c, dv))
+            vns, us, ws, kds, keeps = v_new.unbind(0), u.unbind(1), w.unbind(1), kd_t.unbind(1), keep[..., None].unbind(1)
+        else:  # S = M S + B with M = e^G I - Kd^T W, B = Kd^T U: one per chunk (a small state: per-op cost dominates)
+            adds = (kd_t @ u).unbind(1)
             if bp is not None:
+                step = -(kd_t @ w)
+                step.diagonal(dim1=-2, dim2=-1).add_(keep)
+                q_eff = q_eff - attn @ w  # out = (Q e^G - A W) S + A U
+                steps = step.unbind(1)
+            else:
+                steps = keep[..., None].unbind(1)
+        # the sequential chain (unbind makes every chunk's views in one call: indexing costs ~1 us each)
+        for j in range(m):
+            if two_step:
                 torch.baddbmm(us[j], ws[j], sts[j], alpha=-1.0, out=vns[j])  # v - what the state already predicts
                 torch.baddbmm(sts[j] * keeps[j], kds[j], vns[j], out=sts[j + 1])
+            elif bp is not None:
+                torch.baddbmm(adds[j], steps[j], sts[j], out=sts[j + 1])
             else:
-                torch.addcmul(adds[j], sts[j], keeps[j], out=sts[j + 1])
+                torch.addcmul(adds[j], sts[j], steps[j], out=sts[j + 1])
             end = first_pos + (n0 + j + 1) * c
             if end <= start + t:  # a real chunk boundary (a trailing padded chunk has none)
                 if rounded:
@@ -205,7 +241,7 @@ def linear_attention_chunked(
                 if checkpoint is not None and end == checkpoint_at:
                     checkpoint.append(sts[j + 1].to(state_dtype, copy=True))
         state = states[m].clone()
-        out[:, n0:n1] = (qc * cum.exp()[..., None]) @ states[:m].transpose(0, 1) + attn @ v_new.transpose(0, 1)
+        out[:, n0:n1] = q_eff @ states[:m].transpose(0, 1) + attn @ (v_new.transpose(0, 1) if two_step else u)
     return out.view(h, n_chunks * c, dv)[:, lead:lead + t], state
 
 

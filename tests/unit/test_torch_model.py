@@ -49,7 +49,8 @@ def cache_bytes_match_spec(model, cache: KVCache) -> None:
 
 @pytest.mark.parametrize("rule", ["delta", "decay"])
 @pytest.mark.parametrize("start", [0, 5])
-def test_chunkwise_linear_attention_equals_token_by_token_recurrence(rule: str, start: int) -> None:
+@pytest.mark.parametrize("chunk", [8, 4], ids=["one-step-chain", "two-step-chain"])  # key width 8 <= / > chunk
+def test_chunkwise_linear_attention_equals_token_by_token_recurrence(rule: str, start: int, chunk: int) -> None:
     gen = torch.Generator().manual_seed(3)
     h, t, dk, dv = 3, 37, 8, 5
     q = torch.nn.functional.normalize(torch.randn(h, t, dk, generator=gen), dim=-1)
@@ -58,8 +59,8 @@ def test_chunkwise_linear_attention_equals_token_by_token_recurrence(rule: str, 
     g = -torch.rand(h, t, generator=gen) * 0.5
     beta = torch.rand(h, t, generator=gen) if rule == "delta" else None
     s0 = torch.randn(h, dk, dv, generator=gen) * 0.1
-    o_c, s_c = linear_attention_chunked(q, k, v, g, beta, s0, start, 8, torch.float32)
-    o_r, s_r = linear_attention_recurrent(q, k, v, g, beta, s0, start, 8, torch.float32)
+    o_c, s_c = linear_attention_chunked(q, k, v, g, beta, s0, start, chunk, torch.float32)
+    o_r, s_r = linear_attention_recurrent(q, k, v, g, beta, s0, start, chunk, torch.float32)
     assert torch.allclose(o_c, o_r, atol=1e-4, rtol=0)
     assert torch.allclose(s_c, s_r, atol=1e-4, rtol=0)
     assert float(o_r.abs().max()) > 0.1  # not trivially zero
@@ -67,8 +68,9 @@ def test_chunkwise_linear_attention_equals_token_by_token_recurrence(rule: str, 
 
 @pytest.mark.parametrize("rule", ["delta", "decay"])
 @pytest.mark.parametrize("segment_elems", [1 << 22, 1], ids=["one-segment", "chunk-by-chunk"])
+@pytest.mark.parametrize("chunk", [8, 4], ids=["one-step-chain", "two-step-chain"])
 def test_chunkwise_form_with_bf16_state_rounds_where_the_recurrence_does_and_captures_the_checkpoint(
-        rule: str, segment_elems: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        rule: str, segment_elems: int, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The batched-chunk form rounds the state at the same absolute boundaries as the token-by-token
     reference (bf16 here, so a misplaced rounding shows), whether the chunks run as one segment or one by one."""
     import testbed.models.layers as layers
@@ -83,10 +85,10 @@ def test_chunkwise_form_with_bf16_state_rounds_where_the_recurrence_does_and_cap
     beta = torch.rand(h, t, generator=gen) if rule == "delta" else None
     s0 = (torch.randn(h, dk, dv, generator=gen) * 0.3).to(torch.bfloat16).float()
     saved: list[torch.Tensor] = []
-    o_c, s_c = linear_attention_chunked(q, k, v, g, beta, s0, start, 8, torch.bfloat16, 32, saved)
-    o_r, s_r = linear_attention_recurrent(q, k, v, g, beta, s0, start, 8, torch.bfloat16)
+    o_c, s_c = linear_attention_chunked(q, k, v, g, beta, s0, start, chunk, torch.bfloat16, 32, saved)
+    o_r, s_r = linear_attention_recurrent(q, k, v, g, beta, s0, start, chunk, torch.bfloat16)
     _, s_at = linear_attention_recurrent(q[:, :29], k[:, :29], v[:, :29], g[:, :29],
-                                         beta[:, :29] if beta is not None else None, s0, start, 8, torch.bfloat16)
+                                         beta[:, :29] if beta is not None else None, s0, start, chunk, torch.bfloat16)
     assert torch.allclose(o_c, o_r, atol=1e-2, rtol=0) and float((o_c - o_r).abs().mean()) < 1e-3
     assert torch.allclose(s_c, s_r, atol=1e-2, rtol=0)
     assert len(saved) == 1 and saved[0].dtype == torch.bfloat16  # position 32 = start + 29
@@ -112,12 +114,16 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: 
     (1, 50, 56, 7, None, 3, 12, 16),  # one decode query, v wider than q/k
     (1, 9, 56, 48, 9, 2, 8, 8),       # one decode query over a full window
 ], ids=["causal", "prefix", "window", "decode", "decode-window"])
-@pytest.mark.parametrize("block_elems", [1 << 22, 64], ids=["one-block", "small-blocks"])
-def test_fused_attention_equals_the_materialised_definition(case: tuple, block_elems: int,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("mode", ["default", "small-blocks", "masked-only"])
+def test_fused_attention_equals_the_materialised_definition(case: tuple, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every path of `attend` (one causal call, the prefix + own-part merge by log-sum-exp, masked query
+    blocks; masked-only: as on a device without the CPU flash kernel) against the definition."""
     import testbed.models.layers as layers
 
-    monkeypatch.setattr(layers, "_ATTN_BLOCK_ELEMS", block_elems)
+    if mode != "default":
+        monkeypatch.setattr(layers, "_ATTN_BLOCK_ELEMS", 64)
+    if mode == "masked-only":
+        monkeypatch.setattr(layers, "_FLASH_CPU", None)
     t, s, q_start, k_start, window, g, d, dv = case
     gen = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(t, 2, g, d, generator=gen), torch.randn(s, 2, d, generator=gen), torch.randn(s, 2, dv, generator=gen)
