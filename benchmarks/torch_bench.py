@@ -1,6 +1,7 @@
 """Torch-mode benchmark (issue 12): prefill with a cached prefix, and the slot for decode batching.
 
     python benchmarks/torch_bench.py [--quick] [--model kimi-linear-48b] [--repeats N] [--json FILE]
+                                     [--prefill-speed [--scenario NAME ...]]
 
 Targets (exit status 1 if one is missed):
 - **prefill with a cached prefix**: for the tiny and faithful variants, a prefill resumed from the
@@ -15,6 +16,11 @@ Targets (exit status 1 if one is missed):
 - **decode batching** (issue 12 item 2): continuous batching in the decode worker, measured through its own
   step (`TorchCompute.decode_step` over `DecodeSlot`s, one `HybridModel.decode_batch` pass per step), tiny
   variant, context 256, batches 1/2/4/8: TPOT against batch, and tokens/s at batch 8 >= 4x batch 1.
+
+- **prefill speed** (`--prefill-speed`, informational): the tiny paper-1t-hybrid prefill (the quick
+  scenario's model) against length, fitted ``T(L) = a L + b L^2``, and each `--scenario`'s own requests
+  (its seed and duration, as `prfaas run` draws them) costed with the fit: prompt tokens/s offered
+  against what one core and the host's cores can prefill, and the cores the workload needs.
 
 Full variant: prompt 2,048 tokens, 512-token blocks (the worker's), both variants. `--quick`: tiny 1,024
 tokens with 256-token blocks, faithful 512 tokens with 128-token blocks (blocks stay multiples of the
