@@ -643,7 +643,10 @@ class Router:
             truth, cap = self.truth.kv_available_bps, self.truth.capacity_bps
         self.log.add("signals", now_s, signals=st["signals"], kv_available_bps=st["kv_available_bps"] or None,
                      truth_kv_available_bps=truth, wan_capacity_bps=cap, queueing_delay_ms=st.get("queueing_delay_ms"),
-                     committed_bytes=st.get("committed_bytes"), backlogged=st.get("backlogged"))
+                     committed_bytes=st.get("committed_bytes"), backlogged=st.get("backlogged"),
+                     estimate_evidence=st.get("estimate_evidence"), estimate_age_s=st.get("estimate_age_s"),
+                     estimate_sample_bps=st.get("estimate_sample_bps"), rtt_ms=st.get("rtt_ms"),
+                     rtt_floor_ms=st.get("rtt_floor_ms"))
 
     # -- views
     def state(self) -> dict[str, Any]:

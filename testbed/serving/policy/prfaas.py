@@ -3,6 +3,8 @@ optional long-term role flips of PD hosts (docs/router.md)."""
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from testbed import clock
@@ -43,7 +45,10 @@ class PrfaasPolicy(ThresholdPolicy):
             return {"signals": self.spec.signals, "kv_available_bps": ctl.kv_capacity_bps,
                     "congestion_events_per_s": ctl.congestion_events_per_s, "bandwidth_scarce": float(ctl.bandwidth_scarce()),
                     "committed_bytes": ctl.committed_bytes, "queueing_delay_ms": e.queue_delay_ms if e else None,
-                    "backlogged": e.backlogged if e else None}
+                    "backlogged": e.backlogged if e else None, "estimate_evidence": e.evidence if e else None,
+                    "estimate_age_s": e.age_s if e and math.isfinite(e.age_s) else None,
+                    "estimate_sample_bps": e.sample_bps if e else None, "rtt_ms": e.rtt_ms if e else None,
+                    "rtt_floor_ms": e.rtt_floor_ms if e else None}
 
     def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
         self.controller.note_arrival(now_s, uncached_prfaas, local_len)

@@ -118,7 +118,7 @@ class PolicySpec:
                 "drain_horizon": f"{c.drain_horizon_s}s", "prefill_prior": f"{c.prefill_prior_s}s",
             },
             "estimator": {
-                "window": f"{e.window_s}s", "queue_delay": f"{e.queue_delay_ms}ms", "queue_delay_fraction": e.queue_delay_fraction,
+                "queue_delay": f"{e.queue_delay_ms}ms", "queue_delay_fraction": e.queue_delay_fraction,
                 "probe_tau": f"{e.probe_tau_s}s", "rtt_window": f"{e.rtt_window_s}s",
             },
             "role_flip": {
@@ -187,7 +187,6 @@ def _parse_role_flip(f: Fields) -> RoleFlipSpec:
 def _parse_estimator(f: Fields) -> EstimatorSpec:
     d = EstimatorSpec()
     e = EstimatorSpec(
-        window_s=f.get("window", _duration, d.window_s),
         queue_delay_ms=f.get("queue_delay", lambda v: 1000.0 * units.parse_duration_s(v, allow_zero=True), d.queue_delay_ms),
         queue_delay_fraction=f.get("queue_delay_fraction", units.parse_fraction, d.queue_delay_fraction),
         probe_tau_s=f.get("probe_tau", _duration, d.probe_tau_s),
