@@ -243,6 +243,7 @@ def test_a_prfaas_run_with_observed_signals_records_its_mode_its_estimate_and_th
     belief = pd.to_numeric(sig["kv_available_bps"], errors="coerce").dropna()
     assert len(belief) and (belief <= sc.wan.prfaas_to_pd.rate_bps + 1).all()
     assert pd.to_numeric(sig["truth_kv_available_bps"], errors="coerce").notna().sum() > 10
+    assert set(sig["estimate_evidence"].dropna()) <= {"saturated", "headroom", "none"} and sig["estimate_evidence"].notna().any()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["signals"] == "observed" and summary["estimator"]["signals"] == "observed"
     assert summary["estimator"]["samples"] > 10
