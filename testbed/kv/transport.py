@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CONNECTIONS = 4  # measured: docs/kv.md "Choosing N"
 DEFAULT_MAX_QUEUED_BYTES = 32 << 20
 DEFAULT_NOTSENT_LOWAT_BYTES = 4 << 20  # per connection: unsent bytes the kernel may hold (docs/kv.md)
+MIN_NOTSENT_LOWAT_BYTES = 64 << 10  # the rate-scaled budget (`notsent_s`) never goes below this
 IOV_MAX_FRAMES = 64
 TCP_INFO_LEN = 232
 
@@ -64,6 +65,9 @@ class TcpSample:
     min_rtt_us: int = 0
     unacked_bytes: int = 0  # segments sent and not yet acknowledged x MSS: in flight
     app_limited: bool = False  # the kernel's delivery-rate sample was limited by the sender, not the path
+    ca_state: int = 0  # congestion-avoidance state: 0 open, 1 disorder, 2 CWR, 3 recovery, 4 loss (after an RTO)
+    backoff: int = 0  # RTO back-offs of the segment now timing out (0: none)
+    lost_segments: int = 0  # segments the kernel counts as lost and not yet retransmitted
 
 
 def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
@@ -75,6 +79,8 @@ def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
     if len(raw) < 168:
         return None
     app_limited = bool(raw[7] & 1)  # tcpi_delivery_rate_app_limited: the bitfield byte after the wscales
+    ca_state, backoff = raw[1], raw[4]
+    (lost,) = struct.unpack_from("<I", raw, 32)
     (snd_mss,) = struct.unpack_from("<I", raw, 16)
     (unacked,) = struct.unpack_from("<I", raw, 24)
     rtt_us, _, _, cwnd = struct.unpack_from("<IIII", raw, 68)
@@ -83,7 +89,7 @@ def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
     notsent, min_rtt_us = struct.unpack_from("<II", raw, 144)
     (delivery_rate,) = struct.unpack_from("<Q", raw, 160)
     return TcpSample(now_s(), connection, rtt_us, cwnd, total_retrans, bytes_acked, notsent, 8.0 * delivery_rate,
-                     min_rtt_us, unacked * snd_mss, app_limited)
+                     min_rtt_us, unacked * snd_mss, app_limited, ca_state, backoff, lost)
 
 
 def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
@@ -127,6 +133,7 @@ class _Connection:
         self.index = index
         self.sock = sock
         self.sent_bytes = 0
+        self.notsent_lowat_bytes = 0  # the TCP_NOTSENT_LOWAT now set (0: none)
         self.threads: list[threading.Thread] = []
 
 
@@ -138,7 +145,7 @@ class KVSender(KVSendConnector):
                  connect_timeout_s: float = 10.0, ack_timeout_s: float = 300.0,
                  sample_interval_s: float = 0.1, on_sample: Callable[[TcpSample], None] | None = None,
                  notsent_lowat_bytes: int | None = DEFAULT_NOTSENT_LOWAT_BYTES,
-                 congestion_control: str | None = None) -> None:
+                 congestion_control: str | None = None, notsent_s: float | None = None) -> None:
         if connections < 1:
             raise ValueError(f"connections: must be >= 1, got {connections}")
         self.host, self.port = host, port
@@ -147,6 +154,8 @@ class KVSender(KVSendConnector):
         self.ack_timeout_s = ack_timeout_s
         self.sample_interval_s = sample_interval_s
         self.on_sample = on_sample
+        self.notsent_s = notsent_s if notsent_lowat_bytes else None
+        self.max_notsent_lowat_bytes = notsent_lowat_bytes or 0
         self._cond = threading.Condition()
         self._queued_bytes = 0  # queued + being written: what max_queued_bytes bounds
         self._queue: deque[_Outgoing] = deque()
@@ -164,9 +173,10 @@ class KVSender(KVSendConnector):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if congestion_control:  # e.g. "cubic" or "bbr"; default: the namespace's sysctl
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion_control.encode())
+                c = _Connection(i, sock)
                 if notsent_lowat_bytes:
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, notsent_lowat_bytes)
-                self._conns.append(_Connection(i, sock))
+                    self._set_lowat(c, notsent_lowat_bytes)
+                self._conns.append(c)
         except OSError as e:
             for c in self._conns:
                 c.sock.close()
@@ -353,7 +363,10 @@ class KVSender(KVSendConnector):
                     return
                 batch = [self._queue.popleft()]  # pull: a connection takes work only when it can send
                 size = batch[0].nbytes
-                while self._queue and size + self._queue[0].nbytes <= self.chunk_bytes and len(batch) < IOV_MAX_FRAMES:
+                # with `notsent_s` a batch is also held to the connection's unsent budget: a frame popped here
+                # is committed to this connection as surely as one in its socket
+                limit = min(self.chunk_bytes, c.notsent_lowat_bytes) if self.notsent_s else self.chunk_bytes
+                while self._queue and size + self._queue[0].nbytes <= limit and len(batch) < IOV_MAX_FRAMES:
                     size += self._queue[0].nbytes
                     batch.append(self._queue.popleft())
             try:
@@ -387,11 +400,33 @@ class KVSender(KVSendConnector):
             if not self._closed:
                 self._fail(str(e))
 
+    def _set_lowat(self, c: _Connection, nbytes: int) -> None:
+        try:
+            c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, nbytes)
+        except OSError:  # closing
+            return
+        c.notsent_lowat_bytes = nbytes
+
+    def _rescale_lowat(self, c: _Connection, s: TcpSample) -> None:
+        """`notsent_s`: let a connection hold only that long of its own delivery rate unsent, so a
+        connection slowed by loss does not hoard the frames that decide when a transfer completes while
+        the others run dry (docs/kv.md "Transport under loss"). Changed only when off by more than 25%."""
+        if not self.notsent_s or s.delivery_rate_bps <= 0:
+            return
+        want = int(min(max(s.delivery_rate_bps / 8 * self.notsent_s, MIN_NOTSENT_LOWAT_BYTES), self.max_notsent_lowat_bytes))
+        if abs(want - c.notsent_lowat_bytes) > 0.25 * c.notsent_lowat_bytes:
+            self._set_lowat(c, want)
+
+    def notsent_lowat_by_connection(self) -> list[int]:
+        """The TCP_NOTSENT_LOWAT each connection has now (bytes; 0: none)."""
+        return [c.notsent_lowat_bytes for c in self._conns]
+
     def _sample_loop(self) -> None:
         while not self._closed:
             for c in self._conns:
                 s = tcp_info(c.sock, c.index)
                 if s is not None:
+                    self._rescale_lowat(c, s)
                     self.samples.append(s)
                     if self.on_sample is not None:
                         self.on_sample(s)

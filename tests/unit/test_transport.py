@@ -331,6 +331,8 @@ def test_tcp_info_is_sampled_into_telemetry_and_the_congestion_signal(receiver: 
     assert acked == sorted(acked) and acked[-1] > acked[0]
     assert c["goodput_bps"] > 0 and c["rtt_ms"] > 0 and c["cwnd"] >= 2
     assert 0 < c["min_rtt_ms"] <= c["rtt_ms"] + 1e-3 and c["inflight_bytes"] >= 0
+    # loopback loses nothing: every sample is in the open state, never backed off, nothing counted lost
+    assert {(s.ca_state, s.backoff, s.lost_segments) for s in seen} == {(0, 0, 0)}
 
 
 def test_the_path_rate_is_reported_while_the_sender_has_work_and_zero_when_idle(receiver: tuple[KVReceiver, Results]) -> None:
@@ -355,3 +357,28 @@ def test_the_path_rate_is_reported_while_the_sender_has_work_and_zero_when_idle(
         time.sleep(0.1)
         idle = tx.congestion()
     assert max(rates) > 0 and idle["path_rate_bps"] == 0.0
+
+
+def test_notsent_s_scales_each_connections_unsent_budget_to_its_own_rate(receiver: tuple[KVReceiver, Results]) -> None:
+    """`notsent_s`: a connection may hold that long of its own delivery rate unsent (64 KiB .. the cap),
+    set in the kernel, changed only when off by more than 25%; a transfer still arrives bit-identical."""
+    from testbed.kv.transport import MIN_NOTSENT_LOWAT_BYTES, TcpSample
+
+    rx, results = receiver
+    with KVSender(LOOPBACK, rx.port, connections=2, sample_interval_s=60.0, notsent_lowat_bytes=4 << 20, notsent_s=0.02) as tx:
+        assert tx.notsent_lowat_by_connection() == [4 << 20, 4 << 20]  # the cap until a rate is known
+        c0 = tx._conns[0]
+
+        def at(rate_bps: float) -> int:
+            tx._rescale_lowat(c0, TcpSample(0.0, 0, 20000, 10, 0, 0, 0, rate_bps))
+            kernel = c0.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)
+            assert kernel == c0.notsent_lowat_bytes
+            return kernel
+
+        assert at(8e6) == MIN_NOTSENT_LOWAT_BYTES  # 8 Mbps x 20 ms = 20 kB: the floor (a CUBIC flow at 1% loss)
+        assert at(400e6) == 1_000_000  # 400 Mbps x 20 ms
+        assert at(440e6) == 1_000_000  # within 25%: unchanged
+        assert at(10e9) == 4 << 20  # capped
+        assert tx.notsent_lowat_by_connection()[1] == 4 << 20  # per connection
+        stats = tx.send_cache(_cache("req-n"))
+    assert stats.ok and results.wait("req-n").ok
