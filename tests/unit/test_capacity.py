@@ -137,3 +137,10 @@ def test_a_run_is_decisive_when_the_binomial_interval_of_its_good_fraction_clear
 def test_a_run_that_fails_only_on_its_growing_queue_is_marginal():
     v = capacity.judge({"good_fraction": 0.99, "queue": {"growing": True}, "requests_total": 100}, 1.0, 1)
     assert not v.passed and not v.decisive  # SLOs hold, the queue grows: at the edge
+
+
+def test_a_bracket_one_rounding_wider_than_the_tolerance_is_closed():
+    # 4.234 fails, 4.234 / 1.15^2 rounds to 3.201 and passes, the midpoint 3.681 passes: 15.02% wide
+    evaluate, calls = graded_curve(3.8, marginal_below=1.0)
+    res = capacity.search(evaluate, 4.233622, repetitions=2, rel_tol=0.15, max_probes=8)  # the quick model
+    assert [r for r, _ in calls] == [4.234, 3.201, 3.681] and res.ci == (3.681, 4.234)
