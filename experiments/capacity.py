@@ -29,9 +29,11 @@ from typing import Any, Callable, Sequence
 
 GOOD_FRACTION = 0.9
 MIN_REQUESTS = 20
-# Rates are rounded to 4 significant digits (they name run directories), which moves a bracket's
-# relative width by up to ~1e-3; a bracket that close to the tolerance is within it (3.201 .. 4.234 is
-# 15.02% wide for a 15% tolerance: without this, one more run).
+# A bracket wider than the tolerance by less than this share of it is closed: floating-point noise
+# (a (1 + tol)^2 bracket bisected at its geometric midpoint is exactly tol wide, give or take 1e-16).
+# Rates rounded to 4 digits (they name run directories) can leave a bracket wider than that, e.g.
+# 3.201 .. 3.681 .. 4.234 is 15.02% for a 15% tolerance: it is bisected once more (a tighter interval for
+# one more run; the reproduction in docs/analysis.md ran with this rule).
 ROUNDING = 1e-3
 
 
@@ -185,7 +187,7 @@ def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 2, rel_to
             probe(max(probes) * (1 + rel_tol) ** 2, 1)
         elif lo <= 0:  # ... or the highest passing rate: the edge is lower
             probe(min(probes) / (1 + rel_tol) ** 2, 1)
-        elif (hi - lo) / lo > rel_tol + ROUNDING:
+        elif (hi - lo) / lo > rel_tol * (1 + ROUNDING):
             probe(math.sqrt(lo * hi), 1)
         else:
             ends = [x for x in (lo, hi) if len(probes[x].runs) < repetitions and not probes[x].settled]

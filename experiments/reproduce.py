@@ -38,9 +38,11 @@ QUICK = ["duration=45s", "workload.output=128", "serving.timeouts.startup=180s",
 FULL = ["duration=150s"]
 # The search per configuration (docs/experiments.md, "Reproducing the case study").
 SEARCH = {True: {"rel_tol": 0.15, "max_probes": 5}, False: {"rel_tol": 0.08, "max_probes": 7}}
-# Planning figure: a run costs its duration plus this (measured: start-up ~5 s, drain after the last
-# arrival up to the TTFT tail + the answer, ~15 s, teardown and summary ~5 s; 57 s for a 30-s run).
+# Planning figure: a run costs its duration + RUN_OVERHEAD_S + its answer's decode time (start-up of
+# 13 workers ~5 s, the drain after the last arrival: the TTFT tail + the answer, teardown and summary).
+# Measured on the 2-core VM: 14 runs of 45 s with 128-token answers took 61-92 s, mean 75.3 s.
 RUN_OVERHEAD_S = 27.0
+DECODE_STEP_S = 0.026  # measured TPOT p90 25.6-25.7 ms
 
 
 def _counts(n_prfaas: int, n_p: int, n_d: int) -> list[str]:
@@ -77,7 +79,7 @@ def planned_wall_s(sc: Any, quick: bool, configurations: int) -> dict[str, float
     """What the reproduction should cost: per configuration 3 runs when the model's Lambda_max is within
     one bracketing step of the edge (2 rates + 1 bisection, every run decisive), 5 when each end of the
     bracket needs its repetition; failing runs stop early, so this is an upper figure for them."""
-    run_s = float(sc.duration_s) + RUN_OVERHEAD_S
+    run_s = float(sc.duration_s) + RUN_OVERHEAD_S + DECODE_STEP_S * float(sc.section("workload").output.mean())
     return {"run_s": run_s, "best_s": 3 * configurations * run_s, "typical_s": 4 * configurations * run_s,
             "worst_s": (SEARCH[quick]["max_probes"] + 2) * configurations * run_s}
 

@@ -139,8 +139,11 @@ def test_a_run_that_fails_only_on_its_growing_queue_is_marginal():
     assert not v.passed and not v.decisive  # SLOs hold, the queue grows: at the edge
 
 
-def test_a_bracket_one_rounding_wider_than_the_tolerance_is_closed():
-    # 4.234 fails, 4.234 / 1.15^2 rounds to 3.201 and passes, the midpoint 3.681 passes: 15.02% wide
+def test_a_bracket_exactly_the_tolerance_wide_is_closed_and_one_rounding_wider_is_bisected_again():
+    evaluate, calls = graded_curve(2.5, marginal_below=1.0)
+    capacity.search(evaluate, 2.7, repetitions=2, rel_tol=0.15, max_probes=8)  # 2.7 / 1.15^2, then 2.7 / 1.15
+    assert len(calls) == 3
+    # the quick model's start: 4.2336 fails, 3.201 passes, the midpoint 3.681 passes: 15.02% wide
     evaluate, calls = graded_curve(3.8, marginal_below=1.0)
-    res = capacity.search(evaluate, 4.233622, repetitions=2, rel_tol=0.15, max_probes=8)  # the quick model
-    assert [r for r, _ in calls] == [4.234, 3.201, 3.681] and res.ci == (3.681, 4.234)
+    res = capacity.search(evaluate, 4.233622, repetitions=2, rel_tol=0.15, max_probes=8)
+    assert [r for r, _ in calls] == [4.234, 3.201, 3.681, 3.948] and res.ci == (3.681, 3.948)
