@@ -114,6 +114,23 @@ def measure_udp_loss(net: Any, src: str, dst: str, *, datagrams: int = 20000, ra
     return int(s["lost_packets"]), int(s["packets"])
 
 
+def measure_udp_reordering(net: Any, src: str, dst: str, *, datagrams: int = 2000, rate_bps: float = 10e6,
+                           size_bytes: int = 1000, port: int = IPERF_PORT) -> tuple[int, int]:
+    """(out of order, received) of a UDP burst that flows from `dst` to `src`, as its receiver counts them.
+
+    iperf3 counts out-of-order datagrams only at the receiver and does not send that count back: the
+    client's JSON of a normal (client -> server) test says 0 whatever happened (its streams are marked
+    `"sender": true`; `end.sum` has no such field at all). So the burst runs reversed (-R): the client
+    in `src` receives, and its own per-stream counters are the receiver's.
+    """
+    args = ["-u", "-R", "-b", f"{int(rate_bps)}", "-l", str(size_bytes), "-k", str(datagrams), "-w", "4M"]
+    streams = _iperf(net, src, dst, args, 3 * datagrams * size_bytes * 8 / rate_bps + 30, port)["end"]["streams"]
+    if not streams or any(st["udp"].get("sender", True) for st in streams):
+        raise HostError(f"iperf3 from {src} to {dst}: no receiver-side UDP counters in its report")
+    return (sum(int(st["udp"]["out_of_order"]) for st in streams),
+            sum(int(st["udp"]["packets"]) - int(st["udp"]["lost_packets"]) for st in streams))
+
+
 @dataclass(frozen=True)
 class DirectionCalibration:
     direction: str

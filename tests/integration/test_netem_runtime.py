@@ -8,10 +8,11 @@ them; bounds are loose sanity bounds (benchmarks/netem_guest_bench.py has the ti
 """
 
 import re
+from dataclasses import replace
 
 import pytest
 
-from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss
+from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss, measure_udp_reordering
 from testbed.net.emulation import Network
 from testbed.net.schedule import ScheduleAction
 from testbed.scenario import LossSpec
@@ -19,6 +20,7 @@ from testbed.sections import parse_scenario
 
 pytestmark = pytest.mark.netem
 SRC, DST, DIR = "prfaas-p0", "pd-d0", "prfaas_to_pd"
+BACK = "pd_to_prfaas"  # the direction of a reversed (-R) iperf3 burst from SRC
 WIRE_BPS = 50e6
 
 
@@ -92,3 +94,18 @@ def test_link_down_and_up_with_netem(net):
     finally:
         net.wan.apply(ScheduleAction(0, 8, dirs, "up"))
     assert net.run(SRC, ["ping", "-c", "2", "-i", "0.1", net.host_ip(DST)]).returncode == 0
+
+
+def test_jitter_keeps_packets_in_order_unless_reorder_is_asked_for(net):
+    """Jitter (5 ms, normal) on the PD -> PrfaaS direction, a 10 Mbit/s UDP burst through it (0.8 ms apart)."""
+    base = net.wan.current[BACK]
+    try:
+        with IperfServer(net, DST, port=5302):
+            net.wan.set_direction(BACK, replace(base, jitter_s=0.005, jitter_distribution="normal"))
+            in_order = measure_udp_reordering(net, SRC, DST, datagrams=1500, port=5302)
+            net.wan.set_direction(BACK, replace(base, jitter_s=0.005, jitter_distribution="normal", reorder=True))
+            reordered = measure_udp_reordering(net, SRC, DST, datagrams=1500, port=5302)
+    finally:
+        net.wan.set_direction(BACK, base)
+    assert in_order[1] >= 1400 and in_order[0] == 0, in_order
+    assert reordered[1] >= 1400 and reordered[0] >= 50, reordered  # +-5 ms jitter at 0.8 ms spacing: many overtake
