@@ -1,9 +1,14 @@
 """netem: delay, jitter, loss in the kernel, where the kernel has `sch_netem`.
 
 `plan_netem` is pure (unit-tested everywhere); `netem_tc_argv` turns the plan into the `tc` command
-that hangs netem under the HTB class of `testbed.net.shaping` (handle 10:, parent 1:10), replacing the
-bfifo leaf. `tc` is used here, not pyroute2, because pyroute2's netem module cannot express delay
-distributions, the Gilbert-Elliott loss model or netem's `rate` (all needed here).
+that makes netem the root qdisc of the WAN egress (handle 2:); the shaper of `testbed.net.shaping`
+(HTB or TBF, handle 1:, with its bfifo queue) hangs below it, at netem's class 2:1 (`SHAPER_PARENT`).
+A packet is delayed (and maybe lost) first, then queued and sent at the wire rate: the scenario's
+queue is the bfifo's byte limit, as with the delay line, and queueing adds to the delay. (With netem
+as HTB's leaf, netem's tfifo was the queue: 1000 packets or more, GSO packets counted as one, and a
+queued packet waited max(delay, queueing) instead of their sum.) `tc` is used here, not pyroute2,
+because pyroute2's netem module cannot express delay distributions, the Gilbert-Elliott loss model or
+netem's `rate` (all needed here).
 
 In-order jitter: netem's tfifo sorts packets by their send time, so plain jitter reorders. When
 `reorder` is false and there is jitter, the plan sets netem's own `rate` to the wire rate: netem then
@@ -15,8 +20,9 @@ leaves out, so every option is always given (`rate 0bit` switches netem's rate o
 be given is "no table": going from a distribution table (normal, pareto, ...) back to uniform jitter
 re-creates the qdisc (`needs_recreate`), losing what it held at that moment.
 
-Queue: netem's `limit` is in packets and must hold every packet in flight over the delay plus the
-scenario's queue, so limit = (rate x (delay + 4 jitter) + queue bytes) / MTU, at least 1000.
+Limit: netem's `limit` is in packets and must hold every packet being delayed, so that it is never
+what drops: limit = (rate x (delay + 4 jitter) + queue bytes) / MTU, at least 1000 (the queue bytes
+are a margin: the queue itself is the shaper's bfifo, below netem).
 
 `netem_available()` asks the kernel: it tries to add a netem qdisc to `lo` inside a throwaway network
 namespace (`unshare --net`), which disappears with the process.
@@ -30,10 +36,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from testbed.net.shaping import CLASS_HANDLE, LEAF_HANDLE, MTU_BYTES, ShapingPlan
+from testbed.net.shaping import MTU_BYTES, ShapingPlan
 from testbed.scenario import LinkDirectionSpec, LossSpec
 
 MIN_LIMIT_PACKETS = 1000
+NETEM_HANDLE = "2:"  # netem, the root qdisc of the WAN egress
+SHAPER_PARENT = 0x20001  # 2:1, netem's class: where the shaper (handle 1:) hangs
 
 
 @dataclass(frozen=True)
@@ -97,11 +105,9 @@ def needs_recreate(loaded_table: str | None, new: NetemPlan) -> bool:
     return loaded_table is not None and new.jitter_s > 0 and new.table is None
 
 
-def netem_tc_argv(ifname: str, plan: NetemPlan, *, command: str = "replace") -> list[str]:
-    """``tc qdisc replace dev IF parent 1:10 handle 10: netem ...`` (netem as the HTB class's leaf)."""
-    parent = f"{CLASS_HANDLE >> 16:x}:{CLASS_HANDLE & 0xFFFF:x}"
-    handle = f"{LEAF_HANDLE >> 16:x}:"
-    return ["tc", "qdisc", command, "dev", ifname, "parent", parent, "handle", handle, "netem", *plan.tc_options()]
+def netem_tc_argv(ifname: str, plan: NetemPlan, *, command: str = "add") -> list[str]:
+    """``tc qdisc add|change dev IF root handle 2: netem ...`` (netem as the root, the shaper below it)."""
+    return ["tc", "qdisc", command, "dev", ifname, "root", "handle", NETEM_HANDLE, "netem", *plan.tc_options()]
 
 
 @functools.lru_cache(maxsize=1)

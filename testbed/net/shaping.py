@@ -3,7 +3,7 @@
 `plan_shaping` turns a `LinkDirectionSpec` + scale into a `ShapingPlan` (wire rate, burst, queue limit),
 with no side effects so it is unit-tested. `apply_plan` / `update_plan` put the plan on an interface of
 a Mininet host through an `IPRoute` bound to that host's network namespace, and `read_qdisc_stats`
-reads the root qdisc's counters back for telemetry.
+reads the shaper qdisc's counters (handle 1:) back for telemetry.
 
 Why these numbers (docs/network.md has the measurements):
 - burst = 1 ms worth of the wire rate, but at least two 64 KiB GSO super-packets: a burst below one
@@ -11,6 +11,8 @@ Why these numbers (docs/network.md has the measurements):
 - queue = the scenario's limit (bytes, packets x MTU or a multiple of the BDP), at least one GSO packet.
 - HTB: one class (1:10, default) with rate = ceil and a bfifo leaf (10:) holding the queue limit;
   quantum 200000 (the kernel's "big quantum" bound) so r2q never matters.
+- The shaper (HTB 1: or TBF 1:) is the interface's root qdisc, or, with the netem backend, the child
+  of netem's class (`parent`): delay first, then the rate and the queue, as with the delay line.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ TBF_MAX_RATE_BPS = 8 * (2**32 - 1)  # pyroute2's TBF has no 64-bit rate attribut
 # pyroute2 ships no bfifo module; bfifo's options are pfifo's (struct tc_fifo_qopt { u32 limit; }).
 _tc_plugins.setdefault("bfifo", _tc_plugins["pfifo"])
 
-ROOT_HANDLE = 0x10000  # 1:
+IFACE_ROOT = 0xFFFFFFFF  # TC_H_ROOT: the interface's root qdisc
+ROOT_HANDLE = 0x10000  # 1: (the shaper's own qdisc, wherever it hangs)
 CLASS_HANDLE = 0x10010  # 1:10
 LEAF_HANDLE = 0x100000  # 10:
 
@@ -81,42 +84,43 @@ def with_rate(plan: ShapingPlan, direction: LinkDirectionSpec, *, scale: Scale |
 # ------------------------------------------------------------------------------------- netlink requests
 
 
-def netlink_requests(plan: ShapingPlan, *, leaf: bool = True) -> list[tuple[str, str, int, dict[str, Any]]]:
+def netlink_requests(plan: ShapingPlan, *, parent: int = IFACE_ROOT) -> list[tuple[str, str, int, dict[str, Any]]]:
     """The pyroute2 ``tc(command, kind, handle, **kwargs)`` calls that install the plan (ifindex added later).
 
-    With ``leaf=False`` the HTB class gets no bfifo: the netem backend puts netem there instead.
+    `parent`: where the shaper hangs: the interface's root, or netem's class (the netem backend).
     """
     rate_Bps = int(plan.rate_bps / 8)
+    at = {} if parent == IFACE_ROOT else {"parent": parent}
     if plan.shaper == "tbf":
-        return [("add", "tbf", ROOT_HANDLE, {"rate": rate_Bps, "burst": plan.burst_bytes, "limit": plan.queue_bytes})]
-    reqs: list[tuple[str, str, int, dict[str, Any]]] = [
-        ("add", "htb", ROOT_HANDLE, {"default": 0x10, "r2q": 1000}),
+        return [("add", "tbf", ROOT_HANDLE, {**at, "rate": rate_Bps, "burst": plan.burst_bytes, "limit": plan.queue_bytes})]
+    return [
+        ("add", "htb", ROOT_HANDLE, {**at, "default": 0x10, "r2q": 1000}),
         ("add-class", "htb", CLASS_HANDLE, {"parent": ROOT_HANDLE, "rate": rate_Bps, "ceil": rate_Bps, "burst": plan.burst_bytes, "cburst": plan.burst_bytes, "quantum": HTB_QUANTUM_BYTES}),
+        ("add", "bfifo", LEAF_HANDLE, {"parent": CLASS_HANDLE, "limit": plan.queue_bytes}),
     ]
-    if leaf:
-        reqs.append(("add", "bfifo", LEAF_HANDLE, {"parent": CLASS_HANDLE, "limit": plan.queue_bytes}))
-    return reqs
 
 
-def update_requests(plan: ShapingPlan, *, leaf: bool = True) -> list[tuple[str, str, int, dict[str, Any]]]:
+def update_requests(plan: ShapingPlan, *, parent: int = IFACE_ROOT) -> list[tuple[str, str, int, dict[str, Any]]]:
     """The calls that change a running plan in place (no packets lost, no qdisc re-created)."""
     out = []
-    for cmd, kind, handle, kw in netlink_requests(plan, leaf=leaf):
+    for cmd, kind, handle, kw in netlink_requests(plan, parent=parent):
         if kind == "htb" and cmd == "add":
             continue  # the root keeps its parameters
         out.append(({"add": "replace" if kind == "bfifo" else "change", "add-class": "change-class"}[cmd], kind, handle, kw))
     return out
 
 
-def apply_plan(ipr: Any, ifindex: int, plan: ShapingPlan, *, leaf: bool = True) -> None:
-    """Replace whatever root qdisc the interface had with the plan. `ipr` is a pyroute2 IPRoute."""
-    clear_root(ipr, ifindex)
-    for cmd, kind, handle, kw in netlink_requests(plan, leaf=leaf):
+def apply_plan(ipr: Any, ifindex: int, plan: ShapingPlan, *, parent: int = IFACE_ROOT) -> None:
+    """Install the plan. At the root it replaces whatever root qdisc the interface had; under a parent
+    (netem's class) that parent must exist. `ipr` is a pyroute2 IPRoute."""
+    if parent == IFACE_ROOT:
+        clear_root(ipr, ifindex)
+    for cmd, kind, handle, kw in netlink_requests(plan, parent=parent):
         ipr.tc(cmd, kind, ifindex, handle, **kw)
 
 
-def update_plan(ipr: Any, ifindex: int, plan: ShapingPlan, *, leaf: bool = True) -> None:
-    for cmd, kind, handle, kw in update_requests(plan, leaf=leaf):
+def update_plan(ipr: Any, ifindex: int, plan: ShapingPlan, *, parent: int = IFACE_ROOT) -> None:
+    for cmd, kind, handle, kw in update_requests(plan, parent=parent):
         ipr.tc(cmd, kind, ifindex, handle, **kw)
 
 
@@ -132,7 +136,8 @@ def clear_root(ipr: Any, ifindex: int) -> None:
 
 @dataclass(frozen=True)
 class QdiscStats:
-    """Counters of the root qdisc: what left the interface (bytes, packets) and what the queue holds."""
+    """Counters of the shaper's qdisc (handle 1:, the root unless netem sits above it): what left the
+    interface (bytes, packets) and what the queue holds (netem's packets in flight are not in it)."""
 
     tx_bytes: int
     tx_packets: int
@@ -144,7 +149,7 @@ class QdiscStats:
 
 def read_qdisc_stats(ipr: Any, ifindex: int) -> QdiscStats:
     for msg in ipr.get_qdiscs(index=ifindex):
-        if msg.get("parent") != 0xFFFFFFFF:
+        if msg.get("handle") != ROOT_HANDLE:
             continue
         stats2 = msg.get_attr("TCA_STATS2")
         basic = stats2.get_attr("TCA_STATS_BASIC") if stats2 else None

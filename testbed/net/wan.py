@@ -7,7 +7,8 @@ actions to them. Path of a packet from prfaas to pd with the delay line backend:
     prfaas host -> prfaas-gw FORWARD (NFQUEUE: delay, jitter, loss) -> HTB on prfaas-gw-wan (rate, queue)
     -> veth -> pd-gw -> pd host
 
-With netem: the same HTB, with netem as the class's leaf instead of the bfifo.
+With netem: netem (delay, jitter, loss) is the egress's root qdisc and the same HTB/TBF and bfifo hang
+below it (`netem.SHAPER_PARENT`): delay, then rate and queue.
 A link `down` inserts an iptables-legacy DROP rule for the WAN egress in the gateway's namespace
 (routes stay in place, so the link comes back exactly as it was).
 """
@@ -69,7 +70,7 @@ class DirectionEmulator(Protocol):
 class _Shaped:
     """The part both backends share: an HTB/TBF plan on the egress, kept in step with the spec."""
 
-    leaf = True
+    parent = shaping.IFACE_ROOT  # where the shaper hangs
 
     def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, shaper: str, scale: Scale, rtt_s: float) -> None:
         from pyroute2 import IPRoute
@@ -82,12 +83,12 @@ class _Shaped:
 
     def _shape(self) -> None:
         with self.lock:
-            shaping.apply_plan(self.ipr, self.ifindex, self.plan, leaf=self.leaf)
+            shaping.apply_plan(self.ipr, self.ifindex, self.plan, parent=self.parent)
 
     def _reshape(self, spec: LinkDirectionSpec) -> None:
         new = shaping.with_rate(self.plan, spec, scale=self.scale, rtt_s=self.rtt_s)
         with self.lock:
-            shaping.update_plan(self.ipr, self.ifindex, new, leaf=self.leaf)
+            shaping.update_plan(self.ipr, self.ifindex, new, parent=self.parent)
         self.plan, self.spec = new, spec
 
     def warm(self) -> None:
@@ -154,24 +155,27 @@ class DelayLineEmulator(_Shaped):
 
 
 class NetemEmulator(_Shaped):
-    """HTB (rate) with netem (delay, jitter, loss, in-order queue) as the class's leaf."""
+    """netem (delay, jitter, loss) as the egress's root qdisc, the HTB/TBF plan (rate, queue) as its child."""
 
-    leaf = False
+    parent = netem.SHAPER_PARENT
 
     def start(self) -> None:
-        self._shape()
         plan = netem.plan_netem(self.spec, self.plan)
-        _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan))
+        with self.lock:
+            shaping.clear_root(self.ipr, self.ifindex)
+        _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan, command="add"))
+        self._shape()
         self.table = plan.table
 
     def update(self, spec: LinkDirectionSpec) -> None:
+        shaped = shaping.with_rate(self.plan, spec, scale=self.scale, rtt_s=self.rtt_s)
+        plan = netem.plan_netem(spec, shaped)
+        if netem.needs_recreate(self.table, plan):  # all of it again (the shaper goes with netem)
+            self.plan, self.spec = shaped, spec
+            self.start()
+            return
         self._reshape(spec)
-        plan = netem.plan_netem(spec, self.plan)
-        if netem.needs_recreate(self.table, plan):
-            _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan, command="del")[:9])
-            _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan, command="replace"))
-        else:
-            _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan, command="change"))
+        _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan, command="change"))
         if plan.table is not None or plan.jitter_s > 0:
             self.table = plan.table
 

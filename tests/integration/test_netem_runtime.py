@@ -8,6 +8,8 @@ them; bounds are loose sanity bounds (benchmarks/netem_guest_bench.py has the ti
 """
 
 import re
+import subprocess
+import time
 from dataclasses import replace
 
 import pytest
@@ -44,13 +46,15 @@ def netem_qdisc(net, gateway="prfaas-gw", ifname="prfaas-gw-wan") -> str:
     return out[out.index(line[0]):]
 
 
-def test_auto_picks_netem_and_hangs_it_under_the_htb_class(net):
+def test_auto_picks_netem_as_root_with_the_htb_shaper_below_it(net):
     d = net.describe()
     assert d["backend"] == "netem" and d["netem_available"]
     q = netem_qdisc(net)
-    m = re.search(r"qdisc netem 10: parent 1:10 limit (\d+) delay 10ms", q)
+    m = re.search(r"qdisc netem 2: root refcnt \d+ limit (\d+) delay 10ms", q)
     assert m, q
     assert int(m.group(1)) >= 1000  # netem's default; the plan never goes below it
+    below = net.run("prfaas-gw", ["tc", "qdisc", "show", "dev", "prfaas-gw-wan"]).stdout
+    assert re.search(r"qdisc htb 1: parent 2:1 ", below) and re.search(r"qdisc bfifo 10: parent 1:10 limit \d+b", below), below
 
 
 def test_netem_delays_both_directions(net):
@@ -71,7 +75,7 @@ def test_schedule_changes_apply_to_the_live_netem_qdisc(net):
     try:
         q = netem_qdisc(net)
         assert "delay 20ms" in q and "loss 5%" in q, q
-        assert q.split()[2] == before.split()[2] == "10:"  # changed in place, not re-created
+        assert q.split()[2] == before.split()[2] == "2:"  # changed in place, not re-created
         cls = net.run("prfaas-gw", ["tc", "class", "show", "dev", "prfaas-gw-wan"]).stdout
         assert "rate 20Mbit" in cls, cls
         rtt = measure_rtt(net, SRC, DST, count=40, interval_s=0.02)
@@ -94,6 +98,22 @@ def test_link_down_and_up_with_netem(net):
     finally:
         net.wan.apply(ScheduleAction(0, 8, dirs, "up"))
     assert net.run(SRC, ["ping", "-c", "2", "-i", "0.1", net.host_ip(DST)]).returncode == 0
+
+
+def test_queueing_adds_to_the_delay_and_is_bounded_by_the_scenarios_queue(net):
+    """4 saturating TCP streams: ping sees 2 x 10 ms plus at most the 1-BDP bfifo (20 ms at 50 Mbit/s).
+
+    With netem as HTB's leaf (before), netem's 1000-packet tfifo was the queue: 108 ms p50 here."""
+    with IperfServer(net, DST, port=5305):
+        load = net.popen(SRC, ["iperf3", "-c", net.host_ip(DST), "-p", "5305", "-P", "4", "-t", "7"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(2.5)  # past slow start
+            rtt = measure_rtt(net, SRC, DST, count=150, interval_s=0.02)
+        finally:
+            load.wait(timeout=30)
+    assert rtt.replies >= 140, rtt
+    assert 0.021 <= rtt.p50_s and rtt.p99_s <= 0.048, rtt  # queueing shows, and never beyond the queue's 20 ms
 
 
 def test_jitter_keeps_packets_in_order_unless_reorder_is_asked_for(net):

@@ -57,9 +57,11 @@ def test_limit_never_below_netem_default():
     assert plan_for(delay_s=0.0001, rate_bps=1e6).limit_packets == netem.MIN_LIMIT_PACKETS
 
 
-def test_tc_argv_puts_netem_under_the_htb_class():
+def test_tc_argv_makes_netem_the_root_above_the_shaper():
     argv = netem.netem_tc_argv("pd-gw-wan", plan_for(delay_s=0.01))
-    assert argv[:10] == ["tc", "qdisc", "replace", "dev", "pd-gw-wan", "parent", "1:10", "handle", "10:", "netem"]
+    assert argv[:9] == ["tc", "qdisc", "add", "dev", "pd-gw-wan", "root", "handle", "2:", "netem"]
+    assert netem.netem_tc_argv("pd-gw-wan", plan_for(delay_s=0.01), command="change")[2] == "change"
+    assert netem.SHAPER_PARENT >> 16 == int(netem.NETEM_HANDLE[:-1], 16)  # the shaper hangs at netem's own class
 
 
 def test_back_to_uniform_jitter_recreates_the_qdisc_only_when_a_table_is_loaded():

@@ -3,7 +3,7 @@
 import pytest
 
 from testbed.errors import UserError
-from testbed.net import shaping
+from testbed.net import netem, shaping
 from testbed.scenario import LinkDirectionSpec
 from testbed.units import parse_queue
 
@@ -52,9 +52,17 @@ def test_htb_plan_is_root_class_and_bfifo_leaf_with_the_plan_numbers():
     assert reqs[2][3]["parent"] == shaping.CLASS_HANDLE
 
 
-def test_htb_without_leaf_leaves_room_for_netem():
-    reqs = shaping.netlink_requests(shaping.plan_shaping(direction()), leaf=False)
-    assert [k for _, k, _, _ in reqs] == ["htb", "htb"]
+def test_under_netem_the_shaper_hangs_at_netems_class_with_its_queue():
+    plan = shaping.plan_shaping(direction())
+    reqs = shaping.netlink_requests(plan, parent=netem.SHAPER_PARENT)
+    assert [(k, h) for _, k, h, _ in reqs] == [("htb", shaping.ROOT_HANDLE), ("htb", shaping.CLASS_HANDLE), ("bfifo", shaping.LEAF_HANDLE)]
+    assert reqs[0][3]["parent"] == netem.SHAPER_PARENT == 0x20001  # 2:1
+    assert reqs[2][3]["limit"] == plan.queue_bytes  # the queue is the bfifo's, in bytes, with netem too
+    assert "parent" not in shaping.netlink_requests(plan)[0][3]  # at the root: pyroute2's default
+    (_, _, _, kw), = shaping.netlink_requests(shaping.plan_shaping(direction(), shaper="tbf"), parent=netem.SHAPER_PARENT)
+    assert kw["parent"] == netem.SHAPER_PARENT
+    updates = shaping.update_requests(plan, parent=netem.SHAPER_PARENT)
+    assert [(c, k) for c, k, _, _ in updates] == [("change-class", "htb"), ("replace", "bfifo")]
 
 
 def test_update_changes_class_and_replaces_leaf_without_touching_root():
