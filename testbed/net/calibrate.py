@@ -59,13 +59,14 @@ def measure_rtt(net: Any, src: str, dst: str, *, count: int = 200, interval_s: f
 
 
 class IperfServer:
-    """An iperf3 server in a host, for as long as the `with` block lasts."""
+    """An iperf3 server in a host, for as long as the `with` block lasts; `cpu`: pinned to that CPU."""
 
-    def __init__(self, net: Any, host: str, port: int = IPERF_PORT) -> None:
-        self.net, self.host, self.port = net, host, port
+    def __init__(self, net: Any, host: str, port: int = IPERF_PORT, cpu: int | None = None) -> None:
+        self.net, self.host, self.port, self.cpu = net, host, port, cpu
 
     def __enter__(self) -> "IperfServer":
-        self.proc = self.net.popen(self.host, ["iperf3", "-s", "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pin = [] if self.cpu is None else ["taskset", "-c", str(self.cpu)]
+        self.proc = self.net.popen(self.host, [*pin, "iperf3", "-s", "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:  # wait until it listens
             r = self.net.run(self.host, ["ss", "-Hltn", f"sport = :{self.port}"], timeout_s=5)
@@ -122,6 +123,10 @@ def measure_udp_reordering(net: Any, src: str, dst: str, *, datagrams: int = 200
     client's JSON of a normal (client -> server) test says 0 whatever happened (its streams are marked
     `"sender": true`; `end.sum` has no such field at all). So the burst runs reversed (-R): the client
     in `src` receives, and its own per-stream counters are the receiver's.
+
+    On a multi-CPU host the path itself reorders now and then, jitter or not: packets that leave a qdisc
+    on different CPUs enter the next veth's per-CPU backlogs and may be processed out of order. Pin the
+    sending server (`IperfServer(..., cpu=0)`) to keep that to the odd packet.
     """
     args = ["-u", "-R", "-b", f"{int(rate_bps)}", "-l", str(size_bytes), "-k", str(datagrams), "-w", "4M"]
     streams = _iperf(net, src, dst, args, 3 * datagrams * size_bytes * 8 / rate_bps + 30, port)["end"]["streams"]
