@@ -59,7 +59,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
     r = sub.add_parser("reproduce", help="the paper's headline on the wire: Lambda_max of PrfaaS-PD, homogeneous PD, naive heterogeneous")
     r.add_argument("target", choices=("case-study",))
-    r.add_argument("--quick", action="store_true", help="40 s runs, 128-token answers, coarser search (docs/experiments.md)")
+    r.add_argument("--quick", action="store_true", help="45-s runs, 128-token answers, 15%% tolerance (docs/experiments.md)")
     r.add_argument("--out", metavar="DIR", help="default: runs/reproduce-case-study-<time>")
     r.add_argument("--repetitions", type=int, default=2)
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
