@@ -21,9 +21,9 @@ Targets:
    (the lost run retried on the head node), and ``prfaas clean`` leaves no network, bridge or
    namespace.
 
-Full: the ready ``quick`` scenario (30 s of traffic, about 80 s a run) and an 8-run experiment, about
-27 minutes on 2 cores (local ~11, local2 ~7, ray ~7, loss ~3). ``--quick``: a 6 s micro variant and
-4-run experiments (about 5 minutes).
+Full: the ready ``quick`` scenario (30 s of traffic, about 36 s a run alone) and 8-run experiments:
+12.3 minutes on this 2-core VM (local 4.9, local2 3.1, ray 2.9, loss 1.4). ``--quick``: a 6 s micro
+variant and 4-run experiments.
 
 Legs can run in separate invocations (to keep each under a shared lock's limit): give the same
 ``--out DIR``; each leg writes ``DIR/<leg>.json`` and the report covers every leg found there.
