@@ -23,7 +23,7 @@ Targets:
 
 Full: the ready ``quick`` scenario (30 s of traffic, about 36 s a run alone) and 8-run experiments:
 12.3 minutes on this 2-core VM (local 4.9, local2 3.1, ray 2.9, loss 1.4). ``--quick``: a 6 s micro
-variant and 4-run experiments.
+variant and 4-run experiments (2.8 minutes here).
 
 Legs can run in separate invocations (to keep each under a shared lock's limit): give the same
 ``--out DIR``; each leg writes ``DIR/<leg>.json`` and the report covers every leg found there.
