@@ -28,6 +28,7 @@ from testbed.models.spec import GQALayer, LinearLayer, MLALayer, SWALayer
 ROPE_THETA = 10000.0
 _ATTN_BLOCK_ELEMS = 1 << 22  # score elements per query block: bounds attention memory at long prompts
 _LINEAR_SEGMENT_ELEMS = 1 << 22  # elements of a segment of linear-attention chunks computed at once
+_LINEAR_SEGMENT_ACTIVATIONS = 1 << 19  # q/k/v elements of one token segment of a wide linear layer (cache-sized)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -304,6 +305,24 @@ class LinearMixer(nn.Module):
 
     def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False,
                 checkpoint_at: int | None = None) -> tuple[torch.Tensor, LayerKV, LayerKV | None]:
+        """A long call runs in chunk-aligned token segments whose q/k/v activations stay within
+        `_LINEAR_SEGMENT_ACTIVATIONS` elements (cache-sized; wide layers only): each segment resumes from
+        the previous one's cache entry exactly as from a prefix cache, so the result is the same."""
+        t = x.shape[0]
+        seg = max(1, _LINEAR_SEGMENT_ACTIVATIONS // sum(self.widths) // self.chunk_tokens) * self.chunk_tokens
+        if recurrent or t <= seg:
+            return self._forward(x, start, prev, recurrent, checkpoint_at)
+        ys, kv, ckpt, pos = [], prev, None, start
+        while pos < start + t:
+            end = min(start + t, (pos // seg + 1) * seg)
+            y, kv, got = self._forward(x[pos - start:end - start], pos, kv, False, checkpoint_at)
+            ys.append(y)
+            ckpt = ckpt if got is None else got
+            pos = end
+        return torch.cat(ys), kv, ckpt
+
+    def _forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool,
+                 checkpoint_at: int | None) -> tuple[torch.Tensor, LayerKV, LayerKV | None]:
         sp = self.spec
         t = x.shape[0]
         h, hk, dk, dv = sp.heads, sp.qk_heads, sp.key_dim, sp.value_dim

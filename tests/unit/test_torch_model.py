@@ -164,6 +164,29 @@ def test_linear_layer_prefill_chunked_equals_recurrent_in_the_model(kind: str) -
         assert torch.allclose(kv_c.tensors[name], kv_r.tensors[name], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("start", [0, 13])
+def test_a_long_linear_call_in_token_segments_equals_one_call(start: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wide linear layers run long calls in chunk-aligned token segments (cache-sized); each resumes from
+    the last one's cache entry, so outputs, the cache and the prefix checkpoint equal one call's."""
+    import testbed.models.layers as layers
+
+    model = build_model(small_spec(["delta"]), "faithful", seed=0, device="cpu")  # bf16 caches: rounding shows
+    mixer = model.blocks[0].mixer
+    x = torch.randn(start + 150, model.hidden_size, generator=torch.Generator().manual_seed(2))
+    prev = mixer(x[:start], 0, None)[1] if start else None
+    whole = mixer(x[start:], start, prev, checkpoint_at=128)
+    monkeypatch.setattr(layers, "_LINEAR_SEGMENT_ACTIVATIONS", sum(mixer.widths) * model.variant.chunk_tokens)
+    calls = []
+    monkeypatch.setattr(mixer, "_forward", lambda *a, _f=mixer._forward: calls.append(a[1]) or _f(*a))
+    split = mixer(x[start:], start, prev, checkpoint_at=128)
+    assert len(calls) == 3 and all(pos % model.variant.chunk_tokens == 0 for pos in calls[1:])  # 2-3 chunks of 64
+    assert torch.allclose(whole[0], split[0], atol=1e-6, rtol=0)
+    for a, b in ((whole[1], split[1]), (whole[2], split[2])):
+        assert list(a.tensors) == list(b.tensors)
+        for name in a.tensors:
+            assert torch.equal(a.tensors[name], b.tensors[name]), name
+
+
 def test_linear_state_is_fixed_size_whatever_the_length() -> None:
     model = build_model(small_spec(["delta"]), "faithful", seed=0, device="cpu")
     sizes = {model.prefill(prompt(n, model.vocab_size))[1].nbytes for n in (1, 3, 70)}
