@@ -11,6 +11,10 @@ Targets (exit status 1 if one is missed):
   `PrefillPlan` from a `HybridPrefixPool` hit). Time is this process's CPU time with one torch thread
   (the compute itself: on the shared 2-core host wall times varied up to 2x between identical runs as
   other jobs came and went); the wall-time ratio is printed beside it;
+  Beside it the **work model** (informational): ``T = F + a s + b (s p + s^2 / 2)`` for s new tokens
+  after p cached, fitted on full prefills of the suffix lengths and of the prompt, timed in the same
+  rounds; its predicted t(hit) / t(0) and the measured ratio's error against it, so a miss shows how
+  much of it is the fixed cost per call (F) and the suffix's attention to the prefix (docs/models.md);
 - **tokens equal**: at every hit the decode worker's greedy tokens from the KV it would receive (its own
   held prefix joined with the delta the prefill sent) equal those from a full prefill.
 - **decode batching** (issue 12 item 2): continuous batching in the decode worker, measured through its own
@@ -97,15 +101,20 @@ def bench_prefix(model: str, variant: str, length: int, block: int, repeats: int
     hits = [pool.match(hashes, max_tokens=n, acquire=True) for n in hit_tokens]
     assert [h.tokens for h in hits] == hit_tokens, [h.tokens for h in hits]
     plans = [PrefillPlan(length + 1)] + [PrefillPlan(length + 1, h.tokens, h.tokens, None, h.cache) for h in hits]
+    # the work model's points: full prefills (no prefix) as long as each uncached suffix
+    short = [length - n for n in hit_tokens]
+    plans += [PrefillPlan(n + 1) for n in short]
+    prompts = [ids] * (1 + len(hits)) + [ids[:n + 1] for n in short]
     best = [float("inf")] * len(plans)
     best_wall = [float("inf")] * len(plans)
     layers: list[list] = [[] for _ in plans]
     for r in range(repeats + 1):  # round 0 is untimed: allocator and kernel warm-up at these shapes
         for i, plan in enumerate(plans):
-            wall, cpu, got = timed_prefill(comp, plan, ids)
+            wall, cpu, got = timed_prefill(comp, plan, prompts[i])
             if r:
                 best[i], best_wall[i] = min(best[i], cpu), min(best_wall[i], wall)
             layers[i] = got
+    model = work_model([length] + short, [best[0]] + best[1 + len(hits):])
     want = greedy(comp.model, ids[-1], KVCache("f", spec.name, length, list(layers[0])), 4)
     rows = []
     for frac, h, t, wall, delta in zip(HITS, hits, best[1:], best_wall[1:], layers[1:]):
@@ -114,12 +123,49 @@ def bench_prefix(model: str, variant: str, length: int, block: int, repeats: int
         got = greedy(comp.model, ids[-1], join_prefix(held, KVCache("r", spec.name, length, list(delta))), 4)
         pool.release(h)
         expected = (length - h.tokens) / length
+        predicted = model.predict_s(length - h.tokens, h.tokens) / model.predict_s(length, 0)
         rows.append({"variant": variant, "length": length, "hit_tokens": h.tokens, "hit": frac, "prefill_s": t,
                      "full_prefill_s": best[0], "wall_s": wall, "full_wall_s": best_wall[0], "wall_ratio": wall / best_wall[0],
                      "time_ratio": t / best[0], "uncached_ratio": expected,
                      "error": (t / best[0]) / expected - 1.0, "tokens_equal": got == want,
+                     "model_ratio": predicted, "model_error": (t / best[0]) / predicted - 1.0,
                      "sent_bytes": sum(layer.nbytes for layer in delta)})
-    return {"variant": variant, "rows": rows}
+    return {"variant": variant, "rows": rows, "work_model": model.as_dict(length)}
+
+
+class WorkModel:
+    """Prefill CPU time of ``s`` new tokens after ``p`` cached ones, fitted on full prefills (p = 0) of
+    several lengths: ``F + a s + b (s p + s^2 / 2)``. F is the cost per call that no token count explains
+    (per-layer setup: ~80 Python-dispatched operations a layer on the tiny variant), ``a s`` everything
+    per token (projections, MLPs, the linear layers' chunk chain), ``b x pairs`` full attention (a
+    suffix attends to the prefix and causally to itself). What "time proportional to the uncached
+    tokens" leaves out is F and the prefix part of the pairs: docs/models.md, "Prefill with a cached
+    prefix: the work model"."""
+
+    def __init__(self, fixed_s: float, per_token_s: float, per_pair_s: float) -> None:
+        self.fixed_s, self.per_token_s, self.per_pair_s = fixed_s, per_token_s, per_pair_s
+        self.fit_error = 0.0  # largest relative residual on the full prefills it was fitted on
+
+    def predict_s(self, new_tokens: int, cached_tokens: int) -> float:
+        pairs = new_tokens * cached_tokens + new_tokens * new_tokens / 2
+        return self.fixed_s + self.per_token_s * new_tokens + self.per_pair_s * pairs
+
+    def as_dict(self, length: int) -> dict:
+        full = self.predict_s(length, 0)
+        return {"fixed_s": self.fixed_s, "per_token_s": self.per_token_s, "per_pair_s": self.per_pair_s,
+                "full_length": length, "fit_error": self.fit_error, "fixed_share": self.fixed_s / full,
+                "token_share": self.per_token_s * length / full, "pair_share": self.per_pair_s * length * length / 2 / full}
+
+
+def work_model(lengths: list[int], cpu_s: list[float]) -> WorkModel:
+    """Least squares of full-prefill CPU times (no prefix) on ``[1, L, L^2 / 2]``."""
+    import numpy as np
+
+    x = np.asarray(lengths, dtype=float)
+    (f, a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x, x * x / 2], axis=1), np.asarray(cpu_s), rcond=None)
+    model = WorkModel(float(f), float(a), float(b))
+    model.fit_error = max(abs(model.predict_s(n, 0) / t - 1.0) for n, t in zip(lengths, cpu_s))
+    return model
 
 
 def decode_batching_figure(model: str = "kimi-linear-48b", variant: str = "tiny", context: int = 256,
@@ -206,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title=f"Prefill with a cached prefix, {args.model}, {torch.get_num_threads()} torch thread, fastest of {args.repeats} "
                         "(judged on this process's CPU time; wall time beside it)")
     for col in ("variant", "tokens", "hit", "CPU s", "full CPU s", "t/t_full", "uncached share", "error", "wall t/t_full",
-                "tokens equal", "target"):
+                "tokens equal", "target", "work model", "vs model"):
         table.add_column(col, justify="right")
     for r in (row for res in results for row in res["rows"]):
         ok = abs(r["error"]) <= TOLERANCE and r["tokens_equal"]
@@ -215,8 +261,16 @@ def main(argv: list[str] | None = None) -> int:
                             f"({r['error']:+.1%}), tokens equal: {r['tokens_equal']}")
         table.add_row(r["variant"], str(r["length"]), f"{r['hit']:.0%} ({r['hit_tokens']})", f"{r['prefill_s']:.3f}",
                       f"{r['full_prefill_s']:.3f}", f"{r['time_ratio']:.3f}", f"{r['uncached_ratio']:.3f}", f"{r['error']:+.1%}",
-                      f"{r['wall_ratio']:.3f}", str(r["tokens_equal"]), "met" if ok else "MISSED")
+                      f"{r['wall_ratio']:.3f}", str(r["tokens_equal"]), "met" if ok else "MISSED", f"{r['model_ratio']:.3f}",
+                      f"{r['model_error']:+.1%}" + ("" if abs(r["model_error"]) <= TOLERANCE else " (off)"))
     console.print(table)
+    for res in results:
+        w = res["work_model"]
+        console.print(f"Work model, {res['variant']} (fitted on full prefills of the suffix lengths and {w['full_length']:,} tokens; "
+                      f"informational, the target above is judged on the uncached share): T(s new after p cached) = "
+                      f"{w['fixed_s'] * 1e3:.2f} ms + {w['per_token_s'] * 1e6:.1f} us x s + {w['per_pair_s'] * 1e9:.2f} ns x (s p + s^2/2); "
+                      f"a full {w['full_length']:,}-token prefill is {w['fixed_share']:.0%} per call, {w['token_share']:.0%} per token, "
+                      f"{w['pair_share']:.0%} attention pairs; fit residual at most {w['fit_error']:.1%}")
     doc = {"prefix": results}
     with console.status("decode batching (batch 1..8)"):
         batching = decode_batching_figure()

@@ -42,7 +42,9 @@ def make_param(gen: torch.Generator, shape: tuple[int, ...], std: float, device:
 
 
 def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    """``x / sqrt(mean(x^2) + eps)`` over the last dimension, weight-free: one dispatched operation (the fused
+    `F.rms_norm`, bit-equal to the written-out form on CPU) instead of five, ~3 per layer on every call."""
+    return F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 @functools.lru_cache(maxsize=64)

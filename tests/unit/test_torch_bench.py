@@ -47,3 +47,18 @@ def test_the_prefill_speed_fit_recovers_the_measured_times(bench) -> None:
     longest = fig["points"][-1]  # a least-squares fit weighs the longest point most: a loose sanity bound there
     model = fig["a_s_per_token"] * longest["tokens"] + fig["b_s_per_token2"] * longest["tokens"] ** 2
     assert longest["cpu_s"] / 3 < model < longest["cpu_s"] * 3
+
+
+def test_the_work_model_recovers_its_terms_and_charges_the_prefix_pairs(bench) -> None:
+    """Full-prefill times made of a fixed, a per-token and a per-pair part give those parts back, and a
+    suffix after a prefix is charged s x p + s^2 / 2 pairs (more than its share of a full prefill's)."""
+    lengths = [256, 512, 768, 1024]
+    times = [8e-3 + 50e-6 * n + 14e-9 * n * n / 2 for n in lengths]
+    m = bench.work_model(lengths, times)
+    assert (m.fixed_s, m.per_token_s, m.per_pair_s) == pytest.approx((8e-3, 50e-6, 14e-9), rel=1e-6)
+    assert m.fit_error < 1e-9
+    assert m.predict_s(256, 768) == pytest.approx(8e-3 + 50e-6 * 256 + 14e-9 * (256 * 768 + 256 * 256 / 2))
+    shares = m.as_dict(1024)
+    assert shares["fixed_share"] + shares["token_share"] + shares["pair_share"] == pytest.approx(1.0)
+    # what "proportional to the uncached tokens" leaves out: at 75% hit the model predicts well above 0.25
+    assert m.predict_s(256, 768) / m.predict_s(1024, 0) > 0.25 * 1.2
