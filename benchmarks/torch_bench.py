@@ -158,11 +158,16 @@ class WorkModel:
 
 
 def work_model(lengths: list[int], cpu_s: list[float]) -> WorkModel:
-    """Least squares of full-prefill CPU times (no prefix) on ``[1, L, L^2 / 2]``."""
+    """Non-negative least squares of full-prefill CPU times (no prefix) on ``[1, L, L^2 / 2]`` (no term can
+    be a negative cost; one the noise would make negative is 0)."""
     import numpy as np
+    from scipy.optimize import nnls
 
     x = np.asarray(lengths, dtype=float)
-    (f, a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x, x * x / 2], axis=1), np.asarray(cpu_s), rcond=None)
+    cols = np.stack([np.ones_like(x), x, x * x / 2], axis=1)
+    norm = cols.max(axis=0)  # columns of one scale: the solver's tolerance is absolute
+    (f, a, b), _ = nnls(cols / norm, np.asarray(cpu_s, dtype=float))
+    f, a, b = f / norm[0], a / norm[1], b / norm[2]
     model = WorkModel(float(f), float(a), float(b))
     model.fit_error = max(abs(model.predict_s(n, 0) / t - 1.0) for n, t in zip(lengths, cpu_s))
     return model

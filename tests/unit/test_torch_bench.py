@@ -60,5 +60,7 @@ def test_the_work_model_recovers_its_terms_and_charges_the_prefix_pairs(bench) -
     assert m.predict_s(256, 768) == pytest.approx(8e-3 + 50e-6 * 256 + 14e-9 * (256 * 768 + 256 * 256 / 2))
     shares = m.as_dict(1024)
     assert shares["fixed_share"] + shares["token_share"] + shares["pair_share"] == pytest.approx(1.0)
+    noisy = bench.work_model(lengths, [t - 9e-3 * (n == 256) for n, t in zip(lengths, times)])  # would fit F < 0
+    assert noisy.fixed_s == 0.0 and noisy.per_token_s > 0 and noisy.per_pair_s >= 0
     # what "proportional to the uncached tokens" leaves out: at 75% hit the model predicts well above 0.25
     assert m.predict_s(256, 768) / m.predict_s(1024, 0) > 0.25 * 1.2
