@@ -17,7 +17,13 @@ fidelity figure of the delay. Loss: 20,000 UDP probes of 400 B at min(0.4 x rate
 point. "unshaped guest throughput" (10 Gbit/s, no delay) is what the guest's forwarding carries at
 all: a goodput row whose rate is above 0.8 of it is labelled CPU-bound with that figure.
 
-    sudo .venv/bin/python benchmarks/netem_guest_bench.py [--quick] [--json FILE]
+Goodput window: omit max(2 s, 40 RTT), then max(6 s, 120 RTT) measured (`window_s`): 2 s / 6 s up to a
+50 ms RTT, 4 s / 12 s at 100 ms. Every point gets a queue of 1 BDP of its own RTT, in bytes (`set_point`):
+the scenario's `1bdp` would stay sized for the RTT the network started with (the first point's).
+Beside each goodput it prints the sender's retransmitted segments, the WAN qdiscs' drops and the
+reordering the sender saw (SACK reorder, DSACKs, ACKs dropped by PAWS).
+
+    sudo .venv/bin/python benchmarks/netem_guest_bench.py [--quick] [--json FILE] [--points 20x50,200x50] [--backends netem]
 
 On a host whose kernel has no netem it runs itself inside scripts/guest-kernel.sh (TCG where KVM does
 not work) and adds the boot time; where the kernel has netem it runs directly. Under TCG the guest CPU is
@@ -78,8 +84,46 @@ def set_both(net, **changes) -> None:
         net.wan.set_direction(d, replace(net.wan.current[d], **changes))
 
 
+def set_point(net, rate_mbps: float, delay_ms: float) -> int:
+    """Both directions to one grid point, with a queue of 1 BDP *of this point* (in bytes; at least one
+    GSO packet). The scenario's `1bdp` is resolved against the round trip the network was started with
+    (`WanSpec.rtt_s`, the first point's): left as it was, a 200 Mbit/s x 50 ms point measured in a network
+    started at 5 ms had a 250 kB queue, 0.1 BDP. Returns the queue's bytes."""
+    from testbed.net.shaping import plan_shaping
+    from testbed.units import QueueLimit
+
+    spec = replace(net.wan.current[DIR], rate_bps=rate_mbps * 1e6, delay_s=delay_ms / 1e3, queue=QueueLimit("bdp", 1.0))
+    queue_bytes = plan_shaping(spec, rtt_s=2 * delay_ms / 1e3).queue_bytes
+    set_both(net, rate_bps=rate_mbps * 1e6, delay_s=delay_ms / 1e3, queue=QueueLimit("bytes", float(queue_bytes)))
+    return queue_bytes
+
+
 def rtt_ok(p50_s: float, expected_s: float) -> bool:
     return abs(p50_s - expected_s) <= 0.0005 + 0.02 * expected_s
+
+
+def tcp_counters(net) -> dict[str, int]:
+    """The sender's TCP counters (its namespace's /proc/net/netstat and snmp) and the WAN egress's qdisc
+    drops (netem's root counts its children's): where packets were lost, or only looked lost."""
+    import re
+
+    out: dict[str, int] = {}
+    for f in ("/proc/net/netstat", "/proc/net/snmp"):
+        lines = net.run(SRC, ["cat", f]).stdout.splitlines()
+        for keys, vals in zip(lines[::2], lines[1::2]):
+            out.update({k: int(v) for k, v in zip(keys.split()[1:], vals.split()[1:]) if v.lstrip("-").isdigit()})
+    m = re.search(r"dropped (\d+)", net.run("prfaas-gw", ["tc", "-s", "qdisc", "show", "dev", "prfaas-gw-wan"]).stdout)
+    out["qdisc_dropped"] = int(m.group(1)) if m else 0
+    return out
+
+
+def window_s(delay_ms: float, duration_s: float) -> tuple[float, float]:
+    """(omit, measured window) of the TCP goodput test, scaled with the round trip as iperf3 users do
+    with -O: slow start and the recovery from its overshoot into a 1-BDP queue last a number of RTTs,
+    not of seconds. omit = max(2 s, 40 RTT), window = max(duration_s, 120 RTT): 2 s / 6 s up to a 50 ms
+    RTT (unchanged), 4 s / 12 s at 100 ms."""
+    rtt_s = 2 * delay_ms / 1e3
+    return max(2.0, 40 * rtt_s), max(duration_s, 120 * rtt_s)
 
 
 def measure_point(net, backend: str, rate_mbps: float, delay_ms: float, duration_s: float, capacity_bps: float) -> float:
@@ -87,30 +131,36 @@ def measure_point(net, backend: str, rate_mbps: float, delay_ms: float, duration
     point. Returns the base RTT p50 (s)."""
     from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss
     from testbed.net.schedule import ScheduleAction
-    from testbed.net.shaping import plan_shaping
     from testbed.scenario import LossSpec
 
     judged = backend == "netem"
     at = f"{rate_mbps:g} Mbit/s, {delay_ms:g} ms"
     rate_bps = rate_mbps * 1e6
     cpu_bound = capacity_bps < 1.25 * rate_bps  # the guest cannot carry much more than this unshaped
-    set_both(net, rate_bps=rate_bps, delay_s=delay_ms / 1e3)
+    queue_bytes = set_point(net, rate_mbps, delay_ms)
     loaded: dict = {}
+    omit_s, measured_s = window_s(delay_ms, duration_s)
 
     def probe() -> None:  # pings while the 4 streams run, after the omitted slow start
-        time.sleep(2.5)
-        loaded["rtt"] = measure_rtt(net, SRC, DST, count=int((duration_s - 1.5) / 0.01), interval_s=0.01)
+        time.sleep(omit_s + 0.5)
+        loaded["rtt"] = measure_rtt(net, SRC, DST, count=int((measured_s - 1.5) / 0.01), interval_s=0.01)
 
     t = threading.Thread(target=probe)
     t.start()
-    good = measure_rate_bps(net, SRC, DST, streams=4, duration_s=duration_s, omit_s=2)
+    before = tcp_counters(net)
+    good = measure_rate_bps(net, SRC, DST, streams=4, duration_s=measured_s, omit_s=omit_s)
+    after = tcp_counters(net)
     t.join()
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("RetransSegs", "qdisc_dropped", "TCPSACKReorder", "PAWSEstab", "TCPDSACKRecv")}
     ratio = good / rate_bps
-    record(backend, "goodput, 4 TCP streams", at, f"{good / 1e6:.1f} Mbit/s (ratio {ratio:.3f})", f">= {GOODPUT_MIN}",
+    record(backend, f"goodput, 4 TCP streams ({measured_s:g} s after {omit_s:g} s omit)", at,
+           f"{good / 1e6:.1f} Mbit/s (ratio {ratio:.3f})", f">= {GOODPUT_MIN}",
            ratio >= GOODPUT_MIN if judged else None, cpu_bound=backend == "delayline" or cpu_bound,
            evidence=f"guest carries {capacity_bps / 1e6:.0f} Mbit/s unshaped" if cpu_bound else "")
+    record(backend, "sender retransmits vs the WAN qdisc's drops", at,
+           f"{d['RetransSegs']} segments retransmitted, {d['qdisc_dropped']} dropped by the qdiscs; path reordering seen: "
+           f"SACK reorder {d['TCPSACKReorder']}, DSACKs {d['TCPDSACKRecv']}, ACKs dropped by PAWS {d['PAWSEstab']}", "printed", None)
     lr = loaded["rtt"]
-    queue_bytes = plan_shaping(net.wan.current[DIR], rtt_s=2 * delay_ms / 1e3).queue_bytes  # 1 BDP, at least one GSO packet
     queue_s = 2 * delay_ms / 1e3 + queue_bytes * 8 / rate_bps
     record(backend, "RTT p50 under the 4 streams", at, f"p50 {lr.p50_s * 1e3:.2f} ms, p99 {lr.p99_s * 1e3:.2f} ms, {lr.replies}/{lr.count}",
            f"printed; 2 x delay + the queue ({queue_bytes / 1e3:.0f} kB) bound it by {queue_s * 1e3:.0f} ms", None)
@@ -142,7 +192,8 @@ def measure_point(net, backend: str, rate_mbps: float, delay_ms: float, duration
     return base.p50_s
 
 
-def bench_backend(backend: str, points: list[tuple[float, float]], duration_s: float) -> None:
+def bench_backend(backend: str, points: list[tuple[float, float]], duration_s: float, extras: bool = True) -> None:
+    """The grid points; with `extras`, also the in-order rule and (netem) the live schedule changes at the first point."""
     from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_udp_reordering
     from testbed.net.emulation import Network
 
@@ -158,8 +209,10 @@ def bench_backend(backend: str, points: list[tuple[float, float]], duration_s: f
             record(backend, "unshaped guest throughput", "10 Gbit/s, 0 ms", f"{capacity_bps / 1e6:.0f} Mbit/s", "printed", None,
                    cpu_bound=True)
             bases_s = [measure_point(net, backend, rate_mbps, delay_ms, duration_s, capacity_bps) for rate_mbps, delay_ms in points]
+        if not extras:
+            return
         rate_mbps, delay_ms = points[0]
-        set_both(net, rate_bps=rate_mbps * 1e6, delay_s=delay_ms / 1e3)
+        set_point(net, rate_mbps, delay_ms)
         # The in-order rule: jitter without `reorder` never reorders; with it, packets overtake. Jitter on
         # the PD -> PrfaaS direction: the burst is reversed so that iperf3's receiver counts are read. The
         # sender is pinned to CPU 0; "no jitter" is the path's own reordering (veth per-CPU backlogs).
@@ -197,8 +250,9 @@ def bench_schedule(net, rate_mbps: float, delay_ms: float, duration_s: float, ba
         record("netem", "schedule: delay change, live qdisc", f"{delay_ms:g} -> {new_delay:g} ms",
                f"RTT p50 {rtt.p50_s * 1e3:.2f} ms, {(rtt.p50_s - base_s) * 1e3:.2f} ms above the base (qdisc changed in place: {in_place})",
                "0.5 ms + 2% (minus base)", in_place and rtt_ok(rtt.p50_s - base_s, 2 * new_delay / 1e3))
+        omit_s, measured_s = window_s(new_delay, duration_s)
         with IperfServer(net, DST, port=5304):
-            good = measure_rate_bps(net, SRC, DST, streams=4, duration_s=duration_s, omit_s=2, port=5304)
+            good = measure_rate_bps(net, SRC, DST, streams=4, duration_s=measured_s, omit_s=omit_s, port=5304)
         record("netem", "schedule: rate change, live qdisc", f"{rate_mbps:g} -> {new_rate:g} Mbit/s",
                f"{good / 1e6:.1f} Mbit/s (ratio {good / new_rate / 1e6:.3f})", f">= {GOODPUT_MIN}", good / (new_rate * 1e6) >= GOODPUT_MIN)
     finally:
@@ -222,12 +276,32 @@ def bench_doctor() -> None:
     record("netem", "prfaas doctor: backend auto picks", "netem kernel", f"{backend} ({time.monotonic() - t0:.0f} s)", "netem", backend == "netem")
 
 
-def inside(quick: bool) -> None:
-    points = [(50.0, 10.0)] if quick else [(20.0, 5.0), (20.0, 50.0), (200.0, 5.0), (200.0, 50.0)]
+FULL_POINTS = [(20.0, 5.0), (20.0, 50.0), (200.0, 5.0), (200.0, 50.0)]
+BACKENDS = ("netem", "delayline")
+
+
+def parse_points(text: str) -> list[tuple[float, float]]:
+    """"20x5,200x50" -> [(20.0, 5.0), (200.0, 50.0)] (Mbit/s x ms one way); ValueError names what is wrong."""
+    points = []
+    for item in text.split(","):
+        rate, sep, delay = item.strip().partition("x")
+        try:
+            point = (float(rate), float(delay))
+        except ValueError:
+            point = None
+        if not sep or point is None or point[0] <= 0 or point[1] < 0:
+            raise ValueError(f"--points: {item.strip()!r} is not RATExDELAY (Mbit/s x ms one way, e.g. 200x50)")
+        points.append(point)
+    return points
+
+
+def inside(quick: bool, points: list[tuple[float, float]] | None = None, backends: tuple[str, ...] = BACKENDS) -> None:
+    full = points is None and backends == BACKENDS
+    points = points or ([(50.0, 10.0)] if quick else FULL_POINTS)
     duration_s = 4 if quick else 6
-    for backend in ("netem", "delayline"):
-        bench_backend(backend, points, duration_s)
-    if not quick:
+    for backend in backends:
+        bench_backend(backend, points, duration_s, extras=full)
+    if not quick and full:
         bench_doctor()
 
 
@@ -248,12 +322,12 @@ def boot_to_first_line_s() -> tuple[float, str]:
     return (first_s if line.strip() == "first line" else float("nan")), accel
 
 
-def outer(quick: bool) -> None:
+def outer(quick: bool, extra: list[str]) -> None:
     """This kernel has no netem: run `inside` in the guest and add the boot time."""
     with tempfile.TemporaryDirectory(prefix="netem-guest-bench-") as tmp:
         out = Path(tmp) / "rows.json"
         argv = ["bash", str(REPO / "scripts/guest-kernel.sh"), "--out", tmp, "--timeout", "2400", "--",
-                sys.executable, str(Path(__file__).resolve()), "--inside", "--json", str(out)] + (["--quick"] if quick else [])
+                sys.executable, str(Path(__file__).resolve()), "--inside", "--json", str(out)] + (["--quick"] if quick else []) + extra
         r = subprocess.run(argv, cwd=REPO)
         if out.exists():
             rows.extend(json.loads(out.read_text()))
@@ -282,8 +356,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one point (50 Mbit/s, 10 ms), no doctor")
     p.add_argument("--json", type=Path, help="write the rows as JSON")
+    p.add_argument("--points", help="only these grid points, RATExDELAY in Mbit/s x ms one way (e.g. 20x50,200x50); no doctor")
+    p.add_argument("--backends", choices=("both", "netem", "delayline"), default="both", help="measure only this backend (default both)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # run here even without netem (the guest half)
     a = p.parse_args()
+    try:
+        points = parse_points(a.points) if a.points else None
+    except ValueError as exc:
+        print(f"netem_guest_bench: {exc}", file=sys.stderr)
+        return 2
+    backends = BACKENDS if a.backends == "both" else (a.backends,)
+    extra = (["--points", a.points] if a.points else []) + ["--backends", a.backends]
     if os.geteuid() != 0:
         print("netem_guest_bench: run as root (namespaces, qdiscs, the guest harness)", file=sys.stderr)
         return 2
@@ -292,9 +375,9 @@ def main() -> int:
     global ROWS_PATH
     if a.inside or netem_available()[0]:
         ROWS_PATH = a.json
-        inside(a.quick)
+        inside(a.quick, points, backends)
     else:
-        outer(a.quick)
+        outer(a.quick, extra)
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
     return 0 if a.inside else print_table()
