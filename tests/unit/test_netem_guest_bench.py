@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,11 +14,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "netem_guest_bench
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("netem_guest_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench() -> SimpleNamespace:
+    return SimpleNamespace(**runpy.run_path(str(SCRIPT), run_name="netem_guest_bench"))
 
 
 def test_the_window_grows_with_the_round_trip_and_keeps_its_floor(bench) -> None:
