@@ -78,6 +78,8 @@ def choice(answers: dict[str, Any], key: str, truth: str | tuple[str, ...], *, r
     """A word or name; case and surrounding spaces aside it must be the one `rule` picks from the runs
     (or one of several, when the rule ties)."""
     raw = lookup(answers, key)
+    if isinstance(raw, bool):  # YAML 1.1 reads an unquoted yes / no (on / off, true / false) as a bool
+        raw = "yes" if raw else "no"
     ok_values = (truth,) if isinstance(truth, str) else tuple(truth)
     want = " or ".join(repr(str(t)) for t in ok_values)
     why = f" ({rule})" if rule else ""

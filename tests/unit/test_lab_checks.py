@@ -190,3 +190,15 @@ def test_lab4_reads_the_experiment_engines_layout_and_its_spec_parses(tmp_path: 
     assert len(given) == 6  # folders sharing a name are told apart by their path
     verdicts = CHECKERS[4]({}, found)
     assert [v.question for v in verdicts] == ["ttft_p90_dip_s.prfaas", "ttft_p90_dip_s.fixed-threshold", "difference_ci95_s", "prfaas_better"]
+
+
+def test_an_unquoted_yes_or_no_answer_is_judged_as_the_word_the_student_wrote(tmp_path: Path) -> None:
+    from labs.answers import choice, load_answers
+
+    path = tmp_path / "answers.yaml"
+    path.write_text("prfaas_better: yes\nother: no\n")  # YAML 1.1 reads both as bools
+    answers = load_answers(path)
+    right = choice(answers, "prfaas_better", "yes")
+    assert right.holds and "you wrote 'yes'" in right.why
+    assert not choice(answers, "other", ("yes", "unclear")).holds
+    assert choice(answers, "other", "no").holds
