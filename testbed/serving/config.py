@@ -97,13 +97,13 @@ def _profile_name(path: str, source: str | None) -> Callable[[Any], str]:
 
 
 def _fraction(v: Any) -> float | None:
-    """A share in (0, 1], or null."""
+    """A share in (0, 1] (`units.parse_fraction`: 0.9 or 90%), or null."""
     if v is None:
         return None
-    x = positive_number(v)
-    if not 0 < x <= 1:
-        raise ValueError(f"{v!r} must be a share of requests in (0, 1] (e.g. 0.9), or null for never")
-    return float(x)
+    x = units.parse_fraction(v)
+    if x == 0:
+        raise ValueError(f"{v!r} must be a share of requests above 0 (e.g. 0.9), or null for never")
+    return x
 
 
 def _read_fault(f: Fields) -> FaultSpec:
