@@ -129,52 +129,59 @@ def good_mask(df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: float) -> pd.Seri
     return ok_mask(df) & (ttft_s(df) <= slo_ttft_s) & (tpot.isna() | (tpot <= slo_tpot_s))
 
 
-def inflight_series(df: pd.DataFrame, step_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Requests in flight (arrived, not finished) every `step_s` from the first to the last arrival; a
-    request that never finished stays in flight."""
+def backlog_series(df: pd.DataFrame, step_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Requests waiting for their first token (arrived, no first token yet: in a prefill queue, prefilling,
+    waiting to send or sending KV, waiting for a decode slot) every `step_s` from the first to the last
+    arrival. A request that never got a first token stays in the backlog."""
     arr = df["arrival_s"].to_numpy(float)
-    fin = df["finish_s"].to_numpy(float)
-    if "client_finish_s" in df:
-        fin = np.where(np.isfinite(fin), fin, df["client_finish_s"].to_numpy(float))
-    fin = np.where(np.isfinite(fin), fin, np.inf)
+    first = df["first_token_s"].to_numpy(float) if "first_token_s" in df else np.full(len(df), np.nan)
+    if "client_first_token_s" in df:
+        first = np.where(np.isfinite(first), first, df["client_first_token_s"].to_numpy(float))
+    first = np.where(np.isfinite(first), first, np.inf)
     arr = arr[np.isfinite(arr)]
     if arr.size < 2:
         return np.array([]), np.array([])
     t = np.arange(arr.min(), arr.max() + 1e-9, step_s)
-    return t, (np.searchsorted(np.sort(arr), t, "right") - np.searchsorted(np.sort(fin), t, "right")).astype(float)
+    return t, (np.searchsorted(np.sort(arr), t, "right") - np.searchsorted(np.sort(first), t, "right")).astype(float)
 
 
 def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = 0.05) -> dict[str, Any]:
-    """Does the number of requests in flight grow over the run? A trend test, not a threshold.
+    """Does the backlog of requests waiting for their first token grow over the run? A trend test, not a
+    threshold.
 
-    In-flight counts are sampled every max(1 s, median request latency) -- consecutive samples closer
-    than a request's lifetime share most requests, and that autocorrelation would make any test
-    over-confident -- over the arrivals after a warm-up (`warmup_fraction` of the span). The queue grows
-    when Kendall's tau is positive with one-sided p < `alpha`, the Theil-Sen slope's 95% interval lies
-    above zero and its growth over the window is at least one request (docs/experiments.md).
+    Every queue of the serving path lies before the first token (prefill queue, KV send queue, decode
+    admission: a decode batch is bounded by BS_max, so an overloaded decode stage shows up as requests
+    waiting for a slot). Requests *in flight* would also count the decode of admitted requests, whose
+    fixed length (a 1024-token answer is ~27 s) says nothing about a queue and would stretch the sample
+    step (docs/experiments.md, "Queue trend"). The backlog is sampled every max(1 s, median TTFT) --
+    consecutive samples closer than a request's wait share most requests, and that autocorrelation would
+    make any test over-confident -- over the arrivals after a warm-up (`warmup_fraction` of the span). It
+    grows when Kendall's tau is positive with one-sided p < `alpha`, the Theil-Sen slope's 95% interval
+    lies above zero and its growth over the window is at least one request.
     """
     from scipy import stats as sps
 
-    empty = {"samples": 0, "slope_per_s": None, "slope_low_per_s": None, "growth": None, "kendall_tau": None,
-             "p_value": None, "growing": None}
+    empty = {"samples": 0, "step_s": None, "slope_per_s": None, "slope_low_per_s": None, "growth": None,
+             "kendall_tau": None, "p_value": None, "growing": None}
     if not len(df):
         return empty
-    lat = (df["finish_s"] - df["arrival_s"]).dropna()
-    step = max(1.0, float(lat.median()) if len(lat) else 1.0)
-    t, n = inflight_series(df, step)
+    ttft = ttft_s(df).dropna() if "first_token_s" in df else pd.Series([], dtype=float)
+    step = max(1.0, float(ttft.median()) if len(ttft) else 1.0)
+    t, n = backlog_series(df, step)
     if t.size:
         keep = t >= t.min() + warmup_fraction * (t.max() - t.min())
         t, n = t[keep], n[keep]
     if t.size < 5:
-        return {**empty, "samples": int(t.size)}
+        return {**empty, "samples": int(t.size), "step_s": step}
     if np.all(n == n[0]):
-        return {**empty, "samples": int(t.size), "slope_per_s": 0.0, "slope_low_per_s": 0.0, "growth": 0.0, "growing": False}
+        return {**empty, "samples": int(t.size), "step_s": step, "slope_per_s": 0.0, "slope_low_per_s": 0.0,
+                "growth": 0.0, "growing": False}
     slope, _, low, _ = sps.theilslopes(n, t, 0.95)
     tau = sps.kendalltau(t, n, alternative="greater")
     growth = float(slope * (t.max() - t.min()))
     growing = bool(tau.pvalue < alpha and low > 0 and growth >= 1.0)
-    return {"samples": int(t.size), "slope_per_s": float(slope), "slope_low_per_s": float(low), "growth": growth,
-            "kendall_tau": float(tau.statistic), "p_value": float(tau.pvalue), "growing": growing}
+    return {"samples": int(t.size), "step_s": step, "slope_per_s": float(slope), "slope_low_per_s": float(low),
+            "growth": growth, "kendall_tau": float(tau.statistic), "p_value": float(tau.pvalue), "growing": growing}
 
 
 def prefix_cache(df: pd.DataFrame) -> dict[str, Any]:
