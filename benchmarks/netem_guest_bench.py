@@ -18,8 +18,8 @@ point. "unshaped guest throughput" (10 Gbit/s, no delay) is what the guest's for
 all: a goodput row whose rate is above 0.8 of it is labelled CPU-bound with that figure.
 
 Goodput window: omit max(2 s, 40 RTT), then max(6 s, 120 RTT) measured (`window_s`): 2 s / 6 s up to a
-50 ms RTT, 4 s / 12 s at 100 ms. Every point gets a queue of 1 BDP of its own RTT, in bytes (`set_point`):
-the scenario's `1bdp` would stay sized for the RTT the network started with (the first point's).
+50 ms RTT, 4 s / 12 s at 100 ms. Every point gets a queue of 1 BDP of its own RTT (`set_point`): the
+scenario's `1bdp`, which the WAN re-sizes on each change of rate or delay.
 Beside each goodput it prints the sender's retransmitted segments, the WAN qdiscs' drops and the
 reordering the sender saw (SACK reorder, DSACKs, ACKs dropped by PAWS).
 
@@ -85,17 +85,12 @@ def set_both(net, **changes) -> None:
 
 
 def set_point(net, rate_mbps: float, delay_ms: float) -> int:
-    """Both directions to one grid point, with a queue of 1 BDP *of this point* (in bytes; at least one
-    GSO packet). The scenario's `1bdp` is resolved against the round trip the network was started with
-    (`WanSpec.rtt_s`, the first point's): left as it was, a 200 Mbit/s x 50 ms point measured in a network
-    started at 5 ms had a 250 kB queue, 0.1 BDP. Returns the queue's bytes."""
-    from testbed.net.shaping import plan_shaping
-    from testbed.units import QueueLimit
-
-    spec = replace(net.wan.current[DIR], rate_bps=rate_mbps * 1e6, delay_s=delay_ms / 1e3, queue=QueueLimit("bdp", 1.0))
-    queue_bytes = plan_shaping(spec, rtt_s=2 * delay_ms / 1e3).queue_bytes
-    set_both(net, rate_bps=rate_mbps * 1e6, delay_s=delay_ms / 1e3, queue=QueueLimit("bytes", float(queue_bytes)))
-    return queue_bytes
+    """Both directions to one grid point. The scenario's `1bdp` queue follows: the WAN re-sizes a
+    BDP-relative queue from the current rate and round trip on every change (docs/network.md, "Queue
+    sizing under a schedule"), so each point gets 1 BDP of its own (at least one GSO packet). Returns
+    the queue's bytes."""
+    set_both(net, rate_bps=rate_mbps * 1e6, delay_s=delay_ms / 1e3)
+    return net.wan.plan(DIR).queue_bytes
 
 
 def rtt_ok(p50_s: float, expected_s: float) -> bool:

@@ -17,7 +17,7 @@ Why these numbers (docs/network.md has the measurements):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
@@ -73,12 +73,6 @@ def plan_shaping(direction: LinkDirectionSpec, *, shaper: str = "htb", scale: Sc
         raise UserError(f"wan.shaper: tbf supports wire rates up to {TBF_MAX_RATE_BPS / 1e9:.1f} Gbps here; use htb or a larger scale")
     queue = max(direction.queue_bytes(scale, rtt_s), MIN_QUEUE_BYTES)
     return ShapingPlan(shaper, rate_bps, burst_bytes_for(rate_bps), queue)
-
-
-def with_rate(plan: ShapingPlan, direction: LinkDirectionSpec, *, scale: Scale | float, rtt_s: float | None) -> ShapingPlan:
-    """The plan after a schedule change of the direction (rate, hence burst and a BDP queue, follow)."""
-    new = plan_shaping(direction, shaper=plan.shaper, scale=scale, rtt_s=rtt_s)
-    return replace(plan, rate_bps=new.rate_bps, burst_bytes=new.burst_bytes, queue_bytes=new.queue_bytes)
 
 
 # ------------------------------------------------------------------------------------- netlink requests

@@ -60,23 +60,25 @@ def _run(popen: Popen, argv: list[str], timeout_s: float = 10) -> None:
 
 
 class DirectionEmulator(Protocol):
+    plan: shaping.ShapingPlan  # what its shaper holds now
+
     def start(self) -> None: ...
     def warm(self) -> None: ...
-    def update(self, spec: LinkDirectionSpec) -> None: ...
+    def update(self, spec: LinkDirectionSpec, plan: shaping.ShapingPlan) -> None: ...
     def sample(self) -> dict[str, Any]: ...
     def stop(self) -> None: ...
 
 
 class _Shaped:
-    """The part both backends share: an HTB/TBF plan on the egress, kept in step with the spec."""
+    """The part both backends share: an HTB/TBF plan on the egress, kept in step with the spec. The plan
+    is `Wan`'s (`Wan.plan`): a BDP queue depends on both directions' delays, which one direction does not know."""
 
     parent = shaping.IFACE_ROOT  # where the shaper hangs
 
-    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, shaper: str, scale: Scale, rtt_s: float) -> None:
+    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, plan: shaping.ShapingPlan) -> None:
         from pyroute2 import IPRoute
 
-        self.port, self.spec, self.scale, self.rtt_s = port, spec, scale, rtt_s
-        self.plan = shaping.plan_shaping(spec, shaper=shaper, scale=scale, rtt_s=rtt_s)
+        self.port, self.spec, self.plan = port, spec, plan
         self.ipr = IPRoute(netns=port.netns_path)
         self.ifindex = self.ipr.link_lookup(ifname=port.ifname)[0]
         self.lock = threading.Lock()
@@ -85,11 +87,10 @@ class _Shaped:
         with self.lock:
             shaping.apply_plan(self.ipr, self.ifindex, self.plan, parent=self.parent)
 
-    def _reshape(self, spec: LinkDirectionSpec) -> None:
-        new = shaping.with_rate(self.plan, spec, scale=self.scale, rtt_s=self.rtt_s)
+    def _reshape(self, spec: LinkDirectionSpec, plan: shaping.ShapingPlan) -> None:
         with self.lock:
-            shaping.update_plan(self.ipr, self.ifindex, new, parent=self.parent)
-        self.plan, self.spec = new, spec
+            shaping.update_plan(self.ipr, self.ifindex, plan, parent=self.parent)
+        self.plan, self.spec = plan, spec
 
     def warm(self) -> None:
         """One netlink read from the calling thread, so that its first `update` does not pay pyroute2's
@@ -118,8 +119,8 @@ class _Shaped:
 class DelayLineEmulator(_Shaped):
     """HTB/TBF (rate, queue) + the userspace NFQUEUE delay line (delay, jitter, loss) of testbed.net.delayline."""
 
-    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, shaper: str, scale: Scale, rtt_s: float, queue_num: int, seed: int) -> None:
-        super().__init__(port, spec, shaper, scale, rtt_s)
+    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, plan: shaping.ShapingPlan, queue_num: int, seed: int) -> None:
+        super().__init__(port, spec, plan)
         from testbed.net import delayline
 
         self.delayline_mod = delayline
@@ -130,9 +131,11 @@ class DelayLineEmulator(_Shaped):
         self._shape()
         self.line.start()
 
-    def update(self, spec: LinkDirectionSpec) -> None:
-        self._reshape(spec)
-        self.line.update(self.delayline_mod.build_config(spec, self.seed))
+    def update(self, spec: LinkDirectionSpec, plan: shaping.ShapingPlan) -> None:
+        self._reshape(spec, plan)
+        config = self.delayline_mod.build_config(spec, self.seed)
+        if config != self.line.config:  # a queue re-sized for the other direction's delay leaves the line as it is
+            self.line.update(config)
 
     def sample(self) -> dict[str, Any]:
         out = self._qdisc_sample()
@@ -167,14 +170,13 @@ class NetemEmulator(_Shaped):
         self._shape()
         self.table = plan.table
 
-    def update(self, spec: LinkDirectionSpec) -> None:
-        shaped = shaping.with_rate(self.plan, spec, scale=self.scale, rtt_s=self.rtt_s)
-        plan = netem.plan_netem(spec, shaped)
+    def update(self, spec: LinkDirectionSpec, shaped: shaping.ShapingPlan) -> None:
+        plan = netem.plan_netem(spec, shaped)  # its limit follows the queue
         if netem.needs_recreate(self.table, plan):  # all of it again (the shaper goes with netem)
             self.plan, self.spec = shaped, spec
             self.start()
             return
-        self._reshape(spec)
+        self._reshape(spec, shaped)
         _run(self.port.popen, netem.netem_tc_argv(self.port.ifname, plan, command="change"))
         if plan.table is not None or plan.jitter_s > 0:
             self.table = plan.table
@@ -197,13 +199,20 @@ class Wan:
         self.emulators: dict[str, DirectionEmulator] = {}
         self.applied: list[str] = []
 
+    def plan(self, direction: str, current: dict[str, LinkDirectionSpec] | None = None) -> shaping.ShapingPlan:
+        """The shaping plan of `direction` for the current specs (or `current`): its rate, and a queue
+        given relative to the BDP sized from that rate and the round trip of both directions' delays."""
+        current = current or self.current
+        rtt_s = replace(self.spec, **current).rtt_s  # the one definition of the round trip, on today's delays
+        return shaping.plan_shaping(current[direction], shaper=self.spec.shaper, scale=self.scale, rtt_s=rtt_s)
+
     def start(self) -> None:
         for d in DIRECTIONS:
-            port, spec = self.ports[d], self.current[d]
+            port, spec, plan = self.ports[d], self.current[d], self.plan(d)
             if self.backend == "netem":
-                em: DirectionEmulator = NetemEmulator(port, spec, self.spec.shaper, self.scale, self.spec.rtt_s)
+                em: DirectionEmulator = NetemEmulator(port, spec, plan)
             else:
-                em = DelayLineEmulator(port, spec, self.spec.shaper, self.scale, self.spec.rtt_s, QUEUE_NUMS[d], self.seed + QUEUE_NUMS[d])
+                em = DelayLineEmulator(port, spec, plan, QUEUE_NUMS[d], self.seed + QUEUE_NUMS[d])
             self.emulators[d] = em
             em.start()
 
@@ -212,8 +221,14 @@ class Wan:
         return [str(d) for em in self.emulators.values() if (d := getattr(getattr(em, "line", None), "control_dir", None))]
 
     def set_direction(self, direction: str, spec: LinkDirectionSpec) -> None:
-        self.emulators[direction].update(spec)
-        self.current[direction] = spec
+        """Apply a new spec to one direction. A delay change also changes the round trip, so the other
+        direction's queue is re-sized too when it is given relative to the BDP (`1bdp`)."""
+        current = {**self.current, direction: spec}
+        for d in DIRECTIONS:
+            plan = self.plan(d, current)
+            if d == direction or plan != self.emulators[d].plan:
+                self.emulators[d].update(current[d], plan)
+                self.current[d] = current[d]
 
     def set_link_up(self, direction: str, up: bool) -> None:
         if self.link_up[direction] == up:

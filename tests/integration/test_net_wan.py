@@ -89,6 +89,29 @@ def test_link_down_drops_everything_and_up_restores(net):
     assert net.run("prfaas-p0", ["ping", "-c", "2", "-i", "0.1", net.host_ip("pd-d0")]).returncode == 0
 
 
+def bfifo_limits(net) -> dict[str, int]:
+    """The queue limit the kernel holds on each WAN egress (the bfifo 10:), in bytes."""
+    import json
+
+    out = {}
+    for d, gw in (("prfaas_to_pd", "prfaas-gw"), ("pd_to_prfaas", "pd-gw")):
+        qdiscs = json.loads(net.run(gw, ["tc", "-j", "qdisc", "show", "dev", f"{gw}-wan"]).stdout)
+        out[d] = next(q["options"]["limit"] for q in qdiscs if q["kind"] == "bfifo")
+    return out
+
+
+def test_a_scheduled_delay_change_resizes_the_1bdp_queue_in_the_kernel(net):
+    """1 Gbps on the wire: 1 BDP = 2.5 MB at 2 x 10 ms, 10 MB at 2 x 40 ms, back after the revert."""
+    change = (("delay_s", 0.040),)
+    assert bfifo_limits(net) == {d: 2_500_000 for d in DIRS}
+    net.wan.apply(ScheduleAction(0, 97, DIRS, "change", change))
+    try:
+        assert bfifo_limits(net) == {d: 10_000_000 for d in DIRS}
+    finally:
+        net.wan.apply(ScheduleAction(0, 97, DIRS, "revert", change))
+    assert bfifo_limits(net) == {d: 2_500_000 for d in DIRS}
+
+
 def test_popen_runs_inside_the_host_namespace(net):
     out = net.run("pd-d0", ["ip", "-4", "-o", "addr", "show"]).stdout
     assert net.host_ip("pd-d0") in out and net.host_ip("prfaas-p0") not in out

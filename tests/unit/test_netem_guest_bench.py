@@ -39,23 +39,27 @@ def test_a_bad_point_is_one_line_and_exit_2() -> None:
 
 
 def test_each_point_gets_a_queue_of_its_own_bdp(bench) -> None:
-    """The network starts at the first point; a later point must not keep a queue sized for that RTT."""
-    from testbed.scenario import DIRECTIONS, LinkDirectionSpec
+    """The network starts at the first point; a later point must not keep a queue sized for that RTT.
+    The WAN (the real `Wan`, its qdiscs replaced by a recorder) re-sizes the scenario's `1bdp`."""
+    from testbed.net.wan import Wan
+    from testbed.scale import Scale
+    from testbed.scenario import DIRECTIONS
 
-    class Wan:  # records what the bench asks of the WAN (the real one is exercised in the guest runs)
-        def __init__(self) -> None:
-            self.current = {d: LinkDirectionSpec(rate_bps=20e6, delay_s=0.005) for d in DIRECTIONS}
+    class Qdiscs:  # one direction's qdiscs: a fake inside this unit test only
+        def __init__(self, plan) -> None:
+            self.plan = plan
 
-        def set_direction(self, d: str, spec: LinkDirectionSpec) -> None:
-            self.current[d] = spec
+        def update(self, spec, plan) -> None:
+            self.plan = plan
 
     class Net:
-        wan = Wan()
+        wan = Wan(bench.scenario("netem", "20Mbps", "5ms").wan, {}, scale=Scale(1), backend="netem", seed=1)
 
     net = Net()
+    net.wan.emulators = {d: Qdiscs(net.wan.plan(d)) for d in DIRECTIONS}
     assert bench.set_point(net, 200, 50) == 2_500_000  # 200 Mbit/s x 100 ms
     assert bench.set_point(net, 200, 5) == 250_000  # not the 2.5 MB of the point before
     assert bench.set_point(net, 20, 5) == 67_036  # 25 kB, floored at one GSO packet
     for d in DIRECTIONS:
         spec = net.wan.current[d]
-        assert (spec.rate_bps, spec.delay_s, spec.queue.kind, spec.queue.value) == (20e6, 0.005, "bytes", 67_036)
+        assert (spec.rate_bps, spec.delay_s, spec.queue.kind, net.wan.emulators[d].plan.queue_bytes) == (20e6, 0.005, "bdp", 67_036)
