@@ -112,7 +112,10 @@ def test_open_loop_sends_at_arrival_times_with_the_testbed_extension(router: Sta
         t.join(10)
     client.out.close()
     offsets = sorted(t - start for t in router.times)
-    assert offsets[:4] == pytest.approx([0.0, 0.3, 0.6, 0.9], abs=0.1)
+    late_s = [o - s for o, s in zip(offsets[:4], [0.0, 0.3, 0.6, 0.9])]
+    # Never before its arrival time (all at once would be 0.3-0.9 s early); lateness is a loose sanity
+    # bound (0.1 s flaked once on a loaded 2-core host), not a timing measurement.
+    assert min(late_s) > -0.02 and max(late_s) < 0.5, late_s
     body = next(b for b in router.bodies if b["prfaas"]["request_id"] == "r1")
     assert body["stream"] is True and body["max_tokens"] == 4
     assert body["prfaas"] == {"request_id": "r1", "input_len": 600, "block_hashes": [7, 8]}
