@@ -16,6 +16,7 @@ cache at such a boundary is therefore the same computation as one that never sto
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import torch
@@ -74,9 +75,14 @@ def rope_at(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+log = logging.getLogger(__name__)
+
 # The CPU flash-attention kernel behind `scaled_dot_product_attention`, called directly where its
-# log-sum-exp is needed (an aten op, present in the pinned torch; without it the masked path serves).
+# log-sum-exp is needed: a private aten op, present in the pinned torch. Where a torch lacks it (or its
+# signature or outputs changed) the masked path serves, correct but ~1.7x dearer per score; that is
+# logged once (`_warn_flash_fallback`) and tests/unit/test_torch_model.py fails on the pinned torch.
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_FALLBACK_WARNED = False
 
 
 @functools.lru_cache(maxsize=16)
@@ -86,8 +92,52 @@ def _chunk_masks(chunk_tokens: int, device: torch.device, dtype: torch.dtype) ->
             torch.eye(chunk_tokens, dtype=dtype, device=device))
 
 
-def _flash_cpu_available(x: torch.Tensor) -> bool:
-    return _FLASH_CPU is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64, torch.bfloat16)
+def _warn_flash_fallback(reason: str) -> None:
+    """One warning per process that the prefix merge lost its fast kernel (the results stay exact)."""
+    global _FLASH_FALLBACK_WARNED
+    if not _FLASH_FALLBACK_WARNED:
+        _FLASH_FALLBACK_WARNED = True
+        log.warning("attention: aten._scaled_dot_product_flash_attention_for_cpu %s in torch %s; a prompt continuing a "
+                    "cached prefix on CPU takes the masked path (same result, ~1.7x dearer per score; docs/models.md)",
+                    reason, torch.__version__)
+
+
+def _flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(output ``[1, H, T, W]``, log-sum-exp ``[1, H, T]``) from the CPU flash kernel, or None (warned once)
+    when this torch does not have it, refuses the call, or returns another layout."""
+    global _FLASH_CPU
+    if _FLASH_CPU is None:
+        _warn_flash_fallback("is not available")
+        return None
+    try:
+        o, lse = _FLASH_CPU(q, k, v, 0.0, causal, scale=scale)[:2]
+    except (RuntimeError, TypeError, ValueError) as exc:  # a changed signature: never again in this process
+        _FLASH_CPU = None
+        _warn_flash_fallback(f"failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+        return None
+    if o.shape != q.shape[:-1] + v.shape[-1:] or lse.shape != q.shape[:-1]:
+        _FLASH_CPU = None
+        _warn_flash_fallback(f"returned shapes {tuple(o.shape)} / {tuple(lse.shape)}, not the output / log-sum-exp expected")
+        return None
+    return o, lse
+
+
+def _attend_prompt(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, prefix: int, scale: float) -> torch.Tensor | None:
+    """Queries that are the last T of the keys, head-major ``[1, H, T, W]`` / ``[1, H, S, W]``: one causal
+    call without a prefix; with one, on CPU, the flash kernel on the prefix (unmasked) and on the prompt's
+    own part (causal) merged by their log-sum-exps. None where that kernel cannot serve (the caller masks)."""
+    if prefix == 0:
+        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)[0]
+    if qh.device.type != "cpu" or qh.dtype not in (torch.float32, torch.float64, torch.bfloat16):
+        return None
+    pre = _flash_with_lse(qh, kh[:, :, :prefix], vh[:, :, :prefix], False, scale)
+    own = _flash_with_lse(qh, kh[:, :, prefix:], vh[:, :, prefix:], True, scale) if pre is not None else None
+    if own is None:
+        return None
+    (o_pre, lse_pre), (o_own, lse_own) = pre, own
+    lse = torch.logaddexp(lse_pre, lse_own)
+    return (o_pre * (lse_pre - lse).exp()[..., None] + o_own * (lse_own - lse).exp()[..., None])[0]
 
 
 def _pad_last(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -118,19 +168,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, k_st
     kh, vh = _pad_last(k, width).transpose(0, 1), _pad_last(v, width).transpose(0, 1)  # [KV, S, W]
     qp = _pad_last(q, width)
     prefix = s - t
-    if t > 1 and not window and q_start - k_start == prefix and (prefix == 0 or _flash_cpu_available(q)):
+    if t > 1 and not window and q_start - k_start == prefix:
         qh = qp.reshape(t, kvh * g, width).transpose(0, 1)[None]  # [1, H, T, W]
-        if g > 1:
-            kh, vh = kh.repeat_interleave(g, dim=0), vh.repeat_interleave(g, dim=0)
-        kh, vh = kh[None], vh[None]
-        if prefix == 0:
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)[0]
-        else:
-            o_pre, lse_pre = _FLASH_CPU(qh, kh[:, :, :prefix], vh[:, :, :prefix], 0.0, False, scale=scale)
-            o_own, lse_own = _FLASH_CPU(qh, kh[:, :, prefix:], vh[:, :, prefix:], 0.0, True, scale=scale)
-            lse = torch.logaddexp(lse_pre, lse_own)
-            o = (o_pre * (lse_pre - lse).exp()[..., None] + o_own * (lse_own - lse).exp()[..., None])[0]
-        return o[..., :dv].transpose(0, 1).reshape(t, kvh, g, dv)
+        kr, vr = (kh.repeat_interleave(g, dim=0), vh.repeat_interleave(g, dim=0)) if g > 1 else (kh, vh)
+        o = _attend_prompt(qh, kr[None], vr[None], prefix, scale)
+        if o is not None:
+            return o[..., :dv].transpose(0, 1).reshape(t, kvh, g, dv)
     qh = qp.permute(1, 2, 0, 3)  # [KV, G, T, W]
     out = q.new_empty((kvh, g, t, dv))
     block = max(1, min(t, _ATTN_BLOCK_ELEMS // max(1, s * g)))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,6 +133,75 @@ def test_fused_attention_equals_the_materialised_definition(case: tuple, mode: s
     got = layers.attend(q, k, v, q_start, k_start, window, d**-0.5)
     assert got.shape == (t, 2, g, dv)
     assert torch.allclose(got, naive_attention(q, k, v, q_start, k_start, window, d**-0.5), atol=1e-5, rtol=0)
+
+
+def _pinned_torch() -> str:
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    return re.search(r'"torch==([^"]+)"', pyproject).group(1)
+
+
+def test_a_prompt_continuing_a_cached_prefix_uses_the_flash_merge_with_the_pinned_torch(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The prefix merge calls a private aten op; a torch that drops or changes it would fall back to the
+    masked path (correct, ~1.7x dearer per score). With the pinned torch the fast path must be the one
+    taken, in `attend` and in every MLA layer of a resumed prefill, with no fallback warning, and equal
+    the definition."""
+    import testbed.models.layers as layers
+
+    pinned = _pinned_torch()
+    if torch.__version__.split("+")[0] != pinned:
+        pytest.skip(f"torch {torch.__version__} is not the pinned {pinned}: the fast path is required of the pinned torch only")
+    assert layers._FLASH_CPU is not None, f"torch {pinned} lacks aten._scaled_dot_product_flash_attention_for_cpu"
+    real, causal_flags = layers._FLASH_CPU, []
+
+    def spy(*args, **kwargs):
+        causal_flags.append(args[4])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layers, "_FLASH_CPU", spy)
+    monkeypatch.setattr(layers, "_FLASH_FALLBACK_WARNED", False)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(10, 2, 2, 12, generator=gen), torch.randn(50, 2, 12, generator=gen), torch.randn(50, 2, 8, generator=gen)
+    with caplog.at_level(logging.WARNING, logger=layers.__name__):
+        got = layers.attend(q, k, v, 47, 7, None, 12**-0.5)
+        assert causal_flags == [False, True]  # the prefix unmasked, the prompt's own part causal
+        assert torch.allclose(got, naive_attention(q, k, v, 47, 7, None, 12**-0.5), atol=1e-5, rtol=0)
+        model = build_model(load_model_spec("kimi-linear-48b"), "tiny", seed=0, device="cpu")
+        ids = prompt(56, model.vocab_size)
+        _, prefix = model.prefill(ids[:32])
+        causal_flags.clear()
+        resumed, _ = model.prefill(ids[32:], cache=prefix)  # 24 new tokens: MLA expands (not absorbed)
+        full, _ = model.prefill(ids)
+    n_mla = sum(layer.kind == "mla" for layer in model.spec.layers)
+    assert n_mla == 7 and causal_flags[:2 * n_mla] == [False, True] * n_mla
+    assert torch.allclose(resumed, full[32:], atol=2e-2, rtol=0)  # bf16 caches, 27 layers: the merge's rounding shows
+    assert torch.equal(resumed.argmax(-1), full[32:].argmax(-1))
+    assert not [r for r in caplog.records if r.name == layers.__name__]
+
+
+@pytest.mark.parametrize("broken", ["missing", "signature"])
+def test_without_the_flash_kernel_the_prefix_merge_falls_back_visibly(broken: str, monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A torch without the op (or with another signature): the masked path gives the same result and one
+    warning names the op and says what it costs, once per process."""
+    import testbed.models.layers as layers
+
+    def changed(*args, **kwargs):
+        raise TypeError("_scaled_dot_product_flash_attention_for_cpu() got an unexpected keyword argument 'scale'")
+
+    monkeypatch.setattr(layers, "_FLASH_CPU", None if broken == "missing" else changed)
+    monkeypatch.setattr(layers, "_FLASH_FALLBACK_WARNED", False)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(10, 2, 2, 12, generator=gen), torch.randn(50, 2, 12, generator=gen), torch.randn(50, 2, 8, generator=gen)
+    with caplog.at_level(logging.WARNING, logger=layers.__name__):
+        for _ in range(3):
+            got = layers.attend(q, k, v, 47, 7, None, 12**-0.5)
+            assert torch.allclose(got, naive_attention(q, k, v, 47, 7, None, 12**-0.5), atol=1e-5, rtol=0)
+    warned = [r.getMessage() for r in caplog.records if r.name == layers.__name__]
+    assert len(warned) == 1
+    assert "_scaled_dot_product_flash_attention_for_cpu" in warned[0] and "masked path" in warned[0]
+    assert ("not available" if broken == "missing" else "failed (TypeError") in warned[0]
+    assert layers._FLASH_CPU is None  # a refused call is not retried
 
 
 def test_tiny_hybrid_prefill_chunked_and_recurrent_give_the_same_greedy_tokens() -> None:
