@@ -53,14 +53,22 @@ def _rope_inv_freq(half: int, device: torch.device) -> torch.Tensor:
     return 1.0 / ROPE_THETA ** (torch.arange(half, dtype=torch.float32, device=device) / half)
 
 
+@functools.lru_cache(maxsize=16)
+def _rope_cos_sin(start: int, t: int, half: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[T, half]`` of positions start..start+T-1: the same for every layer of one call, so
+    computed once a call instead of once a layer (five operations each)."""
+    pos = torch.arange(start, start + t, dtype=torch.float32, device=device)
+    ang = pos[:, None] * _rope_inv_freq(half, device)[None, :]
+    return ang.cos(), ang.sin()
+
+
 def rope(x: torch.Tensor, start: int) -> torch.Tensor:
     """Rotary embedding (rotate-half) of ``x [T, ..., D]`` at positions start..start+T-1."""
     t, d = x.shape[0], x.shape[-1]
     half = d // 2
-    inv = _rope_inv_freq(half, x.device)
-    pos = torch.arange(start, start + t, dtype=torch.float32, device=x.device)
-    ang = (pos[:, None] * inv[None, :]).view(t, *([1] * (x.dim() - 2)), half)
-    cos, sin = ang.cos(), ang.sin()
+    cos, sin = _rope_cos_sin(start, t, half, x.device)
+    if x.dim() > 2:
+        cos, sin = cos.view(t, *([1] * (x.dim() - 2)), half), sin.view(t, *([1] * (x.dim() - 2)), half)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -138,6 +146,13 @@ def _attend_prompt(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, prefix:
     (o_pre, lse_pre), (o_own, lse_own) = pre, own
     lse = torch.logaddexp(lse_pre, lse_own)
     return (o_pre * (lse_pre - lse).exp()[..., None] + o_own * (lse_own - lse).exp()[..., None])[0]
+
+
+def short_conv(windows: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """The depthwise causal short conv: ``windows [..., C, K]`` (each output's K inputs, oldest first, a view)
+    times the per-channel taps ``[C, K]``, summed: two operations whatever K, bit-equal to K shifted
+    multiply-adds (the reduction adds the taps in order)."""
+    return (windows * taps).sum(-1)
 
 
 def _pad_last(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -326,24 +341,35 @@ class LinearMixer(nn.Module):
         self.kv_dtype, self.state_dtype = torch_dtype(kv_dtype), torch_dtype(state_dtype)
         h, hk, dk, dv = spec.heads, spec.qk_heads, spec.key_dim, spec.value_dim
         self.widths = (hk * dk, hk * dk, h * dv)
-        self.w_qkv = make_param(gen, (sum(self.widths), hidden), hidden**-0.5, device)
+        w_qkv = make_param(gen, (sum(self.widths), hidden), hidden**-0.5, device)
         if spec.conv_kernel:
             self.w_conv = make_param(gen, (spec.conv_channels, spec.conv_kernel), spec.conv_kernel**-0.5, device)
-        if spec.rule == "delta":
-            self.w_decay = make_param(gen, (h, hidden), 0.1 * hidden**-0.5, device)
-            self.w_beta = make_param(gen, (h, hidden), hidden**-0.5, device)
+        if spec.rule == "delta":  # q/k/v, the decay gate and the write strength: one projection (rows in that order)
+            w_decay = make_param(gen, (h, hidden), 0.1 * hidden**-0.5, device)
+            w_beta = make_param(gen, (h, hidden), hidden**-0.5, device)
+            self.w_in = nn.Parameter(torch.cat((w_qkv, w_decay, w_beta)), requires_grad=False)
+            self.in_widths = (sum(self.widths), h, h)
         else:  # Lightning: fixed ALiBi-style decay slope per head
+            self.w_in, self.in_widths = w_qkv, (sum(self.widths),)
             slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], dtype=torch.float32)
             self.register_buffer("neg_slopes", -slopes.to(device), persistent=False)
         self.w_o = make_param(gen, (hidden, h * dv), (h * dv) ** -0.5 / math.sqrt(2 * n_layers), device)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(q/k/v before the conv, decay-gate logits, write-strength logits; the last two None for `decay`)."""
+        z = F.linear(x, self.w_in)
+        if len(self.in_widths) == 1:
+            return z, None, None
+        return z.split(self.in_widths, dim=-1)
 
     def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Token-major q, k (L2-normalised, q scaled, repeated to every value head) and v: ``[T, H, d]``."""
         sp = self.spec
         t, h, hk, dk = qkv.shape[0], sp.heads, sp.qk_heads, sp.key_dim
-        q, k, v = F.silu(qkv).split(self.widths, dim=-1)
-        q = F.normalize(q.reshape(t, hk, dk), dim=-1) * dk**-0.5
-        k = F.normalize(k.reshape(t, hk, dk), dim=-1)
+        act = F.silu(qkv)
+        qk = act[:, :2 * hk * dk].reshape(t, 2 * hk, dk)  # q and k normalised together (F.normalize, written out)
+        qk = qk / torch.linalg.vector_norm(qk, dim=-1, keepdim=True).clamp_min(1e-12)
+        q, k, v = qk[:, :hk] * dk**-0.5, qk[:, hk:], act[:, 2 * hk * dk:]
         if h != hk:
             q, k = q.repeat_interleave(h // hk, dim=1), k.repeat_interleave(h // hk, dim=1)
         return q, k, v.reshape(t, h, sp.value_dim)
@@ -372,7 +398,7 @@ class LinearMixer(nn.Module):
         t = x.shape[0]
         h, hk, dk, dv = sp.heads, sp.qk_heads, sp.key_dim, sp.value_dim
         at = checkpoint_at - start if checkpoint_at is not None and start < checkpoint_at <= start + t else None
-        qkv = x @ self.w_qkv.T
+        qkv, decay, write = self._project(x)
         conv_state = None
         if sp.conv_kernel:
             qkv = qkv.to(self.kv_dtype)
@@ -380,23 +406,22 @@ class LinearMixer(nn.Module):
             seq = torch.cat((before, qkv), dim=0)
             conv_state = seq[-(sp.conv_kernel - 1):].clone()
             conv_at = seq[at:at + sp.conv_kernel - 1].clone() if at is not None else None
-            seq = seq.float()
-            qkv = sum(seq[j:j + t] * self.w_conv[:, j] for j in range(sp.conv_kernel))  # depthwise causal conv
+            qkv = short_conv(seq.float().unfold(0, sp.conv_kernel, 1), self.w_conv)  # [T, C, K] windows
         q, k, v = (z.transpose(0, 1).contiguous() for z in self._heads(qkv))
         if sp.rule == "delta":
-            g = F.logsigmoid(x @ self.w_decay.T + 3.0).T  # per-token log decay, about -0.05
-            beta = torch.sigmoid(x @ self.w_beta.T).T
+            g = F.logsigmoid(decay + 3.0).T  # per-token log decay, about -0.05
+            beta = torch.sigmoid(write).T
         else:
             g = self.neg_slopes[:, None].expand(h, t)
             beta = None
-        state = prev.tensors["state"].to(x.device).float() if prev else x.new_zeros((h, dk, dv))
+        state = prev.tensors["state"].to(x.device, torch.float32) if prev else x.new_zeros((h, dk, dv))
         saved: list[torch.Tensor] = []
         if recurrent:
             o, state = linear_attention_recurrent(q, k, v, g, beta, state, start, self.chunk_tokens, self.state_dtype)
         else:
             o, state = linear_attention_chunked(q, k, v, g, beta, state, start, self.chunk_tokens, self.state_dtype,
                                                 checkpoint_at, saved if at is not None else None)
-        y = rms_norm(o.transpose(0, 1)).reshape(t, h * dv) @ self.w_o.T
+        y = F.linear(rms_norm(o.transpose(0, 1)).reshape(t, h * dv), self.w_o)
         tensors = {"state": state.to(self.state_dtype).contiguous()}
         if conv_state is not None:
             tensors["conv"] = conv_state
@@ -412,27 +437,26 @@ class LinearMixer(nn.Module):
         sp = self.spec
         b = x.shape[0]
         h, hk, dk, dv = sp.heads, sp.qk_heads, sp.key_dim, sp.value_dim
-        qkv = x @ self.w_qkv.T
+        qkv, decay, write = self._project(x)
         conv_states: list[torch.Tensor | None] = [None] * b
         if sp.conv_kernel:
             qkv = qkv.to(self.kv_dtype)
             before = torch.stack([p.tensors["conv"].to(x.device) for p in prevs])  # [B, K-1, C]
             seq = torch.cat((before, qkv[:, None, :]), dim=1)  # [B, K, C]
             conv_states = [seq[i, 1:].clone() for i in range(b)]
-            seq = seq.float()
-            qkv = sum(seq[:, j] * self.w_conv[:, j] for j in range(sp.conv_kernel))
+            qkv = short_conv(seq.float().transpose(1, 2), self.w_conv)  # [B, C, K] windows
         q, k, v = self._heads(qkv)
-        state = torch.stack([p.tensors["state"].to(x.device).float() for p in prevs])  # [B, H, dk, dv]
+        state = torch.stack([p.tensors["state"].to(x.device, torch.float32) for p in prevs])  # [B, H, dk, dv]
         if sp.rule == "delta":
-            state = state * F.logsigmoid(x @ self.w_decay.T + 3.0).exp()[:, :, None, None]
+            state = state * F.logsigmoid(decay + 3.0).exp()[:, :, None, None]
             mem = torch.einsum("bhk,bhkv->bhv", k, state)
-            delta = (v - mem) * torch.sigmoid(x @ self.w_beta.T)[..., None]
+            delta = (v - mem) * torch.sigmoid(write)[..., None]
         else:
             state = state * self.neg_slopes.exp()[None, :, None, None]
             delta = v
         state = state + k[..., None] * delta[..., None, :]
         o = torch.einsum("bhk,bhkv->bhv", q, state)
-        y = rms_norm(o).reshape(b, h * dv) @ self.w_o.T
+        y = F.linear(rms_norm(o).reshape(b, h * dv), self.w_o)
         out = []
         for i in range(b):
             st = state[i]
@@ -468,15 +492,15 @@ class GQAMixer(nn.Module):
         sp = self.spec
         t = x.shape[0]
         kvh, dk, dv = sp.kv_heads, sp.k_head_dim, sp.v_head_dim
-        q = rope((x @ self.w_q.T).view(t, kvh, self.q_per_kv, dk), start)
-        k = rope((x @ self.w_k.T).view(t, kvh, dk), start).to(self.kv_dtype)
-        v = (x @ self.w_v.T).view(t, kvh, dv).to(self.kv_dtype)
+        q = rope(F.linear(x, self.w_q).view(t, kvh, self.q_per_kv, dk), start)
+        k = rope(F.linear(x, self.w_k).view(t, kvh, dk), start).to(self.kv_dtype)
+        v = F.linear(x, self.w_v).view(t, kvh, dv).to(self.kv_dtype)
         if prev is not None:
             k = torch.cat((prev.tensors["k"].to(x.device), k), dim=0)
             v = torch.cat((prev.tensors["v"].to(x.device), v), dim=0)
         k_start = start + t - k.shape[0]
         o = attend(q, k.float(), v.float(), start, k_start, self.window, dk**-0.5)
-        y = o.reshape(t, -1) @ self.w_o.T
+        y = F.linear(o.reshape(t, -1), self.w_o)
         ckpt = None
         if checkpoint_at is not None and start < checkpoint_at <= start + t:  # the cache as it was at that position
             hi = checkpoint_at - k_start
@@ -531,14 +555,14 @@ class MLAMixer(nn.Module):
         t = x.shape[0]
         nh, dn, dvh = self.heads, self.nope_dim, self.v_dim
         r, dr = self.spec.kv_lora_rank, self.spec.rope_dim
-        latent = rms_norm(x @ self.w_dkv.T).to(self.kv_dtype)
-        k_rope = rope(x @ self.w_kr.T, start).to(self.kv_dtype)
+        latent = rms_norm(F.linear(x, self.w_dkv)).to(self.kv_dtype)
+        k_rope = rope(F.linear(x, self.w_kr), start).to(self.kv_dtype)
         if prev is not None:
             latent = torch.cat((prev.tensors["latent"].to(x.device), latent), dim=0)
             k_rope = torch.cat((prev.tensors["k_rope"].to(x.device), k_rope), dim=0)
         s = latent.shape[0]
         lat, kr = latent.float(), k_rope.float()
-        q = (x @ self.w_q.T).view(t, nh, dn + dr)
+        q = F.linear(x, self.w_q).view(t, nh, dn + dr)
         q_nope, q_rope = q[..., :dn], rope(q[..., dn:], start)
         scale = (dn + dr) ** -0.5
         k_start = start + t - s
@@ -549,12 +573,12 @@ class MLAMixer(nn.Module):
             o_lat = attend(qq, kk, lat.view(s, 1, r), start, k_start, None, scale).reshape(t, nh, r)
             o = torch.einsum("thr,hvr->thv", o_lat, self.w_uv.view(nh, dvh, r))
         else:
-            k_nope = (lat @ self.w_uk.T).view(s, nh, dn)
+            k_nope = F.linear(lat, self.w_uk).view(s, nh, dn)
             kk = torch.cat((k_nope, kr[:, None, :].expand(s, nh, dr)), dim=-1)
-            vv = (lat @ self.w_uv.T).view(s, nh, dvh)
+            vv = F.linear(lat, self.w_uv).view(s, nh, dvh)
             qq = torch.cat((q_nope, q_rope), dim=-1).view(t, nh, 1, dn + dr)
             o = attend(qq, kk, vv, start, k_start, None, scale).reshape(t, nh, dvh)
-        y = o.reshape(t, nh * dvh) @ self.w_o.T
+        y = F.linear(o.reshape(t, nh * dvh), self.w_o)
         ckpt = None
         if checkpoint_at is not None and start < checkpoint_at <= start + t:
             ckpt = LayerKV(self.layer_index, "mla", {"latent": latent[:checkpoint_at - k_start], "k_rope": k_rope[:checkpoint_at - k_start]})
@@ -595,20 +619,20 @@ class Block(nn.Module):
     def __init__(self, mixer: nn.Module, hidden: int, mlp: int, n_layers: int, gen: torch.Generator, device: torch.device) -> None:
         super().__init__()
         self.mixer = mixer
-        self.w_gate = make_param(gen, (mlp, hidden), hidden**-0.5, device)
-        self.w_up = make_param(gen, (mlp, hidden), hidden**-0.5, device)
+        w_gate = make_param(gen, (mlp, hidden), hidden**-0.5, device)
+        w_up = make_param(gen, (mlp, hidden), hidden**-0.5, device)
+        self.w_gate_up = nn.Parameter(torch.cat((w_gate, w_up)), requires_grad=False)  # one projection, then halves
         self.w_down = make_param(gen, (hidden, mlp), mlp**-0.5 / math.sqrt(2 * n_layers), device)
 
     def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False,
                 checkpoint_at: int | None = None) -> tuple[torch.Tensor, LayerKV, LayerKV | None]:
-        y, kv, ckpt = self.mixer(rms_norm(x), start, prev, recurrent, checkpoint_at)
+        y, kv, ckpt = self.mixer.forward(rms_norm(x), start, prev, recurrent, checkpoint_at)  # no hooks: skip __call__
         x = x + y
-        hmid = rms_norm(x)
-        x = x + self.mlp(hmid)
-        return x, kv, ckpt
+        return x + self.mlp(rms_norm(x)), kv, ckpt
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
-        return (F.silu(h @ self.w_gate.T) * (h @ self.w_up.T)) @ self.w_down.T
+        gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.w_down)
 
     def decode_batch(self, x: torch.Tensor, starts: list[int], prevs: list[LayerKV]) -> tuple[torch.Tensor, list[LayerKV]]:
         """`forward` for one decode step of B requests (``x [B, hidden]``), each with its own cache entry."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from testbed.errors import UserError
@@ -154,13 +155,13 @@ class HybridModel(nn.Module):
         x = self.embed[ids]
         layers, checkpoint = [], []
         for i, block in enumerate(self.blocks):
-            x, kv, ckpt = block(x, start, cache.layers[i] if cache is not None else None, recurrent, checkpoint_at)
+            x, kv, ckpt = block.forward(x, start, cache.layers[i] if cache is not None else None, recurrent, checkpoint_at)
             layers.append(kv)
             if ckpt is not None:
                 checkpoint.append(ckpt)
             if on_layer is not None:
                 on_layer(kv)
-        return rms_norm(x[-1:] if self.last_logits_only else x) @ self.lm_head.T, layers, checkpoint
+        return F.linear(rms_norm(x[-1:] if self.last_logits_only else x), self.lm_head), layers, checkpoint
 
     @torch.no_grad()
     def prefill(self, token_ids: torch.Tensor | Sequence[int], cache: KVCache | None = None,
@@ -218,7 +219,7 @@ class HybridModel(nn.Module):
         for j, cache in enumerate(caches):
             cache.layers = [kvs[j] for kvs in per_layer]
             cache.tokens += 1
-        return rms_norm(x) @ self.lm_head.T
+        return F.linear(rms_norm(x), self.lm_head)
 
     def generate(self, token_ids: torch.Tensor | Sequence[int], max_new_tokens: int, cache: KVCache | None = None) -> list[int]:
         """Greedy decoding: the `max_new_tokens` tokens after the prompt (continuing from `cache` if given)."""

@@ -156,7 +156,8 @@ class TorchCompute:
         send_from = max(0, min(plan.send_from, input_len - 1))
 
         def emit(layer: Any) -> None:
-            on_layer(_to_cpu(delta_layer(layer, send_from), self.torch))
+            cut = delta_layer(layer, send_from)
+            on_layer(cut if self.device == "cpu" else _to_cpu(cut, self.torch))  # on CPU: already host memory
 
         with self.torch.inference_mode():
             _, cache, checkpoint = self.model.prefill_checkpointed(
@@ -215,7 +216,7 @@ def join_prefix(prefix: Any, delta: Any) -> Any:
 
 
 def _to_cpu(layer: Any, torch: Any) -> Any:
-    """The wire sends host memory (a no-op on CPU: the prefill never writes a finished layer again)."""
+    """The wire sends host memory (the prefill never writes a finished layer again: no copy is needed on CPU)."""
     from testbed.kv.cache import LayerKV
 
     return LayerKV(layer.layer_index, layer.kind, {k: t.detach().to("cpu").contiguous() for k, t in layer.tensors.items()})
