@@ -247,7 +247,7 @@ def linear_attention_chunked(
     gp = g.reshape(h, n_chunks, c)
     bp = beta.reshape(h, n_chunks, c, 1) if beta is not None else None
     upper, eye = _chunk_masks(c, q.device, q.dtype)
-    out = q.new_empty((h, n_chunks, c, dv))
+    outs = []
     per_chunk = h * (3 * c * c + dk * dk + 3 * c * (dk + dv) + 2 * dk * dv)
     seg = max(1, _LINEAR_SEGMENT_ELEMS // per_chunk)
     first_pos = start - lead  # absolute position of the first (padded) chunk
@@ -256,21 +256,24 @@ def linear_attention_chunked(
     for n0 in range(0, n_chunks, seg):
         n1 = min(n_chunks, n0 + seg)
         m = n1 - n0
-        qc, kc, vc = qp[:, n0:n1], kp[:, n0:n1], vp[:, n0:n1]
-        cum = gp[:, n0:n1].cumsum(-1)  # [H, m, c]
+        whole = m == n_chunks  # one segment (short calls): no slicing, no copy of the output
+        qc, kc, vc, gc = (qp, kp, vp, gp) if whole else (qp[:, n0:n1], kp[:, n0:n1], vp[:, n0:n1], gp[:, n0:n1])
+        bc = bp if whole or bp is None else bp[:, n0:n1]
+        kc_t = kc.mT
+        cum = gc.cumsum(-1)  # [H, m, c]
         e_cum = cum.exp()[..., None]
         decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()  # exp(G_i - G_j), j <= i
         last = cum[..., -1:]
         keep = last.exp()  # [H, m, 1]: the state's decay over the chunk
         kd_t = (kc * (last - cum).exp()[..., None]).mT  # each key decayed to the chunk's end, [H, m, dk, c]
-        attn = (qc @ kc.mT) * decay
+        attn = (qc @ kc_t) * decay
         q_eff = qc * e_cum  # out = Q e^G S + A V'
         u = vc
         if bp is not None:
-            kb = kc * bp[:, n0:n1]
+            kb = kc * bc
             # I + the strict lower triangle: the solve reads nothing else (unit diagonal), so no masking
-            inv = torch.linalg.solve_triangular((kb @ kc.mT) * decay, eye.expand(h, m, c, c), upper=False, unitriangular=True)
-            u, w = inv @ (vc * bp[:, n0:n1]), inv @ (kb * e_cum)
+            inv = torch.linalg.solve_triangular((kb @ kc_t) * decay, eye.expand(h, m, c, c), upper=False, unitriangular=True)
+            u, w = inv @ (vc * bc), inv @ (kb * e_cum)
         states = state.new_empty((m + 1, h, dk, dv))  # states[j]: entering chunk j
         states[0] = state
         sts = states.unbind(0)
@@ -302,8 +305,9 @@ def linear_attention_chunked(
                 if checkpoint is not None and end == checkpoint_at:
                     checkpoint.append(sts[j + 1].to(state_dtype, copy=True))
         state = states[m].clone()
-        out[:, n0:n1] = q_eff @ states[:m].transpose(0, 1) + attn @ (v_new.transpose(0, 1) if two_step else u)
-    return out.view(h, n_chunks * c, dv)[:, lead:lead + t], state
+        outs.append(q_eff @ states[:m].transpose(0, 1) + attn @ (v_new.transpose(0, 1) if two_step else u))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    return out.reshape(h, n_chunks * c, dv)[:, lead:lead + t], state
 
 
 def linear_attention_recurrent(
