@@ -53,10 +53,11 @@ def _rope_inv_freq(half: int, device: torch.device) -> torch.Tensor:
     return 1.0 / ROPE_THETA ** (torch.arange(half, dtype=torch.float32, device=device) / half)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=2)
 def _rope_cos_sin(start: int, t: int, half: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin ``[T, half]`` of positions start..start+T-1: the same for every layer of one call, so
-    computed once a call instead of once a layer (five operations each)."""
+    computed once a call instead of once a layer (five operations each). Two entries: one call's (a
+    model has one RoPE width), and a long prompt's ``2 x T x half`` floats are not held past the next call."""
     pos = torch.arange(start, start + t, dtype=torch.float32, device=device)
     ang = pos[:, None] * _rope_inv_freq(half, device)[None, :]
     return ang.cos(), ang.sin()
