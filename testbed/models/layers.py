@@ -42,6 +42,18 @@ def make_param(gen: torch.Generator, shape: tuple[int, ...], std: float, device:
     return nn.Parameter(t.to(device), requires_grad=False)
 
 
+def make_stacked_param(gen: torch.Generator, rows: list[tuple[int, float]], cols: int, device: torch.device) -> nn.Parameter:
+    """Weight matrices ``[n_i, cols]`` drawn one after the other with std s_i (the values `make_param` gives
+    each), stacked by rows into one, so projections of one input run as one matmul. Drawn into one CPU
+    tensor: the device never holds the parts and the whole at once (the full variant's MLPs are large)."""
+    t = torch.empty((sum(n for n, _ in rows), cols), dtype=torch.float32)
+    at = 0
+    for n, std in rows:
+        t[at:at + n].normal_(0.0, std, generator=gen)
+        at += n
+    return nn.Parameter(t.to(device), requires_grad=False)
+
+
 def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps)`` over the last dimension, weight-free: one dispatched operation (the fused
     `F.rms_norm`, bit-equal to the written-out form on CPU) instead of five, ~3 per layer on every call."""
@@ -624,9 +636,7 @@ class Block(nn.Module):
     def __init__(self, mixer: nn.Module, hidden: int, mlp: int, n_layers: int, gen: torch.Generator, device: torch.device) -> None:
         super().__init__()
         self.mixer = mixer
-        w_gate = make_param(gen, (mlp, hidden), hidden**-0.5, device)
-        w_up = make_param(gen, (mlp, hidden), hidden**-0.5, device)
-        self.w_gate_up = nn.Parameter(torch.cat((w_gate, w_up)), requires_grad=False)  # one projection, then halves
+        self.w_gate_up = make_stacked_param(gen, [(mlp, hidden**-0.5), (mlp, hidden**-0.5)], hidden, device)  # then halves
         self.w_down = make_param(gen, (hidden, mlp), mlp**-0.5 / math.sqrt(2 * n_layers), device)
 
     def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False,
