@@ -129,31 +129,41 @@ def good_mask(df: pd.DataFrame, slo_ttft_s: float, slo_tpot_s: float) -> pd.Seri
     return ok_mask(df) & (ttft_s(df) <= slo_ttft_s) & (tpot.isna() | (tpot <= slo_tpot_s))
 
 
-def backlog_series(df: pd.DataFrame, step_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Requests waiting for their first token (arrived, no first token yet: in a prefill queue, prefilling,
-    waiting to send or sending KV, waiting for a decode slot) every `step_s` from the first to the last
-    arrival. A request that never got a first token stays in the backlog."""
-    arr = df["arrival_s"].to_numpy(float)
-    first = df["first_token_s"].to_numpy(float) if "first_token_s" in df else np.full(len(df), np.nan)
+def queued_series(df: pd.DataFrame, step_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Requests waiting in a queue every `step_s` from the first to the last arrival: arrived and not yet
+    prefilling (a prefill queue), or prefilled and still without a first token (the KV send queue, decode
+    admission). Requests being prefilled are not counted: their number is bounded by the servers and
+    their time by their length, so a stretch of longer prompts raises it with no queue growing. A request
+    with no prefill start waits until its first token; one that never got a first token stays queued."""
+    col = lambda name: df[name].to_numpy(float) if name in df else np.full(len(df), np.nan)  # noqa: E731
+    arr, start, end, first = col("arrival_s"), col("prefill_start_s"), col("prefill_end_s"), col("first_token_s")
     if "client_first_token_s" in df:
         first = np.where(np.isfinite(first), first, df["client_first_token_s"].to_numpy(float))
-    first = np.where(np.isfinite(first), first, np.inf)
-    arr = arr[np.isfinite(arr)]
-    if arr.size < 2:
+    keep = np.isfinite(arr)
+    if keep.sum() < 2:
         return np.array([]), np.array([])
+    arr, start, end, first = arr[keep], start[keep], end[keep], first[keep]
+    first = np.where(np.isfinite(first), first, np.inf)
+    start = np.where(np.isfinite(start), start, first)
     t = np.arange(arr.min(), arr.max() + 1e-9, step_s)
-    return t, (np.searchsorted(np.sort(arr), t, "right") - np.searchsorted(np.sort(first), t, "right")).astype(float)
+
+    def between(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.searchsorted(np.sort(a), t, "right") - np.searchsorted(np.sort(b), t, "right")
+
+    done = np.isfinite(end)
+    return t, (between(arr, start) + between(end[done], first[done])).astype(float)
 
 
 def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = 0.05) -> dict[str, Any]:
-    """Does the backlog of requests waiting for their first token grow over the run? A trend test, not a
-    threshold.
+    """Do the requests waiting in a queue grow over the run? A trend test, not a threshold.
 
     Every queue of the serving path lies before the first token (prefill queue, KV send queue, decode
     admission: a decode batch is bounded by BS_max, so an overloaded decode stage shows up as requests
-    waiting for a slot). Requests *in flight* would also count the decode of admitted requests, whose
-    fixed length (a 1024-token answer is ~27 s) says nothing about a queue and would stretch the sample
-    step (docs/experiments.md, "Queue trend"). The backlog is sampled every max(1 s, median TTFT) --
+    waiting for a slot); `queued_series` counts them, not the requests being served. Requests *in
+    flight* would also count decodes, whose fixed length (a 1024-token answer is ~27 s) says nothing
+    about a queue and stretched the sample step; requests *in service* rise with a stretch of long
+    prompts in a stable deployment (docs/experiments.md, "Capacity", rule 2). The queue is sampled every
+    max(1 s, median TTFT) --
     consecutive samples closer than a request's wait share most requests, and that autocorrelation would
     make any test over-confident -- over the arrivals after a warm-up (`warmup_fraction` of the span). It
     grows when Kendall's tau is positive with one-sided p < `alpha`, the Theil-Sen slope's 95% interval
@@ -167,7 +177,7 @@ def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = 0
         return empty
     ttft = ttft_s(df).dropna() if "first_token_s" in df else pd.Series([], dtype=float)
     step = max(1.0, float(ttft.median()) if len(ttft) else 1.0)
-    t, n = backlog_series(df, step)
+    t, n = queued_series(df, step)
     if t.size:
         keep = t >= t.min() + warmup_fraction * (t.max() - t.min())
         t, n = t[keep], n[keep]

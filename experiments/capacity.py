@@ -6,8 +6,8 @@ A run at rate r **passes** when (docs/experiments.md, "Capacity"):
 - at least `GOOD_FRACTION` (90%) of its requests are good: ok and within every SLO of the scenario's
   ``serving.slo`` (TTFT and TPOT), as goodput is defined by vLLM's ``bench serve --goodput`` and
   DistServe; failed and unanswered requests count as not good;
-- the requests waiting for a first token do not grow over the run (`analysis.metrics.queue_trend`, a trend test);
-- it served at least `MIN_REQUESTS` requests and lasted long enough for the trend test (5 backlog
+- the requests waiting in a queue do not grow over the run (`analysis.metrics.queue_trend`, a trend test);
+- it served at least `MIN_REQUESTS` requests and lasted long enough for the trend test (5 queue
   samples after warm-up; a floor on the sample, as MLPerf's loadgen has a minimum query count and
   duration), else it is too short to judge and fails.
 
@@ -102,9 +102,9 @@ def judge(summary: dict[str, Any], rate_rps: float, seed: int, run_dir: str = ""
     if stopped:
         reasons.insert(0, str(stopped))
     if growing:
-        reasons.append("the backlog of requests waiting for a first token grows over the run")
+        reasons.append("the requests waiting in a queue grow over the run")
     elif growing is None and not stopped:
-        reasons.append("too short to test the queue's trend (fewer than 5 backlog samples after warm-up): run longer")
+        reasons.append("too short to test the queue's trend (fewer than 5 queue samples after warm-up): run longer")
     passed = not reasons
     return RunVerdict(rate_rps, seed, passed, good, growing, n, "; ".join(reasons), run_dir,
                       is_decisive(passed, good, n, growing, bool(stopped)))

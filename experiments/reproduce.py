@@ -31,9 +31,9 @@ PAPER_RATIOS = {"prfaas_pd": 1.54, "homogeneous_pd": 1.0, "naive_heterogeneous":
 # "Measured against modelled"). 30 s fits the slowest prefill of any configuration (18.9 s, 128K on H20).
 STEADY = ["wan.schedule=[]", "cross_traffic=null", "serving.slo.tpot=30ms", "serving.slo.ttft=30s"]
 # --quick: shorter runs and answers (the model is recomputed for the same shortened workload). The
-# queue-trend test samples the backlog before the first token one median TTFT apart (seconds), so run
+# queue-trend test samples the requests waiting in a queue one median TTFT apart (seconds), so run
 # length is set by the good fraction's statistics, not by the test: 45 s (~180 requests near the quick
-# edge) and 150 s full (~450; 1024-token answers, whose ~27 s of decode the backlog does not count).
+# edge) and 150 s full (~450; 1024-token answers, whose ~27 s of decode the test does not count).
 QUICK = ["duration=45s", "workload.output=128", "serving.timeouts.startup=180s", "serving.timeouts.drain=30s"]
 FULL = ["duration=150s"]
 # The search per configuration (docs/experiments.md, "Reproducing the case study").

@@ -1,55 +1,81 @@
 """`analysis.metrics.queue_trend`: the capacity search's "queues do not grow" test, on synthetic runs
-whose queues are known (a single-server FIFO prefill stage, then a fixed-length decode)."""
+whose queues are known (a FIFO prefill stage of `servers` servers, then a fixed-length decode)."""
 
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.metrics import backlog_series, queue_trend
+from analysis.metrics import queue_trend, queued_series
 
 
-def fifo_run(rate_rps: float, service_s: float, decode_s: float, duration_s: float, seed: int) -> pd.DataFrame:
-    """Poisson arrivals into one FIFO server (exponential service, mean `service_s`); the first token
-    leaves the server, then a decode of `decode_s` (no queue: unbounded slots)."""
+def fifo_run(rate_rps: float, service_s: float, decode_s: float, duration_s: float, seed: int, servers: int = 1,
+             late_service_factor: float = 1.0) -> pd.DataFrame:
+    """Poisson arrivals into `servers` FIFO servers (exponential service, mean `service_s`, times
+    `late_service_factor` for arrivals in the second half: longer prompts, the same rate); the first
+    token follows the prefill by 40 ms, then a decode of `decode_s` (unbounded slots)."""
     rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate_rps, int(rate_rps * duration_s * 1.5)))
+    arrivals = np.cumsum(rng.exponential(1.0 / rate_rps, int(rate_rps * duration_s * 1.5) + 10))
     arrivals = arrivals[arrivals < duration_s]
-    first = np.empty_like(arrivals)
-    free = 0.0
+    free = [0.0] * servers
+    start, end = np.empty_like(arrivals), np.empty_like(arrivals)
     for i, a in enumerate(arrivals):
-        free = max(free, a) + rng.exponential(service_s)
-        first[i] = free
-    return pd.DataFrame({"arrival_s": arrivals, "first_token_s": first, "finish_s": first + decode_s,
-                         "output_len": 1024})
+        s = max(heapq.heappop(free), a)
+        mean = service_s * (late_service_factor if a > duration_s / 2 else 1.0)
+        start[i], end[i] = s, s + rng.exponential(mean)
+        heapq.heappush(free, end[i])
+    return pd.DataFrame({"arrival_s": arrivals, "prefill_start_s": start, "prefill_end_s": end,
+                         "first_token_s": end + 0.04, "finish_s": end + 0.04 + decode_s, "output_len": 1024})
 
 
-def test_backlog_counts_requests_between_arrival_and_first_token_and_unanswered_ones_stay() -> None:
-    df = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0, 3.0], "first_token_s": [0.5, 4.0, np.nan, 3.2],
+def test_queued_counts_prefill_queue_and_waits_after_prefill_not_requests_being_served() -> None:
+    df = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0, 3.0], "prefill_start_s": [0.0, 2.5, np.nan, 3.0],
+                       "prefill_end_s": [0.5, 3.5, np.nan, 3.1], "first_token_s": [0.6, 4.0, np.nan, 3.2],
                        "finish_s": [30.0, 34.0, np.nan, 33.0], "output_len": [8, 8, 8, 8]})
-    t, n = backlog_series(df, 1.0)
+    t, n = queued_series(df, 1.0)
     assert list(t) == [0.0, 1.0, 2.0, 3.0]
-    # t=0: #0 waits; t=1: #0 answered at 0.5, #1 waits; t=2: #1 and #2; t=3: #1, #2, #3
-    assert list(n) == [1.0, 1.0, 2.0, 3.0]
+    # t=0: #0 prefilling (not queued); t=1: #1 in the prefill queue; t=2: #1 and #2 (never served);
+    # t=3: #1 prefilling, #2 still waiting, #3 prefilling
+    assert list(n) == [0.0, 1.0, 2.0, 1.0]
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_stable_queue_with_long_decodes_is_judged_not_growing_in_150_s(seed: int) -> None:
+SEEDS = range(40)
+
+
+def flagged(**run: float) -> float:
+    """Share of `SEEDS` whose run the test calls growing (each run is 150 s with 27-s decodes)."""
+    return float(np.mean([queue_trend(fifo_run(decode_s=27.0, duration_s=150.0, seed=s, **run))["growing"] is True
+                          for s in SEEDS]))
+
+
+def test_a_stable_queue_with_long_decodes_is_judged_and_rarely_called_growing() -> None:
     # The full reproduction's case (docs/experiments.md): every request lives ~30 s because of its
     # 1024-token answer, so in-flight samples one lifetime apart left 4 in a 150-s run ("too short").
-    # The backlog before the first token is sampled one TTFT apart and judged.
-    q = queue_trend(fifo_run(rate_rps=2.8, service_s=0.25, decode_s=27.0, duration_s=150.0, seed=seed))
-    assert q["samples"] >= 30
-    assert q["growing"] is False
+    q = queue_trend(fifo_run(rate_rps=2.8, service_s=0.25, decode_s=27.0, duration_s=150.0, seed=1))
+    assert q["samples"] >= 30 and q["growing"] is not None
+    assert flagged(rate_rps=2.8, service_s=0.25) <= 0.1  # utilisation 0.7
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_an_overloaded_prefill_queue_is_judged_growing(seed: int) -> None:
-    # Offered 2.8 req/s to a server of 2.5 req/s: the backlog grows ~0.3 requests a second.
-    q = queue_trend(fifo_run(rate_rps=2.8, service_s=0.4, decode_s=27.0, duration_s=150.0, seed=seed))
-    assert q["growing"] is True
-    assert 0.1 < q["slope_per_s"] < 1.0
+def test_an_overloaded_prefill_queue_is_mostly_judged_growing() -> None:
+    # Offered 2.8 req/s to a server of 2.5 req/s: the queue grows ~0.3 requests a second.
+    assert flagged(rate_rps=2.8, service_s=0.4) >= 0.5
+    q = queue_trend(fifo_run(rate_rps=2.8, service_s=0.4, decode_s=27.0, duration_s=150.0, seed=1))
+    assert q["growing"] is True and 0.1 < q["slope_per_s"] < 1.0
+
+
+def test_longer_prompts_late_in_a_stable_run_are_not_a_growing_queue() -> None:
+    # Nine servers at utilisation 0.33, then 0.6 (prompts 1.8x longer): more requests are being
+    # served, hardly any waits. Counting them (the backlog before the first token) called this
+    # "growing" in a measured homogeneous-PD run at 63% of its capacity (docs/experiments.md).
+    late = dict(rate_rps=1.33, service_s=2.25, servers=9, late_service_factor=1.8)
+    assert flagged(**late) <= 0.05
+    df = fifo_run(decode_s=27.0, duration_s=150.0, seed=1, **late)
+    served = (df["prefill_start_s"] <= 120.0) & (df["prefill_end_s"] > 120.0)
+    early = (df["prefill_start_s"] <= 40.0) & (df["prefill_end_s"] > 40.0)
+    assert served.sum() > early.sum()  # the confound is there: more in service late
 
 
 def test_the_sample_step_is_the_median_ttft_and_never_below_1_s() -> None:
