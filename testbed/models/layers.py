@@ -26,6 +26,8 @@ from torch import nn
 from testbed.kv.cache import LayerKV
 from testbed.models.spec import GQALayer, LinearLayer, MLALayer, SWALayer
 
+log = logging.getLogger(__name__)
+
 ROPE_THETA = 10000.0
 _ATTN_BLOCK_ELEMS = 1 << 22  # score elements per query block: bounds attention memory at long prompts
 _LINEAR_SEGMENT_ELEMS = 1 << 22  # elements of a segment of linear-attention chunks computed at once
@@ -95,8 +97,6 @@ def rope_at(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
-
-log = logging.getLogger(__name__)
 
 # The CPU flash-attention kernel behind `scaled_dot_product_attention`, called directly where its
 # log-sum-exp is needed: a private aten op, present in the pinned torch. Where a torch lacks it (or its
