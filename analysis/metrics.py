@@ -135,8 +135,8 @@ def queued_series(df: pd.DataFrame, step_s: float) -> tuple[np.ndarray, np.ndarr
     admission). Requests being prefilled are not counted: their number is bounded by the servers and
     their time by their length, so a stretch of longer prompts raises it with no queue growing. A request
     with no prefill start waits until its first token; one that never got a first token stays queued."""
-    col = lambda name: df[name].to_numpy(float) if name in df else np.full(len(df), np.nan)  # noqa: E731
-    arr, start, end, first = col("arrival_s"), col("prefill_start_s"), col("prefill_end_s"), col("first_token_s")
+    arr, start, end, first = (df[c].to_numpy(float) if c in df else np.full(len(df), np.nan)
+                              for c in ("arrival_s", "prefill_start_s", "prefill_end_s", "first_token_s"))
     if "client_first_token_s" in df:
         first = np.where(np.isfinite(first), first, df["client_first_token_s"].to_numpy(float))
     keep = np.isfinite(arr)
@@ -163,10 +163,9 @@ def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = 0
     flight* would also count decodes, whose fixed length (a 1024-token answer is ~27 s) says nothing
     about a queue and stretched the sample step; requests *in service* rise with a stretch of long
     prompts in a stable deployment (docs/experiments.md, "Capacity", rule 2). The queue is sampled every
-    max(1 s, median TTFT) --
-    consecutive samples closer than a request's wait share most requests, and that autocorrelation would
-    make any test over-confident -- over the arrivals after a warm-up (`warmup_fraction` of the span). It
-    grows when Kendall's tau is positive with one-sided p < `alpha`, the Theil-Sen slope's 95% interval
+    max(1 s, median TTFT) -- consecutive samples closer than a request's wait share most requests, and
+    that autocorrelation would make any test over-confident -- over the arrivals after a warm-up
+    (`warmup_fraction` of the span). It grows when Kendall's tau is positive with one-sided p < `alpha`, the Theil-Sen slope's 95% interval
     lies above zero and its growth over the window is at least one request.
     """
     from scipy import stats as sps

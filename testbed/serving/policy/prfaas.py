@@ -4,7 +4,6 @@ optional long-term role flips of PD hosts (docs/router.md)."""
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 from testbed import clock
