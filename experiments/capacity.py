@@ -69,8 +69,24 @@ class Probe:
 
     @property
     def settled(self) -> bool:
-        """No more runs needed here: one decisive run, or the repetitions are done (`search`)."""
+        """No more runs needed here: one decisive run (`search`)."""
         return len(self.runs) == 1 and self.runs[0].decisive
+
+    def runs_to_decide(self, repetitions: int) -> int:
+        """How many more runs (of `repetitions` at most) can still change this rate's majority verdict:
+        0 once it is settled, the repetitions are done, or the majority is out of reach of the runs left.
+        The fewest that could decide it are asked for: after a marginal fail at 3 repetitions, one more
+        run decides a second fail, and only a pass then needs the third."""
+        if self.settled:
+            return 0
+        passes = sum(r.passed for r in self.runs)
+        fails = len(self.runs) - passes
+        left = repetitions - len(self.runs)
+        need_pass = repetitions // 2 + 1 - passes  # a strict majority of the repetitions
+        need_fail = (repetitions + 1) // 2 - fails  # a tie (even repetitions) is a fail
+        if left <= 0 or need_pass <= 0 or need_fail <= 0:
+            return 0
+        return min(need_pass, need_fail, left)
 
 
 @dataclass
@@ -137,7 +153,7 @@ def is_decisive(passed: bool, good: float | None, requests: int, growing: bool |
 Evaluate = Callable[[float, Sequence[int]], list[RunVerdict]]
 
 
-def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 2, rel_tol: float = 0.1, max_probes: int = 10,
+def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 3, rel_tol: float = 0.1, max_probes: int = 10,
            min_rps: float = 0.01, max_rps: float = 1e4) -> CapacityResult:
     """Bracket from `start_rps`, bisect, then repeat at the two rates that bound the edge;
     `evaluate(rate, seeds)` runs one run per seed at `rate`.
@@ -156,10 +172,9 @@ def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 2, rel_to
     def probe(rate: float, reps: int) -> Probe:
         rate = float(f"{rate:.4g}")
         p = probes.setdefault(rate, Probe(rate, []))
-        have = {r.seed for r in p.runs}
-        todo = [s for s in range(1, reps + 1) if s not in have]
-        if todo:
-            p.runs.extend(evaluate(rate, todo))
+        while (n := 1 - len(p.runs) if reps == 1 else p.runs_to_decide(reps)) > 0:
+            have = {r.seed for r in p.runs}
+            p.runs.extend(evaluate(rate, [s for s in range(1, reps + 1) if s not in have][:n]))
         return p
 
     lo: float | None = None
@@ -190,7 +205,7 @@ def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 2, rel_to
         elif (hi - lo) / lo > rel_tol * (1 + ROUNDING):
             probe(math.sqrt(lo * hi), 1)
         else:
-            ends = [x for x in (lo, hi) if len(probes[x].runs) < repetitions and not probes[x].settled]
+            ends = [x for x in (lo, hi) if probes[x].runs_to_decide(repetitions)]
             if not ends:
                 break
             for x in ends:
@@ -279,7 +294,7 @@ def model_start_rps(sc: Any) -> float:
         return float(sc.section("workload").arrivals.rate_rps)
 
 
-def measure_capacity(scenario: str, overrides: Sequence[str], out: str | Path, *, repetitions: int = 2, rel_tol: float = 0.1,
+def measure_capacity(scenario: str, overrides: Sequence[str], out: str | Path, *, repetitions: int = 3, rel_tol: float = 0.1,
                      max_probes: int = 8, start_rps: float | None = None, executor: Any = None, progress: bool = True,
                      early_stop: bool = True) -> dict[str, Any]:
     """Lambda_max of `scenario` with `overrides`, measured; the --json document of ``prfaas capacity``.

@@ -48,7 +48,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     c.add_argument("scenario", metavar="SCENARIO")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override")
     c.add_argument("--out", metavar="DIR", help="where the probe runs go (default: runs/capacity-<scenario>-<time>)")
-    c.add_argument("--repetitions", type=int, default=2, help="runs per rate while bisecting (seeds 1..N; default 2)")
+    c.add_argument("--repetitions", type=int, default=3,
+                   help="runs (seeds 1..N) that decide a marginal rate at the edge by majority (default 3)")
     c.add_argument("--tolerance", type=float, default=0.1, help="stop when (hi - lo) / lo is below this (default 0.1)")
     c.add_argument("--max-probes", type=int, default=8, help="most rates tried (default 8)")
     c.add_argument("--start", type=float, metavar="RPS", help="first rate (default: the throughput model's Lambda_max)")
@@ -61,7 +62,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("target", choices=("case-study",))
     r.add_argument("--quick", action="store_true", help="45-s runs, 128-token answers, 15%% tolerance (docs/experiments.md)")
     r.add_argument("--out", metavar="DIR", help="default: runs/reproduce-case-study-<time>")
-    r.add_argument("--repetitions", type=int, default=2)
+    r.add_argument("--repetitions", type=int, default=3, help="as for capacity (default 3)")
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
                    help="comma-separated configurations to measure")
     r.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")

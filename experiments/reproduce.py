@@ -75,13 +75,14 @@ def configuration_overrides(model: dict[str, dict[str, Any]]) -> dict[str, list[
     }
 
 
-def planned_wall_s(sc: Any, quick: bool, configurations: int) -> dict[str, float]:
+def planned_wall_s(sc: Any, quick: bool, configurations: int, repetitions: int = 3) -> dict[str, float]:
     """What the reproduction should cost: per configuration 3 runs when the model's Lambda_max is within
-    one bracketing step of the edge (2 rates + 1 bisection, every run decisive), 5 when each end of the
-    bracket needs its repetition; failing runs stop early, so this is an upper figure for them."""
+    one bracketing step of the edge (2 rates + 1 bisection, every run decisive), 4 typically (one marginal
+    end decided by one more run), and at worst every rate plus the repetitions at both ends of the
+    bracket; failing runs stop early, so this is an upper figure for them."""
     run_s = float(sc.duration_s) + RUN_OVERHEAD_S + DECODE_STEP_S * float(sc.section("workload").output.mean())
     return {"run_s": run_s, "best_s": 3 * configurations * run_s, "typical_s": 4 * configurations * run_s,
-            "worst_s": (SEARCH[quick]["max_probes"] + 2) * configurations * run_s}
+            "worst_s": (SEARCH[quick]["max_probes"] + 2 * (repetitions - 1)) * configurations * run_s}
 
 
 def ratio_interval(a: dict[str, Any], b: dict[str, Any]) -> list[float | None]:
@@ -92,7 +93,7 @@ def ratio_interval(a: dict[str, Any], b: dict[str, Any]) -> list[float | None]:
     return [low, high]
 
 
-def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: int = 2, only: tuple[str, ...] = CONFIGURATIONS,
+def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: int = 3, only: tuple[str, ...] = CONFIGURATIONS,
                          executor: Any = None, progress: bool = True, early_stop: bool = True) -> dict[str, Any]:
     import time
 
@@ -102,7 +103,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     base = STEADY + (QUICK if quick else FULL)
     sc, model = model_results(base)
     overrides = configuration_overrides(model["literal"])
-    plan = planned_wall_s(sc, quick, len(only))
+    plan = planned_wall_s(sc, quick, len(only), repetitions)
     if progress:
         print(f"plan: {len(only)} configurations x 3-5 runs of ~{plan['run_s']:.0f} s: about {plan['best_s'] / 60:.0f}-"
               f"{plan['typical_s'] / 60:.0f} min (at most {plan['worst_s'] / 60:.0f})")

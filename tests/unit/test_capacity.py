@@ -147,3 +147,49 @@ def test_a_bracket_exactly_the_tolerance_wide_is_closed_and_one_rounding_wider_i
     evaluate, calls = graded_curve(3.8, marginal_below=1.0)
     res = capacity.search(evaluate, 4.233622, repetitions=2, rel_tol=0.15, max_probes=8)
     assert [r for r, _ in calls] == [4.234, 3.201, 3.681, 3.948] and res.ci == (3.681, 3.948)
+
+
+def seed_edges_curve(edges: dict[int, float]):
+    """Each seed has its own edge (its workload draw): below it a run passes decisively; from it up to
+    1.4x it the SLOs hold but the queue grows (a marginal fail, as the full reproduction's seed 1 at
+    homogeneous PD's 1.435-1.808 req/s); above that it fails decisively."""
+    calls = []
+
+    def evaluate(rate, seeds):
+        calls.append((rate, tuple(seeds)))
+        out = []
+        for s in seeds:
+            edge = edges[s]
+            good, growing = (0.99, False) if rate < edge else (0.99, True) if rate < 1.4 * edge else (0.5, True)
+            out.append(capacity.judge({"good_fraction": good, "queue": {"growing": growing}, "requests_total": 200}, rate, s))
+        return out
+
+    return evaluate, calls
+
+
+def test_with_three_repetitions_one_unlucky_seed_does_not_set_the_edge():
+    edges = {1: 1.4, 2: 1.9, 3: 1.9}  # seed 1 alone is unlucky
+    evaluate, calls = seed_edges_curve(edges)
+    three = capacity.search(evaluate, 2.1, repetitions=3, rel_tol=0.08, max_probes=10)
+    assert 1.9 / 1.08 <= three.lambda_max_rps < 1.9  # the majority's edge, within the tolerance
+    evaluate, _ = seed_edges_curve(edges)
+    two = capacity.search(evaluate, 2.1, repetitions=2, rel_tol=0.08, max_probes=10)
+    assert two.lambda_max_rps < 1.4  # a 1-1 tie is a fail: seed 1 sets the edge
+
+
+def test_a_rate_runs_only_the_repetitions_that_can_change_its_verdict():
+    evaluate, calls = seed_edges_curve({1: 1.0, 2: 1.0, 3: 5.0})
+    res = capacity.search(evaluate, 1.1, repetitions=3, rel_tol=0.15, max_probes=8)
+    by_rate = {p.rate_rps: [r.seed for r in p.runs] for p in res.probes}
+    assert by_rate[1.1] == [1, 2]  # two marginal fails of three: seed 3 cannot change the verdict
+    assert all(len(seeds) == 1 for seeds in calls for seeds in [seeds[1]])  # one run per call: the fewest that can decide
+    evaluate, calls = seed_edges_curve({1: 1.0, 2: 5.0, 3: 5.0})
+    res = capacity.search(evaluate, 1.1, repetitions=3, rel_tol=0.15, max_probes=8)
+    assert {p.rate_rps: [r.seed for r in p.runs] for p in res.probes}[1.1] == [1, 2, 3]  # 1-1 after two: the third decides
+    assert res.lambda_max_rps >= 1.1
+
+
+def test_with_two_repetitions_a_marginal_fail_is_not_repeated_because_a_tie_would_fail_too():
+    evaluate, calls = seed_edges_curve({1: 1.0, 2: 5.0})
+    res = capacity.search(evaluate, 1.1, repetitions=2, rel_tol=0.15, max_probes=8)
+    assert {p.rate_rps: len(p.runs) for p in res.probes}[1.1] == 1 and res.lambda_max_rps < 1.1
