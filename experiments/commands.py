@@ -62,7 +62,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("target", choices=("case-study",))
     r.add_argument("--quick", action="store_true", help="45-s runs, 128-token answers, 15%% tolerance (docs/experiments.md)")
     r.add_argument("--out", metavar="DIR", help="default: runs/reproduce-case-study-<time>")
-    r.add_argument("--repetitions", type=int, default=3, help="as for capacity (default 3)")
+    r.add_argument("--repetitions", type=int, help="runs that decide a marginal rate (default: 2 with --quick, 3 without)")
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
                    help="comma-separated configurations to measure")
     r.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
@@ -209,7 +209,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     bad = [x for x in only if x not in CONFIGURATIONS]
     if bad or not only:
         raise UserError(f"--only {args.only!r}: choose from {', '.join(CONFIGURATIONS)}")
-    _positive("--repetitions", args.repetitions)
+    if args.repetitions is not None:
+        _positive("--repetitions", args.repetitions)
     out = Path(args.out) if args.out else _default_out("reproduce-case-study")
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
                                executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop)

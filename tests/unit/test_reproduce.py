@@ -27,3 +27,20 @@ def test_the_ratio_interval_spans_both_measured_intervals():
     a, b = {"ci": [3.0, 3.6]}, {"ci": [2.0, 2.4]}
     assert reproduce.ratio_interval(a, b) == pytest.approx([3.0 / 2.4, 3.6 / 2.0])
     assert reproduce.ratio_interval({"ci": [3.0, None]}, b) == pytest.approx([1.25, None])
+
+
+def test_quick_decides_a_marginal_end_by_2_runs_and_full_by_a_majority_of_3(monkeypatch, tmp_path):
+    seen = []
+
+    def fake_measure(scenario, overrides, out, **kw):
+        seen.append(kw)
+        return {"lambda_max_rps": 1.0, "ci": [1.0, 1.1], "runs": 1, "bracketed": True, "probes": []}
+
+    monkeypatch.setattr("experiments.capacity.measure_capacity", fake_measure)
+    for quick, reps in ((True, 2), (False, 3)):
+        seen.clear()
+        doc = reproduce.reproduce_case_study(tmp_path / str(quick), quick=quick, progress=False)
+        assert {kw["repetitions"] for kw in seen} == {reps} and doc["scenario"]["search"]["repetitions"] == reps
+    seen.clear()
+    reproduce.reproduce_case_study(tmp_path / "x", quick=True, repetitions=5, progress=False)
+    assert {kw["repetitions"] for kw in seen} == {5}
