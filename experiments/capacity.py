@@ -165,7 +165,8 @@ def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 3, rel_to
     <= rel_tol. Then the passing and the failing rate that bound the edge get `repetitions` runs (seeds
     1..R, shared by every rate) unless their single run was decisive (`is_decisive`); when a repetition
     flips a rate (majority of its runs), the search goes on from the new bracket. `max_probes` caps the
-    number of rates.
+    number of rates; when it is reached, the ends of the bracket are still decided (among the rates
+    already tried), so no edge rests on one marginal run.
     """
     probes: dict[float, Probe] = {}
 
@@ -204,14 +205,20 @@ def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 3, rel_to
             probe(min(probes) / (1 + rel_tol) ** 2, 1)
         elif (hi - lo) / lo > rel_tol * (1 + ROUNDING):
             probe(math.sqrt(lo * hi), 1)
-        else:
-            ends = [x for x in (lo, hi) if probes[x].runs_to_decide(repetitions)]
-            if not ends:
-                break
-            for x in ends:
-                probe(x, repetitions)
+        elif not _settle_ends(probes, probe, repetitions):
+            break
+    while _settle_ends(probes, probe, repetitions):  # `max_probes` caps the rates, never the edge's repetitions
+        pass
     lo, hi = _bracket(probes)
     return _result(probes, lo, bracketed=hi is not None and lo > 0)
+
+
+def _settle_ends(probes: dict[float, Probe], probe: Callable[[float, int], Probe], repetitions: int) -> bool:
+    """Decide the two rates that bound the edge by their majority; False when both already are."""
+    ends = [x for x in _bracket(probes) if x and probes[x].runs_to_decide(repetitions)]
+    for x in ends:
+        probe(x, repetitions)
+    return bool(ends)
 
 
 def _bracket(probes: dict[float, Probe]) -> tuple[float, float | None]:

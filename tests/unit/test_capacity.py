@@ -193,3 +193,13 @@ def test_with_two_repetitions_a_marginal_fail_is_not_repeated_because_a_tie_woul
     evaluate, calls = seed_edges_curve({1: 1.0, 2: 5.0})
     res = capacity.search(evaluate, 1.1, repetitions=2, rel_tol=0.15, max_probes=8)
     assert {p.rate_rps: len(p.runs) for p in res.probes}[1.1] == 1 and res.lambda_max_rps < 1.1
+
+
+def test_when_the_rates_run_out_the_ends_of_the_bracket_are_still_decided_by_their_majority():
+    evaluate, calls = seed_edges_curve({1: 1.4, 2: 1.9, 3: 1.9})
+    res = capacity.search(evaluate, 2.1, repetitions=3, rel_tol=0.08, max_probes=4)
+    assert len(res.probes) == 4  # no fifth rate
+    lo, hi = capacity._bracket({p.rate_rps: p for p in res.probes})
+    by_rate = {p.rate_rps: p for p in res.probes}
+    assert by_rate[lo].runs_to_decide(3) == 0 and (hi is None or by_rate[hi].runs_to_decide(3) == 0)
+    assert res.lambda_max_rps >= 1.4  # seed 1's marginal fails alone did not set the edge
