@@ -154,7 +154,7 @@ Evaluate = Callable[[float, Sequence[int]], list[RunVerdict]]
 
 
 def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 3, rel_tol: float = 0.1, max_probes: int = 10,
-           min_rps: float = 0.01, max_rps: float = 1e4) -> CapacityResult:
+           min_rps: float = 0.01, max_rps: float = 1e4, parallel: int = 1) -> CapacityResult:
     """Bracket from `start_rps`, bisect, then repeat at the two rates that bound the edge;
     `evaluate(rate, seeds)` runs one run per seed at `rate`.
 
@@ -166,7 +166,8 @@ def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 3, rel_to
     1..R, shared by every rate) unless their single run was decisive (`is_decisive`); when a repetition
     flips a rate (majority of its runs), the search goes on from the new bracket. `max_probes` caps the
     number of rates; when it is reached, the ends of the bracket are still decided (among the rates
-    already tried), so no edge rests on one marginal run.
+    already tried), so no edge rests on one marginal run. `parallel` (the executor's slots): a rate's
+    undecided repetitions are asked for up to that many at once, not only the fewest that could decide.
     """
     probes: dict[float, Probe] = {}
 
@@ -175,7 +176,8 @@ def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 3, rel_to
         p = probes.setdefault(rate, Probe(rate, []))
         while (n := 1 - len(p.runs) if reps == 1 else p.runs_to_decide(reps)) > 0:
             have = {r.seed for r in p.runs}
-            p.runs.extend(evaluate(rate, [s for s in range(1, reps + 1) if s not in have][:n]))
+            todo = [s for s in range(1, reps + 1) if s not in have]
+            p.runs.extend(evaluate(rate, todo[:max(n, parallel)]))
         return p
 
     lo: float | None = None
@@ -310,7 +312,7 @@ def measure_capacity(scenario: str, overrides: Sequence[str], out: str | Path, *
     sc = check_scenario(scenario, overrides)
     start = start_rps or model_start_rps(sc)
     res = search(wire_evaluator(scenario, overrides, Path(out), executor, progress), start, repetitions=repetitions,
-                 rel_tol=rel_tol, max_probes=max_probes)
+                 rel_tol=rel_tol, max_probes=max_probes, parallel=getattr(executor, "slots", 1))
     slo = sc.section("serving").slo
     return {**res.to_json(), "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "good_fraction": GOOD_FRACTION,
                                      "min_requests": MIN_REQUESTS, "early_stop": slo.stop_below is not None},

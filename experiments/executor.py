@@ -54,6 +54,7 @@ class Executor(abc.ABC):
     """Runs `RunTask`s; see the module docstring for the contract."""
 
     name: str = ""
+    slots: int = 1  # runs it makes at once: a capacity search hands it that many of a rate's repetitions together
 
     @abc.abstractmethod
     def run(self, tasks: Sequence[RunTask], on_done: OnDone) -> None:

@@ -56,7 +56,7 @@ class ParallelExecutor(Executor):
     def __init__(self, n: int, *, warn: bool = True) -> None:
         from testbed.fidelity import check_parallelism
 
-        self.n = n
+        self.n = self.slots = n
         message = check_parallelism(n, os.cpu_count() or 1)  # raises UserError beyond the cores
         if message and warn:
             print(f"prfaas: warning: {message}", file=sys.stderr)

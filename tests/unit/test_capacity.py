@@ -203,3 +203,19 @@ def test_when_the_rates_run_out_the_ends_of_the_bracket_are_still_decided_by_the
     by_rate = {p.rate_rps: p for p in res.probes}
     assert by_rate[lo].runs_to_decide(3) == 0 and (hi is None or by_rate[hi].runs_to_decide(3) == 0)
     assert res.lambda_max_rps >= 1.4  # seed 1's marginal fails alone did not set the edge
+
+
+def test_with_two_slots_a_marginal_rates_remaining_repetitions_run_together():
+    evaluate, calls = seed_edges_curve({1: 1.0, 2: 5.0, 3: 5.0})
+    res = capacity.search(evaluate, 1.1, repetitions=3, rel_tol=0.15, max_probes=8, parallel=2)
+    assert (1.1, (2, 3)) in calls  # one call, two runs at once
+    assert {p.rate_rps: len(p.runs) for p in res.probes}[1.1] == 3 and res.lambda_max_rps >= 1.1
+
+
+def test_an_executors_slots_reach_the_search(monkeypatch):
+    from experiments.executor import SequentialExecutor
+    from experiments.parallel import ParallelExecutor
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)  # local:2 is refused on a 1-core host
+    assert SequentialExecutor().slots == 1
+    assert ParallelExecutor(2, warn=False).slots == 2
