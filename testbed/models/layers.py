@@ -416,7 +416,7 @@ class LinearMixer(nn.Module):
         h, hk, dk, dv = sp.heads, sp.qk_heads, sp.key_dim, sp.value_dim
         at = checkpoint_at - start if checkpoint_at is not None and start < checkpoint_at <= start + t else None
         qkv, decay, write = self._project(x)
-        conv_state = None
+        conv_state = conv_at = None  # conv_at: the conv inputs at the checkpoint (layers with a short conv)
         if sp.conv_kernel:
             qkv = qkv.to(self.kv_dtype)
             before = prev.tensors["conv"].to(x.device) if prev else qkv.new_zeros((sp.conv_kernel - 1, sp.conv_channels))
