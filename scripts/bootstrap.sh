@@ -18,7 +18,8 @@ if [ "$(id -u)" != 0 ]; then
   exit 2
 fi
 
-APT_PKGS="mininet iproute2 iptables iperf3 ethtool tcpdump iputils-ping procps psmisc python3 python3-venv python3-dev"
+# g++ and python3-dev: torch.compile's inductor CPU backend builds C++ (benchmarks/compile_probe.py)
+APT_PKGS="mininet iproute2 iptables iperf3 ethtool tcpdump iputils-ping procps psmisc python3 python3-venv python3-dev g++"
 export DEBIAN_FRONTEND=noninteractive
 apt_updated=""
 apt_install() {  # apt_install PKG...: only what is not installed yet

@@ -287,40 +287,58 @@ def linear_attention_chunked(
             # I + the strict lower triangle: the solve reads nothing else (unit diagonal), so no masking
             inv = torch.linalg.solve_triangular((kb @ kc_t) * decay, eye.expand(h, m, c, c), upper=False, unitriangular=True)
             u, w = inv @ (vc * bc), inv @ (kb * e_cum)
-        states = state.new_empty((m + 1, h, dk, dv))  # states[j]: entering chunk j
-        states[0] = state
-        sts = states.unbind(0)
-        if two_step:  # V' = U - W S, then S = e^G S + Kd^T V': two multiply-adds a chunk, no dk x dk matrix
-            v_new = u.new_empty((m, h, c, dv))
-            vns, us, ws, kds, keeps = v_new.unbind(0), u.unbind(1), w.unbind(1), kd_t.unbind(1), keep[..., None].unbind(1)
-        else:  # S = M S + B with M = e^G I - Kd^T W, B = Kd^T U: one per chunk (a small state: per-op cost dominates)
-            adds = (kd_t @ u).unbind(1)
+        adds = step = None
+        if not two_step:  # S = M S + B with M = e^G I - Kd^T W, B = Kd^T U: one per chunk (a small state: per-op cost dominates)
+            adds = kd_t @ u
             if bp is not None:
                 step = -(kd_t @ w)
                 step.diagonal(dim1=-2, dim2=-1).add_(keep)
                 q_eff = q_eff - attn @ w  # out = (Q e^G - A W) S + A U
-                steps = step.unbind(1)
             else:
-                steps = keep[..., None].unbind(1)
-        # the sequential chain (unbind makes every chunk's views in one call: indexing costs ~1 us each)
-        for j in range(m):
-            if two_step:
-                torch.baddbmm(us[j], ws[j], sts[j], alpha=-1.0, out=vns[j])  # v - what the state already predicts
-                torch.baddbmm(sts[j] * keeps[j], kds[j], vns[j], out=sts[j + 1])
-            elif bp is not None:
-                torch.baddbmm(adds[j], steps[j], sts[j], out=sts[j + 1])
-            else:
-                torch.addcmul(adds[j], sts[j], steps[j], out=sts[j + 1])
-            end = first_pos + (n0 + j + 1) * c
-            if end <= start + t:  # a real chunk boundary (a trailing padded chunk has none)
-                if rounded:
-                    sts[j + 1].copy_(sts[j + 1].to(state_dtype))
-                if checkpoint is not None and end == checkpoint_at:
-                    checkpoint.append(sts[j + 1].to(state_dtype, copy=True))
+                step = keep[..., None]
+        states, v_new = _state_chain(state, m, two_step, bp is not None, u, w if two_step else None, kd_t, keep, adds, step,
+                                     first_pos + n0 * c, c, start + t, state_dtype if rounded else None, checkpoint_at, checkpoint)
         state = states[m].clone()
         outs.append(q_eff @ states[:m].transpose(0, 1) + attn @ (v_new.transpose(0, 1) if two_step else u))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     return out.reshape(h, n_chunks * c, dv)[:, lead:lead + t], state
+
+
+def _state_chain(state: torch.Tensor, m: int, two_step: bool, delta_rule: bool, u: torch.Tensor, w: torch.Tensor | None,
+                 kd_t: torch.Tensor, keep: torch.Tensor, adds: torch.Tensor | None, step: torch.Tensor | None,
+                 first_end: int, c: int, last_pos: int, round_to: torch.dtype | None, checkpoint_at: int | None,
+                 checkpoint: list[torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The sequential part of `linear_attention_chunked`: the states entering each of m chunks (``[m + 1, H, dk,
+    dv]``, the first is `state`) and, in the two-step form, ``V'`` (``[m, H, c, dv]``). Chunk j ends at absolute
+    position ``first_end + (j + 1) c``; states at real boundaries (``<= last_pos``) are rounded to `round_to`,
+    and the one at `checkpoint_at` is appended to `checkpoint`. A Python loop as long as the chunk count:
+    benchmarks/compile_probe.py wraps it as one opaque operation so a compiled graph does not unroll it."""
+    h, dk, dv = state.shape
+    states = state.new_empty((m + 1, h, dk, dv))  # states[j]: entering chunk j
+    states[0] = state
+    sts = states.unbind(0)
+    v_new = None
+    if two_step:  # V' = U - W S, then S = e^G S + Kd^T V': two multiply-adds a chunk, no dk x dk matrix
+        v_new = u.new_empty((m, h, c, dv))
+        vns, us, ws, kds, keeps = v_new.unbind(0), u.unbind(1), w.unbind(1), kd_t.unbind(1), keep[..., None].unbind(1)
+    else:
+        adds_j, steps = adds.unbind(1), step.unbind(1)
+    # the sequential chain (unbind makes every chunk's views in one call: indexing costs ~1 us each)
+    for j in range(m):
+        if two_step:
+            torch.baddbmm(us[j], ws[j], sts[j], alpha=-1.0, out=vns[j])  # v - what the state already predicts
+            torch.baddbmm(sts[j] * keeps[j], kds[j], vns[j], out=sts[j + 1])
+        elif delta_rule:
+            torch.baddbmm(adds_j[j], steps[j], sts[j], out=sts[j + 1])
+        else:
+            torch.addcmul(adds_j[j], sts[j], steps[j], out=sts[j + 1])
+        end = first_end + (j + 1) * c
+        if end <= last_pos:  # a real chunk boundary (a trailing padded chunk has none)
+            if round_to is not None:
+                sts[j + 1].copy_(sts[j + 1].to(round_to))
+            if checkpoint is not None and end == checkpoint_at:
+                checkpoint.append(sts[j + 1].to(round_to or sts[j + 1].dtype, copy=True))
+    return states, v_new
 
 
 def linear_attention_recurrent(
