@@ -92,8 +92,8 @@ def run_sender(host: str, port: int, connections: int, duration_s: float, pipeli
     queued_s: dict[str, float] = {}  # when a transfer's last frame was queued (the tail runs from there)
     lock = threading.Lock()
     extra = {} if lowat == -1 else {"notsent_lowat_bytes": lowat or None}
-    if notsent_s:
-        extra["notsent_s"] = notsent_s
+    if notsent_s is not None:
+        extra["notsent_s"] = notsent_s or None  # 0: off
     with KVSender(host, port, connections=connections, congestion_control=cc, **extra) as tx:
         def acked() -> int:
             return sum(s.bytes_acked for s in (tcp_info(c.sock, c.index) for c in tx._conns) if s is not None)
@@ -209,7 +209,7 @@ def bench_wan(loss: str, streams: list[int], duration_s: float, cc: str | None =
                                                     "--connections", str(n), "--duration", str(int(duration_s)),
                                                     "--warmup", str(int(warmup_s))]
                                  + (["--cc", cc] if cc else []) + (["--notsent-lowat", str(lowat)] if lowat != -1 else [])
-                                 + (["--notsent-s", str(notsent_s)] if notsent_s else [])
+                                 + (["--notsent-s", str(notsent_s)] if notsent_s is not None else [])
                                  + (["--trace", str(trace_dir / f"kv-{cc or 'default'}-{loss}-{n}-{k}.json")] if trace_dir else []),
                                  timeout_s=warmup_s + duration_s + 120)
                     if kv.returncode != 0:
@@ -301,12 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cc", help="TCP congestion control for both tools (e.g. cubic); default: the host's")
     ap.add_argument("--notsent-lowat", type=int, default=-1, help="sender TCP_NOTSENT_LOWAT bytes (0: off; default: the transport's)")
     ap.add_argument("--notsent-s", type=float, help="KV sender: scale each connection's unsent budget to this many "
-                                                    "seconds of its own delivery rate (KVSender notsent_s; default off)")
+                                                    "seconds of its own delivery rate (KVSender notsent_s; 0: off; default: the transport's, 0.02)")
     ap.add_argument("--json", type=Path, help="write the rows to this file")
     ap.add_argument("--trace", type=Path, help="directory: per measurement, iperf3's JSON (1 s intervals) and the KV "
                                                "sender's TCP_INFO samples and transfer times (sender role: the file)")
     ap.add_argument("--repeat", type=int, default=1, help="repetitions per (loss, N); >= 5 gives a 95%% CI per setting")
     args = ap.parse_args(argv)
+    if args.notsent_s is not None and args.notsent_s < 0:
+        ap.error(f"--notsent-s: {args.notsent_s:g} must be >= 0 seconds (0: off)")
 
     if args.role == "receiver":
         return run_receiver(args.port)

@@ -44,6 +44,9 @@ DEFAULT_CONNECTIONS = 4  # measured: docs/kv.md "Choosing N"
 DEFAULT_MAX_QUEUED_BYTES = 32 << 20
 DEFAULT_NOTSENT_LOWAT_BYTES = 4 << 20  # per connection: unsent bytes the kernel may hold (docs/kv.md)
 MIN_NOTSENT_LOWAT_BYTES = 64 << 10  # the rate-scaled budget (`notsent_s`) never goes below this
+# Per connection: hold at most this long of its own delivery rate unsent (between the floor above and
+# DEFAULT_NOTSENT_LOWAT_BYTES); measured KV / iperf3 with and without it in docs/kv.md, "Transport under loss".
+DEFAULT_NOTSENT_S = 0.02
 IOV_MAX_FRAMES = 64
 TCP_INFO_LEN = 232
 
@@ -145,7 +148,7 @@ class KVSender(KVSendConnector):
                  connect_timeout_s: float = 10.0, ack_timeout_s: float = 300.0,
                  sample_interval_s: float = 0.1, on_sample: Callable[[TcpSample], None] | None = None,
                  notsent_lowat_bytes: int | None = DEFAULT_NOTSENT_LOWAT_BYTES,
-                 congestion_control: str | None = None, notsent_s: float | None = None) -> None:
+                 congestion_control: str | None = None, notsent_s: float | None = DEFAULT_NOTSENT_S) -> None:
         if connections < 1:
             raise ValueError(f"connections: must be >= 1, got {connections}")
         self.host, self.port = host, port

@@ -382,3 +382,15 @@ def test_notsent_s_scales_each_connections_unsent_budget_to_its_own_rate(receive
         assert tx.notsent_lowat_by_connection()[1] == 4 << 20  # per connection
         stats = tx.send_cache(_cache("req-n"))
     assert stats.ok and results.wait("req-n").ok
+
+
+def test_the_rate_scaled_unsent_budget_is_on_by_default_and_can_be_turned_off(receiver: tuple[KVReceiver, Results]) -> None:
+    from testbed.kv.transport import DEFAULT_NOTSENT_S, MIN_NOTSENT_LOWAT_BYTES, TcpSample
+
+    rx, _ = receiver
+    for kwargs, slow_budget in (({}, MIN_NOTSENT_LOWAT_BYTES), ({"notsent_s": None}, 4 << 20)):
+        with KVSender(LOOPBACK, rx.port, connections=1, sample_interval_s=60.0, **kwargs) as tx:
+            assert tx.notsent_s == (DEFAULT_NOTSENT_S if not kwargs else None)
+            c0 = tx._conns[0]
+            tx._rescale_lowat(c0, TcpSample(0.0, 0, 20000, 10, 0, 0, 0, 8e6))  # a connection held to 8 Mbps
+            assert c0.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == slow_budget
