@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.clock import now_s
-from testbed.kv.cache import KVCache, LayerKV
+from testbed.kv.cache import LAYER_KINDS, KVCache, LayerKV
 from testbed.kv.connector.base import KVRecvConnector, KVSendConnector, ReceivedKV, TransferStats
 from testbed.kv.wire import (
     DEFAULT_CHUNK_BYTES, Ack, ChecksumError, DataFrame, DataHeader, Frame, FrameDecoder, KVAssembler, Trailer,
@@ -40,6 +40,7 @@ from testbed.kv.wire import (
 
 log = logging.getLogger(__name__)
 
+PROBE_PREFIX = "~probe-"  # request ids of active probes (`KVSender.probe`); a decode worker drops their bytes
 DEFAULT_CONNECTIONS = 4  # measured: docs/kv.md "Choosing N"
 DEFAULT_MAX_QUEUED_BYTES = 32 << 20
 DEFAULT_NOTSENT_LOWAT_BYTES = 4 << 20  # per connection: unsent bytes the kernel may hold (docs/kv.md)
@@ -167,6 +168,7 @@ class KVSender(KVSendConnector):
         self._closed = False
         self._profile_buffer = memoryview(os.urandom(chunk_bytes))  # random: nothing on the path can compress it
         self._profile_checksums: dict[int, int] = {}
+        self._probes = 0
         self.samples: deque[TcpSample] = deque(maxlen=4096)
         self._conns: list[_Connection] = []
         try:
@@ -259,6 +261,7 @@ class KVSender(KVSendConnector):
         now = [s for s in (tcp_info(c.sock, c.index) for c in self._conns) if s is not None]
         with self._cond:
             queued = self._queued_bytes
+        busy = [s for s in now if s.notsent_bytes or s.unacked_bytes] or now
         window = [s for s in list(self.samples) if s.t_s >= now_s() - 1.0]  # a copy: the sampler thread appends
         goodput = 0.0
         if now and window:
@@ -270,7 +273,8 @@ class KVSender(KVSendConnector):
             goodput = 8 * acked / dt if dt > 0 else 0.0
         return {
             "retransmits": sum(s.total_retrans for s in now),
-            "rtt_ms": (sum(s.rtt_us for s in now) / len(now) / 1000.0) if now else 0.0,
+            # the connections with work now: an idle connection's RTT is its last one and dilutes a queue
+            "rtt_ms": (sum(s.rtt_us for s in busy) / len(busy) / 1000.0) if busy else 0.0,
             "min_rtt_ms": (min(s.min_rtt_us for s in now) / 1000.0) if now else 0.0,
             "cwnd": sum(s.cwnd for s in now),
             "send_queue_bytes": queued + sum(s.notsent_bytes for s in now),
@@ -285,6 +289,40 @@ class KVSender(KVSendConnector):
             "connections": len(self._conns),
             "broken": self._broken,
         }
+
+    def probe(self, nbytes: int, pings: int = 2, timeout_s: float = 2.0) -> dict[str, Any]:
+        """Measure the path with our own bytes (docs/router.md, "An active probe"): `pings` one-byte
+        transfers, whose round trip (first byte queued to the receiver's verdict) while nothing else of ours
+        is queued is the path's unloaded RTT (plus both ends' processing), then one transfer of `nbytes`
+        and the TCP_INFO of the connections that carried it. Request ids start with `PROBE_PREFIX`; a
+        decode worker drops what arrives under them. Call it only while no KV is queued."""
+        with self._cond:
+            self._probes += 1
+            n = self._probes
+        rtts = []
+        for i in range(pings):
+            t0 = now_s()
+            if self._probe_one(f"{PROBE_PREFIX}{n}.{i}", 1, timeout_s).ok:
+                rtts.append(1000.0 * (now_s() - t0))
+        before = self.sent_bytes_by_connection()
+        t0 = now_s()
+        stats = self._probe_one(f"{PROBE_PREFIX}{n}", nbytes, timeout_s) if nbytes > 0 else None
+        took = now_s() - t0
+        used = [c for c, b, a in zip(self._conns, before, self.sent_bytes_by_connection()) if a > b]
+        infos = [s for s in (tcp_info(c.sock, c.index) for c in used) if s is not None]
+        return {"ok": stats is not None and stats.ok, "reason": stats.reason if stats is not None else None,
+                "bytes": nbytes if stats is not None else 0, "seconds": took,
+                "rate_bps": sum(s.delivery_rate_bps for s in infos),
+                "rtt_ms": max((s.rtt_us for s in infos), default=0) / 1000.0,
+                "min_rtt_ms": min((s.min_rtt_us for s in infos), default=0) / 1000.0,
+                "idle_rtt_ms": min(rtts) if rtts else None, "connections": len(infos)}
+
+    def _probe_one(self, request_id: str, nbytes: int, timeout_s: float) -> TransferStats:
+        self.send_bytes(request_id, 0, LAYER_KINDS[0], nbytes)
+        stats = self.finish(request_id, timeout_s=timeout_s)
+        if not stats.ok:
+            self.abort(request_id, stats.reason or "probe failed")
+        return stats
 
     def sent_bytes_by_connection(self) -> list[int]:
         """Bytes each connection has written so far (how the pull model spread the load)."""

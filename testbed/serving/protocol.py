@@ -142,6 +142,26 @@ class DecodeRequest:
             "block_hashes": f.get("block_hashes", integers, ()), **_deadline(f, None)})
 
 
+@dataclass(frozen=True)
+class ProbeRequest:
+    """Router -> PrfaaS prefill worker, `POST /v1/probe` (docs/router.md, "An active probe"): `pings`
+    one-byte transfers, then `bytes` (wire) of filler to `decode`'s KV receiver, each ended within `timeout_s`."""
+
+    decode: KVDestination
+    bytes: int = 0
+    pings: int = 2
+    timeout_s: float = 2.0
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "POST /v1/probe") -> "ProbeRequest":
+        return _read(cls, data, source, "", lambda f: {
+            "decode": KVDestination.read(f.section("decode")), "bytes": f.get("bytes", positive_int, 0),
+            "pings": f.get("pings", positive_int, 2), "timeout_s": f.get("timeout_s", positive_number, 2.0)})
+
+
 # ---------------------------------------------------------------------------------------- answers
 
 

@@ -43,7 +43,8 @@ from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
 from testbed.serving.protocol import (
-    DECODE_PREFIX_HEADER, DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, TokenEvent, WorkerState,
+    DECODE_PREFIX_HEADER, DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, ProbeRequest, TokenEvent,
+    WorkerState,
     decode_event,
 )
 from testbed.serving.policy import (
@@ -250,6 +251,9 @@ class WorkerFailed(Exception):
     """A worker failed the request or could not be reached; the message is the record's reason."""
 
 
+PROBE_RETRY_S = 2.0  # after a probe failed or was refused, the next waits this long
+
+
 @dataclass
 class _Instance:
     cfg: PrefillInstanceConfig | DecodeInstanceConfig
@@ -305,7 +309,7 @@ class Router:
             raise
         server = self._server
         for target, name in ((lambda: server.serve_forever(0.1), "router-http"), (self._poll_loop, "router-poll"),
-                             (self._control_loop, "router-control")):
+                             (self._control_loop, "router-control"), (self._probe_loop, "router-probe")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -616,6 +620,57 @@ class Router:
         with ThreadPoolExecutor(max_workers=min(16, len(self.prefill) + len(self.decode))) as pool:
             while not self._stop.wait(self.cfg.state_poll_s):
                 self._poll_once(pool)
+
+    def _probe_loop(self) -> None:
+        """Active probes (docs/router.md, "An active probe"): when the policy asks for one, a PrfaaS prefill
+        instance with nothing in flight sends it to a decode instance, round robin; the answer goes to the
+        policy as an observed sample and to the scheduler log as a ``probe`` row."""
+        turn = 0
+        while not self._stop.wait(self.cfg.state_poll_s):
+            nbytes = self.policy.probe_bytes(clock.now_s())
+            if nbytes <= 0:
+                continue
+            with self._lock:
+                pf = [p for p in self.prefill.values() if p.cluster == "prfaas" and p.healthy and p.inflight == 0
+                      and ("prefill", p.cfg.instance) in self.policy.active]
+                dec = [d for d in self.decode.values() if d.healthy and ("decode", d.cfg.instance) in self.policy.active]
+            if not pf or not dec:
+                continue
+            turn += 1
+            ans = self.probe(pf[turn % len(pf)], dec[turn % len(dec)], nbytes)
+            if not (ans and ans.get("ok") is True):  # a worker that cannot probe now: do not ask it every poll
+                self._stop.wait(PROBE_RETRY_S)
+
+    def probe(self, inst: _Instance, dest: _Instance, nbytes_emulated: float) -> dict[str, Any] | None:
+        """One probe from `inst` to `dest`'s KV receiver; its answer (wire units) or None."""
+        d = dest.cfg
+        assert isinstance(d, DecodeInstanceConfig)
+        req = ProbeRequest(KVDestination(d.host, d.kv_port, d.instance), bytes=max(1, int(self.scale.wire_bytes(nbytes_emulated))))
+        t0 = clock.now_s()
+        try:
+            conn = http.client.HTTPConnection(inst.cfg.host, inst.cfg.port, timeout=self.cfg.state_timeout_s + 3 * req.timeout_s)
+            try:
+                conn.request("POST", "/v1/probe", json.dumps(req.to_json()), {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                ans = json.loads(resp.read()) if resp.status == 200 else None
+            finally:
+                conn.close()
+        except (OSError, http.client.HTTPException, ValueError):
+            ans = None
+        now = clock.now_s()
+        num = lambda k: float(ans[k]) if isinstance(ans, dict) and isinstance(ans.get(k), (int, float)) else None  # noqa: E731
+        ok = isinstance(ans, dict) and ans.get("ok") is True and num("rate_bps") is not None
+        self.log.add("probe", now, instance=inst.cfg.instance, decode_instance=d.instance, ok=ok,
+                     reason=None if ok else str((ans or {}).get("reason") or "no answer"), seconds=now - t0,
+                     probe_bytes=self.scale.emulated_bytes(num("bytes") or 0.0),
+                     probe_rate_bps=self.scale.emulated_bps(num("rate_bps") or 0.0), probe_rtt_ms=num("rtt_ms"),
+                     idle_rtt_ms=num("idle_rtt_ms"))
+        if ok:
+            self.policy.on_telemetry(TelemetrySample(now, probe_bytes=self.scale.emulated_bytes(num("bytes") or 0.0),
+                                                     probe_rate_bps=self.scale.emulated_bps(num("rate_bps") or 0.0),
+                                                     probe_rtt_ms=num("rtt_ms"), idle_rtt_ms=num("idle_rtt_ms"),
+                                                     min_rtt_ms=num("min_rtt_ms")))
+        return ans if isinstance(ans, dict) else None
 
     def queue_sample(self) -> TelemetrySample:
         def per(xs: list[_Instance]) -> float | None:

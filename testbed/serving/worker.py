@@ -26,9 +26,10 @@ from typing import Any, Callable
 from testbed.clock import now_s
 from testbed.errors import FieldError
 from testbed.blocks import BLOCK_TOKENS
+from testbed.kv.transport import PROBE_PREFIX
 from testbed.serving.protocol import (
-    DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, TokenEvent,
-    WorkerState,
+    DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
+    TokenEvent, WorkerState,
 )
 
 
@@ -137,14 +138,26 @@ class Destination:
         self.sender: Any = None
         self.failed: dict[str, str] = {}
         self.started: dict[str, float] = {}  # request id -> when its first layer was handed to the sender
+        self.connect_lock = threading.Lock()
         threading.Thread(target=self._loop, daemon=True, name=f"kv->{host}:{kv_port}").start()
 
     def _connect(self) -> Any:
         from testbed.kv.connector import KVEndpoint, get_connector
 
-        if self.sender is None:
-            self.sender = get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections)
-        return self.sender
+        with self.connect_lock:  # the transfer loop and a probe may both connect
+            if self.sender is None:
+                self.sender = get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections)
+            return self.sender
+
+    def probe(self, req: ProbeRequest) -> dict[str, Any]:
+        """An active probe on this destination's connections (`KVSender.probe`), refused while KV of this
+        worker is queued for it (the KV is the measurement then, and a probe would compete with it)."""
+        if self.started or not self.items.empty():
+            return {"ok": False, "reason": "KV is being sent to this destination"}
+        sender = self._connect()
+        if not hasattr(sender, "probe"):
+            return {"ok": False, "reason": f"the {self.connector} connector cannot probe"}
+        return dict(sender.probe(req.bytes, req.pings, req.timeout_s))
 
     def _drop_sender(self) -> None:
         sender, self.sender = self.sender, None
@@ -455,7 +468,10 @@ class DecodeWorker:
         threading.Thread(target=self._loop, daemon=True, name="decode").start()
 
     def _on_kv(self, request_id: str, received: Any) -> None:
-        """The transport's verdict on one transfer (verified KV, or failed with a reason)."""
+        """The transport's verdict on one transfer (verified KV, or failed with a reason); an active
+        probe's bytes (checked like KV by the transport) are dropped here."""
+        if request_id.startswith(PROBE_PREFIX):
+            return
         with self.lock:
             slot = self.pending.get(request_id)
             if slot is None:
@@ -621,6 +637,9 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
                     self._json(400, {"error": "body must be a JSON object"})
                 elif self.path == "/v1/prefill" and isinstance(worker, PrefillWorker):
                     self._json(200, worker.submit(PrefillRequest.from_json(body)).to_json())
+                elif self.path == "/v1/probe" and isinstance(worker, PrefillWorker):
+                    req = ProbeRequest.from_json(body)
+                    self._json(200, worker._dest(req.decode).probe(req))
                 elif self.path == "/v1/decode" and isinstance(worker, DecodeWorker):
                     self._stream(worker.register(DecodeRequest.from_json(body)))
                 else:

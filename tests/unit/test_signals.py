@@ -218,3 +218,103 @@ def test_provisioned_mode_takes_the_nominal_rate_as_the_capacity_and_ignores_the
     assert c.estimator is None and c.kv_capacity_bps == 20 * G and c.capacity_bps == 20 * G
     assert c.egress_utilization == pytest.approx(5 / 20)
     assert pol.status()["signals"] == "provisioned"
+
+
+# ------------------------------------------------------------------------------ active probes (synthetic)
+
+
+def probing_trace(est: BandwidthEstimator, t0: float, t1: float, busy, kv_rate, rtt_ms, remainder, idle_rtt_ms,
+                  queue_ms=lambda t: 0.0, sizes=None):
+    """Polls every 0.5 s; while `busy(t)` the KV senders are backlogged at `kv_rate(t)` with RTT `rtt_ms(t)`;
+    while idle for `probe_after`, a probe as the router sends it: `est.probe_bytes()` delivered at the path's
+    `remainder(t)` when that many bytes fill it (>= 3 BDPs at the remainder), else at what slow start reaches
+    (bytes / 2 per unloaded RTT), its pings measuring `idle_rtt_ms(t)` and its end the RTT plus `queue_ms(t)`."""
+    out, t = [], t0
+    while t <= t1 + 1e-9:
+        if busy(t):
+            out.append(est.update(t, kv_rate(t), 50e6, rtt_ms(t), 10.0))
+        elif est.evidence_t is None or t - est.evidence_t >= est.spec.probe_after_s:
+            n = est.probe_bytes()
+            if sizes is not None:
+                sizes.append((t, n))
+            rtt_s = idle_rtt_ms(t) / 1000.0
+            rate = remainder(t) if 8 * n >= 3 * remainder(t) * rtt_s else 8 * n / 2 / rtt_s
+            out.append(est.probe(t, n, rate, idle_rtt_ms(t) + queue_ms(t), idle_rtt_ms(t), 10.0))
+        else:
+            out.append(est.update(t, 0.0, 0.0, rtt_ms(t), 10.0))
+        t += POLL_S
+    return out
+
+
+def test_probes_find_the_cross_traffics_share_that_kv_alone_never_fills() -> None:
+    """100 Gbps line, 16 Gbps of inelastic neighbours: KV (bursts of 1 s every 4 s at 25 Gbps, no queue)
+    never shows the 84 left; probes while idle do. Without probes the estimate stays at the nominal rate."""
+    busy = lambda t: (t % 4.0) < 1.0  # noqa: E731
+    args = dict(busy=busy, kv_rate=lambda t: 25 * G, rtt_ms=lambda t: 10.3, remainder=lambda t: 84 * G,
+                idle_rtt_ms=lambda t: 10.6, queue_ms=lambda t: 3.0)
+    out = probing_trace(BandwidthEstimator(100 * G), 0.0, 40.0, **args)
+    errors = sorted(abs(e.available_bps - 84 * G) / (84 * G) for e in out if e.t_s >= 5)
+    assert errors[len(errors) // 2] <= 0.05 and max(errors) <= 0.1
+    assert sum(e.evidence == "saturated" for e in out) >= 5  # the probes, not the KV polls
+    quiet = BandwidthEstimator(100 * G, dataclasses.replace(BandwidthEstimator(1.0).spec, probe_after_s=0.0))
+    assert trace(quiet, 0.0, 20.0, lambda t: 25 * G, lambda t: 10.3)[-1].available_bps == 100 * G
+
+
+def test_a_5x_dip_that_starts_while_no_kv_moves_is_found_by_the_next_probe_within_2s() -> None:
+    est = BandwidthEstimator(100 * G)
+    dip = lambda t: 10.0 <= t < 30.0  # noqa: E731
+    out = probing_trace(est, 0.0, 29.5, busy=lambda t: False, kv_rate=lambda t: 0.0, rtt_ms=lambda t: 10.3,
+                        remainder=lambda t: 4 * G if dip(t) else 84 * G, idle_rtt_ms=lambda t: 10.4,
+                        queue_ms=lambda t: 10.0 if dip(t) else 2.0)
+    pre = next(e for e in reversed(out) if e.t_s < 10).available_bps
+    detect = min(e.t_s for e in out if e.t_s >= 10 and e.available_bps < 0.5 * pre)
+    assert detect - 10.0 <= 2.0
+    assert all(abs(e.available_bps - 4 * G) <= 0.2 * 4 * G for e in out if e.t_s >= detect)
+
+
+def test_after_a_dip_probes_grow_back_to_the_remainder_without_flooding_the_dipped_path() -> None:
+    """A probe is sized to the estimate (5 BDPs): in the dip it stays small, and after it a probe that slow
+    start limits is only a lower bound (headroom), so the estimate climbs probe by probe, not at once."""
+    est, sizes = BandwidthEstimator(100 * G), []
+    out = probing_trace(est, 0.0, 40.0, busy=lambda t: False, kv_rate=lambda t: 0.0, rtt_ms=lambda t: 10.3,
+                        remainder=lambda t: 4 * G if t < 10 else 84 * G, idle_rtt_ms=lambda t: 10.4,
+                        queue_ms=lambda t: 10.0 if t < 10 else 0.0, sizes=sizes)
+    assert all(e.available_bps <= 1.2 * 4 * G for e in out if 1 <= e.t_s < 10)
+    # the first probe: 5 BDPs at the nominal rate and, before any RTT is known, 10 ms (625 MB); in the dip 5 x 4 Gbps x 10.4 ms
+    assert sizes[0][1] == pytest.approx(5 * 100 * G / 8 * 0.010, rel=0.01)
+    assert all(n == pytest.approx(5 * 4 * G / 8 * 0.0104, rel=0.01) for t, n in sizes if 1 <= t < 10)
+    later = [e for e in out if e.t_s >= 10]
+    assert any(e.evidence == "headroom" for e in later)  # slow-start-limited probes: lower bounds
+    assert min(e.t_s for e in later if e.available_bps >= 0.8 * 84 * G) - 10 <= 12.0
+    assert abs(out[-1].available_bps - 84 * G) <= 0.1 * 84 * G
+
+
+def test_an_rtt_step_without_a_rate_change_is_no_dip_once_a_probe_measured_the_new_unloaded_rtt() -> None:
+    """The path's delay goes 10 -> 80 ms at t = 10 while no KV moves; the line and its 84 Gbps remainder are
+    unchanged. KV after it gets a window-limited rate (1/8, growing) at 80 ms: without the probe's
+    unloaded RTT that reads as a standing queue (the old behaviour: a false dip for rtt_window)."""
+    busy = lambda t: (t % 4.0) < 1.0  # noqa: E731  (the step at t = 10 falls in an idle gap)
+    args = dict(busy=busy, kv_rate=lambda t: 25 * G if t < 10 else min(3 * G * (1 + (t - 10) / 2), 25 * G),
+                rtt_ms=lambda t: 10.3 if t < 10 else 80.5, remainder=lambda t: 84 * G,
+                idle_rtt_ms=lambda t: 10.4 if t < 10 else 80.4)
+    out = probing_trace(BandwidthEstimator(100 * G), 0.0, 30.0, **args)
+    pre = next(e for e in reversed(out) if e.t_s < 10).available_bps
+    assert all(e.available_bps >= 0.5 * pre for e in out if e.t_s >= 10)
+    assert all(e.evidence != "saturated" or e.sample_bps >= 0.5 * pre for e in out if e.t_s >= 10)
+    old = dataclasses.replace(BandwidthEstimator(1.0).spec, probe_after_s=0.0)
+    blind = BandwidthEstimator(100 * G, old)
+    seen = trace(blind, 0.0, 20.0, lambda t: 25 * G if t < 10 else 3 * G, lambda t: 10.3 if t < 10 else 80.5)
+    assert min(e.available_bps for e in seen if e.t_s >= 10) < 0.5 * 100 * G  # what the probe prevents
+
+
+def test_loss_on_a_probe_without_a_queue_is_not_congestion() -> None:
+    """A probe that got the remainder with its RTT at the unloaded one, while retransmits climb: the estimate is
+    the remainder (it filled the path), and loss alone adds no congestion flag to the KV polls after it."""
+    est = BandwidthEstimator(100 * G)
+    out = probing_trace(est, 0.0, 20.0, busy=lambda t: (t % 4.0) < 1.0, kv_rate=lambda t: 25 * G,
+                        rtt_ms=lambda t: 10.3, remainder=lambda t: 84 * G, idle_rtt_ms=lambda t: 10.4)
+    est.update(20.5, 25 * G, 50e6, 10.3, 10.0, retransmits=0.0)
+    after = est.update(21.0, 25 * G, 50e6, 10.3, 10.0, retransmits=400.0)
+    assert after.retransmits_per_s == pytest.approx(800.0) and not after.congested
+    assert abs(after.available_bps - 84 * G) <= 0.1 * 84 * G
+    assert all(not e.congested or e.evidence == "saturated" for e in out)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from testbed.kv.cache import KVCache, LayerKV
-from testbed.kv.transport import KVReceiver, KVSender, ReceivedKV, TransportError
+from testbed.kv.transport import PROBE_PREFIX, KVReceiver, KVSender, ReceivedKV, TransportError
 from testbed.kv.wire import encode_data_header, DataHeader
 
 torch.set_num_threads(1)
@@ -125,6 +125,21 @@ def test_profile_mode_sends_real_bytes_and_delivers_a_verified_count(receiver: t
     assert (got.tokens, got.model) == (4096, "paper-1t-hybrid")
     assert set(congestion) >= {"retransmits", "rtt_ms", "cwnd", "send_queue_bytes", "goodput_bps"}
     assert congestion["cwnd"] > 0 and congestion["rtt_ms"] > 0
+
+
+
+def test_a_probe_measures_the_unloaded_rtt_and_the_delivery_rate_of_the_connections_that_carried_it(
+        receiver: tuple[KVReceiver, Results]) -> None:
+    rx, results = receiver
+    with KVSender(LOOPBACK, rx.port, connections=2, chunk_bytes=256 << 10) as tx:
+        ans = tx.probe(4 << 20, pings=2, timeout_s=10.0)
+        after = tx.congestion()
+    assert ans["ok"] and ans["bytes"] == 4 << 20 and ans["reason"] is None
+    assert ans["rate_bps"] > 0 and 1 <= ans["connections"] <= 2 and ans["rtt_ms"] > 0
+    assert 0 < ans["idle_rtt_ms"] < 1000  # two one-byte transfers, round trip to the receiver's verdict
+    probes = [rid for rid in results.items if rid.startswith(PROBE_PREFIX)]
+    assert len(probes) == 3 and all(results.items[r].ok for r in probes)  # checked like KV: the pings and the bulk
+    assert after["send_queue_bytes"] == 0
 
 
 class CorruptingProxy:

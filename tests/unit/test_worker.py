@@ -196,6 +196,18 @@ def test_bad_bodies_and_wrong_paths_get_http_errors(workers):
     assert json.loads(request(dec.port, "GET", "/healthz")[1])["role"] == "decode"
 
 
+def test_a_probe_crosses_to_the_decode_workers_receiver_is_dropped_there_and_answers_with_tcp_info(workers):
+    dec, pre = workers
+    body = {"decode": {"host": "127.0.0.1", "kv_port": dec.kv_port, "instance": 0}, "bytes": 1 << 20, "pings": 2}
+    status, raw = request(pre.port, "POST", "/v1/probe", body)
+    ans = json.loads(raw)
+    assert status == 200 and ans["ok"] and ans["bytes"] == 1 << 20
+    assert ans["rate_bps"] > 0 and ans["idle_rtt_ms"] > 0 and ans["rtt_ms"] > 0
+    status, raw = request(pre.port, "POST", "/v1/probe", {**body, "bytes": -1})
+    assert status == 400 and "bytes" in json.loads(raw)["error"]
+    assert request(dec.port, "POST", "/v1/probe", body)[0] == 404  # only a prefill worker sends probes
+
+
 def test_a_request_queued_past_its_budget_fails_naming_the_prefill_queue_and_shedding_has_its_own_reason(workers):
     dec, pre = workers
     dest = {"host": "127.0.0.1", "kv_port": dec.kv_port, "instance": 0}
@@ -277,6 +289,9 @@ def test_a_request_waiting_for_a_place_in_a_full_batch_fails_naming_the_batch_qu
         first_long = long.events.get(timeout=10)  # "long" is in the batch now
         worker._on_kv("late", ReceivedKV("late", True, None, None, 100, 200, 1, now_s(), now_s()))
         final = late.events.get(timeout=10)
+        worker._on_kv("~probe-1", ReceivedKV("~probe-1", True, None, None, 100, 200, 1, now_s(), now_s()))
+        worker._on_kv("early", ReceivedKV("early", True, None, None, 100, 200, 1, now_s(), now_s()))
+        assert set(worker.arrived) == {"early"}  # a probe's bytes are dropped, KV before its request is kept
     finally:
         worker.receiver.close()
     assert isinstance(final, FinalEvent) and final.status == "failed" and final.tokens == 0

@@ -64,6 +64,9 @@ class TelemetrySample:
     over workers), min_rtt_ms (the kernel's min RTT, lowest over workers).
     Queues (router, every tick): requests in flight per instance of each pool, and of decode.
     A finished offload (router): transfer_uncached_len and transfer_kv_bytes (fit S_kv(l)), prefill_s.
+    An active probe (router, observed: our own bytes while no KV moves): probe_bytes, probe_rate_bps (TCP's
+    delivery rate of the connections that carried it), probe_rtt_ms (at its end), idle_rtt_ms (its pings'
+    round trip while nothing of ours was queued).
     """
 
     t_s: float
@@ -84,6 +87,10 @@ class TelemetrySample:
     transfer_uncached_len: int | None = None
     transfer_kv_bytes: int | None = None
     prefill_s: float | None = None
+    probe_bytes: float | None = None
+    probe_rate_bps: float | None = None
+    probe_rtt_ms: float | None = None
+    idle_rtt_ms: float | None = None
 
 
 _LOAD = operator.attrgetter("queue_depth", "instance")
@@ -142,6 +149,11 @@ class Policy:
 
     def bandwidth_scarce(self) -> bool:
         return True
+
+    def probe_bytes(self, now_s: float) -> float:
+        """Emulated bytes of an active probe the router should send now (docs/router.md, "An active
+        probe"); 0: none (only the `prfaas` policy in observed mode probes)."""
+        return 0.0
 
     def status(self) -> dict[str, Any]:
         """What the policy believes now, for metrics and /v1/state: ``signals`` (the mode it sees),

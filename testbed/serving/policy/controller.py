@@ -156,6 +156,9 @@ class PrfaasController:
                                           s.min_rtt_ms or 0.0, s.retransmits)
                 a = self.kv_capacity_bps
                 self._utilization(s.t_s, min(s.kv_goodput_bps / a, 1.5) if a > 0 else 1.5)
+            if s.probe_rate_bps is not None and self.estimator is not None:
+                self.estimator.probe(s.t_s, s.probe_bytes or 0.0, s.probe_rate_bps, s.probe_rtt_ms or 0.0, s.idle_rtt_ms,
+                                     s.min_rtt_ms or 0.0)
             if s.prefill_s is not None:
                 self._prefill_s = self._slow("prefill", s.t_s, self._prefill_s, s.prefill_s)
             if s.kv_goodput_bps is not None:

@@ -19,9 +19,17 @@ Every poll is one of three kinds of evidence, and the estimate moves only as its
   old the last upper bound is; it never drifts back to the nominal rate on its own (the first version
   relaxed towards it with a 5 s time constant and was 47-50% off between transfers in a dip).
 
-The RTT floor is the larger of the kernel's min RTT and the minimum RTT polled over `rtt_window_s` (once
-the polls span that window): a lasting change of the path's delay (a reroute) stops counting as queueing
-after that window. Loss is
+- **probe** (`probe`: an active probe of our own bytes while no KV moves, docs/router.md "An active
+  probe"): its pings (one-byte transfers while nothing of ours is queued) give the path's **unloaded RTT**,
+  and its bulk transfer a delivery rate. A probe that carried at least `full_path_ratio` times what a
+  window-limited flow at the rate it got would carry (bytes >= ratio x rate x unloaded RTT) filled the
+  path: the estimate *is* its rate (like a saturated poll), and later headroom polls grow the estimate
+  no higher than that rate for `rtt_window_s`. A smaller probe is a lower bound (headroom, no growth).
+
+The RTT floor is the largest of the kernel's min RTT, the minimum RTT polled over `rtt_window_s` (once
+the polls span that window) and the unloaded RTT of the latest probe (for `rtt_window_s`): a lasting
+change of the path's delay (a reroute, an RTT surge) stops counting as queueing at the first probe after
+it, or after that window without probes. Loss is
 reported (retransmits per second) but counts as congestion only together with a queue: random loss on
 an unqueued path is not a reason to keep work local.
 
@@ -42,6 +50,10 @@ class EstimatorSpec:
     probe_tau_s: float = 5.0  # headroom polls grow the estimate by e per this much of their time (up to nominal)
     rtt_window_s: float = 10.0  # the RTT floor forgets samples older than this
     min_backlog_bytes: float = 0.0  # backlog above this counts as backlogged
+    probe_after_s: float = 1.0  # the router probes after this long without KV evidence and nothing committed (0: never)
+    probe_bdp: float = 5.0  # a probe's size: this many bandwidth-delay products at the estimate and the path's RTT
+    probe_max_bytes: float = 2e9  # ... at most this many (emulated) bytes
+    full_path_ratio: float = 3.0  # a probe of >= ratio x rate x unloaded RTT bytes filled the path (slow start carries ~2)
 
 
 SATURATED, HEADROOM, NONE = "saturated", "headroom", "none"
@@ -77,13 +89,13 @@ class BandwidthEstimator:
         self._min_rtt_ms = math.inf  # the kernel's (lifetime) min RTT
         self._rtts: deque[tuple[float, float]] = deque()  # (t_s, polled RTT) for the windowed floor
         self._first_rtt_t: float | None = None
+        self._idle_rtt: tuple[float, float] | None = None  # (t_s, unloaded RTT ms) of the latest probe's pings
+        self._full: tuple[float, float] | None = None  # (t_s, rate) of the latest probe that filled the path
+        self.evidence_t: float | None = None  # time of the latest saturated or headroom poll or probe
         self.estimate = Estimate(0.0, self._value, False, 0.0, 0.0, False)
 
-    def update(self, t_s: float, goodput_bps: float, backlog_bytes: float, rtt_ms: float = 0.0, min_rtt_ms: float = 0.0,
-               retransmits: float | None = None) -> Estimate:
+    def _floor(self, t_s: float, rtt_ms: float, min_rtt_ms: float) -> float:
         s = self.spec
-        dt = 0.0 if self._last_t is None else max(t_s - self._last_t, 0.0)
-        self._last_t = t_s
         if min_rtt_ms > 0:
             self._min_rtt_ms = min(self._min_rtt_ms, min_rtt_ms)
         if rtt_ms > 0:
@@ -98,14 +110,35 @@ class BandwidthEstimator:
         # stands at the first poll is still a queue
         full = self._first_rtt_t is not None and t_s - self._first_rtt_t >= s.rtt_window_s
         floor = max(kernel, self._rtts[0][1]) if self._rtts and full else kernel
+        if self._idle_rtt is not None and t_s - self._idle_rtt[0] <= s.rtt_window_s:
+            floor = max(floor, self._idle_rtt[1])  # measured with nothing of ours queued: no queue of ours in it
+        return floor
+
+    def _queue(self, rtt_ms: float, floor: float) -> tuple[float, bool]:
+        s = self.spec
         qdelay = max(rtt_ms - floor, 0.0) if rtt_ms > 0 and floor > 0 else 0.0
+        return qdelay, s.queue_delay_ms > 0 and qdelay >= max(s.queue_delay_ms, s.queue_delay_fraction * floor)
+
+    def _ceiling(self, t_s: float) -> float:
+        """How far headroom polls may grow the estimate: the rate of a recent probe that filled the path,
+        else the nominal rate."""
+        if self._full is not None and t_s - self._full[0] <= self.spec.rtt_window_s:
+            return min(self._full[1], self.nominal_bps)
+        return self.nominal_bps
+
+    def update(self, t_s: float, goodput_bps: float, backlog_bytes: float, rtt_ms: float = 0.0, min_rtt_ms: float = 0.0,
+               retransmits: float | None = None) -> Estimate:
+        s = self.spec
+        dt = 0.0 if self._last_t is None else max(t_s - self._last_t, 0.0)
+        self._last_t = t_s
+        floor = self._floor(t_s, rtt_ms, min_rtt_ms)
+        qdelay, queue = self._queue(rtt_ms, floor)
         rate = 0.0
         if retransmits is not None:
             if self._retrans is not None and t_s > self._retrans[0]:
                 inc = retransmits - self._retrans[1] if retransmits >= self._retrans[1] else retransmits
                 rate = inc / (t_s - self._retrans[0])
             self._retrans = (t_s, retransmits)
-        queue = s.queue_delay_ms > 0 and qdelay >= max(s.queue_delay_ms, s.queue_delay_fraction * floor)
         x = min(max(goodput_bps, 0.0), self.nominal_bps)
         backlogged = backlog_bytes > s.min_backlog_bytes and x > 0  # work queued but no rate measured yet: no information
         if backlogged and queue:
@@ -113,10 +146,49 @@ class BandwidthEstimator:
         elif backlogged:
             evidence = HEADROOM
             grown = self._value * math.exp(dt / s.probe_tau_s) if dt > 0 else self._value
+            grown = max(self._value, min(grown, self._ceiling(t_s)))
             self._value = min(max(grown, x), self.nominal_bps)
         else:
             evidence = NONE
+        if evidence != NONE:
+            self.evidence_t = t_s
+        return self._publish(t_s, backlogged, qdelay, rate, evidence, x, rtt_ms, floor)
+
+    def probe(self, t_s: float, nbytes: float, rate_bps: float, rtt_ms: float, idle_rtt_ms: float | None = None,
+              min_rtt_ms: float = 0.0) -> Estimate:
+        """One active probe: `nbytes` sent while no KV moved, delivered at `rate_bps` (TCP's delivery rate of
+        the connections that carried it), RTT `rtt_ms` at its end; `idle_rtt_ms` the round trip of its pings."""
+        s = self.spec
+        if idle_rtt_ms is not None and idle_rtt_ms > 0:
+            self._idle_rtt = (t_s, idle_rtt_ms)
+        floor = self._floor(t_s, rtt_ms, min_rtt_ms)
+        qdelay, queue = self._queue(rtt_ms, floor)
+        x = min(max(rate_bps, 0.0), self.nominal_bps)
+        retrans = self.estimate.retransmits_per_s
+        if x <= 0 or nbytes <= 0:
+            return self._publish(t_s, False, qdelay, retrans, NONE, x, rtt_ms, floor)
+        unloaded_s = (idle_rtt_ms if idle_rtt_ms else floor) / 1000.0
+        filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s
+        if filled or queue:
+            self._value, self._saturated_t = x, t_s
+            if filled:
+                self._full = (t_s, x)
+            evidence = SATURATED
+        else:
+            self._value, evidence = max(self._value, x), HEADROOM
+        self.evidence_t = t_s
+        return self._publish(t_s, True, qdelay, retrans, evidence, x, rtt_ms, floor)
+
+    def probe_bytes(self) -> float:
+        """The next probe's size (emulated bytes): `probe_bdp` bandwidth-delay products at the estimate and
+        the path's RTT (the latest unloaded RTT, else the floor), at most `probe_max_bytes`."""
+        s = self.spec
+        rtt_ms = max(self.estimate.rtt_floor_ms, self._idle_rtt[1] if self._idle_rtt else 0.0) or 10.0
+        return min(s.probe_max_bytes, s.probe_bdp * self._value / 8.0 * rtt_ms / 1000.0)
+
+    def _publish(self, t_s: float, backlogged: bool, qdelay: float, retrans: float, evidence: str, x: float,
+                 rtt_ms: float, floor: float) -> Estimate:
         age = t_s - self._saturated_t if self._saturated_t is not None else math.inf
-        self.estimate = Estimate(t_s, self._value, backlogged, qdelay, rate, evidence == SATURATED, evidence, age, x,
+        self.estimate = Estimate(t_s, self._value, backlogged, qdelay, retrans, evidence == SATURATED, evidence, age, x,
                                  rtt_ms, floor)
         return self.estimate

@@ -49,6 +49,16 @@ class PrfaasPolicy(ThresholdPolicy):
                     "estimate_sample_bps": e.sample_bps if e else None, "rtt_ms": e.rtt_ms if e else None,
                     "rtt_floor_ms": e.rtt_floor_ms if e else None}
 
+    def probe_bytes(self, now_s: float) -> float:
+        """A probe when the estimator has heard nothing from KV for `probe_after` and nothing is committed."""
+        with self._lock:
+            est, after = self.controller.estimator, self.spec.estimator.probe_after_s
+            if est is None or after <= 0 or self.controller.committed_bytes > 0:
+                return 0.0
+            if est.evidence_t is not None and now_s - est.evidence_t < after:
+                return 0.0
+            return est.probe_bytes()
+
     def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
         self.controller.note_arrival(now_s, uncached_prfaas, local_len)
 
