@@ -305,6 +305,7 @@ class KVSender(KVSendConnector):
             if self._probe_one(f"{PROBE_PREFIX}{n}.{i}", 1, timeout_s).ok:
                 rtts.append(1000.0 * (now_s() - t0))
         before = self.sent_bytes_by_connection()
+        retrans0 = {c.index: s.total_retrans for c in self._conns if (s := tcp_info(c.sock, c.index)) is not None}
         t0 = now_s()
         stats = self._probe_one(f"{PROBE_PREFIX}{n}", nbytes, timeout_s) if nbytes > 0 else None
         took = now_s() - t0
@@ -315,7 +316,8 @@ class KVSender(KVSendConnector):
                 "rate_bps": sum(s.delivery_rate_bps for s in infos),
                 "rtt_ms": max((s.rtt_us for s in infos), default=0) / 1000.0,
                 "min_rtt_ms": min((s.min_rtt_us for s in infos), default=0) / 1000.0,
-                "idle_rtt_ms": min(rtts) if rtts else None, "connections": len(infos)}
+                "idle_rtt_ms": min(rtts) if rtts else None, "connections": len(infos),
+                "retransmits": sum(s.total_retrans - retrans0.get(s.connection, s.total_retrans) for s in infos)}
 
     def _probe_one(self, request_id: str, nbytes: int, timeout_s: float) -> TransferStats:
         self.send_bytes(request_id, 0, LAYER_KINDS[0], nbytes)

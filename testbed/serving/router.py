@@ -660,16 +660,18 @@ class Router:
         now = clock.now_s()
         num = lambda k: float(ans[k]) if isinstance(ans, dict) and isinstance(ans.get(k), (int, float)) else None  # noqa: E731
         ok = isinstance(ans, dict) and ans.get("ok") is True and num("rate_bps") is not None
+        # a burst that timed out measured the path too (it got less than its size in `timeout_s`)
+        measured = isinstance(ans, dict) and (num("rate_bps") or 0.0) > 0 and (num("bytes") or 0.0) > 0
         self.log.add("probe", now, instance=inst.cfg.instance, decode_instance=d.instance, ok=ok,
                      reason=None if ok else str((ans or {}).get("reason") or "no answer"), seconds=now - t0,
                      probe_bytes=self.scale.emulated_bytes(num("bytes") or 0.0),
                      probe_rate_bps=self.scale.emulated_bps(num("rate_bps") or 0.0), probe_rtt_ms=num("rtt_ms"),
-                     idle_rtt_ms=num("idle_rtt_ms"))
-        if ok:
+                     idle_rtt_ms=num("idle_rtt_ms"), probe_retransmits=num("retransmits"))
+        if measured:
             self.policy.on_telemetry(TelemetrySample(now, probe_bytes=self.scale.emulated_bytes(num("bytes") or 0.0),
                                                      probe_rate_bps=self.scale.emulated_bps(num("rate_bps") or 0.0),
                                                      probe_rtt_ms=num("rtt_ms"), idle_rtt_ms=num("idle_rtt_ms"),
-                                                     min_rtt_ms=num("min_rtt_ms")))
+                                                     min_rtt_ms=num("min_rtt_ms"), probe_retransmits=num("retransmits")))
         return ans if isinstance(ans, dict) else None
 
     def queue_sample(self) -> TelemetrySample:

@@ -135,7 +135,7 @@ def test_a_probe_measures_the_unloaded_rtt_and_the_delivery_rate_of_the_connecti
         ans = tx.probe(4 << 20, pings=2, timeout_s=10.0)
         after = tx.congestion()
     assert ans["ok"] and ans["bytes"] == 4 << 20 and ans["reason"] is None
-    assert ans["rate_bps"] > 0 and 1 <= ans["connections"] <= 2 and ans["rtt_ms"] > 0
+    assert ans["rate_bps"] > 0 and 1 <= ans["connections"] <= 2 and ans["rtt_ms"] > 0 and ans["retransmits"] == 0
     assert 0 < ans["idle_rtt_ms"] < 1000  # two one-byte transfers, round trip to the receiver's verdict
     probes = [rid for rid in results.items if rid.startswith(PROBE_PREFIX)]
     assert len(probes) == 3 and all(results.items[r].ok for r in probes)  # checked like KV: the pings and the bulk

@@ -65,8 +65,8 @@ class TelemetrySample:
     Queues (router, every tick): requests in flight per instance of each pool, and of decode.
     A finished offload (router): transfer_uncached_len and transfer_kv_bytes (fit S_kv(l)), prefill_s.
     An active probe (router, observed: our own bytes while no KV moves): probe_bytes, probe_rate_bps (TCP's
-    delivery rate of the connections that carried it), probe_rtt_ms (at its end), idle_rtt_ms (its pings'
-    round trip while nothing of ours was queued).
+    delivery rate of the connections that carried it), probe_rtt_ms (at its end), probe_retransmits (during
+    it), idle_rtt_ms (its pings' round trip while nothing of ours was queued).
     """
 
     t_s: float
@@ -90,6 +90,7 @@ class TelemetrySample:
     probe_bytes: float | None = None
     probe_rate_bps: float | None = None
     probe_rtt_ms: float | None = None
+    probe_retransmits: float | None = None
     idle_rtt_ms: float | None = None
 
 

@@ -22,8 +22,8 @@ Every poll is one of three kinds of evidence, and the estimate moves only as its
 - **probe** (`probe`: an active probe of our own bytes while no KV moves, docs/router.md "An active
   probe"): its pings (one-byte transfers while nothing of ours is queued) give the path's **unloaded RTT**,
   and its bulk transfer a delivery rate. A probe that carried at least `full_path_ratio` times what a
-  window-limited flow at the rate it got would carry (bytes >= ratio x rate x unloaded RTT) filled the
-  path: the estimate *is* its rate (like a saturated poll), and later headroom polls grow the estimate
+  window-limited flow at the rate it got would carry (bytes >= ratio x rate x unloaded RTT), and lost
+  nothing unless a queue stood, filled the path: the estimate *is* its rate (like a saturated poll), and later headroom polls grow the estimate
   no higher than that rate for `rtt_window_s`. A smaller probe is a lower bound (headroom, no growth).
 
 The RTT floor is the largest of the kernel's min RTT, the minimum RTT polled over `rtt_window_s` (once
@@ -155,9 +155,10 @@ class BandwidthEstimator:
         return self._publish(t_s, backlogged, qdelay, rate, evidence, x, rtt_ms, floor)
 
     def probe(self, t_s: float, nbytes: float, rate_bps: float, rtt_ms: float, idle_rtt_ms: float | None = None,
-              min_rtt_ms: float = 0.0) -> Estimate:
+              min_rtt_ms: float = 0.0, retransmits: float = 0.0) -> Estimate:
         """One active probe: `nbytes` sent while no KV moved, delivered at `rate_bps` (TCP's delivery rate of
-        the connections that carried it), RTT `rtt_ms` at its end; `idle_rtt_ms` the round trip of its pings."""
+        the connections that carried it), RTT `rtt_ms` at its end, `retransmits` during it; `idle_rtt_ms` the
+        round trip of its pings. Loss without a standing queue limited TCP, not the path: a lower bound."""
         s = self.spec
         if idle_rtt_ms is not None and idle_rtt_ms > 0:
             self._idle_rtt = (t_s, idle_rtt_ms)
@@ -168,7 +169,7 @@ class BandwidthEstimator:
         if x <= 0 or nbytes <= 0:
             return self._publish(t_s, False, qdelay, retrans, NONE, x, rtt_ms, floor)
         unloaded_s = (idle_rtt_ms if idle_rtt_ms else floor) / 1000.0
-        filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s
+        filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s and (retransmits <= 0 or queue)
         if filled or queue:
             self._value, self._saturated_t = x, t_s
             if filled:
