@@ -244,6 +244,10 @@ def test_a_prfaas_run_with_observed_signals_records_its_mode_its_estimate_and_th
     assert len(belief) and (belief <= sc.wan.prfaas_to_pd.rate_bps + 1).all()
     assert pd.to_numeric(sig["truth_kv_available_bps"], errors="coerce").notna().sum() > 10
     assert set(sig["estimate_evidence"].dropna()) <= {"saturated", "headroom", "none"} and sig["estimate_evidence"].notna().any()
+    probes = sched[sched["kind"] == "probe"]  # the active probe crossed the emulated WAN: our bytes, TCP_INFO back
+    assert len(probes) and probes["ok"].astype(bool).any(), probes.to_string()
+    good = probes[probes["ok"].astype(bool)]
+    assert (pd.to_numeric(good["probe_rate_bps"]) > 0).all() and (pd.to_numeric(good["idle_rtt_ms"]) >= 9.0).all()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["signals"] == "observed" and summary["estimator"]["signals"] == "observed"
     assert summary["estimator"]["samples"] > 10
