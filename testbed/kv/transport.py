@@ -24,6 +24,7 @@ import os
 import socket
 import struct
 import threading
+import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ from testbed.kv.wire import (
 log = logging.getLogger(__name__)
 
 PROBE_PREFIX = "~probe-"  # request ids of active probes (`KVSender.probe`); a decode worker drops their bytes
+PROBE_SAMPLE_S = 0.001  # a probe samples its acknowledged bytes this often
+PROBE_MIN_WINDOW_S = 0.005  # ... and takes their rate over spans of at least this (2 unloaded RTTs when longer)
+FRESH_ACKED_BYTES = 64 << 10  # a connection's smoothed RTT is current once this much was acknowledged in the last second
 DEFAULT_CONNECTIONS = 4  # measured: docs/kv.md "Choosing N"
 DEFAULT_MAX_QUEUED_BYTES = 32 << 20
 DEFAULT_NOTSENT_LOWAT_BYTES = 4 << 20  # per connection: unsent bytes the kernel may hold (docs/kv.md)
@@ -94,6 +98,23 @@ def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
     (delivery_rate,) = struct.unpack_from("<Q", raw, 160)
     return TcpSample(now_s(), connection, rtt_us, cwnd, total_retrans, bytes_acked, notsent, 8.0 * delivery_rate,
                      min_rtt_us, unacked * snd_mss, app_limited, ca_state, backoff, lost)
+
+
+def ack_rate_bps(series: list[tuple[float, int]], window_s: float) -> float:
+    """The highest rate (bit/s) at which a cumulative byte count grew over any span of at least
+    `window_s` in `series` ((t_s, bytes), t ascending); when the series is shorter than that, the rate over
+    all of it (0 with fewer than two samples)."""
+    if len(series) >= 2 and series[-1][0] - series[0][0] < window_s:
+        dt = series[-1][0] - series[0][0]
+        return 8.0 * (series[-1][1] - series[0][1]) / dt if dt > 0 else 0.0
+    best, i = 0.0, 0
+    for j in range(len(series)):
+        while i + 1 < j and series[j][0] - series[i + 1][0] >= window_s:
+            i += 1
+        dt = series[j][0] - series[i][0]
+        if dt >= window_s and dt > 0:
+            best = max(best, 8.0 * (series[j][1] - series[i][1]) / dt)
+    return best
 
 
 def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
@@ -168,7 +189,6 @@ class KVSender(KVSendConnector):
         self._closed = False
         self._profile_buffer = memoryview(os.urandom(chunk_bytes))  # random: nothing on the path can compress it
         self._profile_checksums: dict[int, int] = {}
-        self._probes = 0
         self.samples: deque[TcpSample] = deque(maxlen=4096)
         self._conns: list[_Connection] = []
         try:
@@ -261,20 +281,24 @@ class KVSender(KVSendConnector):
         now = [s for s in (tcp_info(c.sock, c.index) for c in self._conns) if s is not None]
         with self._cond:
             queued = self._queued_bytes
-        busy = [s for s in now if s.notsent_bytes or s.unacked_bytes] or now
         window = [s for s in list(self.samples) if s.t_s >= now_s() - 1.0]  # a copy: the sampler thread appends
+        first: dict[int, TcpSample] = {}
+        for s in window:
+            first.setdefault(s.connection, s)
+        # RTT of the connections with work whose smoothed RTT is current (acknowledged >= FRESH_ACKED_BYTES in
+        # the last second): an idle connection's RTT is its last one, and a connection that just resumed
+        # still carries the queue of its previous burst (or of a probe)
+        busy = [s for s in now if (s.notsent_bytes or s.unacked_bytes) and s.connection in first
+                and s.bytes_acked - first[s.connection].bytes_acked >= FRESH_ACKED_BYTES]
         goodput = 0.0
         if now and window:
-            first: dict[int, TcpSample] = {}
-            for s in window:
-                first.setdefault(s.connection, s)
             acked = sum(s.bytes_acked - first[s.connection].bytes_acked for s in now if s.connection in first)
             dt = max(s.t_s for s in now) - min(first[c].t_s for c in first)
             goodput = 8 * acked / dt if dt > 0 else 0.0
         return {
             "retransmits": sum(s.total_retrans for s in now),
-            # the connections with work now: an idle connection's RTT is its last one and dilutes a queue
-            "rtt_ms": (sum(s.rtt_us for s in busy) / len(busy) / 1000.0) if busy else 0.0,
+            "rtt_ms": (sum(s.rtt_us for s in now) / len(now) / 1000.0) if now else 0.0,
+            "queue_rtt_ms": (sum(s.rtt_us for s in busy) / len(busy) / 1000.0) if busy else 0.0,  # 0: none current
             "min_rtt_ms": (min(s.min_rtt_us for s in now) / 1000.0) if now else 0.0,
             "cwnd": sum(s.cwnd for s in now),
             "send_queue_bytes": queued + sum(s.notsent_bytes for s in now),
@@ -294,30 +318,42 @@ class KVSender(KVSendConnector):
         """Measure the path with our own bytes (docs/router.md, "An active probe"): `pings` one-byte
         transfers, whose round trip (first byte queued to the receiver's verdict) while nothing else of ours
         is queued is the path's unloaded RTT (plus both ends' processing), then one transfer of `nbytes`
-        and the TCP_INFO of the connections that carried it. Request ids start with `PROBE_PREFIX`; a
-        decode worker drops what arrives under them. Call it only while no KV is queued."""
-        with self._cond:
-            self._probes += 1
-            n = self._probes
+        whose acknowledged bytes are sampled every millisecond: `rate_bps` is the highest rate at which they
+        grew over any span of two unloaded RTTs (at least 5 ms; a max filter of the delivery rate, as BBR
+        keeps). Request ids start with `PROBE_PREFIX` and a random tag (senders of other workers probe the
+        same receiver); a decode worker drops what arrives under them. Call it only while no KV is queued."""
+        tag = uuid.uuid4().hex[:12]
         rtts = []
         for i in range(pings):
             t0 = now_s()
-            if self._probe_one(f"{PROBE_PREFIX}{n}.{i}", 1, timeout_s).ok:
+            if self._probe_one(f"{PROBE_PREFIX}{tag}.{i}", 1, timeout_s).ok:
                 rtts.append(1000.0 * (now_s() - t0))
         before = self.sent_bytes_by_connection()
-        retrans0 = {c.index: s.total_retrans for c in self._conns if (s := tcp_info(c.sock, c.index)) is not None}
+        infos0 = {s.connection: s for s in (tcp_info(c.sock, c.index) for c in self._conns) if s is not None}
+        done: dict[str, TransferStats] = {}
+        bulk = threading.Thread(target=lambda: done.update(stats=self._probe_one(f"{PROBE_PREFIX}{tag}", nbytes, timeout_s)),
+                                name="kv-probe", daemon=True)
         t0 = now_s()
-        stats = self._probe_one(f"{PROBE_PREFIX}{n}", nbytes, timeout_s) if nbytes > 0 else None
+        series: list[tuple[float, int]] = []
+        if nbytes > 0:
+            bulk.start()
+            while bulk.is_alive():
+                now = [s for s in (tcp_info(c.sock, c.index) for c in self._conns) if s is not None]
+                series.append((now_s(), sum(s.bytes_acked - infos0[s.connection].bytes_acked for s in now if s.connection in infos0)))
+                bulk.join(PROBE_SAMPLE_S)
         took = now_s() - t0
+        stats = done.get("stats")
         used = [c for c, b, a in zip(self._conns, before, self.sent_bytes_by_connection()) if a > b]
         infos = [s for s in (tcp_info(c.sock, c.index) for c in used) if s is not None]
+        window_s = max(2 * min(rtts) / 1000.0 if rtts else 0.0, PROBE_MIN_WINDOW_S)
         return {"ok": stats is not None and stats.ok, "reason": stats.reason if stats is not None else None,
                 "bytes": nbytes if stats is not None else 0, "seconds": took,
-                "rate_bps": sum(s.delivery_rate_bps for s in infos),
+                "rate_bps": ack_rate_bps(series, window_s),
+                "delivery_rate_bps": sum(s.delivery_rate_bps for s in infos),
                 "rtt_ms": max((s.rtt_us for s in infos), default=0) / 1000.0,
                 "min_rtt_ms": min((s.min_rtt_us for s in infos), default=0) / 1000.0,
-                "idle_rtt_ms": min(rtts) if rtts else None, "connections": len(infos),
-                "retransmits": sum(s.total_retrans - retrans0.get(s.connection, s.total_retrans) for s in infos)}
+                "idle_rtt_ms": min(rtts) if rtts else None, "connections": len(infos), "samples": len(series),
+                "retransmits": sum(s.total_retrans - infos0[s.connection].total_retrans for s in infos if s.connection in infos0)}
 
     def _probe_one(self, request_id: str, nbytes: int, timeout_s: float) -> TransferStats:
         self.send_bytes(request_id, 0, LAYER_KINDS[0], nbytes)

@@ -263,7 +263,7 @@ def decode_event(data: Any, source: str = "decode stream") -> TokenEvent | Final
 @dataclass(frozen=True)
 class Congestion:
     """A prefill worker's transport signal (TCP_INFO of its KV senders), summed over its KV destinations;
-    `rtt_ms` is the maximum and `min_rtt_ms` the minimum over them. Wire units."""
+    `rtt_ms` and `queue_rtt_ms` are the maxima and `min_rtt_ms` the minimum over them. Wire units."""
 
     retransmits: float = 0.0
     rtt_ms: float = 0.0
@@ -275,6 +275,7 @@ class Congestion:
     goodput_bps: float = 0.0
     by_destination: dict[str, Any] = field(default_factory=dict)
     path_rate_bps: float = 0.0  # the kernel's delivery rate while a sender has work (the bandwidth estimator's input)
+    queue_rtt_ms: float = 0.0  # RTT of the connections with work whose RTT is current (the estimator's; 0: none)
 
     def numbers(self) -> dict[str, float]:
         """The summed signals by name (everything but the per-destination detail)."""
@@ -289,7 +290,7 @@ class Congestion:
 
 
 NUMBERS = ("retransmits", "rtt_ms", "min_rtt_ms", "cwnd", "send_queue_bytes", "inflight_bytes", "delivery_rate_bps", "goodput_bps",
-           "path_rate_bps")
+           "path_rate_bps", "queue_rtt_ms")
 
 
 @dataclass(frozen=True)

@@ -281,6 +281,7 @@ class Router:
         self.policy = build_policy(config.policy, self._states(self.prefill), self._states(self.decode), log=self.log,
                                    capacity_bps=config.wan_capacity_bps, standby=standby)
         self._lock = threading.Lock()
+        self._offloads_started = 0
         self._snapshot: tuple[tuple[InstanceState, ...], tuple[InstanceState, ...]] | None = None
         self._records: list[dict[str, Any]] = []
         self._inflight_ids: set[str] = set()
@@ -339,6 +340,8 @@ class Router:
 
     def _changed(self, inst: _Instance, inflight: int = 0, healthy: bool | None = None) -> None:
         """Every change of what the policy sees goes through here (caller holds the lock)."""
+        if inflight > 0 and inst.cluster == "prfaas" and inst.role == "prefill":
+            self._offloads_started += 1  # a probe that overlapped one is not an idle measurement
         if inflight or (healthy is not None and healthy != inst.healthy):
             inst.inflight += inflight
             inst.healthy = inst.healthy if healthy is None else healthy
@@ -591,7 +594,7 @@ class Router:
         pf = [p for p in self.prefill.values() if p.cluster == "prfaas" and p.congestion]
         wire = lambda key: sum(float(p.congestion.get(key) or 0.0) for p in pf)  # noqa: E731
         goodput = self.scale.emulated_bps(wire("goodput_bps"))  # emulated, as everything the policy sees
-        rtts = [float(p.congestion.get("rtt_ms") or 0.0) for p in pf]
+        rtts = [float(p.congestion.get("queue_rtt_ms") or 0.0) for p in pf]  # current RTTs of connections with work
         floors = [float(p.congestion["min_rtt_ms"]) for p in pf if p.congestion.get("min_rtt_ms")]
         with self._lock:
             self.truth.on_kv_goodput(goodput)
@@ -630,11 +633,12 @@ class Router:
             nbytes = self.policy.probe_bytes(clock.now_s())
             if nbytes <= 0:
                 continue
-            with self._lock:
-                pf = [p for p in self.prefill.values() if p.cluster == "prfaas" and p.healthy and p.inflight == 0
-                      and ("prefill", p.cfg.instance) in self.policy.active]
+            with self._lock:  # only while no PrfaaS instance has work: the probe must have the path to itself
+                prfaas = [p for p in self.prefill.values() if p.cluster == "prfaas"]
+                pf = [p for p in prfaas if p.healthy and ("prefill", p.cfg.instance) in self.policy.active]
                 dec = [d for d in self.decode.values() if d.healthy and ("decode", d.cfg.instance) in self.policy.active]
-            if not pf or not dec:
+                busy = any(p.inflight for p in prfaas)
+            if busy or not pf or not dec:
                 continue
             turn += 1
             ans = self.probe(pf[turn % len(pf)], dec[turn % len(dec)], nbytes)
@@ -647,6 +651,8 @@ class Router:
         assert isinstance(d, DecodeInstanceConfig)
         req = ProbeRequest(KVDestination(d.host, d.kv_port, d.instance), bytes=max(1, int(self.scale.wire_bytes(nbytes_emulated))))
         t0 = clock.now_s()
+        with self._lock:
+            started = self._offloads_started
         try:
             conn = http.client.HTTPConnection(inst.cfg.host, inst.cfg.port, timeout=self.cfg.state_timeout_s + 3 * req.timeout_s)
             try:
@@ -660,8 +666,12 @@ class Router:
         now = clock.now_s()
         num = lambda k: float(ans[k]) if isinstance(ans, dict) and isinstance(ans.get(k), (int, float)) else None  # noqa: E731
         ok = isinstance(ans, dict) and ans.get("ok") is True and num("rate_bps") is not None
+        with self._lock:
+            overlapped = self._offloads_started != started
+        if overlapped and ok:
+            ok, ans = False, {**ans, "ok": False, "reason": "an offload started during the probe (not an idle measurement)"}
         # a burst that timed out measured the path too (it got less than its size in `timeout_s`)
-        measured = isinstance(ans, dict) and (num("rate_bps") or 0.0) > 0 and (num("bytes") or 0.0) > 0
+        measured = isinstance(ans, dict) and (num("rate_bps") or 0.0) > 0 and (num("bytes") or 0.0) > 0 and not overlapped
         self.log.add("probe", now, instance=inst.cfg.instance, decode_instance=d.instance, ok=ok,
                      reason=None if ok else str((ans or {}).get("reason") or "no answer"), seconds=now - t0,
                      probe_bytes=self.scale.emulated_bytes(num("bytes") or 0.0),

@@ -406,7 +406,7 @@ def _merge_congestion(per_dest: dict[str, dict[str, Any]]) -> Congestion:
     return Congestion(retransmits=total("retransmits"), rtt_ms=peak("rtt_ms"), min_rtt_ms=floor, cwnd=total("cwnd"),
                       send_queue_bytes=total("send_queue_bytes"), inflight_bytes=total("inflight_bytes"),
                       delivery_rate_bps=total("delivery_rate_bps"), goodput_bps=total("goodput_bps"),
-                      path_rate_bps=total("path_rate_bps"), by_destination=per_dest)
+                      path_rate_bps=total("path_rate_bps"), queue_rtt_ms=peak("queue_rtt_ms"), by_destination=per_dest)
 
 
 # ------------------------------------------------------------------------------------------------ decode

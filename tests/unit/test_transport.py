@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from testbed.kv.cache import KVCache, LayerKV
-from testbed.kv.transport import PROBE_PREFIX, KVReceiver, KVSender, ReceivedKV, TransportError
+from testbed.kv.transport import PROBE_PREFIX, KVReceiver, ack_rate_bps, KVSender, ReceivedKV, TransportError
 from testbed.kv.wire import encode_data_header, DataHeader
 
 torch.set_num_threads(1)
@@ -139,7 +139,19 @@ def test_a_probe_measures_the_unloaded_rtt_and_the_delivery_rate_of_the_connecti
     assert 0 < ans["idle_rtt_ms"] < 1000  # two one-byte transfers, round trip to the receiver's verdict
     probes = [rid for rid in results.items if rid.startswith(PROBE_PREFIX)]
     assert len(probes) == 3 and all(results.items[r].ok for r in probes)  # checked like KV: the pings and the bulk
-    assert after["send_queue_bytes"] == 0
+    assert after["send_queue_bytes"] == 0 and after["queue_rtt_ms"] == 0  # idle: no current RTT of a connection with work
+
+
+def test_the_probe_rate_is_the_highest_ack_rate_over_a_window_not_the_average() -> None:
+    """Slow start (1 MB per 10 ms, then 2, 4) and then the path (8 MB per 10 ms = 6.4 Gbps): a 20 ms window
+    finds the path's rate; the average over the burst would be half of it."""
+    t, acked, series = 0.0, 0, [(0.0, 0)]
+    for per_ms in [0.1e6] * 10 + [0.2e6] * 10 + [0.4e6] * 10 + [0.8e6] * 40:
+        t, acked = t + 0.001, acked + int(per_ms)
+        series.append((t, acked))
+    assert ack_rate_bps(series, 0.020) == pytest.approx(6.4e9, rel=0.01)
+    assert ack_rate_bps(series[:4], 0.020) == pytest.approx(0.8e9, rel=0.01)  # shorter than the window: its average
+    assert ack_rate_bps(series[:1], 0.020) == 0.0
 
 
 class CorruptingProxy:

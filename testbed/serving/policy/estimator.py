@@ -24,10 +24,11 @@ Every poll is one of three kinds of evidence, and the estimate moves only as its
   and its bulk transfer a delivery rate. A probe that carried at least `full_path_ratio` times what a
   window-limited flow at the rate it got would carry (bytes >= ratio x rate x unloaded RTT), and lost
   nothing unless a queue stood, filled the path: the estimate *is* its rate (like a saturated poll), and later headroom polls grow the estimate
-  no higher than that rate for `rtt_window_s`. A smaller probe is a lower bound (headroom, no growth).
+  no higher than that rate for `rtt_window_s`. A smaller probe is a lower bound (headroom, no growth),
+  whatever queue its own burst built.
 
 The RTT floor is the largest of the kernel's min RTT, the minimum RTT polled over `rtt_window_s` (once
-the polls span that window) and the unloaded RTT of the latest probe (for `rtt_window_s`): a lasting
+the polls span that window) and the smaller unloaded RTT of the last two probes (within `rtt_window_s`): a lasting
 change of the path's delay (a reroute, an RTT surge) stops counting as queueing at the first probe after
 it, or after that window without probes. Loss is
 reported (retransmits per second) but counts as congestion only together with a queue: random loss on
@@ -89,7 +90,7 @@ class BandwidthEstimator:
         self._min_rtt_ms = math.inf  # the kernel's (lifetime) min RTT
         self._rtts: deque[tuple[float, float]] = deque()  # (t_s, polled RTT) for the windowed floor
         self._first_rtt_t: float | None = None
-        self._idle_rtt: tuple[float, float] | None = None  # (t_s, unloaded RTT ms) of the latest probe's pings
+        self._idle_rtts: deque[tuple[float, float]] = deque(maxlen=2)  # (t_s, unloaded RTT ms) of the latest probes
         self._full: tuple[float, float] | None = None  # (t_s, rate) of the latest probe that filled the path
         self.evidence_t: float | None = None  # time of the latest saturated or headroom poll or probe
         self.estimate = Estimate(0.0, self._value, False, 0.0, 0.0, False)
@@ -110,9 +111,14 @@ class BandwidthEstimator:
         # stands at the first poll is still a queue
         full = self._first_rtt_t is not None and t_s - self._first_rtt_t >= s.rtt_window_s
         floor = max(kernel, self._rtts[0][1]) if self._rtts and full else kernel
-        if self._idle_rtt is not None and t_s - self._idle_rtt[0] <= s.rtt_window_s:
-            floor = max(floor, self._idle_rtt[1])  # measured with nothing of ours queued: no queue of ours in it
-        return floor
+        idle = self._unloaded_rtt_ms(t_s)
+        return max(floor, idle) if idle else floor  # measured with nothing of ours queued: no queue of ours in it
+
+    def _unloaded_rtt_ms(self, t_s: float) -> float:
+        """The smaller unloaded RTT of the last two probes within `rtt_window` (0: none): one probe that
+        met a queue of someone else's, or our own KV starting under it, does not raise the floor alone."""
+        fresh = [r for t, r in self._idle_rtts if t_s - t <= self.spec.rtt_window_s]
+        return min(fresh) if fresh else 0.0
 
     def _queue(self, rtt_ms: float, floor: float) -> tuple[float, bool]:
         s = self.spec
@@ -161,7 +167,7 @@ class BandwidthEstimator:
         round trip of its pings. Loss without a standing queue limited TCP, not the path: a lower bound."""
         s = self.spec
         if idle_rtt_ms is not None and idle_rtt_ms > 0:
-            self._idle_rtt = (t_s, idle_rtt_ms)
+            self._idle_rtts.append((t_s, idle_rtt_ms))
         floor = self._floor(t_s, rtt_ms, min_rtt_ms)
         qdelay, queue = self._queue(rtt_ms, floor)
         x = min(max(rate_bps, 0.0), self.nominal_bps)
@@ -169,11 +175,10 @@ class BandwidthEstimator:
         if x <= 0 or nbytes <= 0:
             return self._publish(t_s, False, qdelay, retrans, NONE, x, rtt_ms, floor)
         unloaded_s = (idle_rtt_ms if idle_rtt_ms else floor) / 1000.0
+        # the burst's own queue (slow start overshoots) says nothing; its size against its rate does
         filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s and (retransmits <= 0 or queue)
-        if filled or queue:
-            self._value, self._saturated_t = x, t_s
-            if filled:
-                self._full = (t_s, x)
+        if filled:
+            self._value, self._saturated_t, self._full = x, t_s, (t_s, x)
             evidence = SATURATED
         else:
             self._value, evidence = max(self._value, x), HEADROOM
@@ -184,7 +189,7 @@ class BandwidthEstimator:
         """The next probe's size (emulated bytes): `probe_bdp` bandwidth-delay products at the estimate and
         the path's RTT (the latest unloaded RTT, else the floor), at most `probe_max_bytes`."""
         s = self.spec
-        rtt_ms = max(self.estimate.rtt_floor_ms, self._idle_rtt[1] if self._idle_rtt else 0.0) or 10.0
+        rtt_ms = max(self.estimate.rtt_floor_ms, self._idle_rtts[-1][1] if self._idle_rtts else 0.0) or 10.0
         return min(s.probe_max_bytes, s.probe_bdp * self._value / 8.0 * rtt_ms / 1000.0)
 
     def _publish(self, t_s: float, backlogged: bool, qdelay: float, retrans: float, evidence: str, x: float,
