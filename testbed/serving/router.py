@@ -282,6 +282,7 @@ class Router:
                                    capacity_bps=config.wan_capacity_bps, standby=standby)
         self._lock = threading.Lock()
         self._offloads_started = 0
+        self._kv_seen_s = -math.inf  # the last state poll whose PrfaaS senders had KV queued or in flight
         self._snapshot: tuple[tuple[InstanceState, ...], tuple[InstanceState, ...]] | None = None
         self._records: list[dict[str, Any]] = []
         self._inflight_ids: set[str] = set()
@@ -598,6 +599,8 @@ class Router:
         floors = [float(p.congestion["min_rtt_ms"]) for p in pf if p.congestion.get("min_rtt_ms")]
         with self._lock:
             self.truth.on_kv_goodput(goodput)
+            if wire("send_queue_bytes") + wire("inflight_bytes") > 0:
+                self._kv_seen_s = clock.now_s()
         self.policy.on_telemetry(TelemetrySample(clock.now_s(), retransmits=self._retrans_total,
                                                  send_queue_bytes=self.scale.emulated_bytes(wire("send_queue_bytes")),
                                                  inflight_bytes=self.scale.emulated_bytes(wire("inflight_bytes")), kv_goodput_bps=goodput,
@@ -633,15 +636,15 @@ class Router:
             nbytes = self.policy.probe_bytes(clock.now_s())
             if nbytes <= 0:
                 continue
-            with self._lock:  # only while no PrfaaS instance has work: the probe must have the path to itself
-                prfaas = [p for p in self.prefill.values() if p.cluster == "prfaas"]
-                pf = [p for p in prfaas if p.healthy and ("prefill", p.cfg.instance) in self.policy.active]
+            with self._lock:  # the policy asked only with no KV committed; prefer an instance with nothing in flight
+                pf = sorted((p for p in self.prefill.values() if p.cluster == "prfaas" and p.healthy
+                             and ("prefill", p.cfg.instance) in self.policy.active), key=lambda p: p.inflight)
                 dec = [d for d in self.decode.values() if d.healthy and ("decode", d.cfg.instance) in self.policy.active]
-                busy = any(p.inflight for p in prfaas)
-            if busy or not pf or not dec:
+            if not pf or not dec:
                 continue
             turn += 1
-            ans = self.probe(pf[turn % len(pf)], dec[turn % len(dec)], nbytes)
+            idle = [p for p in pf if p.inflight == pf[0].inflight]
+            ans = self.probe(idle[turn % len(idle)], dec[turn % len(dec)], nbytes)
             if not (ans and ans.get("ok") is True):  # a worker that cannot probe now: do not ask it every poll
                 self._stop.wait(PROBE_RETRY_S)
 
@@ -666,10 +669,10 @@ class Router:
         now = clock.now_s()
         num = lambda k: float(ans[k]) if isinstance(ans, dict) and isinstance(ans.get(k), (int, float)) else None  # noqa: E731
         ok = isinstance(ans, dict) and ans.get("ok") is True and num("rate_bps") is not None
-        with self._lock:
-            overlapped = self._offloads_started != started
+        with self._lock:  # KV that started or flowed under the probe shared the path: not an idle measurement
+            overlapped = self._offloads_started != started or self._kv_seen_s >= t0
         if overlapped and ok:
-            ok, ans = False, {**ans, "ok": False, "reason": "an offload started during the probe (not an idle measurement)"}
+            ok, ans = False, {**ans, "ok": False, "reason": "KV moved during the probe (not an idle measurement)"}
         # a burst that timed out measured the path too (it got less than its size in `timeout_s`)
         measured = isinstance(ans, dict) and (num("rate_bps") or 0.0) > 0 and (num("bytes") or 0.0) > 0 and not overlapped
         self.log.add("probe", now, instance=inst.cfg.instance, decode_instance=d.instance, ok=ok,

@@ -9,7 +9,9 @@ Every poll is one of three kinds of evidence, and the estimate moves only as its
 
 - **saturated** (backlogged senders and a standing queue, RTT - floor >= `queue_delay_ms`): the path
   gives the senders no more than they get now, so the estimate *is* the current sample (an upper and a
-  lower bound at once). A dip shows within the poll after the queue fills.
+  lower bound at once); the median of the last three such samples within `saturated_window_s`, because
+  the summed delivery rate of one poll is noisy (val-dip: 0.03-35 Gbps polled against 2-6 true). A dip
+  shows within the poll after the queue fills.
 - **headroom** (backlogged senders, no standing queue): the senders got `x` without queueing, so the path
   has at least `x` and possibly more. The estimate is at least `x` and grows by a factor e per
   `probe_tau_s` of such polls, up to the nominal line rate: evidence of headroom, not the passing of
@@ -51,6 +53,7 @@ class EstimatorSpec:
     probe_tau_s: float = 5.0  # headroom polls grow the estimate by e per this much of their time (up to nominal)
     rtt_window_s: float = 10.0  # the RTT floor forgets samples older than this
     min_backlog_bytes: float = 0.0  # backlog above this counts as backlogged
+    saturated_window_s: float = 2.0  # a saturated poll sets the estimate to the median of the last 3 within this
     probe_after_s: float = 1.0  # the router probes after this long without KV evidence and nothing committed (0: never)
     probe_bdp: float = 5.0  # a probe's size: this many bandwidth-delay products at the estimate and the path's RTT
     probe_max_bytes: float = 2e9  # ... at most this many (emulated) bytes
@@ -90,6 +93,7 @@ class BandwidthEstimator:
         self._min_rtt_ms = math.inf  # the kernel's (lifetime) min RTT
         self._rtts: deque[tuple[float, float]] = deque()  # (t_s, polled RTT) for the windowed floor
         self._first_rtt_t: float | None = None
+        self._saturated: deque[tuple[float, float]] = deque(maxlen=3)  # the latest saturated polls' samples
         self._idle_rtts: deque[tuple[float, float]] = deque(maxlen=2)  # (t_s, unloaded RTT ms) of the latest probes
         self._full: tuple[float, float] | None = None  # (t_s, rate) of the latest probe that filled the path
         self.evidence_t: float | None = None  # time of the latest saturated or headroom poll or probe
@@ -148,7 +152,9 @@ class BandwidthEstimator:
         x = min(max(goodput_bps, 0.0), self.nominal_bps)
         backlogged = backlog_bytes > s.min_backlog_bytes and x > 0  # work queued but no rate measured yet: no information
         if backlogged and queue:
-            evidence, self._value, self._saturated_t = SATURATED, x, t_s
+            self._saturated.append((t_s, x))
+            recent = sorted(v for t, v in self._saturated if t_s - t <= s.saturated_window_s)
+            evidence, self._value, self._saturated_t = SATURATED, recent[len(recent) // 2], t_s
         elif backlogged:
             evidence = HEADROOM
             grown = self._value * math.exp(dt / s.probe_tau_s) if dt > 0 else self._value
