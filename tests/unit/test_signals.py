@@ -320,3 +320,14 @@ def test_a_probe_slowed_by_loss_without_a_queue_is_a_lower_bound_not_a_dip() -> 
     assert not kv.congested and kv.available_bps == pre
     overflow = est.probe(12.0, est.probe_bytes(), 20 * G, 16.0, 10.4, 10.0, retransmits=40)  # a queue stood: a dip
     assert overflow.evidence == "saturated" and overflow.available_bps == 20 * G
+
+
+def test_one_outlying_saturated_poll_does_not_move_the_estimate_the_median_of_three_does() -> None:
+    """In a dip the summed delivery rate of one poll ranged 0.03-35 Gbps against 2-6 true (val-dip seed 1):
+    a saturated poll sets the estimate to the median of the last three within 2 s."""
+    est = BandwidthEstimator(100 * G)
+    for t, x in ((0.0, 4 * G), (0.5, 4.4 * G), (1.0, 35 * G), (1.5, 3.8 * G), (2.0, 0.03 * G)):
+        e = est.update(t, x, 50e6, 25.0, 10.0)
+        assert e.evidence == "saturated"
+        assert t == 0.0 or 3.5 * G <= e.available_bps <= 4.5 * G, (t, e.available_bps)
+    assert est.update(6.0, 20 * G, 50e6, 25.0, 10.0).available_bps == 20 * G  # older than 2 s: forgotten
