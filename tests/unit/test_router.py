@@ -20,7 +20,7 @@ from testbed.errors import FieldError
 from testbed.kv.pool import chain_block_hashes
 from testbed.serving.policy import TelemetrySample, parse_policy_section
 from testbed.serving.policy.signals import ORACLE_FIELDS
-from testbed.serving.protocol import DecodeRequest, FinalEvent, PrefillRequest, PrefillResult, TokenEvent, WorkerState
+from testbed.serving.protocol import Congestion, DecodeRequest, FinalEvent, PrefillRequest, PrefillResult, TokenEvent, WorkerState
 from testbed.validation import Fields
 from testbed.serving.router import (
     DecodeInstanceConfig, PrefillInstanceConfig, Router, RouterConfig, block_hashes_of, tokenize,
@@ -38,6 +38,7 @@ class FakeWorkers:
         self.prefill_bodies: list[dict[str, Any]] = []
         self.prefix_blocks: dict[int, list[int]] = {}
         self.decode_mode: dict[int, str] = {}  # instance -> "ok" | "die" | "hang"
+        self.congestion = Congestion()  # what the prefill instances report in /v1/state
         self.probes: list[dict[str, Any]] = []  # POST /v1/probe bodies
         self.probe_answer: dict[str, Any] = {"ok": False, "reason": "this fake does not probe"}
         self.servers: list[ThreadingHTTPServer] = []
@@ -62,7 +63,8 @@ class FakeWorkers:
                 body = self.body()
                 if self.path == "/v1/probe":
                     fw.probes.append(body)
-                    self.json(fw.probe_answer)
+                    ans = fw.probe_answer
+                    self.json(ans(body) if callable(ans) else ans)
                     return
                 fw.prefill_bodies.append(body)
                 req = PrefillRequest.from_json(body)
@@ -75,7 +77,8 @@ class FakeWorkers:
                                         uncached * KV_BYTES_PER_TOKEN + 64).to_json())
 
             def state(self) -> dict[str, Any]:
-                return WorkerState("prefill", instance, "prfaas", prefix_blocks=tuple(fw.prefix_blocks.get(instance, []))).to_json()
+                return WorkerState("prefill", instance, "prfaas", prefix_blocks=tuple(fw.prefix_blocks.get(instance, [])),
+                                   congestion=fw.congestion).to_json()
 
         return self.serve(H)
 
@@ -516,3 +519,24 @@ def test_a_router_probes_nothing_for_a_policy_that_does_not_estimate(router, fw)
     r2 = router(policy={"name": "prfaas", "threshold": "8K", "signals": "observed", "estimator": {"probe_after": "0s"}})
     time.sleep(0.6)
     assert not fw.probes and not r2.log.rows("probe")
+
+
+def test_a_probe_under_which_kv_moved_is_logged_and_not_believed(router, fw) -> None:
+    """The policy asks for a probe only with nothing committed; a state poll during the probe that sees KV
+    queued (another worker's offload began under it) makes it no idle measurement: logged, not fed."""
+    answer = {"ok": True, "reason": None, "bytes": 6_250_000, "seconds": 0.3, "rate_bps": 0.1e9, "rtt_ms": 14.0,
+              "min_rtt_ms": 10.0, "idle_rtt_ms": 10.5, "connections": 4}
+
+    def slow_probe(_body: dict[str, Any]) -> dict[str, Any]:
+        fw.congestion = Congestion(send_queue_bytes=5e6)  # KV appears while the probe runs
+        time.sleep(0.3)
+        return answer
+
+    fw.probe_answer = slow_probe  # type: ignore[assignment]
+    r = router(policy={"name": "prfaas", "threshold": "8K", "signals": "observed", "estimator": {"probe_after": "200ms"}})
+    deadline = time.monotonic() + 5
+    while not r.log.rows("probe") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    row = r.log.rows("probe")[0]
+    assert not row["ok"] and row["reason"] == "KV moved during the probe (not an idle measurement)"
+    assert r.policy.controller.estimate.available_bps == r.cfg.wan_capacity_bps  # 0.1 Gbps x scale never believed
