@@ -101,19 +101,27 @@ def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
 
 
 def ack_rate_bps(series: list[tuple[float, int]], window_s: float) -> float:
-    """The rate (bit/s) at which a cumulative byte count grew over the last span of at least `window_s`
-    before it reached its final value in `series` ((t_s, bytes), t ascending): a burst's sustained rate at
-    its end, when a queue it built drains at the path's rate (its start may pass faster: a shaper's token
-    bucket fills while the path is idle). When the series is shorter than that, the rate over all of it
-    (0 with fewer than two samples)."""
+    """The highest rate (bit/s) at which a cumulative byte count grew over any span of at least `window_s`
+    that starts `window_s` or more after its first growth, in `series` ((t_s, bytes), t ascending): a
+    burst's rate once a shaper's token bucket (full after idleness, it passes the first milliseconds
+    faster than the rate) has drained, and not lowered by the stragglers of its last round. When no such
+    span exists, the rate over all of it (0 with fewer than two samples)."""
     if len(series) < 2:
         return 0.0
-    j = next(k for k, (_, b) in enumerate(series) if b >= series[-1][1])
-    i = j
-    while i > 0 and series[j][0] - series[i][0] < window_s:
-        i -= 1
-    dt = series[j][0] - series[i][0]
-    return 8.0 * (series[j][1] - series[i][1]) / dt if dt > 0 else 0.0
+    first = next((t for (t, b), (_, b0) in zip(series, [series[0]] + series) if b > b0), series[0][0])
+    best, i = 0.0, 0
+    for j in range(len(series)):
+        while series[i][0] < first + window_s and i < j:
+            i += 1
+        while i + 1 < j and series[j][0] - series[i + 1][0] >= window_s:
+            i += 1
+        dt = series[j][0] - series[i][0]
+        if series[i][0] >= first + window_s and dt >= window_s:
+            best = max(best, 8.0 * (series[j][1] - series[i][1]) / dt)
+    if best > 0:
+        return best
+    dt = series[-1][0] - series[0][0]
+    return 8.0 * (series[-1][1] - series[0][1]) / dt if dt > 0 else 0.0
 
 
 def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
@@ -317,8 +325,8 @@ class KVSender(KVSendConnector):
         """Measure the path with our own bytes (docs/router.md, "An active probe"): `pings` one-byte
         transfers, whose round trip (first byte queued to the receiver's verdict) while nothing else of ours
         is queued is the path's unloaded RTT (plus both ends' processing), then one transfer of `nbytes`
-        whose acknowledged bytes are sampled every millisecond: `rate_bps` is the rate at which they grew
-        over the last two unloaded RTTs (at least 5 ms) before the last byte was acknowledged (`ack_rate_bps`). Request ids start with `PROBE_PREFIX` and a random tag (senders of other workers probe the
+        whose acknowledged bytes are sampled every millisecond: `rate_bps` is the highest rate at which they
+        grew over two unloaded RTTs (at least 5 ms) starting two unloaded RTTs after the first (`ack_rate_bps`). Request ids start with `PROBE_PREFIX` and a random tag (senders of other workers probe the
         same receiver); a decode worker drops what arrives under them. Call it only while no KV is queued."""
         tag = uuid.uuid4().hex[:12]
         rtts = []

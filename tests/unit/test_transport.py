@@ -144,17 +144,19 @@ def test_a_probe_measures_the_unloaded_rtt_and_the_delivery_rate_of_the_connecti
     assert after["send_queue_bytes"] == 0 and after["queue_rtt_ms"] == 0  # idle: no current RTT of a connection with work
 
 
-def test_the_probe_rate_is_the_ack_rate_at_the_bursts_end_not_its_start_or_average() -> None:
-    """A shaper passes 4 MB at once (its token bucket filled while idle), then 0.8 MB per ms (6.4 Gbps)
-    until the burst ends, then nothing (waiting for the verdict): the rate over the last 20 ms before the
-    last byte is the path's; the max over any 20 ms (the bucket's burst in it) and the average are not."""
+def test_the_probe_rate_leaves_out_a_token_buckets_burst_and_the_last_rounds_stragglers() -> None:
+    """A shaper passes 4 MB at once (its token bucket, full after idleness), then 0.8 MB per ms (6.4 Gbps);
+    the last 10 ms only one connection's stragglers (0.1 MB per ms), then the wait for the verdict. The best
+    20-ms span starting 20 ms after the first acknowledged byte is the path's; the maximum over any span
+    (the bucket's burst in it), the last span (the stragglers) and the average are not."""
     series, t, acked = [(0.0, 0)], 0.0, 0
-    for per_ms in [4e6] + [0.8e6] * 39 + [0.0] * 15:
+    for per_ms in [4e6] + [0.8e6] * 49 + [0.1e6] * 10 + [0.0] * 15:
         t, acked = t + 0.001, acked + int(per_ms)
         series.append((t, acked))
     assert ack_rate_bps(series, 0.020) == pytest.approx(6.4e9, rel=0.01)
-    assert 8 * series[-1][1] / series[-1][0] < 6.4e9 * 0.9  # the average: the wait for the verdict dilutes it
-    assert ack_rate_bps(series[:4], 0.020) == pytest.approx(8 * series[3][1] / series[3][0], rel=0.01)  # shorter: all of it
+    assert 8 * series[-1][1] / series[-1][0] < 6.4e9 * 0.9
+    short = series[:4]  # shorter than two windows: the rate over all of it
+    assert ack_rate_bps(short, 0.020) == pytest.approx(8 * short[-1][1] / short[-1][0], rel=0.01)
     assert ack_rate_bps(series[:1], 0.020) == 0.0
 
 class CorruptingProxy:

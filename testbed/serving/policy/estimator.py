@@ -49,7 +49,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class EstimatorSpec:
     queue_delay_ms: float = 2.0  # RTT - floor at or above this is a standing queue (0 disables)
-    queue_delay_fraction: float = 0.25  # ... or this fraction of the floor, whichever is larger
+    queue_delay_fraction: float = 0.4  # ... or this fraction of the floor, whichever is larger
     probe_tau_s: float = 5.0  # headroom polls grow the estimate by e per this much of their time (up to nominal)
     rtt_window_s: float = 10.0  # the RTT floor forgets samples older than this
     min_backlog_bytes: float = 0.0  # backlog above this counts as backlogged
