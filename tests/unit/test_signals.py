@@ -246,18 +246,17 @@ def probing_trace(est: BandwidthEstimator, t0: float, t1: float, busy, kv_rate, 
     return out
 
 
-def test_probes_find_the_cross_traffics_share_that_kv_alone_never_fills() -> None:
+def test_a_probe_that_gets_more_than_half_the_estimate_is_a_lower_bound_not_the_remainder() -> None:
     """100 Gbps line, 16 Gbps of inelastic neighbours: KV (bursts of 1 s every 4 s at 25 Gbps, no queue)
-    never shows the 84 left; probes while idle do. Without probes the estimate stays at the nominal rate."""
+    never shows the 84 left, and a probe burst does not either (under FIFO it gets C x r / (r + X), more
+    than the remainder; measured 9-168 Gbps on val-dip): the estimate stays at the nominal rate (error
+    0.19, the neighbours' share) and no probe lowers it."""
     busy = lambda t: (t % 4.0) < 1.0  # noqa: E731
     args = dict(busy=busy, kv_rate=lambda t: 25 * G, rtt_ms=lambda t: 10.3, remainder=lambda t: 84 * G,
                 idle_rtt_ms=lambda t: 10.6, queue_ms=lambda t: 3.0)
     out = probing_trace(BandwidthEstimator(100 * G), 0.0, 40.0, **args)
-    errors = sorted(abs(e.available_bps - 84 * G) / (84 * G) for e in out if e.t_s >= 5)
-    assert errors[len(errors) // 2] <= 0.05 and max(errors) <= 0.1
-    assert sum(e.evidence == "saturated" for e in out) >= 5  # the probes, not the KV polls
-    quiet = BandwidthEstimator(100 * G, dataclasses.replace(BandwidthEstimator(1.0).spec, probe_after_s=0.0))
-    assert trace(quiet, 0.0, 20.0, lambda t: 25 * G, lambda t: 10.3)[-1].available_bps == 100 * G
+    assert all(e.available_bps == 100 * G for e in out)
+    assert sum(e.evidence == "headroom" and e.sample_bps == 84 * G for e in out) >= 5  # the probes: lower bounds
 
 
 def test_a_5x_dip_that_starts_while_no_kv_moves_is_found_by_the_next_probe_within_2s() -> None:

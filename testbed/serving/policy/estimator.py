@@ -57,6 +57,7 @@ class EstimatorSpec:
     probe_after_s: float = 1.0  # the router probes after this long without KV evidence and nothing committed (0: never)
     probe_bdp: float = 5.0  # a probe's size: this many bandwidth-delay products at the estimate and the path's RTT
     probe_max_bytes: float = 2e9  # ... at most this many (emulated) bytes
+    probe_dip_fraction: float = 0.5  # a filled probe lowers the estimate only below this fraction of it (a dip)
     full_path_ratio: float = 3.0  # a probe of >= ratio x rate x unloaded RTT bytes filled the path (slow start carries ~2)
 
 
@@ -183,7 +184,9 @@ class BandwidthEstimator:
         unloaded_s = (idle_rtt_ms if idle_rtt_ms else floor) / 1000.0
         # the burst's own queue (slow start overshoots) says nothing; its size against its rate does
         filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s and (retransmits <= 0 or queue)
-        if filled:
+        # a burst's rate is not the remainder (under FIFO cross traffic it gets C x r / (r + X), and one that
+        # ends in slow start gets less): believed from above only when it finds a dip (< probe_dip_fraction x A)
+        if filled and x < s.probe_dip_fraction * self._value:
             self._value, self._saturated_t, self._full = x, t_s, (t_s, x)
             evidence = SATURATED
         else:

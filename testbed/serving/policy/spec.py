@@ -121,7 +121,7 @@ class PolicySpec:
                 "queue_delay": f"{e.queue_delay_ms}ms", "queue_delay_fraction": e.queue_delay_fraction,
                 "probe_tau": f"{e.probe_tau_s}s", "rtt_window": f"{e.rtt_window_s}s",
                 "saturated_window": f"{e.saturated_window_s}s", "probe_after": f"{e.probe_after_s}s", "probe_bdp": e.probe_bdp, "probe_max": f"{int(e.probe_max_bytes)}B",
-                "full_path_ratio": e.full_path_ratio,
+                "full_path_ratio": e.full_path_ratio, "probe_dip_fraction": e.probe_dip_fraction,
             },
             "role_flip": {
                 "enabled": r.enabled, "period": f"{r.period_s}s", "prefill_queue_high": r.prefill_queue_high,
@@ -198,6 +198,7 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
         probe_bdp=f.get("probe_bdp", positive_number, d.probe_bdp),
         probe_max_bytes=f.get("probe_max", units.parse_size_bytes, d.probe_max_bytes),
         full_path_ratio=f.get("full_path_ratio", positive_number, d.full_path_ratio),
+        probe_dip_fraction=f.get("probe_dip_fraction", units.parse_fraction, d.probe_dip_fraction),
     )
     f.done()
     return e
