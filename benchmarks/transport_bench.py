@@ -172,7 +172,7 @@ def measured_row(loss: str, cc: str | None, n: int, iperf_bps: float, res: dict)
 
 def bench_wan(loss: str, streams: list[int], duration_s: float, cc: str | None = None, lowat: int = -1,
               repeat: int = 1, trace_dir: Path | None = None, warmup_s: float = WARMUP_S,
-              notsent_s: float | None = None) -> list[dict]:
+              notsent_s: float | None = None, idle_restart: bool = True) -> list[dict]:
     from testbed.net.emulation import Network
     from testbed.sections import load_scenario
 
@@ -187,6 +187,10 @@ def bench_wan(loss: str, streams: list[int], duration_s: float, cc: str | None =
         try:
             assert rx.stdout is not None and rx.stdout.readline().strip() == "ready", "KV receiver did not start"
             time.sleep(0.5)
+            if not idle_restart:  # both hosts, both tools: a connection idle for an RTO keeps its window
+                for host in ("prfaas-p0", "pd-d0"):
+                    net.run(host, ["sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0"])
+
             def fresh_metrics() -> None:
                 """Forget the ssthresh/cwnd Linux caches per destination, so neither tool inherits the
                 other's (after losses, a cached small ssthresh cripples the next connection's start)."""
@@ -305,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the rows to this file")
     ap.add_argument("--trace", type=Path, help="directory: per measurement, iperf3's JSON (1 s intervals) and the KV "
                                                "sender's TCP_INFO samples and transfer times (sender role: the file)")
+    ap.add_argument("--no-idle-restart", action="store_true",
+                    help="set net.ipv4.tcp_slow_start_after_idle=0 on both WAN hosts (diagnostic; Linux default 1)")
     ap.add_argument("--repeat", type=int, default=1, help="repetitions per (loss, N); >= 5 gives a 95%% CI per setting")
     args = ap.parse_args(argv)
     if args.notsent_s is not None and args.notsent_s < 0:
@@ -332,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for loss in args.loss.split(","):
             rows += bench_wan(loss.strip(), streams, duration, args.cc, args.notsent_lowat, args.repeat, args.trace,
-                              args.warmup, args.notsent_s)
+                              args.warmup, args.notsent_s, idle_restart=not args.no_idle_restart)
 
     t = Table(title="KV transport vs iperf3, same streams, same network, same window" + (
         " (loopback)" if args.loopback else " (5 Gbps, 10 ms one way)"))
