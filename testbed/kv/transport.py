@@ -340,7 +340,7 @@ class KVSender(KVSendConnector):
         bulk = threading.Thread(target=lambda: done.update(stats=self._probe_one(f"{PROBE_PREFIX}{tag}", nbytes, timeout_s)),
                                 name="kv-probe", daemon=True)
         t0 = now_s()
-        series: list[tuple[float, int]] = []
+        series: list[tuple[float, int]] = [(t0, 0)]  # from the start: a burst acknowledged within one sample still has a rate
         if nbytes > 0:
             bulk.start()
             while bulk.is_alive():
