@@ -86,7 +86,7 @@ def run_sender(host: str, port: int, connections: int, duration_s: float, pipeli
     at 35 Mbps 2 MiB, so the transfers running when the window closes end within seconds (a fixed 128 MiB
     kept them running 40 s past a 10 s window at 1% loss; 128 MiB sized during CUBIC's first-second
     burst still ran 45 s past it)."""
-    from testbed.kv.transport import KVSender, tcp_info
+    from testbed.kv.transport import KVSender
 
     results: list = []
     queued_s: dict[str, float] = {}  # when a transfer's last frame was queued (the tail runs from there)
@@ -96,7 +96,7 @@ def run_sender(host: str, port: int, connections: int, duration_s: float, pipeli
         extra["notsent_s"] = notsent_s or None  # 0: off
     with KVSender(host, port, connections=connections, congestion_control=cc, **extra) as tx:
         def acked() -> int:
-            return sum(s.bytes_acked for s in (tcp_info(c.sock, c.index) for c in tx._conns) if s is not None)
+            return sum(s.bytes_acked for s in tx.tcp_infos())
 
         t0 = now_s()
         t_stop = t0 + warmup_s + duration_s

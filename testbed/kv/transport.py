@@ -285,7 +285,7 @@ class KVSender(KVSendConnector):
 
     def congestion(self) -> dict[str, Any]:
         """The router's congestion signal: retransmits, RTT, cwnd, queued bytes and achieved rate."""
-        now = [s for s in (tcp_info(c.sock, c.index) for c in self._conns) if s is not None]
+        now = self.tcp_infos()
         with self._cond:
             queued = self._queued_bytes
         window = [s for s in list(self.samples) if s.t_s >= now_s() - 1.0]  # a copy: the sampler thread appends
@@ -335,7 +335,7 @@ class KVSender(KVSendConnector):
             if self._probe_one(f"{PROBE_PREFIX}{tag}.{i}", 1, timeout_s).ok:
                 rtts.append(1000.0 * (now_s() - t0))
         before = self.sent_bytes_by_connection()
-        infos0 = {s.connection: s for s in (tcp_info(c.sock, c.index) for c in self._conns) if s is not None}
+        infos0 = {s.connection: s for s in self.tcp_infos()}
         done: dict[str, TransferStats] = {}
         bulk = threading.Thread(target=lambda: done.update(stats=self._probe_one(f"{PROBE_PREFIX}{tag}", nbytes, timeout_s)),
                                 name="kv-probe", daemon=True)
@@ -344,13 +344,13 @@ class KVSender(KVSendConnector):
         if nbytes > 0:
             bulk.start()
             while bulk.is_alive():
-                now = [s for s in (tcp_info(c.sock, c.index) for c in self._conns) if s is not None]
+                now = self.tcp_infos()
                 series.append((now_s(), sum(s.bytes_acked - infos0[s.connection].bytes_acked for s in now if s.connection in infos0)))
                 bulk.join(PROBE_SAMPLE_S)
         took = now_s() - t0
         stats = done.get("stats")
         used = [c for c, b, a in zip(self._conns, before, self.sent_bytes_by_connection()) if a > b]
-        infos = [s for s in (tcp_info(c.sock, c.index) for c in used) if s is not None]
+        infos = self.tcp_infos(used)
         window_s = max(2 * min(rtts) / 1000.0 if rtts else 0.0, PROBE_MIN_WINDOW_S)
         return {"ok": stats is not None and stats.ok, "reason": stats.reason if stats is not None else None,
                 "bytes": nbytes if stats is not None else 0, "seconds": took,
@@ -367,6 +367,10 @@ class KVSender(KVSendConnector):
         if not stats.ok:
             self.abort(request_id, stats.reason or "probe failed")
         return stats
+
+    def tcp_infos(self, conns: list[_Connection] | None = None) -> list[TcpSample]:
+        """TCP_INFO of `conns` (default: every connection) now; a connection the kernel cannot read is left out."""
+        return [s for s in (tcp_info(c.sock, c.index) for c in (self._conns if conns is None else conns)) if s is not None]
 
     def sent_bytes_by_connection(self) -> list[int]:
         """Bytes each connection has written so far (how the pull model spread the load)."""
