@@ -675,16 +675,13 @@ class Router:
             ok, ans = False, {**ans, "ok": False, "reason": "KV moved during the probe (not an idle measurement)"}
         # a burst that timed out measured the path too (it got less than its size in `timeout_s`)
         measured = isinstance(ans, dict) and (num("rate_bps") or 0.0) > 0 and (num("bytes") or 0.0) > 0 and not overlapped
+        seen = {"probe_bytes": self.scale.emulated_bytes(num("bytes") or 0.0),
+                "probe_rate_bps": self.scale.emulated_bps(num("rate_bps") or 0.0), "probe_rtt_ms": num("rtt_ms"),
+                "idle_rtt_ms": num("idle_rtt_ms"), "probe_retransmits": num("retransmits")}  # emulated units
         self.log.add("probe", now, instance=inst.cfg.instance, decode_instance=d.instance, ok=ok,
-                     reason=None if ok else str((ans or {}).get("reason") or "no answer"), seconds=now - t0,
-                     probe_bytes=self.scale.emulated_bytes(num("bytes") or 0.0),
-                     probe_rate_bps=self.scale.emulated_bps(num("rate_bps") or 0.0), probe_rtt_ms=num("rtt_ms"),
-                     idle_rtt_ms=num("idle_rtt_ms"), probe_retransmits=num("retransmits"))
+                     reason=None if ok else str((ans or {}).get("reason") or "no answer"), seconds=now - t0, **seen)
         if measured:
-            self.policy.on_telemetry(TelemetrySample(now, probe_bytes=self.scale.emulated_bytes(num("bytes") or 0.0),
-                                                     probe_rate_bps=self.scale.emulated_bps(num("rate_bps") or 0.0),
-                                                     probe_rtt_ms=num("rtt_ms"), idle_rtt_ms=num("idle_rtt_ms"),
-                                                     min_rtt_ms=num("min_rtt_ms"), probe_retransmits=num("retransmits")))
+            self.policy.on_telemetry(TelemetrySample(now, min_rtt_ms=num("min_rtt_ms"), **seen))
         return ans if isinstance(ans, dict) else None
 
     def queue_sample(self) -> TelemetrySample:
