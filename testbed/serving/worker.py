@@ -292,6 +292,10 @@ class PrefillWorker:
             return float(profile(input_len, cached_len))
         return self.s_per_token * (input_len - cached_len)
 
+    def probe(self, req: ProbeRequest) -> dict[str, Any]:
+        """`POST /v1/probe`: an active probe to `req.decode` on that destination's KV connections."""
+        return self._dest(req.decode).probe(req)
+
     def _dest(self, decode: KVDestination) -> Destination:
         key = (decode.host, decode.kv_port)
         with self.lock:
@@ -638,8 +642,7 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
                 elif self.path == "/v1/prefill" and isinstance(worker, PrefillWorker):
                     self._json(200, worker.submit(PrefillRequest.from_json(body)).to_json())
                 elif self.path == "/v1/probe" and isinstance(worker, PrefillWorker):
-                    req = ProbeRequest.from_json(body)
-                    self._json(200, worker._dest(req.decode).probe(req))
+                    self._json(200, worker.probe(ProbeRequest.from_json(body)))
                 elif self.path == "/v1/decode" and isinstance(worker, DecodeWorker):
                     self._stream(worker.register(DecodeRequest.from_json(body)))
                 else:
