@@ -11,13 +11,14 @@ A run at rate r **passes** when (docs/experiments.md, "Capacity"):
   samples after warm-up; a floor on the sample, as MLPerf's loadgen has a minimum query count and
   duration), else it is too short to judge and fails.
 
-The search brackets from the start rate (an exponential search, one run per rate), bisects the
-bracket (geometric midpoints, one run per rate), and gives the two rates that bound the edge
-`repetitions` runs (seeds 1..R shared by every rate: paired) unless their one run was decisive; a rate
-passes when the majority of its runs pass. It stops when the bracket is narrower than `rel_tol` and its
-ends are settled, or after `max_probes` rates. ``lambda_max_rps`` is the highest passing rate; ``ci`` is
+The search brackets from the start rate (an exponential search), bisects the bracket (geometric
+midpoints), and decides every rate it tries when it first tries it: one run, plus the repetitions
+(seeds 1..R shared by every rate: paired) that can still change the majority when that run was not
+decisive. A rate passes when the majority of its runs pass. It stops when the bracket is narrower than
+`rel_tol`, or after `max_probes` rates. ``lambda_max_rps`` is the highest passing rate; ``ci`` is
 [the highest rate at which every repetition passed, the lowest rate at which every repetition failed]:
-the boundary lies between (not a bootstrap interval: each probe is a whole real-time run).
+the boundary of every workload draw lies between (not a bootstrap interval: each probe is a whole
+real-time run); the search steps outward until it has both ends.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ GOOD_FRACTION = 0.9
 MIN_REQUESTS = 20
 # A bracket wider than the tolerance by less than this share of it is closed: floating-point noise
 # (a (1 + tol)^2 bracket bisected at its geometric midpoint is exactly tol wide, give or take 1e-16).
-# Rates rounded to 4 digits (they name run directories) can leave a bracket wider than that, e.g.
-# 3.201 .. 3.681 .. 4.234 is 15.02% for a 15% tolerance: it is bisected once more (a tighter interval for
-# one more run; the reproduction in docs/analysis.md ran with this rule).
-ROUNDING = 1e-3
+# Rates are rounded to 4 digits (they name run directories), which can leave a bracket wider than that:
+# 3.201 .. 3.681 .. 4.234 is 15.02% for a 15% tolerance, 2.822 .. 3.048 is 8.009% for 8%. Such a bracket
+# is closed: 1% of the tolerance is the rounding, not the resolution, and one more rate costs 1-3
+# whole runs (until 2026-12-01 it was bisected again: ROUNDING was 1e-3).
+ROUNDING = 1e-2
 
 
 @dataclass(frozen=True)
@@ -155,37 +157,42 @@ Evaluate = Callable[[float, Sequence[int]], list[RunVerdict]]
 
 def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 3, rel_tol: float = 0.1, max_probes: int = 10,
            min_rps: float = 0.01, max_rps: float = 1e4, parallel: int = 1) -> CapacityResult:
-    """Bracket from `start_rps`, bisect, then repeat at the two rates that bound the edge;
-    `evaluate(rate, seeds)` runs one run per seed at `rate`.
+    """Bracket from `start_rps`, bisect, then bound the interval; `evaluate(rate, seeds)` runs one run
+    per seed at `rate`.
 
-    Bracketing takes growing steps, one run per rate: (1 + rel_tol)^2, then ^4, ^6, ... away from the
-    start, so a start within (1 + rel_tol)^2 of the edge (the throughput model's prediction) brackets
-    it with two rates and needs one bisection, and a start m steps off costs m + 1 rates and about
-    log2(2m) bisections. Bisection (geometric midpoints, one run each) continues until (hi - lo) / lo
-    <= rel_tol. Then the passing and the failing rate that bound the edge get `repetitions` runs (seeds
-    1..R, shared by every rate) unless their single run was decisive (`is_decisive`); when a repetition
-    flips a rate (majority of its runs), the search goes on from the new bracket. `max_probes` caps the
-    number of rates; when it is reached, the ends of the bracket are still decided (among the rates
-    already tried), so no edge rests on one marginal run. `parallel` (the executor's slots): a rate's
-    undecided repetitions are asked for up to that many at once, not only the fewest that could decide.
+    Every rate is decided when it is first tried: one run (seed 1), and when that run is not decisive
+    (`is_decisive`), the repetitions that can still change its majority (seeds 2..R, shared by every
+    rate: paired; `Probe.runs_to_decide`). So the bracket never moves on a verdict that a repetition
+    would overturn: a marginal fail of one unlucky draw does not send the bisection below the edge,
+    where every further rate would be marginal again.
+
+    Bracketing takes growing steps: (1 + rel_tol)^2, then ^4, ^6, ... away from the start, so a start
+    within (1 + rel_tol)^2 of the edge (the throughput model's prediction) brackets it with two rates
+    and needs one bisection, and a start m steps off costs m + 1 rates and about log2(2m) bisections.
+    Bisection (geometric midpoints) continues until (hi - lo) / lo <= rel_tol, or `max_probes` rates.
+    Then the interval's ends: when no rate at or below the edge passed in every run (or none above it
+    failed in every run), the search steps outward from the bracket, (1 + rel_tol)^4, then ^6, ... (at
+    most `INTERVAL_STEPS` rates a side), until one did: the interval bounds the spread over workload
+    draws and does not need the edge's resolution. `parallel` (the executor's slots): up to that many
+    of a rate's runs are asked for at once.
     """
     probes: dict[float, Probe] = {}
 
-    def probe(rate: float, reps: int) -> Probe:
+    def probe(rate: float) -> Probe:
         rate = float(f"{rate:.4g}")
         p = probes.setdefault(rate, Probe(rate, []))
-        while (n := 1 - len(p.runs) if reps == 1 else p.runs_to_decide(reps)) > 0:
+        while (n := p.runs_to_decide(repetitions) if p.runs else 1) > 0:
             have = {r.seed for r in p.runs}
-            todo = [s for s in range(1, reps + 1) if s not in have]
+            todo = [s for s in range(1, max(repetitions, 1) + 1) if s not in have]
             p.runs.extend(evaluate(rate, todo[:max(n, parallel)]))
         return p
 
     lo: float | None = None
     hi: float | None = None
     r, k = start_rps, 1
-    while len(probes) < max_probes:  # bracket: one run per rate, growing steps
+    while len(probes) < max_probes:  # bracket: growing steps
         step = (1 + rel_tol) ** (2 * k)
-        if probe(r, 1).passed:
+        if probe(r).passed:
             lo = r
             if hi is not None or r * step > max_rps:
                 break
@@ -199,28 +206,35 @@ def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 3, rel_to
     if lo is None or hi is None:
         best = max((p.rate_rps for p in probes.values() if p.passed), default=0.0)
         return _result(probes, best, bracketed=False)
-    while len(probes) < max_probes:
-        lo, hi = _bracket(probes)
-        if hi is None:  # a repetition failed to confirm the lowest failing rate: the edge is higher
-            probe(max(probes) * (1 + rel_tol) ** 2, 1)
-        elif lo <= 0:  # ... or the highest passing rate: the edge is lower
-            probe(min(probes) / (1 + rel_tol) ** 2, 1)
-        elif (hi - lo) / lo > rel_tol * (1 + ROUNDING):
-            probe(math.sqrt(lo * hi), 1)
-        elif not _settle_ends(probes, probe, repetitions):
-            break
-    while _settle_ends(probes, probe, repetitions):  # `max_probes` caps the rates, never the edge's repetitions
-        pass
     lo, hi = _bracket(probes)
+    while hi is not None and (hi - lo) / lo > rel_tol * (1 + ROUNDING) and len(probes) < max_probes:
+        probe(math.sqrt(lo * hi))
+        lo, hi = _bracket(probes)
+    _bound_interval(probes, probe, lo, hi, rel_tol, min_rps, max_rps)
     return _result(probes, lo, bracketed=hi is not None and lo > 0)
 
 
-def _settle_ends(probes: dict[float, Probe], probe: Callable[[float, int], Probe], repetitions: int) -> bool:
-    """Decide the two rates that bound the edge by their majority; False when both already are."""
-    ends = [x for x in _bracket(probes) if x and probes[x].runs_to_decide(repetitions)]
-    for x in ends:
-        probe(x, repetitions)
-    return bool(ends)
+INTERVAL_STEPS = 3  # rates a side to find the interval's end (steps (1 + tol)^4, ^6, ^8: down to 0.54x)
+
+
+def _bound_interval(probes: dict[float, Probe], probe: Callable[[float], Probe], lo: float, hi: float | None,
+                    rel_tol: float, min_rps: float, max_rps: float) -> None:
+    """Step outward from the bracket until a rate at or below `lo` passed in every run and one above it
+    failed in every run (`_result`'s interval), `INTERVAL_STEPS` rates a side at most."""
+    for k in range(2, 2 + INTERVAL_STEPS):
+        if any(p.all_passed for r, p in probes.items() if r <= lo):
+            break
+        r = min(x for x, p in probes.items() if x <= lo and p.passed) / (1 + rel_tol) ** (2 * k)
+        if r < min_rps:
+            break
+        probe(r)
+    for k in range(2, 2 + INTERVAL_STEPS):
+        if hi is None or any(p.all_failed for r, p in probes.items() if r > lo):
+            break
+        r = max(x for x, p in probes.items() if x > lo and not p.passed) * (1 + rel_tol) ** (2 * k)
+        if r > max_rps:
+            break
+        probe(r)
 
 
 def _bracket(probes: dict[float, Probe]) -> tuple[float, float | None]:

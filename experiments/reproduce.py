@@ -79,13 +79,17 @@ def configuration_overrides(model: dict[str, dict[str, Any]]) -> dict[str, list[
 
 
 def planned_wall_s(sc: Any, quick: bool, configurations: int, repetitions: int = 3) -> dict[str, float]:
-    """What the reproduction should cost: per configuration 3 runs when the model's Lambda_max is within
-    one bracketing step of the edge (2 rates + 1 bisection, every run decisive), 4 typically (one marginal
-    end decided by one more run), and at worst every rate plus the repetitions at both ends of the
-    bracket; failing runs stop early, so this is an upper figure for them."""
+    """What the reproduction should cost, per configuration: 3 runs when the model's Lambda_max is within
+    one bracketing step of the edge and every run is decisive (2 rates + 1 bisection); typically
+    2 + `repetitions` (of three rates, two marginal ones decided by 1 + (R - 1) / 2 runs on average:
+    a marginal pass needs more of its repetitions than a marginal fail); at worst every rate, and the
+    interval's outward steps, with all its repetitions. Failing runs stop early, so these are upper
+    figures for them."""
+    from experiments.capacity import INTERVAL_STEPS
+
     run_s = float(sc.duration_s) + RUN_OVERHEAD_S + DECODE_STEP_S * float(sc.section("workload").output.mean())
-    return {"run_s": run_s, "best_s": 3 * configurations * run_s, "typical_s": 4 * configurations * run_s,
-            "worst_s": (SEARCH[quick]["max_probes"] + 2 * (repetitions - 1)) * configurations * run_s}
+    return {"run_s": run_s, "best_s": 3 * configurations * run_s, "typical_s": (2 + repetitions) * configurations * run_s,
+            "worst_s": (SEARCH[quick]["max_probes"] + 2 * INTERVAL_STEPS) * repetitions * configurations * run_s}
 
 
 def ratio_interval(a: dict[str, Any], b: dict[str, Any]) -> list[float | None]:
@@ -109,7 +113,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
     plan = planned_wall_s(sc, quick, len(only), search["repetitions"])
     if progress:
-        print(f"plan: {len(only)} configurations x 3-5 runs of ~{plan['run_s']:.0f} s: about {plan['best_s'] / 60:.0f}-"
+        print(f"plan: {len(only)} configurations x 3-{2 + search['repetitions']} runs of ~{plan['run_s']:.0f} s: about {plan['best_s'] / 60:.0f}-"
               f"{plan['typical_s'] / 60:.0f} min (at most {plan['worst_s'] / 60:.0f})")
     measured = {}
     for name in only:

@@ -98,14 +98,15 @@ def test_a_poor_start_brackets_with_growing_steps():
     assert len(rates) == 5 + 3  # 5 rates bracket an 8x miss (steps 1.15^2, ^4, ^6, ^8), 3 bisections close 1.15^8
 
 
-def test_only_marginal_runs_at_the_edge_are_repeated():
+def test_only_a_rate_whose_first_run_was_marginal_is_repeated():
     evaluate, calls = graded_curve(2.5, marginal_below=0.8)  # rates in (2.0, 2.5] pass with 92%: marginal
     res = capacity.search(evaluate, 2.7, repetitions=2, rel_tol=0.15, max_probes=8)
     lo, hi = res.ci
-    runs = {p.rate_rps: len(p.runs) for p in res.probes}
     assert 2.0 < lo <= 2.5 < hi
-    assert runs[lo] == 2 and runs[hi] == 1  # the marginal pass repeated (seed 2), the decisive 50% fail not
-    assert all(n == 1 for r, n in runs.items() if r != lo)
+    for p in res.probes:  # decided when first tried: a decisive first run alone, a marginal one with seed 2
+        assert len(p.runs) == (1 if p.runs[0].decisive else 2), p
+    assert res.probes[-1].rate_rps == 2.7 and len(res.probes[-1].runs) == 1  # the decisive 50% fail
+    assert any(len(p.runs) == 2 for p in res.probes)
 
 
 def test_a_repetition_that_fails_the_lower_end_moves_the_edge_down():
@@ -139,14 +140,18 @@ def test_a_run_that_fails_only_on_its_growing_queue_is_marginal():
     assert not v.passed and not v.decisive  # SLOs hold, the queue grows: at the edge
 
 
-def test_a_bracket_exactly_the_tolerance_wide_is_closed_and_one_rounding_wider_is_bisected_again():
+def test_a_bracket_the_tolerance_wide_up_to_the_rates_rounding_is_closed():
     evaluate, calls = graded_curve(2.5, marginal_below=1.0)
     capacity.search(evaluate, 2.7, repetitions=2, rel_tol=0.15, max_probes=8)  # 2.7 / 1.15^2, then 2.7 / 1.15
     assert len(calls) == 3
-    # the quick model's start: 4.2336 fails, 3.201 passes, the midpoint 3.681 passes: 15.02% wide
+    # the quick model's start: 4.2336 fails, 3.201 passes, the midpoint 3.681 passes: 15.02% wide, closed
     evaluate, calls = graded_curve(3.8, marginal_below=1.0)
     res = capacity.search(evaluate, 4.233622, repetitions=2, rel_tol=0.15, max_probes=8)
-    assert [r for r, _ in calls] == [4.234, 3.201, 3.681, 3.948] and res.ci == (3.681, 3.948)
+    assert [r for r, _ in calls] == [4.234, 3.201, 3.681] and res.ci == (3.681, 4.234)
+    # ... while a bracket 2% of the tolerance wider is bisected again (the rule is the rounding only)
+    evaluate, calls = graded_curve(1.1, marginal_below=1.0)
+    res = capacity.search(evaluate, 1.0 * 1.0 / (1.15 ** 2) * (1.15 ** 2), repetitions=2, rel_tol=0.1505 / 1.0102, max_probes=8)
+    assert (res.ci[1] - res.ci[0]) / res.ci[0] <= 0.1505 / 1.0102 * 1.01
 
 
 def seed_edges_curve(edges: dict[int, float]):
@@ -208,7 +213,7 @@ def test_when_the_rates_run_out_the_ends_of_the_bracket_are_still_decided_by_the
 def test_with_two_slots_a_marginal_rates_remaining_repetitions_run_together():
     evaluate, calls = seed_edges_curve({1: 1.0, 2: 5.0, 3: 5.0})
     res = capacity.search(evaluate, 1.1, repetitions=3, rel_tol=0.15, max_probes=8, parallel=2)
-    assert (1.1, (2, 3)) in calls  # one call, two runs at once
+    assert calls[0] == (1.1, (1, 2)) and (1.1, (3,)) in calls  # two runs at once, then the third that decides
     assert {p.rate_rps: len(p.runs) for p in res.probes}[1.1] == 3 and res.lambda_max_rps >= 1.1
 
 
@@ -219,3 +224,13 @@ def test_an_executors_slots_reach_the_search(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)  # local:2 is refused on a 1-core host
     assert SequentialExecutor().slots == 1
     assert ParallelExecutor(2, warn=False).slots == 2
+
+
+def test_the_interval_is_searched_outward_until_every_draw_passes_below_and_fails_above():
+    evaluate, calls = seed_edges_curve({1: 1.4, 2: 1.9, 3: 1.9})  # the full reproduction's homogeneous PD, in shape
+    res = capacity.search(evaluate, 2.1, repetitions=3, rel_tol=0.08, max_probes=7)
+    runs = {p.rate_rps: [r.seed for r in p.runs] for p in res.probes}
+    # 2.1 fails decisively; 1.8 (seed 1 marginal) is decided by the majority at once; the midpoint
+    # 1.944 fails 2-0; the bracket is 8% wide; then one step of 1.08^4 below finds a rate where seed 1 passes
+    assert runs == {2.1: [1], 1.8: [1, 2, 3], 1.944: [1, 2], 1.323: [1]}
+    assert res.lambda_max_rps == 1.8 and res.ci == (1.323, 1.944) and res.runs == 7  # 1.944: both its runs failed
