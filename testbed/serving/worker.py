@@ -242,6 +242,8 @@ class Destination:
 
 
 class PrefillWorker:
+    QUEUE_RECHECK_S = 1.0  # a queued request re-reads its expected prefill time this often
+
     def __init__(self, cfg: WorkerConfig) -> None:
         from testbed.serving.compute import make_compute
 
@@ -256,20 +258,28 @@ class PrefillWorker:
         threading.Thread(target=self._loop, daemon=True, name="prefill").start()
 
     def submit(self, req: PrefillRequest) -> PrefillResult:
-        """Queue one prefill and answer when its transfer has ended. A request still queued when only its
-        KV timeout is left of its request timeout fails with a reason naming this queue."""
+        """Queue one prefill and answer when its transfer has ended. A request still queued when its
+        request timeout, less its own expected prefill time, has run out fails with a reason naming this
+        queue: past that point its prefill could not end within the request's budget."""
         job = PrefillJob(req)
         self.jobs.put(job)
         timeout_s = req.request_timeout_s or self.cfg.request_timeout_s
-        leave_by_s = (req.arrival_s if req.arrival_s is not None else job.queued_s) + timeout_s - self.cfg.kv_timeout_s
-        if not job.done.wait(max(0.0, leave_by_s - now_s())):
+        deadline_s = (req.arrival_s if req.arrival_s is not None else job.queued_s) + timeout_s
+        while True:  # the expected prefill time is re-read: in torch mode it is measured as prefills finish
+            reserve_s = self.expected_prefill_s(req.input_len, min(req.cached_len, req.input_len - 1))
+            left_s = deadline_s - reserve_s - now_s()
+            if job.done.wait(max(0.0, min(left_s, self.QUEUE_RECHECK_S))):
+                break
+            if left_s > self.QUEUE_RECHECK_S:
+                continue
             with self.lock:
                 queued = not job.started
                 if queued:
                     job.started = True  # the loop skips it
             if queued:
                 job.fail(f"waited {now_s() - job.queued_s:.1f} s in the queue of prefill instance {self.cfg.instance} "
-                         f"(request timeout {timeout_s:g} s less the KV timeout {self.cfg.kv_timeout_s:g} s)")
+                         f"(request timeout {timeout_s:g} s less its expected prefill {reserve_s:.1f} s)")
+            break
         job.done.wait()
         return job.answer()
 
