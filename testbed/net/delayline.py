@@ -32,6 +32,7 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -40,10 +41,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from testbed.errors import HostError
 from testbed.scenario import JITTER_DISTRIBUTIONS, LinkDirectionSpec, LossSpec
+
+if TYPE_CHECKING:
+    from testbed.net.nfqueue import NfQueue
 
 RULE_TAG = "prfaas-delayline"
 DEFAULT_LIMIT_PACKETS = 100_000
@@ -52,7 +56,7 @@ _KERNEL_QUEUE_MARGIN = 4096  # kernel queue maxlen = limit + margin, so our limi
 _NETEM_TABLE_MAX = 32767 / 8192  # netem's distribution tables are int16 scaled by 8192: |sample| <= ~4 sigma
 _MAX_LEAD_S = 0.001
 _COALESCE_S = 100e-6  # release together what is due this soon after the head: fewer wake-ups, <= 0.1 ms early
-_STATS = struct.Struct("=QQqqqqqqdQ")  # seq, state, 6 counters, updated_at (monotonic s), pid
+_STATS = struct.Struct("=QQqqqqqqqdQ")  # seq, state, 7 counters, updated_at (monotonic s), pid
 STATE_STARTING, STATE_INSTALLING, STATE_RUNNING, STATE_STOPPED = 0, 1, 2, 3
 
 Popen = Callable[[list[str]], subprocess.Popen]
@@ -109,8 +113,9 @@ class DelayLineStats:
     queued_bytes: int
     forwarded_packets: int
     forwarded_bytes: int
-    dropped_loss: int
+    dropped_loss: int  # wire packets (GSO segments counted one by one)
     dropped_overflow: int
+    split_packets: int = 0  # super-packets cut into their segments because some segment was lost
 
 
 # ----------------------------------------------------------------------------------------- pure parts
@@ -142,40 +147,93 @@ def jitter_unit_sample(rng: random.Random, distribution: str) -> float:
 
 
 class LossModel:
-    """Random loss or netem's Gilbert-Elliott (`gemodel p r 1-h 1-k`): lose by the current state, then move."""
+    """Random loss or netem's Gilbert-Elliott (`gemodel p r 1-h 1-k`), per wire packet: `lost_among(n)` says
+    which of the next n wire packets are lost (Gilbert-Elliott: lose by the current state, then move)."""
 
     def __init__(self, spec: LossSpec, rng: random.Random) -> None:
         self.spec = spec
         self.rng = rng
         self.bad = False
+        # random loss: wire packets to pass before the next loss (a geometric draw), so a GSO packet of
+        # 45 segments costs one comparison, not 45 draws; the same Bernoulli process per wire packet
+        self.gap = self._gap() if spec.model == "random" and spec.rate > 0 else 0
+
+    def _gap(self) -> int:
+        p = self.spec.rate
+        if p >= 1.0:
+            return 0
+        return int(math.log(1.0 - self.rng.random()) / math.log1p(-p))
 
     def lose(self) -> bool:
+        """Whether the next wire packet is lost."""
+        return bool(self.lost_among(1))
+
+    def lost_among(self, n: int) -> list[int]:
+        """Indices (0..n-1) of the next n wire packets that are lost, in order; usually empty."""
         s = self.spec
-        r = self.rng.random
         if s.model == "random":
-            return s.rate > 0 and r() < s.rate
-        if self.bad:
-            lost = r() < s.bad_loss
-            if r() < s.r:
-                self.bad = False
-        else:
-            lost = s.good_loss > 0 and r() < s.good_loss
-            if r() < s.p:
-                self.bad = True
-        return lost
+            if s.rate <= 0:
+                return []
+            if self.gap >= n:
+                self.gap -= n
+                return []
+            out = []
+            i = self.gap
+            while i < n:
+                out.append(i)
+                i += 1 + self._gap()
+            self.gap = i - n
+            return out
+        r = self.rng.random
+        out = []
+        for i in range(n):
+            if self.bad:
+                if r() < s.bad_loss:
+                    out.append(i)
+                if r() < s.r:
+                    self.bad = False
+            else:
+                if s.good_loss > 0 and r() < s.good_loss:
+                    out.append(i)
+                if r() < s.p:
+                    self.bad = True
+        return out
 
 
-ADMITTED, LOST, OVERFLOW = 0, 1, 2
+TCP_IPV4_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps 12: what Linux TCP puts before each segment's payload
+DEFAULT_MTU_BYTES = 1500
+
+
+def wire_packets(length: int, mtu_bytes: int = DEFAULT_MTU_BYTES) -> int:
+    """How many wire packets an IP packet of `length` bytes becomes: 1 up to the MTU; a GSO/TSO super-packet
+    is cut into segments of (MTU - headers) payload bytes each, every one with its own headers. Exact for
+    Linux TCP over IPv4 with timestamps (the default); TCP without them counts one too many. A count that is
+    off costs no bias: the segments the kernel really cuts each get their own draw, a draw for a segment
+    that does not exist is discarded (`DelaySchedule.admit_segments`)."""
+    if length <= mtu_bytes:
+        return 1
+    payload = mtu_bytes - TCP_IPV4_HEADER_BYTES
+    return -(-(length - TCP_IPV4_HEADER_BYTES) // payload)
+
+
+ADMITTED, LOST, OVERFLOW, SPLIT = 0, 1, 2, 3
 
 
 class DelaySchedule:
     """When each packet leaves: arrival + delay + jitter sample, never before the packet ahead of it
-    unless `reorder`; lost and over-limit packets are refused at arrival (netem drops at enqueue)."""
+    unless `reorder`; lost and over-limit packets are refused at arrival (netem drops at enqueue).
 
-    def __init__(self, config: DelayLineConfig) -> None:
+    Loss is per wire packet: a GSO/TSO super-packet of k segments gets k loss decisions. When none is
+    lost it travels whole; when some are, `admit` answers SPLIT, the caller has the kernel cut it into its
+    segments (NFQUEUE re-queue to the segment queue) and hands them to `admit_segments`, which drops
+    exactly the lost ones and schedules the rest at the super-packet's arrival time, in its place."""
+
+    def __init__(self, config: DelayLineConfig, mtu_bytes: int = DEFAULT_MTU_BYTES) -> None:
         self.rng = random.Random(config.seed)
         self.config = config
+        self.mtu_bytes = mtu_bytes
         self.loss = LossModel(config.loss, self.rng)
+        self._split: tuple[float, list[int], int] | None = None  # (arrival, lost indices, wire packets drawn)
         self.fifo: collections.deque[tuple[float, int, int]] = collections.deque()
         self.heap: list[tuple[float, int, int]] = []
         self.last_due_s = 0.0
@@ -184,6 +242,7 @@ class DelaySchedule:
         self.forwarded_bytes = 0
         self.dropped_loss = 0
         self.dropped_overflow = 0
+        self.split_packets = 0
 
     def update(self, config: DelayLineConfig) -> None:
         """New parameters apply to packets arriving from now on; held packets keep their times.
@@ -204,13 +263,49 @@ class DelaySchedule:
         return len(self.fifo) + len(self.heap)
 
     def admit(self, now_s: float, packet_id: int, length: int) -> int:
+        """ADMITTED (scheduled), LOST or OVERFLOW (the caller drops it), or SPLIT: a super-packet some of
+        whose wire packets are lost; the caller passes its segments to `admit_segments` next."""
         c = self.config
         if len(self.fifo) + len(self.heap) >= c.limit_packets:
             self.dropped_overflow += 1
             return OVERFLOW
-        if self.loss.lose():
-            self.dropped_loss += 1
-            return LOST
+        n = 1 if length <= self.mtu_bytes else wire_packets(length, self.mtu_bytes)
+        lost = self.loss.lost_among(n)
+        if lost:
+            if n == 1:
+                self.dropped_loss += 1
+                return LOST
+            self._split = (now_s, lost, n)
+            self.split_packets += 1
+            return SPLIT
+        self._schedule(now_s, packet_id, length)
+        return ADMITTED
+
+    def admit_segments(self, segments: list[tuple[int, int]]) -> list[int]:
+        """The segments (id, length) of the super-packet `admit` answered SPLIT for, in order; returns the
+        ids to drop (lost, or over the limit). A segment count other than the one drawn for (a protocol
+        with other headers) is reconciled: extra segments get their own draws, missing ones their none."""
+        if self._split is None:
+            raise RuntimeError("admit_segments without a preceding SPLIT")
+        arrival, lost, drawn = self._split
+        self._split = None
+        if len(segments) > drawn:
+            lost = lost + [drawn + i for i in self.loss.lost_among(len(segments) - drawn)]
+        lost_set = set(lost)
+        drop = []
+        for i, (pid, length) in enumerate(segments):
+            if i in lost_set:
+                self.dropped_loss += 1
+                drop.append(pid)
+            elif len(self.fifo) + len(self.heap) >= self.config.limit_packets:
+                self.dropped_overflow += 1
+                drop.append(pid)
+            else:
+                self._schedule(arrival, pid, length)
+        return drop
+
+    def _schedule(self, now_s: float, packet_id: int, length: int) -> None:
+        c = self.config
         delay = c.delay_s
         if c.jitter_s:
             delay += c.jitter_s * jitter_unit_sample(self.rng, c.jitter_distribution)
@@ -225,7 +320,6 @@ class DelaySchedule:
             self.last_due_s = due
             self.fifo.append((due, packet_id, length))
         self.queued_bytes += length
-        return ADMITTED
 
     def next_due_s(self) -> float | None:
         if self.fifo:
@@ -254,7 +348,7 @@ class DelaySchedule:
 
     def stats(self) -> DelayLineStats:
         return DelayLineStats(self.queued_packets, self.queued_bytes, self.forwarded_packets,
-                              self.forwarded_bytes, self.dropped_loss, self.dropped_overflow)
+                              self.forwarded_bytes, self.dropped_loss, self.dropped_overflow, self.split_packets)
 
 
 # --------------------------------------------------------------------------------- iptables rules
@@ -363,7 +457,8 @@ def cleanup_rules(popen: Popen | None = None, queue_num: int | None = None) -> i
 def _write_stats(buf: memoryview, seq: int, state: int, s: DelaySchedule) -> int:
     """Seqlock write: odd sequence while writing, even when done; returns the new sequence."""
     _STATS.pack_into(buf, 0, seq + 1, state, s.queued_packets, s.queued_bytes, s.forwarded_packets,
-                     s.forwarded_bytes, s.dropped_loss, s.dropped_overflow, time.monotonic(), os.getpid())
+                     s.forwarded_bytes, s.dropped_loss, s.dropped_overflow, s.split_packets, time.monotonic(),
+                     os.getpid())
     struct.pack_into("=Q", buf, 0, seq + 2)
     return seq + 2
 
@@ -371,7 +466,7 @@ def _write_stats(buf: memoryview, seq: int, state: int, s: DelaySchedule) -> int
 def read_stats_file(fd: int) -> tuple[int, DelayLineStats]:
     """(state, stats) from the child's stats file; retries while the child is mid-write."""
     seq_of = struct.Struct("=Q")
-    state, counters = STATE_STARTING, [0] * 6
+    state, counters = STATE_STARTING, [0] * 7
     for _ in range(100):
         before = os.pread(fd, 8, 0)
         raw = os.pread(fd, _STATS.size, 0)
@@ -406,6 +501,54 @@ def _set_realtime(priority: int) -> None:
             pass
 
 
+SEGMENT_QUEUE_OFFSET = 1 << 15  # the segment queue of line N is N + this
+SEGMENT_KEY = 1 << 32  # schedule keys of segments: their segment-queue id plus this (NFQUEUE ids are 32-bit)
+_ID_MASK = SEGMENT_KEY - 1
+
+
+def segment_queue_num(queue_num: int) -> int:
+    """The queue a line's split super-packets come back on, cut into their segments."""
+    if not 0 <= queue_num < SEGMENT_QUEUE_OFFSET:
+        raise ValueError(f"queue_num must be in 0..{SEGMENT_QUEUE_OFFSET - 1}, not {queue_num}")
+    return queue_num + SEGMENT_QUEUE_OFFSET
+
+
+def interface_mtu_bytes(ifname: str) -> int:
+    """The MTU of `ifname` in this network namespace (SIOCGIFMTU; /sys may show another namespace's)."""
+    import fcntl
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sk:
+        req = struct.pack("16si", ifname.encode()[:15], 0)
+        return struct.unpack("16si", fcntl.ioctl(sk, 0x8921, req))[1]  # SIOCGIFMTU
+
+
+def release_runs(released: list[int]) -> list[tuple[bool, list[int]]]:
+    """Released schedule keys -> runs of consecutive keys of one queue, in release order: (segments?, ids).
+    Verdicts go out run by run, so a split super-packet's segments leave exactly in their place."""
+    runs: list[tuple[bool, list[int]]] = []
+    for k in released:
+        seg = k >= SEGMENT_KEY
+        if not runs or runs[-1][0] != seg:
+            runs.append((seg, []))
+        runs[-1][1].append(k - SEGMENT_KEY if seg else k)
+    return runs
+
+
+def _accept_mixed(q: "NfQueue", qs: "NfQueue", released: list[int], reorder: bool) -> int:
+    """Accept verdicts for released keys of both queues, run by run; returns how many were segments."""
+    from testbed.net import nfqueue
+
+    n_segments = 0
+    for seg, ids in release_runs(released):
+        sock = qs if seg else q
+        n_segments += len(ids) if seg else 0
+        if reorder:
+            sock.send(b"".join(nfqueue.verdict(sock.queue_num, i, nfqueue.NF_ACCEPT) for i in ids))
+        else:  # in order: every packet of this queue up to the run's last is due
+            sock.send(nfqueue.verdict(sock.queue_num, ids[-1], nfqueue.NF_ACCEPT, batch=True))
+    return n_segments
+
+
 def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Path, rt_priority: int = 0) -> None:
     """The child: bind the queue, install the rule, run the hot loop until told to stop, clean up."""
     from testbed.net import nfqueue
@@ -433,8 +576,34 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
     _set_timer_slack(1000)
     _set_realtime(rt_priority)
 
+    seg_queue = segment_queue_num(queue_num)
     q = nfqueue.NfQueue(queue_num, config.limit_packets + _KERNEL_QUEUE_MARGIN)
+    try:  # its own socket: a split's segments are read right after the re-queue, ahead of later packets
+        qs = nfqueue.NfQueue(seg_queue, config.limit_packets + _KERNEL_QUEUE_MARGIN, gso=False)
+    except BaseException:
+        q.close()
+        raise
+    schedule.mtu_bytes = interface_mtu_bytes(out_ifname)
     buf = bytearray(65536)
+    last_seg_id = -1
+    held_segments = 0  # segments scheduled and not yet released (their verdicts go to the segment queue)
+
+    def split(pid: int) -> list[bytes]:
+        """Have the kernel cut super-packet `pid` into its segments; schedule them; the drop verdicts."""
+        nonlocal last_seg_id, held_segments
+        q.send(nfqueue.requeue_verdict(queue_num, pid, seg_queue))
+        segments = []
+        while True:
+            try:
+                n = qs.sock.recv_into(buf)
+            except (BlockingIOError, InterruptedError):
+                break
+            for sid, slen, _ in nfqueue.parse_packets(buf, n):
+                last_seg_id = sid
+                segments.append((sid | SEGMENT_KEY, slen))
+        lost = schedule.admit_segments(segments)
+        held_segments += len(segments) - len(lost)
+        return [nfqueue.verdict(seg_queue, k & _ID_MASK, nfqueue.NF_DROP) for k in lost]
     rule_installed = False
     orphaned = False
     last_id = -1  # ids grow by one per packet (mod 2^32; the kernel's batch compare is wrap-safe)
@@ -495,7 +664,12 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                         stamped = now - 1.0 < arrival <= now
                         if not stamped:
                             arrival = now
-                        if admit(arrival, pid, length) != ADMITTED:
+                        result = admit(arrival, pid, length)
+                        if result == SPLIT:
+                            seg_drops = split(pid)
+                            if seg_drops:
+                                qs.send(b"".join(seg_drops))
+                        elif result != ADMITTED:
                             drops.append(verdict(queue_num, pid, nfqueue.NF_DROP))
                     dirty = True
                 if drops:
@@ -503,10 +677,13 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                 released = schedule.release(now_fn() + lead_s + _COALESCE_S)
                 if released:
                     dirty = True
-                    if schedule.config.reorder:
-                        q.send(b"".join(verdict(queue_num, pid, nfqueue.NF_ACCEPT) for pid in released))
+                    if not held_segments:
+                        if schedule.config.reorder:
+                            q.send(b"".join(verdict(queue_num, pid, nfqueue.NF_ACCEPT) for pid in released))
+                        else:
+                            q.send(verdict(queue_num, released[-1], nfqueue.NF_ACCEPT, batch=True))
                     else:
-                        q.send(verdict(queue_num, released[-1], nfqueue.NF_ACCEPT, batch=True))
+                        held_segments -= _accept_mixed(q, qs, released, schedule.config.reorder)
             if ctl_fd in ready:
                 chunk = os.read(ctl_fd, 65536)
                 if not chunk:  # every writer closed: the parent is gone, so nobody else cleans its directory
@@ -539,12 +716,21 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                     last_id = pid
         except OSError:
             pass
-        if last_id >= 0:
-            try:
-                q.send(nfqueue.verdict(queue_num, last_id, nfqueue.NF_ACCEPT, batch=True))
-            except OSError:
-                pass
+        try:
+            while True:
+                n = qs.sock.recv_into(buf)
+                for sid, _, _ in nfqueue.parse_packets(buf, n):
+                    last_seg_id = sid
+        except OSError:
+            pass
+        for queue, sock, last in ((queue_num, q, last_id), (seg_queue, qs, last_seg_id)):
+            if last >= 0:
+                try:
+                    sock.send(nfqueue.verdict(queue, last, nfqueue.NF_ACCEPT, batch=True))
+                except OSError:
+                    pass
         q.close()
+        qs.close()
         schedule.fifo.clear()
         schedule.heap.clear()
         schedule.queued_bytes = 0
@@ -595,7 +781,7 @@ class DelayLineProcess:
         self._ctl_dir: Path | None = None
         self._ctl_fd = -1
         self._stats_fd = -1
-        self._last = DelayLineStats(0, 0, 0, 0, 0, 0)
+        self._last = DelayLineStats(0, 0, 0, 0, 0, 0, 0)
 
     def start(self, timeout_s: float = 15.0) -> None:
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None

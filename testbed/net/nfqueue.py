@@ -55,6 +55,9 @@ NFQA_CAP_LEN = 13
 
 NF_DROP = 0
 NF_ACCEPT = 1
+NF_QUEUE = 3
+NF_VERDICT_QBITS = 16  # NF_QUEUE verdicts carry the target queue number in their upper 16 bits
+NF_VERDICT_FLAG_QUEUE_BYPASS = 0x8000  # target queue not bound: accept instead of drop
 
 TYPE_PACKET = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET
 TYPE_VERDICT = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_VERDICT
@@ -117,6 +120,12 @@ def verdict(queue_num: int, packet_id: int, verdict_code: int, batch: bool = Fal
                          12, NFQA_VERDICT_HDR, socket.htonl(verdict_code), socket.htonl(packet_id))
 
 
+def requeue_verdict(queue_num: int, packet_id: int, to_queue: int) -> bytes:
+    """Send one packet on to another queue. A queue bound without NFQA_CFG_F_GSO receives a GSO packet
+    cut by the kernel (skb_gso_segment) into its wire packets, each with its own id there."""
+    return verdict(queue_num, packet_id, NF_QUEUE | (to_queue << NF_VERDICT_QBITS) | NF_VERDICT_FLAG_QUEUE_BYPASS)
+
+
 def parse_packets(buf: bytes | bytearray | memoryview, n: int) -> list[tuple[int, int, float]]:
     """(packet id, length in bytes, kernel receive time) of each NFQUEUE packet message in `buf[:n]`.
 
@@ -164,9 +173,12 @@ def parse_packets(buf: bytes | bytearray | memoryview, n: int) -> list[tuple[int
 class NfQueue:
     """A bound NFQUEUE queue: `recv_into` packets, `send` verdicts (several messages per send)."""
 
-    def __init__(self, queue_num: int, maxlen: int, copy_range: int = 1, rcvbuf_bytes: int = 64 << 20) -> None:
+    def __init__(self, queue_num: int, maxlen: int, copy_range: int = 1, rcvbuf_bytes: int = 64 << 20,
+                 gso: bool = True) -> None:
+        """`gso`: GSO packets arrive whole (NFQA_CFG_F_GSO); without it the kernel segments them first."""
         self.queue_num = queue_num
         self.copy_range = copy_range
+        self.flags = NFQA_CFG_F_GSO if gso else 0
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         try:
             self.sock.bind((0, 0))
@@ -185,7 +197,7 @@ class NfQueue:
             self._request(config_bind(queue_num, 1))
             # PACKET mode with a tiny copy range: the kernel copies one byte and reports the full
             # length (NFQA_CAP_LEN); META mode copies nothing but reports no length at all.
-            self._request(config_params(queue_num, NFQNL_COPY_PACKET, copy_range, maxlen, NFQA_CFG_F_GSO, 2))
+            self._request(config_params(queue_num, NFQNL_COPY_PACKET, copy_range, maxlen, self.flags, 2))
         except BaseException:
             self.sock.close()
             if hasattr(self, "_stamp_sock"):
@@ -215,7 +227,7 @@ class NfQueue:
 
     def set_maxlen(self, maxlen: int) -> None:
         """Raise or lower the kernel queue length while running (no ACK: packets keep flowing)."""
-        self.send(config_params(self.queue_num, NFQNL_COPY_PACKET, self.copy_range, maxlen, NFQA_CFG_F_GSO, ack=False))
+        self.send(config_params(self.queue_num, NFQNL_COPY_PACKET, self.copy_range, maxlen, self.flags, ack=False))
 
     def fileno(self) -> int:
         return self.sock.fileno()

@@ -14,12 +14,17 @@ from testbed.net.delayline import (
     ADMITTED,
     LOST,
     OVERFLOW,
+    SEGMENT_KEY,
+    SPLIT,
     DelayLineConfig,
     DelaySchedule,
     LossModel,
     build_config,
     jitter_unit_sample,
+    release_runs,
     rule_spec,
+    segment_queue_num,
+    wire_packets,
 )
 from testbed.scenario import LinkDirectionSpec, LossSpec
 from testbed.units import QueueLimit
@@ -124,6 +129,96 @@ def test_gilbert_elliott_loss_has_stationary_rate_and_bursts() -> None:
     assert sum(seq) / n == pytest.approx(spec.mean_rate, rel=0.08)
     p_loss_after_loss = sum(a and b for a, b in zip(seq, seq[1:])) / max(1, sum(seq[:-1]))
     assert p_loss_after_loss > 5 * spec.mean_rate, "losses come in bursts"
+
+
+# ----------------------------------------------------------------- loss per wire packet (GSO segments)
+
+GSO_45 = 52 + 45 * 1448  # a full 64 KiB TSO super-packet: 45 segments of 1448 B payload behind 52 B of headers
+
+
+def test_wire_packets_counts_the_segments_of_a_tso_super_packet() -> None:
+    assert [wire_packets(n) for n in (40, 1500, 1501, 52 + 2 * 1448, 52 + 2 * 1448 + 1, GSO_45)] == [1, 1, 2, 2, 3, 45]
+    assert wire_packets(40 + 10 * 1460) == 11  # TCP without timestamps: one too many (reconciled at the split)
+    assert wire_packets(52 + 6 * 8948, mtu_bytes=9000) == 6
+
+
+def test_random_loss_is_the_same_bernoulli_process_whatever_the_grouping() -> None:
+    """The geometric gaps make lost_among(45) exactly 45 single-packet decisions: same seed, same losses."""
+    spec = LossSpec("random", 0.01)
+    grouped, single = LossModel(spec, random.Random(5)), LossModel(spec, random.Random(5))
+    by_45 = [45 * k + i for k in range(4000) for i in grouped.lost_among(45)]
+    one_by_one = [k for k in range(45 * 4000) if single.lose()]
+    assert by_45 == one_by_one
+    assert len(by_45) / (45 * 4000) == pytest.approx(0.01, rel=0.06)
+    assert LossModel(LossSpec("random", 1.0), random.Random(1)).lost_among(3) == [0, 1, 2]
+    assert LossModel(LossSpec("random", 0.0), random.Random(1)).lost_among(45) == []
+
+
+def test_gilbert_elliott_steps_once_per_wire_packet() -> None:
+    spec = LossSpec("gilbert-elliott", p=0.01, r=0.2, bad_loss=0.8, good_loss=0.001)
+    m = LossModel(spec, random.Random(3))
+    lost = sum(len(m.lost_among(45)) for _ in range(8000))
+    assert lost / (45 * 8000) == pytest.approx(spec.mean_rate, rel=0.1)
+
+
+def test_super_packets_are_split_when_a_segment_is_lost_and_only_lost_segments_dropped() -> None:
+    s = DelaySchedule(DelayLineConfig(delay_s=0.0, loss=LossSpec("random", 0.01), seed=4))
+    splits = dropped = 0
+    for i in range(3000):
+        r = s.admit(0.0, i, GSO_45)
+        assert r in (ADMITTED, SPLIT), "a super-packet is never lost whole"
+        if r == SPLIT:
+            splits += 1
+            segs = [(SEGMENT_KEY + 45 * i + j, 1500) for j in range(45)]
+            lost = s.admit_segments(segs)
+            assert 1 <= len(lost) < 10 and set(lost) <= {k for k, _ in segs}
+            dropped += len(lost)
+    assert splits / 3000 == pytest.approx(1 - 0.99 ** 45, abs=0.04)  # ~36% split, not 1% lost whole
+    assert dropped / (45 * 3000) == pytest.approx(0.01, rel=0.1)  # the configured rate, per wire packet
+    st = s.stats()
+    assert (st.split_packets, st.dropped_loss) == (splits, dropped)
+    assert st.forwarded_packets == 0 and len(s.release(1.0)) == 3000 - splits + 45 * splits - dropped
+
+
+def test_split_segments_leave_in_the_super_packets_place_at_its_arrival_time() -> None:
+    s = DelaySchedule(DelayLineConfig(delay_s=0.010, loss=LossSpec("random", 0.01), seed=4))
+    pid = 0
+    while s.admit(pid * 1e-4, pid, GSO_45) != SPLIT:
+        pid += 1
+    t_split = pid * 1e-4
+    segs = [(SEGMENT_KEY + j, 1500) for j in range(45)]
+    lost = set(s.admit_segments(segs))
+    kept = [k for k, _ in segs if k not in lost]
+    later = [i for i in range(pid + 1, pid + 4) if s.admit(t_split + 1e-5 * (i - pid), i, 1000) == ADMITTED]
+    before = s.release(t_split + 0.010 - 1e-6)
+    assert before == list(range(pid)), "nothing of the split packet leaves before its arrival + delay"
+    assert s.release(t_split + 0.010) == kept, "its segments leave at its arrival + delay..."
+    assert s.release(1.0) == later, "...and ahead of everything that arrived after it"
+
+
+def test_more_segments_than_counted_get_their_own_draws() -> None:
+    s = DelaySchedule(DelayLineConfig(delay_s=0.0, loss=LossSpec("random", 1.0)))
+    assert s.admit(0.0, 1, 3000) == SPLIT  # counted as 3 wire packets, all lost
+    segs = [(SEGMENT_KEY + i, 800) for i in range(5)]  # came back as 5 (another protocol's headers)
+    assert s.admit_segments(segs) == [k for k, _ in segs] and s.stats().dropped_loss == 5
+    with pytest.raises(RuntimeError, match="without a preceding SPLIT"):
+        s.admit_segments(segs)
+
+
+def test_release_runs_keep_the_order_across_both_queues() -> None:
+    keys = [1, 2, SEGMENT_KEY + 5, SEGMENT_KEY + 6, 3, SEGMENT_KEY + 7]
+    assert release_runs(keys) == [(False, [1, 2]), (True, [5, 6]), (False, [3]), (True, [7])]
+    assert release_runs([4, 5]) == [(False, [4, 5])]
+
+
+def test_segment_queue_and_requeue_verdict() -> None:
+    assert segment_queue_num(10) == 10 + 32768
+    with pytest.raises(ValueError, match="queue_num must be in 0..32767"):
+        segment_queue_num(40000)
+    msg = nfqueue.requeue_verdict(10, 77, segment_queue_num(10))
+    code, pid = struct.unpack_from("!II", msg, 24)
+    assert (code & 0xFF, code >> 16, bool(code & 0x8000), pid) == (nfqueue.NF_QUEUE, 32778, True, 77)
+    assert struct.unpack_from("=H", msg, 4)[0] == (3 << 8) | 1  # a single (not batch) verdict
 
 
 def test_same_seed_gives_the_same_schedule() -> None:
@@ -249,7 +344,7 @@ def test_stale_control_dirs_are_removed_only_when_old_and_their_line_is_gone(tmp
     def make(name: str, pid: int, age_s: float) -> None:
         d = tmp_path / name
         d.mkdir()
-        (d / "stats").write_bytes(_STATS.pack(2, 2, 0, 0, 0, 0, 0, 0, 0.0, pid).ljust(128, b"\0"))
+        (d / "stats").write_bytes(_STATS.pack(2, 2, 0, 0, 0, 0, 0, 0, 0, 0.0, pid).ljust(128, b"\0"))
         t = os.path.getmtime(d) - age_s
         os.utime(d, (t, t))
 
