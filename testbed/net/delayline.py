@@ -549,6 +549,24 @@ def _accept_mixed(q: "NfQueue", qs: "NfQueue", released: list[int], reorder: boo
     return n_segments
 
 
+def _let_all_go(q: "NfQueue", last_id: int, buf: bytearray) -> None:
+    """Accept what we hold and what is still in the socket, rather than have unbind drop it."""
+    from testbed.net import nfqueue
+
+    try:
+        while True:
+            n = q.sock.recv_into(buf)
+            for pid, _, _ in nfqueue.parse_packets(buf, n):
+                last_id = pid
+    except OSError:
+        pass
+    if last_id >= 0:
+        try:
+            q.send(nfqueue.verdict(q.queue_num, last_id, nfqueue.NF_ACCEPT, batch=True))
+        except OSError:
+            pass
+
+
 def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Path, rt_priority: int = 0) -> None:
     """The child: bind the queue, install the rule, run the hot loop until told to stop, clean up."""
     from testbed.net import nfqueue
@@ -699,6 +717,7 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                         new = DelayLineConfig.from_dict(msg["config"])
                         if new.limit_packets != schedule.config.limit_packets:
                             q.set_maxlen(new.limit_packets + _KERNEL_QUEUE_MARGIN)
+                            qs.set_maxlen(new.limit_packets + _KERNEL_QUEUE_MARGIN)
                         schedule.update(new)
                         dirty = True
             if wake_r in ready:
@@ -709,26 +728,8 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
     finally:
         if rule_installed:
             cleanup_local_rules(queue_num)
-        try:  # let what we hold (and what is still in the socket) go rather than have unbind drop it
-            while True:
-                n = q.sock.recv_into(buf)
-                for pid, _, _ in nfqueue.parse_packets(buf, n):
-                    last_id = pid
-        except OSError:
-            pass
-        try:
-            while True:
-                n = qs.sock.recv_into(buf)
-                for sid, _, _ in nfqueue.parse_packets(buf, n):
-                    last_seg_id = sid
-        except OSError:
-            pass
-        for queue, sock, last in ((queue_num, q, last_id), (seg_queue, qs, last_seg_id)):
-            if last >= 0:
-                try:
-                    sock.send(nfqueue.verdict(queue, last, nfqueue.NF_ACCEPT, batch=True))
-                except OSError:
-                    pass
+        _let_all_go(q, last_id, buf)
+        _let_all_go(qs, last_seg_id, buf)
         q.close()
         qs.close()
         schedule.fifo.clear()
