@@ -219,15 +219,18 @@ def test_a_request_queued_past_its_budget_fails_naming_the_prefill_queue_and_she
     first = threading.Thread(target=post, args=("q-a", {}))
     first.start()  # 0.72 s of H200 prefill
     time.sleep(0.2)
-    post("q-b", {"arrival_s": time.monotonic(), "request_timeout_s": 1.0})  # its own 0.72 s of prefill leave 0.28 s of queue
+    arrival_s = time.monotonic()
+    post("q-b", {"arrival_s": arrival_s, "request_timeout_s": 1.0})  # its own 0.72 s of prefill leave 0.28 s of queue
+    answered_after_s = time.monotonic() - arrival_s
     first.join(30)
     assert out["q-a"]["status"] == "ok" and out["q-a"]["queue_s"] < 0.5
     reason = out["q-b"]["reason"]
     assert out["q-b"]["status"] == "failed" and out["q-b"]["prefill_start_s"] is None
     assert reason.startswith("waited 0.") and reason.endswith(" s in the queue of prefill instance 0 "
                                                               "(request timeout 1 s less its expected prefill 0.7 s)")
-    waited = float(reason.split()[1])
-    assert 0.2 <= waited <= 0.5  # 1 s - 0.72 s, not the KV timeout (30 s, which once bounded the queue)
+    # ~1 s - 0.72 s after its arrival (a loaded host only makes it later); the KV timeout (30 s), which once
+    # bounded the queue, would have failed it at once
+    assert answered_after_s >= 0.2
     post("shed", {"arrival_s": time.monotonic(), "shed_ttft_s": 0.5})  # alone, but its prefill alone takes 0.72 s
     assert out["shed"]["status"] == "failed" and out["shed"]["prefill_start_s"] is None
     assert out["shed"]["reason"].startswith("shed: predicted TTFT 0.7 s") and out["shed"]["reason"].endswith("exceeds 0.5 s")
