@@ -94,7 +94,8 @@ def _describe_table(desc: dict[str, Any]) -> Any:
 
     from testbed.units import format_bytes, format_duration, format_rate
 
-    t = Table(title=f"WAN: backend {desc['backend']} ({desc['backend_reason']}), shaper {desc['shaper']}, scale {desc['scale']:g} ({desc['scale_source']})")
+    t = Table(title=f"WAN: backend {desc['backend']} ({desc['backend_reason']}), shaper {desc['shaper']}, scale {desc['scale']:g} ({desc['scale_source']}), "
+              f"offloads {desc['offloads']}")
     for col in ("direction", "rate emulated (wire)", "delay", "jitter", "loss", "queue (wire)"):
         t.add_column(col)
     for name, d in desc["directions"].items():

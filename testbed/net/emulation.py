@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from testbed import clock
 from testbed.errors import HostError
-from testbed.net import shaping, state
+from testbed.net import offloads, shaping, state
 from testbed.net.schedule import ScheduleRunner, expand_schedule
 from testbed.net.telemetry import DEFAULT_PERIOD_S, Telemetry
 from testbed.net.wan import GatewayPort, Wan, resolve_backend
@@ -74,6 +74,7 @@ class Network:
         self.schedule: ScheduleRunner | None = None
         self.telemetry: Telemetry | None = None
         self.backend, self.backend_reason = "", ""
+        self.offloads: offloads.OffloadDecision | None = None
         self.addresses: dict[str, str] = {}
         self._listeners: list[Callable[[dict], None]] = []
         self._procs: list[subprocess.Popen] = []
@@ -146,6 +147,9 @@ class Network:
             h.cmd(f"sysctl -qw net.ipv4.tcp_rmem='{HOST_TCP_MEM}' net.ipv4.tcp_wmem='{HOST_TCP_MEM}'")
         if topo_spec.lan_rate_bps:
             self._shape_lan(topo_spec.lan_rate_bps)
+        self.offloads = offloads.decide_offloads(self.scenario.wan, self.backend)
+        if not self.offloads.on:
+            offloads.turn_off(self._interfaces())
         from topologies.two_dc import SUBNETS, WAN_IPS, wan_ifname
 
         ports = {}
@@ -188,6 +192,21 @@ class Network:
                     elif not intf.name.endswith("-wan"):
                         with IPRoute(netns=f"/proc/{intf.node.pid}/ns/net") as ipr:
                             shaping.apply_plan(ipr, ipr.link_lookup(ifname=intf.name)[0], plan)
+
+    def _interfaces(self) -> list[tuple[Callable[[list[str]], subprocess.Popen], str]]:
+        """Every interface of the network with a runner in its namespace: hosts' and gateways' ends,
+        and the bridge ports in the root namespace."""
+        def root(argv: list[str]) -> subprocess.Popen:
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+        def inside(node: Any) -> Callable[[list[str]], subprocess.Popen]:
+            return lambda argv: node.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+        out = []
+        for link in self.net.links:
+            for intf in (link.intf1, link.intf2):
+                out.append((root if intf.node in self.net.switches else inside(intf.node), intf.name))
+        return out
 
     def _gateway_popen(self, gw: Any) -> Callable[[list[str]], subprocess.Popen]:
         def popen(argv: list[str]) -> subprocess.Popen:
@@ -368,6 +387,7 @@ class Network:
         return {
             "backend": self.backend, "backend_reason": self.backend_reason, "shaper": wan.shaper,
             "scale": self.scale.factor, "scale_source": self.scale_source, "netem_available": netem_available()[0],
+            "offloads": self.offloads.describe() if self.offloads else "on (not started)",
             "kernel": platform.release(), "directions": dirs,
             "schedule": [a.describe() + f" @ {a.at_s:g}s" for a in expand_schedule(wan.schedule)],
             "schedule_fired": [f"{t:.3f}s {a.describe()}" for t, a in (self.schedule.fired if self.schedule else [])],

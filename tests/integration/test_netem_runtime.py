@@ -7,6 +7,7 @@ start do they skip, with both reasons. Rates are small (50 Mbit/s on the wire) s
 them; bounds are loose sanity bounds (benchmarks/netem_guest_bench.py has the tight figures).
 """
 
+import json
 import re
 import subprocess
 import time
@@ -19,6 +20,7 @@ from testbed.net.emulation import Network
 from testbed.net.schedule import ScheduleAction
 from testbed.scenario import LossSpec
 from testbed.sections import parse_scenario
+from topologies.two_dc import lan_ifname, wan_ifname
 
 pytestmark = pytest.mark.netem
 SRC, DST, DIR = "prfaas-p0", "pd-d0", "prfaas_to_pd"
@@ -136,3 +138,49 @@ def test_jitter_keeps_packets_in_order_unless_reorder_is_asked_for(net):
         net.wan.set_direction(BACK, base)
     assert in_order[1] >= 1400 and in_order[0] <= 0.02 * in_order[1], in_order
     assert reordered[1] >= 1400 and reordered[0] >= 0.3 * reordered[1], reordered  # +-5 ms at 0.8 ms spacing: most overtake
+
+
+def _drops(net) -> tuple[int, int]:
+    """(netem's drops, the bfifo's drops) on the PrfaaS gateway's WAN egress; netem counts its child's too."""
+    out = net.run("prfaas-gw", ["tc", "-s", "qdisc", "show", "dev", wan_ifname("prfaas")]).stdout
+    drops = dict(re.findall(r"^qdisc (\w+) [0-9a-f]+: .*\n\s*Sent \d+ bytes \d+ pkt \(dropped (\d+)", out, re.M))
+    return int(drops["netem"]), int(drops["bfifo"])
+
+
+def _lan_rx(net) -> tuple[int, int]:
+    """(bytes, packets) the PrfaaS gateway received from its LAN: a veth counts one packet per skb, however
+    many wire packets a GSO skb carries (qdiscs count its segments, so their counters cannot tell)."""
+    for line in net.run("prfaas-gw", ["cat", "/proc/net/dev"]).stdout.splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == lan_ifname("prfaas"):
+            return int(counters.split()[0]), int(counters.split()[1])
+    raise AssertionError("no LAN interface on prfaas-gw")
+
+
+def _stream(net, port: int, seconds: int) -> tuple[dict, float, int, int, int]:
+    """One TCP stream SRC -> DST: (iperf3's JSON, mean bytes per skb into the gateway, skbs, netem's loss drops, bfifo drops)."""
+    with IperfServer(net, DST, port=port):
+        (b0, p0), (n0, f0) = _lan_rx(net), _drops(net)
+        r = net.run(SRC, ["iperf3", "-J", "-c", net.host_ip(DST), "-p", str(port), "-t", str(seconds)], timeout_s=seconds + 30)
+        (b1, p1), (n1, f1) = _lan_rx(net), _drops(net)
+    return json.loads(r.stdout), (b1 - b0) / max(1, p1 - p0), p1 - p0, (n1 - n0) - (f1 - f0), f1 - f0
+
+
+def test_netem_loses_wire_packets_not_gso_super_packets(net):
+    """2% loss on a TCP stream: with loss in the WAN the network turns TSO/GSO/GRO off (testbed/net/offloads.py),
+    so netem is handed wire packets, each of its drops is one wire packet, and TCP retransmits about as many
+    segments as netem dropped. The loss-free network (offloads on) shows what netem got before: the same
+    stream arrives at the gateway as GSO super-packets, which netem would lose whole (docs/network.md)."""
+    assert net.describe()["offloads"] == "on (no loss in the WAN or its schedule)"
+    _, skb_bytes, _, _, _ = _stream(net, 5306, 2)
+    assert skb_bytes > 1.5 * 1514, f"a loss-free stream should reach the gateway as super-packets: {skb_bytes:.0f} B/skb"
+    with Network(scenario(delay="2ms", prfaas_to_pd={"loss": "2%"})) as lossy:
+        assert lossy.describe()["offloads"] == "off (loss per wire packet)"
+        features = lossy.run(SRC, ["ethtool", "-k", f"{SRC}-eth0"]).stdout
+        assert "tcp-segmentation-offload: off" in features and "generic-segmentation-offload: off" in features, features
+        data, skb_bytes, skbs, lost, tail_drops = _stream(lossy, 5307, 3)
+        retransmits = data["end"]["sum_sent"]["retransmits"]
+        assert skb_bytes <= 1514, f"netem must be handed wire packets: {skb_bytes:.0f} B per skb"
+        assert 0.01 < lost / skbs < 0.03, (lost, skbs, tail_drops)  # netem's drops per wire packet handed to it
+        assert 0.8 * lost <= retransmits < 1.5 * lost + 10, (retransmits, lost)
+    assert not lossy.teardown_errors
