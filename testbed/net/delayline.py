@@ -534,12 +534,14 @@ def release_runs(released: list[int]) -> list[tuple[bool, list[int]]]:
     return runs
 
 
-def _accept_mixed(q: "NfQueue", qs: "NfQueue", released: list[int], reorder: bool) -> int:
-    """Accept verdicts for released keys of both queues, run by run; returns how many were segments."""
+def _accept_mixed(q: "NfQueue", qs: "NfQueue", released: list[int], reorder: bool, segments_held: bool = True) -> int:
+    """Accept verdicts for released keys of both queues, run by run; returns how many were segments.
+    With no segment held (`segments_held` False, the usual case) every key is the main queue's: one run,
+    without scanning the keys."""
     from testbed.net import nfqueue
 
     n_segments = 0
-    for seg, ids in release_runs(released):
+    for seg, ids in release_runs(released) if segments_held else [(False, released)]:
         sock = qs if seg else q
         n_segments += len(ids) if seg else 0
         if reorder:
@@ -695,13 +697,7 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                 released = schedule.release(now_fn() + lead_s + _COALESCE_S)
                 if released:
                     dirty = True
-                    if not held_segments:
-                        if schedule.config.reorder:
-                            q.send(b"".join(verdict(queue_num, pid, nfqueue.NF_ACCEPT) for pid in released))
-                        else:
-                            q.send(verdict(queue_num, released[-1], nfqueue.NF_ACCEPT, batch=True))
-                    else:
-                        held_segments -= _accept_mixed(q, qs, released, schedule.config.reorder)
+                    held_segments -= _accept_mixed(q, qs, released, schedule.config.reorder, bool(held_segments))
             if ctl_fd in ready:
                 chunk = os.read(ctl_fd, 65536)
                 if not chunk:  # every writer closed: the parent is gone, so nobody else cleans its directory
