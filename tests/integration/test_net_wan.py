@@ -75,7 +75,10 @@ def test_jitter_spreads_rtt_without_reordering(net):
         rtt = measure_rtt(net, "prfaas-p0", "pd-d0", count=100, interval_s=0.01)
     finally:
         net.wan.set_direction("prfaas_to_pd", base)
-    assert 0.0015 <= rtt.std_s <= 0.0045, rtt  # configured 3 ms
+    # Configured 3 ms. The interquartile spread, not the std: one 100 ms stall of a loaded CI host
+    # (seen once: p50 20.3 ms, p99 115 ms) makes the std 12 ms without saying anything about jitter.
+    assert 0.0015 <= rtt.iqr_std_s <= 0.0045, rtt
+    assert rtt.p50_s <= 0.030, rtt  # the configured 20 ms RTT, give or take the jitter
     assert rtt.replies == 100
 
 
