@@ -373,7 +373,8 @@ class KVSender(KVSendConnector):
         return [s for s in (tcp_info(c.sock, c.index) for c in (self._conns if conns is None else conns)) if s is not None]
 
     def sent_bytes_by_connection(self) -> list[int]:
-        """Bytes each connection has written so far (how the pull model spread the load)."""
+        """Bytes each connection has taken from the queue so far (how the pull model spread the load): a
+        frame is this connection's from then on, and every frame of a transfer is counted once `finish` returns."""
         with self._cond:
             return [c.sent_bytes for c in self._conns]
 
@@ -458,15 +459,16 @@ class KVSender(KVSendConnector):
                 while self._queue and size + self._queue[0].nbytes <= limit and len(batch) < IOV_MAX_FRAMES:
                     size += self._queue[0].nbytes
                     batch.append(self._queue.popleft())
+                # counted when taken, not after sendmsg returns: the receiver's verdict can arrive (and `finish`
+                # return) before this thread runs again, and a count that trails it missed the last batch
+                c.sent_bytes += size
             try:
                 _sendmsg_all(c.sock, [b for item in batch for b in item.buffers])
             except OSError as e:
                 self._fail(f"connection {c.index}: send failed: {e}")
                 return
-            sent = sum(item.nbytes for item in batch)
             with self._cond:
-                c.sent_bytes += sent
-                self._queued_bytes -= sent
+                self._queued_bytes -= size
                 self._cond.notify_all()
 
     def _reader(self, c: _Connection) -> None:

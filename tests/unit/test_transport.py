@@ -67,9 +67,17 @@ def test_kv_crosses_n_connections_and_arrives_bit_identical(receiver: tuple[KVRe
         spread = tx.sent_bytes_by_connection()
     got = results.wait("req-1")
     # every byte went over one of the 3 connections; how they share an uncongested path is up to the pull
-    # scheduler (one connection may carry it all when no socket ever fills): the next test makes them fill
+    # scheduler (one connection may carry it all when no socket ever fills): the next test makes them fill.
+    # Exact: a connection counts a frame when it takes it (the count once trailed sendmsg, and `finish` could
+    # return first: 4 in 1200 runs under load missed 33-131 kB)
     assert len(spread) == 3 and sum(spread) == stats.wire_bytes
     assert stats.ok and got.ok and got.reason is None
+    # the sender's connect() returns once the kernel completed the handshake, before the receiver's accept
+    # thread took the connection: when one connection carried the whole transfer the test may get here
+    # first (`== 3` read at once failed 3 in 1200 runs under load with 2); wait for it, boundedly
+    deadline = time.monotonic() + 5.0
+    while rx.connections_accepted < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert rx.connections_accepted == 3
     assert got.kv_bytes == stats.kv_bytes == cache.nbytes
     assert got.wire_bytes == stats.wire_bytes > cache.nbytes
@@ -132,15 +140,26 @@ def test_a_probe_measures_the_unloaded_rtt_and_the_delivery_rate_of_the_connecti
         receiver: tuple[KVReceiver, Results]) -> None:
     rx, results = receiver
     with KVSender(LOOPBACK, rx.port, connections=2, chunk_bytes=256 << 10) as tx:
-        ans = tx.probe(4 << 20, pings=2, timeout_s=10.0)
+        # The rate needs the 1-ms sampler to run while the burst (3-16 ms on loopback) is acknowledged; a host
+        # stall over all of it leaves no sample with acknowledged bytes and the probe rightly answers 0 (no
+        # measurement: the estimator ignores it). Under load (2 cores, load average 17) that was 3 in 600
+        # probes, so up to 3 tries: a prober that never measures a rate still fails every one.
+        for tries in range(1, 4):
+            ans = tx.probe(4 << 20, pings=2, timeout_s=10.0)
+            if ans["rate_bps"] > 0:
+                break
+        retransmits_total = sum(s.total_retrans for s in tx.tcp_infos())
         deadline = time.monotonic() + 2.0  # the last acknowledgements may trail the receiver's verdict
         while (after := tx.congestion())["inflight_bytes"] and time.monotonic() < deadline:
             time.sleep(0.01)
     assert ans["ok"] and ans["bytes"] == 4 << 20 and ans["reason"] is None
-    assert ans["rate_bps"] > 0 and 1 <= ans["connections"] <= 2 and ans["rtt_ms"] > 0 and ans["retransmits"] == 0
+    assert ans["rate_bps"] > 0 and 1 <= ans["connections"] <= 2 and ans["rtt_ms"] > 0
+    # the burst's own retransmits, a part of the connections' cumulative count (was `== 0`: loopback TCP
+    # retransmits under load, 1-9 in 15% of 600 probes at load average 17, all of them also in total_retrans)
+    assert 0 <= ans["retransmits"] <= retransmits_total
     assert 0 < ans["idle_rtt_ms"] < 1000  # two one-byte transfers, round trip to the receiver's verdict
     probes = [rid for rid in results.items if rid.startswith(PROBE_PREFIX)]
-    assert len(probes) == 3 and all(results.items[r].ok for r in probes)  # checked like KV: the pings and the bulk
+    assert len(probes) == 3 * tries and all(results.items[r].ok for r in probes)  # checked like KV: the pings and the bulk
     assert after["send_queue_bytes"] == 0 and after["queue_rtt_ms"] == 0  # idle: no current RTT of a connection with work
 
 
