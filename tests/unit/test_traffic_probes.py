@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import statistics
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,17 +21,21 @@ def test_probe_encoding_round_trip_and_rejects_other_datagrams() -> None:
 
 def test_loopback_probes_measure_a_small_one_way_delay() -> None:
     result: list = []
-    port = 47000 + (threading.get_ident() % 1000)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as free:  # a free port (a fixed range can meet another test run)
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
     t = threading.Thread(target=lambda: result.extend(receive_probes(port, 20, 2.0, "127.0.0.1")))
     t.start()
-    import time
-
     time.sleep(0.2)
     send_probes("127.0.0.1", port, 20, 0.005)
     t.join(5)
     assert [s["seq"] for s in result] == list(range(20))
     owd = [s["one_way_delay_s"] for s in result]
-    assert all(0 <= d < 0.05 for d in owd)  # loose: loopback, loaded 2-core machine
+    # Was `all(d < 0.05)`: the receiving thread stalled by a loaded host reads every probe sent meanwhile late
+    # (56 ms for all 20 once in 40 runs at load average 20, nice 19; loopback's median is 0.06 ms). Every
+    # delay is >= 0 and far below 1 s (one clock at both ends: two clocks would differ by hours), the median small.
+    assert all(0 <= d < 1.0 for d in owd), owd
+    assert statistics.median(owd) < 0.05, owd
 
 
 def test_pcap_to_per_flow_throughput(tmp_path: Path) -> None:
