@@ -105,14 +105,16 @@ def test_intermittent_transfers_in_a_dip_keep_the_error_within_20pct() -> None:
     backlogged. Median |error| over the dip after detection <= 20% (the issue's steady-period target),
     detection within 2 s of the dip's start (the first transfer starts with it)."""
     est = BandwidthEstimator(10 * G)
-    busy = lambda t: (t % 4.0) < 1.0  # noqa: E731
+    busy = lambda t: ((t - 10.0) % 4.0) < 1.0  # noqa: E731  (transfers at 10-11, 14-15, ...: one starts with the dip)
     out = trace(est, 0.0, 40.0, lambda t: 9 * G if t < 10 else 2 * G, lambda t: 10.3 if t < 10 or not busy(t) else 25.0,
                 backlog=lambda t: 50e6 if busy(t) else 0.0)
     detect = min(e.t_s for e in out if e.t_s >= 10 and e.available_bps < 0.5 * 9 * G)
     assert detect - 10.0 <= 2.0
     errors = sorted(abs(e.available_bps - 2 * G) / (2 * G) for e in out if e.t_s >= detect)
     assert errors[len(errors) // 2] <= 0.2
-    assert max(errors) <= 0.2  # held, not drifting back to 10 Gbps between transfers
+    # held, not drifting back to 10 Gbps between transfers; the first transfer's two polls (5.5 Gbps, the
+    # trailing mean across the dip's start, then 2) set their mean, 3.75, until the next transfer
+    assert max(abs(e.available_bps - 2 * G) / (2 * G) for e in out if e.t_s >= 14.0) <= 0.2
 
 
 def test_a_lasting_rtt_increase_stops_counting_as_queueing_after_the_rtt_window() -> None:
@@ -281,7 +283,9 @@ def test_after_a_dip_probes_grow_back_to_the_remainder_without_flooding_the_dipp
     assert all(e.available_bps <= 1.2 * 4 * G for e in out if 1 <= e.t_s < 10)
     # the first probe: 5 BDPs at the nominal rate and, before any RTT is known, 10 ms (625 MB); in the dip 5 x 4 Gbps x 10.4 ms
     assert sizes[0][1] == pytest.approx(5 * 100 * G / 8 * 0.010, rel=0.01)
-    assert all(n == pytest.approx(5 * 4 * G / 8 * 0.0104, rel=0.01) for t, n in sizes if 1 <= t < 10)
+    # (the second probe is sized at half the nominal rate: a lone filled probe only halves the estimate)
+    assert sizes[1][1] == pytest.approx(5 * 50 * G / 8 * 0.0104, rel=0.01)
+    assert all(n == pytest.approx(5 * 4 * G / 8 * 0.0104, rel=0.01) for t, n in sizes[2:] if t < 10)
     later = [e for e in out if e.t_s >= 10]
     assert any(e.evidence == "headroom" for e in later)  # slow-start-limited probes: lower bounds
     assert min(e.t_s for e in later if e.available_bps >= 0.8 * 84 * G) - 10 <= 12.0
@@ -318,7 +322,9 @@ def test_a_probe_slowed_by_loss_without_a_queue_is_a_lower_bound_not_a_dip() -> 
     kv = est.update(11.5, 25 * G, 50e6, 10.3, 10.0, retransmits=500.0)
     assert not kv.congested and kv.available_bps == pre
     overflow = est.probe(12.0, est.probe_bytes(), 20 * G, 16.0, 10.4, 10.0, retransmits=40)  # a queue stood: a dip
-    assert overflow.evidence == "saturated" and overflow.available_bps == 20 * G
+    assert overflow.evidence == "saturated" and overflow.available_bps == 0.5 * pre  # alone: at most halves
+    again = est.probe(12.5, est.probe_bytes(), 20 * G, 16.0, 10.4, 10.0, retransmits=40)
+    assert again.evidence == "saturated" and again.available_bps == 20 * G  # confirmed: the mean of the two
 
 
 def test_one_outlying_saturated_poll_does_not_move_the_estimate_the_median_of_three_does() -> None:
@@ -330,3 +336,19 @@ def test_one_outlying_saturated_poll_does_not_move_the_estimate_the_median_of_th
         assert e.evidence == "saturated"
         assert t == 0.0 or 3.5 * G <= e.available_bps <= 4.5 * G, (t, e.available_bps)
     assert est.update(6.0, 20 * G, 50e6, 25.0, 10.0).available_bps == 20 * G  # older than 2 s: forgotten
+
+
+def test_a_lone_saturated_poll_far_below_the_estimate_only_halves_it_and_a_second_confirms() -> None:
+    """Recorded on the case study (seed 1, 30.5 s, before the dip): one saturated poll of 0.23 Gbps against
+    ~81 true, the estimate at 74 Gbps; nothing else saturated within 2 s. It used to set the estimate to
+    0.23 (the law then raised t to 62K and PD-P queued). Now it halves it; a real dip repeats at the next
+    poll, and then the estimate follows."""
+    est = BandwidthEstimator(100 * G)
+    est.update(0.0, 74 * G, 50e6, 10.4, 10.2)  # headroom: 74 Gbps without a queue (the estimate stays nominal)
+    lone = est.update(5.0, 0.23 * G, 56e6, 15.8, 10.4)
+    assert lone.evidence == "saturated" and lone.available_bps == pytest.approx(50 * G)
+    assert est.update(10.0, 70 * G, 50e6, 10.4, 10.2).available_bps >= 70 * G  # headroom again: no harm done
+    dip = BandwidthEstimator(100 * G)
+    dip.update(0.0, 74 * G, 50e6, 10.4, 10.2)
+    first, second = dip.update(5.0, 6 * G, 50e6, 25.0, 10.2), dip.update(5.5, 6 * G, 50e6, 25.0, 10.2)
+    assert first.available_bps == pytest.approx(50 * G) and second.available_bps == pytest.approx(6 * G)

@@ -9,9 +9,10 @@ Every poll is one of three kinds of evidence, and the estimate moves only as its
 
 - **saturated** (backlogged senders and a standing queue, RTT - floor >= `queue_delay_ms`): the path
   gives the senders no more than they get now, so the estimate *is* the current sample (an upper and a
-  lower bound at once); the median of the last three such samples within `saturated_window_s`, because
-  the summed delivery rate of one poll is noisy (val-dip: 0.03-35 Gbps polled against 2-6 true). A dip
-  shows within the poll after the queue fills.
+  lower bound at once); the median of the last three such samples within `saturated_window_s` (of two,
+  their mean), because the summed delivery rate of one poll is noisy (val-dip: 0.03-35 Gbps polled
+  against 2-6 true); a lone one lowers the estimate at most to half (`lone_drop_fraction`). A dip
+  shows within two polls after the queue fills.
 - **headroom** (backlogged senders, no standing queue): the senders got `x` without queueing, so the path
   has at least `x` and possibly more. The estimate is at least `x` and grows by a factor e per
   `probe_tau_s` of such polls, up to the nominal line rate: evidence of headroom, not the passing of
@@ -59,6 +60,7 @@ class EstimatorSpec:
     probe_max_bytes: float = 2e9  # ... at most this many (emulated) bytes
     probe_dip_fraction: float = 0.5  # a filled probe lowers the estimate only below this fraction of it (a dip)
     full_path_ratio: float = 3.0  # a probe of >= ratio x rate x unloaded RTT bytes filled the path (slow start carries ~2)
+    lone_drop_fraction: float = 0.5  # a lone saturated poll or filled probe lowers the estimate at most to this fraction
 
 
 SATURATED, HEADROOM, NONE = "saturated", "headroom", "none"
@@ -153,9 +155,7 @@ class BandwidthEstimator:
         x = min(max(goodput_bps, 0.0), self.nominal_bps)
         backlogged = backlog_bytes > s.min_backlog_bytes and x > 0  # work queued but no rate measured yet: no information
         if backlogged and queue:
-            self._saturated.append((t_s, x))
-            recent = sorted(v for t, v in self._saturated if t_s - t <= s.saturated_window_s)
-            evidence, self._value, self._saturated_t = SATURATED, recent[len(recent) // 2], t_s
+            evidence, self._value, self._saturated_t = SATURATED, self._from_above(t_s, x), t_s
         elif backlogged:
             evidence = HEADROOM
             grown = self._value * math.exp(dt / s.probe_tau_s) if dt > 0 else self._value
@@ -186,13 +186,31 @@ class BandwidthEstimator:
         filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s and (retransmits <= 0 or queue)
         # a burst's rate is not the remainder (under FIFO cross traffic it gets C x r / (r + X), and one that
         # ends in slow start gets less): believed from above only when it finds a dip (< probe_dip_fraction x A)
-        if filled and x < s.probe_dip_fraction * self._value:
-            self._value, self._saturated_t, self._full = x, t_s, (t_s, x)
+        # ... or, below the estimate, when it confirms an upper bound of the last saturated_window_s (a lone
+        # one only halved the estimate: `_from_above`)
+        recent = any(t_s - t <= s.saturated_window_s for t, _ in self._saturated)
+        if filled and (x < s.probe_dip_fraction * self._value or (recent and x < self._value)):
+            self._value, self._saturated_t, self._full = self._from_above(t_s, x), t_s, (t_s, x)
             evidence = SATURATED
         else:
             self._value, evidence = max(self._value, x), HEADROOM
         self.evidence_t = t_s
         return self._publish(t_s, True, qdelay, retrans, evidence, x, rtt_ms, floor)
+
+    def _from_above(self, t_s: float, x: float) -> float:
+        """The estimate after an upper bound `x` (a saturated poll or a filled probe), from the upper bounds
+        of the last `saturated_window_s` (at most three): three, their median; two, their mean; one alone may
+        lower the estimate at most to `lone_drop_fraction` of it. One poll's summed delivery rate can be a
+        slow-start or app-limited sample (case study, seed 1, before the dip: a lone 0.23 Gbps poll against
+        81 true set the estimate to 0.23 and the law raised t to 62K, flooding PD-P); a real dip repeats at
+        the next poll, and two low bounds move the estimate all the way."""
+        self._saturated.append((t_s, x))
+        recent = sorted(v for t, v in self._saturated if t_s - t <= self.spec.saturated_window_s)
+        if len(recent) >= 3:
+            return recent[len(recent) // 2]
+        if len(recent) == 2:
+            return (recent[0] + recent[1]) / 2.0
+        return max(x, min(self._value, self.spec.lone_drop_fraction * self._value))
 
     def probe_bytes(self) -> float:
         """The next probe's size (emulated bytes): `probe_bdp` bandwidth-delay products at the estimate and

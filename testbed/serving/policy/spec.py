@@ -122,6 +122,7 @@ class PolicySpec:
                 "probe_tau": f"{e.probe_tau_s}s", "rtt_window": f"{e.rtt_window_s}s",
                 "saturated_window": f"{e.saturated_window_s}s", "probe_after": f"{e.probe_after_s}s", "probe_bdp": e.probe_bdp, "probe_max": f"{int(e.probe_max_bytes)}B",
                 "full_path_ratio": e.full_path_ratio, "probe_dip_fraction": e.probe_dip_fraction,
+                "lone_drop_fraction": e.lone_drop_fraction,
             },
             "role_flip": {
                 "enabled": r.enabled, "period": f"{r.period_s}s", "prefill_queue_high": r.prefill_queue_high,
@@ -199,6 +200,7 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
         probe_max_bytes=f.get("probe_max", units.parse_size_bytes, d.probe_max_bytes),
         full_path_ratio=f.get("full_path_ratio", positive_number, d.full_path_ratio),
         probe_dip_fraction=f.get("probe_dip_fraction", units.parse_fraction, d.probe_dip_fraction),
+        lone_drop_fraction=f.get("lone_drop_fraction", units.parse_fraction, d.lone_drop_fraction),
     )
     f.done()
     return e
