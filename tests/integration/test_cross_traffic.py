@@ -7,6 +7,7 @@ The namespaces stand in for ``prfaas-x0`` and ``pd-x0``; in a run the emulated n
 from __future__ import annotations
 
 import shutil
+import statistics
 import subprocess
 import uuid
 from pathlib import Path
@@ -126,4 +127,9 @@ def test_probes_measure_one_way_delay_between_namespaces(two_hosts, tmp_path: Pa
             recv.wait()
     samples = [json.loads(x) for x in out.read_text().splitlines()]
     assert [s["seq"] for s in samples] == list(range(50))
-    assert all(0 <= s["one_way_delay_s"] < 0.05 for s in samples)  # one veth, no shaping: well under 50 ms
+    # One veth, no shaping: well under 50 ms -- judged by the median, every sample only by 0 <= d < 1 s (one
+    # clock in both namespaces). Was every sample < 50 ms: a receiver that waits for a CPU reads the probes sent
+    # meanwhile late (the loopback unit test saw all 20 read 56 ms late once in 40 runs at load average 20).
+    owd = [s["one_way_delay_s"] for s in samples]
+    assert all(0 <= d < 1.0 for d in owd), owd
+    assert statistics.median(owd) < 0.05, owd
