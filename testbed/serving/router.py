@@ -529,11 +529,15 @@ class Router:
         if not out.ok:
             raise WorkerFailed(f"{source}: {out.reason or 'failed'}")
         self.kv.add_keys(p.cfg.instance, self.kv.placement_keys(c.block_hashes, c.input_len))
+        ps, pe = out.prefill_start_s, out.prefill_end_s
+        prefill_s = pe - ps if ps is not None and pe is not None else None
+        if prefill_s is not None:  # what the prefill computed: the prompt less the worker's own prefix hit
+            computed = c.input_len - (out.prefill_cached_len if out.prefill_cached_len is not None else dec.cached_len)
+            self.policy.on_prefill(dec.route, computed, prefill_s)
         if dec.route == "prfaas" and out.kv_bytes:  # workers report wire bytes; the policy thinks emulated
-            ps, pe = out.prefill_start_s, out.prefill_end_s
             self.policy.on_telemetry(TelemetrySample(clock.now_s(), transfer_uncached_len=dec.uncached_len,
                                                      transfer_kv_bytes=int(self.scale.emulated_bytes(out.kv_bytes)),
-                                                     prefill_s=pe - ps if ps is not None and pe is not None else None))
+                                                     prefill_s=prefill_s))
         return out
 
     def _open(self, inst: _Instance, path: str, body: dict[str, Any]) -> http.client.HTTPConnection:

@@ -449,3 +449,58 @@ def test_right_after_a_raise_the_cap_counts_only_the_pd_p_work_actually_routed()
     assert pol.controller.pdp_cap(now) == 4 * K  # W_pd = 4 x 1K routed to PD-P: budget 16K tokens
     pol.controller.t = 4.0 * K  # as if just raised: the window's arrivals were still routed under t = 1K
     assert pol.controller.pdp_cap(now) == 4 * K  # W(4K) = 28K > 16K already: no further raise on a stale queue
+
+
+# ------------------------------------------------------------------------------ latency-aware offload
+
+
+def _learned(pol, pf_s_per_token: float = 50e-6, pd_s_per_token: float = 100e-6) -> None:
+    """Three finished prefills per cluster of 20K tokens: PrfaaS 1 s each, PD-P 2 s each (H200 vs H20-like)."""
+    for _ in range(3):
+        pol.on_prefill("prfaas", 20 * K, 20 * K * pf_s_per_token)
+        pol.on_prefill("pd", 20 * K, 20 * K * pd_s_per_token)
+
+
+def loaded(prfaas_depth: int, pd_depths: tuple[int, int] = (0, 0)) -> tuple[InstanceState, ...]:
+    return (InstanceState(0, "prfaas", "10.1.0.1", prfaas_depth), InstanceState(1, "prfaas", "10.1.0.2", prfaas_depth),
+            InstanceState(2, "pd", "10.2.0.1", pd_depths[0]), InstanceState(3, "pd", "10.2.0.2", pd_depths[1]))
+
+
+def test_latency_aware_keeps_an_offload_on_an_idle_pd_p_instance_when_its_prefill_ends_sooner_there() -> None:
+    """32K tokens: PrfaaS 1.6 s of prefill behind 3 in flight (3 x 1 s) = 4.6 s; an idle PD-P instance 3.3 s."""
+    pol = make("prfaas", threshold="16K", control={"latency_aware": True})
+    _learned(pol)
+    d = pol.decide(req(32 * K), state(input_len=32 * K, prefill=loaded(3, (1, 0))))
+    assert (d.route, d.prefill_instance) == ("pd", 3) and "latency-aware" in d.reason
+    # one in flight on PrfaaS (2.6 s) beats the idle PD-P instance (3.3 s): offloaded as the threshold says
+    assert pol.decide(req(32 * K), state(input_len=32 * K, prefill=loaded(1))).route == "prfaas"
+    # no idle PD-P instance: offloaded however loaded PrfaaS is (short requests never queue behind it)
+    assert pol.decide(req(32 * K), state(input_len=32 * K, prefill=loaded(9, (1, 1)))).route == "prfaas"
+
+
+def test_latency_aware_is_off_by_default_and_needs_a_learned_model_of_both_clusters() -> None:
+    off = make("prfaas", threshold="16K")
+    _learned(off)
+    assert off.decide(req(32 * K), state(input_len=32 * K, prefill=loaded(3))).route == "prfaas"
+    fresh = make("prfaas", threshold="16K", control={"latency_aware": True})
+    for _ in range(2):  # two prefills per cluster: not yet a model
+        fresh.on_prefill("prfaas", 20 * K, 1.0)
+        fresh.on_prefill("pd", 20 * K, 2.0)
+    assert fresh.decide(req(32 * K), state(input_len=32 * K, prefill=loaded(3))).route == "prfaas"
+    fixed = make("fixed-threshold", threshold="16K", control={"latency_aware": True})
+    _learned(fixed)  # the fixed-threshold baseline never reroutes
+    assert fixed.decide(req(32 * K), state(input_len=32 * K, prefill=loaded(3))).route == "prfaas"
+
+
+def test_prefill_times_learn_seconds_per_token_and_per_prefill_by_cluster() -> None:
+    from testbed.serving.policy.latency import PrefillTimes
+
+    t = PrefillTimes()
+    for n, s in ((10 * K, 0.5), (20 * K, 1.0), (40 * K, 2.0)):
+        t.observe("prfaas", n, s)
+    assert t.finish_s("prfaas", 0, 30 * K) == pytest.approx(1.5)  # 50 us per token
+    assert t.finish_s("prfaas", 2, 0) == pytest.approx(2 * 0.88)  # EWMA 0.2 of 0.5, 1.0, 2.0 s per prefill
+    assert t.finish_s("pd", 0, 30 * K) is None
+    t.observe("prfaas", 0, 1.0)  # nothing computed: ignored
+    t.observe("prfaas", 10, -1.0)
+    assert t.finish_s("prfaas", 0, 30 * K) == pytest.approx(1.5)

@@ -137,6 +137,10 @@ class Policy:
     def on_telemetry(self, sample: TelemetrySample) -> None:
         return None
 
+    def on_prefill(self, cluster: str, uncached_len: int, seconds: float) -> None:
+        """A prefill finished on `cluster` (the router's timestamps): `uncached_len` tokens in `seconds`."""
+        return None
+
     def tick(self, now_s: float) -> None:
         return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from testbed.serving.policy.base import ClusterState, Decision, Policy, RequestView, other_cluster
+from testbed.serving.policy.base import ClusterState, Decision, InstanceState, Policy, RequestView, other_cluster
 
 
 class ThresholdPolicy(Policy):
@@ -49,6 +49,8 @@ class ThresholdPolicy(Policy):
             why = f"abundant: l-l_prefix={l_total - l_prefix} {'<=' if local else '>'} t={t:.0f}"
         cluster = "pd" if local else "prfaas"
         cands = self.usable(state, cluster)
+        if cluster == "prfaas" and cands:
+            cluster, cands, why = self._reroute(state, cands, l_total - l_pd, l_total - l_pf, why)
         if not cands:
             alt = self.usable(state, other_cluster(cluster))
             if alt:
@@ -67,6 +69,11 @@ class ThresholdPolicy(Policy):
 
     def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
         return None
+
+    def _reroute(self, state: ClusterState, cands: list[InstanceState], uncached_pd: int, uncached_prfaas: int,
+                 why: str) -> tuple[str, list[InstanceState], str]:
+        """A last look at an offload (the `prfaas` policy's latency-aware rule); here: offload it."""
+        return "prfaas", cands, why
 
 
 

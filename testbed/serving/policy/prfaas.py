@@ -7,9 +7,10 @@ import math
 from typing import Any
 
 from testbed import clock
-from testbed.serving.policy.base import TelemetrySample
+from testbed.serving.policy.base import ClusterState, InstanceState, TelemetrySample
 from testbed.serving.policy.baselines import ThresholdPolicy
 from testbed.serving.policy.controller import PrfaasController
+from testbed.serving.policy.latency import PrefillTimes
 
 
 class PrfaasPolicy(ThresholdPolicy):
@@ -20,6 +21,7 @@ class PrfaasPolicy(ThresholdPolicy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.controller = PrfaasController(self.spec, self.log, self.capacity_bps)
+        self.prefill_times = PrefillTimes()
         self._last_flip = clock.now_s()
 
     @property
@@ -61,6 +63,33 @@ class PrfaasPolicy(ThresholdPolicy):
 
     def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
         self.controller.note_arrival(now_s, uncached_prfaas, local_len)
+
+    def on_prefill(self, cluster: str, uncached_len: int, seconds: float) -> None:
+        with self._lock:
+            self.prefill_times.observe(cluster, uncached_len, seconds)
+
+    def _reroute(self, state: ClusterState, cands: list[InstanceState], uncached_pd: int, uncached_prfaas: int,
+                 why: str) -> tuple[str, list[InstanceState], str]:
+        """Latency-aware offload (`control.latency_aware`): keep the request on an idle PD-P instance when its
+        prefill would end sooner there than on the least loaded PrfaaS instance, counting that instance's
+        requests in flight and the committed KV that will not have drained by then (docs/router.md). Only
+        an idle PD-P instance takes it, so short requests, which only PD-P serves, never queue behind it."""
+        if not self.spec.control.latency_aware:
+            return "prfaas", cands, why
+        idle = [p for p in self.usable(state, "pd") if p.queue_depth == 0]
+        if not idle:
+            return "prfaas", cands, why
+        times, ctl = self.prefill_times, self.controller
+        pf = min(p.queue_depth for p in cands)
+        t_pf = times.finish_s("prfaas", pf, uncached_prfaas)
+        t_pd = times.finish_s("pd", 0, uncached_pd)
+        if t_pf is None or t_pd is None:
+            return "prfaas", cands, why
+        a = ctl.kv_capacity_bps
+        wan_s = ctl.excess_committed_bits() / a if a > 0 else 0.0
+        if t_pd >= t_pf + wan_s:
+            return "prfaas", cands, why
+        return "pd", idle, why + f"; latency-aware: idle PD-P {t_pd:.1f}s < PrfaaS {t_pf:.1f}s + WAN backlog {wan_s:.1f}s"
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         with self._lock:

@@ -53,6 +53,7 @@ class ControlSpec:
     drain_horizon_s: float = 4.0  # committed KV beyond a prefill's time is drained from the offload budget over this
     prefill_prior_s: float = 1.0  # PrfaaS prefill time assumed until finished offloads measure it
     slow_tau_s: float = 2.0  # EWMA time constant of the non-KV traffic (egress - KV goodput) and PD-P queue estimates
+    latency_aware: bool = False  # keep an offload on an idle PD-P instance when it would finish sooner there
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class PolicySpec:
                 "congestion_events_per_s": c.congestion_events_per_s,
                 "window": f"{c.window_s}s", "min_samples": c.min_samples, "slow_tau": f"{c.slow_tau_s}s",
                 "drain_horizon": f"{c.drain_horizon_s}s", "prefill_prior": f"{c.prefill_prior_s}s",
+                "latency_aware": c.latency_aware,
             },
             "estimator": {
                 "queue_delay": f"{e.queue_delay_ms}ms", "queue_delay_fraction": e.queue_delay_fraction,
@@ -155,6 +157,7 @@ def _parse_control(f: Fields) -> ControlSpec:
         slow_tau_s=f.get("slow_tau", _duration, d.slow_tau_s),
         drain_horizon_s=f.get("drain_horizon", _duration, d.drain_horizon_s),
         prefill_prior_s=f.get("prefill_prior", _duration, d.prefill_prior_s),
+        latency_aware=f.get("latency_aware", boolean, d.latency_aware),
     )
     f.done()
     if c.low_utilization >= c.high_utilization:
