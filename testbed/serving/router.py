@@ -682,10 +682,10 @@ class Router:
         seen = {"probe_bytes": self.scale.emulated_bytes(num("bytes") or 0.0),
                 "probe_rate_bps": self.scale.emulated_bps(num("rate_bps") or 0.0), "probe_rtt_ms": num("rtt_ms"),
                 "idle_rtt_ms": num("idle_rtt_ms"), "probe_retransmits": num("retransmits")}  # emulated units
+        if measured:  # the policy first: whoever sees the log row sees the estimate it led to
+            self.policy.on_telemetry(TelemetrySample(now, min_rtt_ms=num("min_rtt_ms"), **seen))
         self.log.add("probe", now, instance=inst.cfg.instance, decode_instance=d.instance, ok=ok,
                      reason=None if ok else str((ans or {}).get("reason") or "no answer"), seconds=now - t0, **seen)
-        if measured:
-            self.policy.on_telemetry(TelemetrySample(now, min_rtt_ms=num("min_rtt_ms"), **seen))
         return ans if isinstance(ans, dict) else None
 
     def queue_sample(self) -> TelemetrySample:
