@@ -18,7 +18,9 @@ decisive. A rate passes when the majority of its runs pass. It stops when the br
 `rel_tol`, or after `max_probes` rates. ``lambda_max_rps`` is the highest passing rate; ``ci`` is
 [the highest rate at which every repetition passed, the lowest rate at which every repetition failed]:
 the boundary of every workload draw lies between (not a bootstrap interval: each probe is a whole
-real-time run); the search steps outward until it has both ends.
+real-time run); the search steps outward until it has both ends. ``ci_dose_response`` is a confidence
+interval of the majority's edge from the same runs (`experiments.capacity_ci`: a logistic curve of
+pass/fail on log(rate), profile likelihood).
 """
 
 from __future__ import annotations
@@ -100,7 +102,10 @@ class CapacityResult:
     bracketed: bool = True  # False: even the lowest rate tried failed, or the highest passed
 
     def to_json(self) -> dict[str, Any]:
+        from experiments.capacity_ci import probes_interval
+
         return {"lambda_max_rps": self.lambda_max_rps, "ci": list(self.ci), "runs": self.runs, "bracketed": self.bracketed,
+                "ci_dose_response": probes_interval(self.probes).to_json(),
                 "probes": [{"rate_rps": p.rate_rps, "passed": p.passed, "runs": [asdict(r) for r in p.runs]} for p in self.probes]}
 
 

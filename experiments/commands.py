@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Sequence
 
 from testbed import rundir
 from testbed.errors import UserError
@@ -185,18 +186,27 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                            progress=not args.json, early_stop=not args.no_early_stop)
     (out / "capacity.json").write_text(json.dumps(doc, indent=1))
     if args.json:
-        print(json.dumps({k: doc[k] for k in ("lambda_max_rps", "ci", "runs", "slo", "scenario")}))
+        print(json.dumps({k: doc[k] for k in ("lambda_max_rps", "ci", "ci_dose_response", "runs", "slo", "scenario")}))
         return 0
     lo, hi = doc["ci"]
     print(f"Lambda_max {doc['lambda_max_rps']:.3g} req/s (every repetition passed at {lo:.3g}, "
           f"{'every one failed at ' + format(hi, '.3g') if hi is not None else 'no rate failed in every repetition'}); "
           f"{doc['runs']} runs; SLO TTFT {doc['slo']['ttft_s']:g} s, TPOT {doc['slo']['tpot_s'] * 1e3:g} ms, "
           f">= {doc['slo']['good_fraction']:.0%} good, queue not growing")
+    dr = doc["ci_dose_response"]
+    print(f"  dose-response 95% interval of the majority's edge: {format_interval(dr['ci'])} ({dr['method']}"
+          f"{'; ' + dr['note'] if dr['note'] else ''})")
     for p in doc["probes"]:
         print(f"  {p['rate_rps']:.4g} req/s: {'pass' if p['passed'] else 'fail'}  "
               + "; ".join(f"seed {r['seed']}: {'ok' if r['passed'] else r['reason']}" for r in p["runs"]))
     print(f"wrote {out / 'capacity.json'}")
     return 0 if doc["bracketed"] else 1
+
+
+def format_interval(ci: Sequence[float | None]) -> str:
+    """[lo, hi] to 3 digits; an open end (None) is -inf / inf."""
+    lo, hi = ci
+    return f"[{'-inf' if lo is None else format(lo, '.3g')}, {'inf' if hi is None else format(hi, '.3g')}]"
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -220,7 +230,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(json.dumps(doc))
         return 0
     print(f"case study ({'quick' if args.quick else 'full'}), Lambda_max in req/s; {doc['wall_s'] / 60:.1f} min")
-    print(f"{'configuration':20} {'measured':>8} {'interval':>15} {'runs':>4} {'model lit.':>10} {'model mean':>10} "
+    print(f"{'configuration':20} {'measured':>8} {'interval':>15} {'dose-resp.':>15} {'runs':>4} {'model lit.':>10} {'model mean':>10} "
           f"{'ratio meas.':>11} {'ratio interval':>15} {'model lit.':>10} {'model mean':>10} {'paper':>5}")
     nan = float("nan")
     for k in CONFIGURATIONS:
@@ -231,7 +241,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         rci = f"[{rci[0]:.3g}, {rci[1]:.3g}]" if rci and None not in rci else "-"
         paper = doc["paper_ratio_vs_homogeneous"][k]
         mr = doc["model_ratio_vs_homogeneous"]
-        print(f"{k:20} {m['lambda_max_rps'] if m else nan:8.3g} {ci:>15} {m['runs'] if m else 0:4d} {md['lambda_max_rps']:10.3g} "
+        dr = format_interval(m["ci_dose_response"]["ci"]) if m else "-"
+        print(f"{k:20} {m['lambda_max_rps'] if m else nan:8.3g} {ci:>15} {dr:>15} {m['runs'] if m else 0:4d} {md['lambda_max_rps']:10.3g} "
               f"{md['lambda_max_rps_mean_reading']:10.3g} {r if r is not None else nan:11.3g} {rci:>15} "
               f"{mr['literal'][k]:10.3g} {mr['mean'][k]:10.3g} {paper if paper is not None else nan:5.3g}")
     print(f"wrote {out / 'reproduce.json'}")

@@ -121,7 +121,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
         cap = measure_capacity("case-study", base + overrides[name], Path(out) / name,
                                start_rps=model["literal"][name]["lambda_max"], executor=executor, progress=progress,
                                early_stop=early_stop, **search)
-        measured[name] = {"lambda_max_rps": cap["lambda_max_rps"], "ci": cap["ci"], "runs": cap["runs"],
+        measured[name] = {"lambda_max_rps": cap["lambda_max_rps"], "ci": cap["ci"], "ci_dose_response": cap["ci_dose_response"], "runs": cap["runs"],
                           "bracketed": cap["bracketed"], "overrides": overrides[name], "probes": cap["probes"],
                           "wall_s": time.monotonic() - t1}
     homo = measured.get("homogeneous_pd", {}).get("lambda_max_rps")

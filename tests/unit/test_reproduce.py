@@ -34,7 +34,8 @@ def test_quick_decides_a_marginal_end_by_2_runs_and_full_by_a_majority_of_3(monk
 
     def fake_measure(scenario, overrides, out, **kw):
         seen.append(kw)
-        return {"lambda_max_rps": 1.0, "ci": [1.0, 1.1], "runs": 1, "bracketed": True, "probes": []}
+        return {"lambda_max_rps": 1.0, "ci": [1.0, 1.1], "runs": 1, "bracketed": True, "probes": [],
+                "ci_dose_response": {"ci": [None, None]}}
 
     monkeypatch.setattr("experiments.capacity.measure_capacity", fake_measure)
     for quick, reps in ((True, 2), (False, 3)):
