@@ -15,6 +15,7 @@ Times in records are seconds since the run's start (`testbed.clock.run_t0`). See
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import hashlib
 import http.client
 import json
@@ -926,12 +927,16 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
-    router.stop()
-    if args.out:
+    # A stop that hangs past 5 s leaves every thread's stack in the log (the runner SIGKILLs after 10 s:
+    # once, at the end of a case-study run, nothing was written and 241 finished requests lost their records).
+    faulthandler.dump_traceback_later(5.0)
+    if args.out:  # the records first: the runner stops the router after the workload, so they are complete
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        router.log.to_frame().to_parquet(out / SCHEDULER_FILE, index=False)
         router_records_frame(router.records()).to_parquet(out / ROUTER_REQUESTS_FILE, index=False)
+        router.log.to_frame().to_parquet(out / SCHEDULER_FILE, index=False)
+    router.stop()
+    faulthandler.cancel_dump_traceback_later()
     return 0
 
 
