@@ -188,8 +188,7 @@ class BandwidthEstimator:
         # ends in slow start gets less): believed from above only when it finds a dip (< probe_dip_fraction x A)
         # ... or, below the estimate, when it confirms an upper bound of the last saturated_window_s (a lone
         # one only halved the estimate: `_from_above`)
-        recent = any(t_s - t <= s.saturated_window_s for t, _ in self._saturated)
-        if filled and (x < s.probe_dip_fraction * self._value or (recent and x < self._value)):
+        if filled and (x < s.probe_dip_fraction * self._value or (self._bounds(t_s) and x < self._value)):
             self._value, self._saturated_t, self._full = self._from_above(t_s, x), t_s, (t_s, x)
             evidence = SATURATED
         else:
@@ -205,12 +204,16 @@ class BandwidthEstimator:
         81 true set the estimate to 0.23 and the law raised t to 62K, flooding PD-P); a real dip repeats at
         the next poll, and two low bounds move the estimate all the way."""
         self._saturated.append((t_s, x))
-        recent = sorted(v for t, v in self._saturated if t_s - t <= self.spec.saturated_window_s)
+        recent = sorted(self._bounds(t_s))
         if len(recent) >= 3:
             return recent[len(recent) // 2]
         if len(recent) == 2:
             return (recent[0] + recent[1]) / 2.0
         return max(x, min(self._value, self.spec.lone_drop_fraction * self._value))
+
+    def _bounds(self, t_s: float) -> list[float]:
+        """The upper bounds (saturated polls, filled probes) of the last `saturated_window_s`, at most three."""
+        return [v for t, v in self._saturated if t_s - t <= self.spec.saturated_window_s]
 
     def probe_bytes(self) -> float:
         """The next probe's size (emulated bytes): `probe_bdp` bandwidth-delay products at the estimate and
