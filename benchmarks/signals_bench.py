@@ -134,9 +134,11 @@ def tasks(shapes: list[str], seeds: list[int], arms: list[str], out: Path, extra
             for shape in shapes for seed in seeds for arm in arms]
 
 
-def compare(rows: list[dict[str, Any]], console: Console) -> bool:
+def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
+    """(every judged target met, how many targets were judged): only the prfaas-observed arm is judged,
+    against fixed-threshold (and all-local) of the same seeds; the oracle arm is reported beside it."""
     df = pd.DataFrame(rows)
-    ok = True
+    ok, judged = True, 0
     for shape, g in df.groupby("shape"):
         t = Table(title=f"{shape}: prfaas / fixed-threshold per seed, mean and 95% bootstrap CI over seeds")
         for c in ("arm", "metric", "seeds", "ratio mean", "95% CI", "target", "met"):
@@ -157,12 +159,14 @@ def compare(rows: list[dict[str, Any]], console: Console) -> bool:
                 m, lo, hi = bootstrap_ci(r)
                 met = m <= target and (key != "long_p90_s" or hi < 1.0)
                 ok &= met or arm == "prfaas-oracle"  # the oracle arm is reported, not judged
+                judged += arm == "prfaas-observed"
                 t.add_row(arm, metric, str(len(r)), f"{m:.2f}", f"[{lo:.2f}, {hi:.2f}]", f"<= {target}", "yes" if met else "NO")
             d = [100 * (a.at[s, "slo"] - fixed.at[s, "slo"]) for s in seeds]
             m, lo, hi = bootstrap_ci(d)
             need = TARGETS["slo_pp"] if shape in DIP_SHAPES else 0.0
             met = m >= need
             ok &= met or arm == "prfaas-oracle"
+            judged += arm == "prfaas-observed"
             t.add_row(arm, "SLO - fixed (pp)", str(len(d)), f"{m:+.1f}", f"[{lo:+.1f}, {hi:+.1f}]", f">= {need:+g}", "yes" if met else "NO")
             ls = sorted(set(a.index) & set(local.index))
             if ls:
@@ -178,14 +182,16 @@ def compare(rows: list[dict[str, Any]], console: Console) -> bool:
             e = [x for x in obs["est_mae"] if x is not None and np.isfinite(x)]
             m, lo, hi = bootstrap_ci(e)
             ok &= m <= TARGETS["est_mae"]
+            judged += 1
             t.add_row("prfaas-observed", "estimator median error", str(len(e)), f"{m:.2f}", f"[{lo:.2f}, {hi:.2f}]", "<= 0.20", "yes" if m <= TARGETS["est_mae"] else "NO")
         if shape in STEP_DIP_SHAPES and len(obs):
             det = [x for x in obs["detect_s"]]
             met = all(x is not None and x <= TARGETS["detect_s"] for x in det)
             ok &= met
+            judged += 1
             t.add_row("prfaas-observed", "5x dip detected after (s)", str(len(det)), ", ".join("never" if x is None else f"{x:.2f}" for x in det), "", "<= 2", "yes" if met else "NO")
         console.print(t)
-    return ok
+    return ok, judged
 
 
 def main() -> int:
@@ -229,7 +235,10 @@ def main() -> int:
         t.add_row(r["shape"], r["arm"], str(r["seed"]), f(r["long_p90_s"]), f(r["short_p90_s"]), f(r["xfer_p90_s"]), f(r["slo"]),
                   str(r["failed"]), f(r["est_mae"]), f(r["detect_s"]), r["signals"])
     console.print(t)
-    ok = compare(rows, console)
+    ok, judged = compare(rows, console)
+    if not judged:  # e.g. --arms prfaas-oracle,all-local: a report, not a verdict
+        console.print("no target judged: targets are judged on the prfaas-observed arm against fixed-threshold of the same seeds")
+        return 0
     console.print("all targets met" if ok else "[red]targets missed (see NO above)[/]")
     return 0 if ok else 1
 
