@@ -25,6 +25,7 @@ def test_rate_step_down_and_revert_show_in_telemetry_parquet(tmp_path):
         while net.since_start_s() < 4.2:
             time.sleep(0.05)
         fired = [a.kind for _, a in net.schedule.fired]
+        fired_at = [round(t, 3) for t, _ in net.schedule.fired]
         errors = list(net.schedule.errors)  # the warm-up read and every action went through
     finally:
         net.stop()
@@ -40,5 +41,9 @@ def test_rate_step_down_and_revert_show_in_telemetry_parquet(tmp_path):
     during = fwd[(fwd.t_s > 1.9) & (fwd.t_s < 2.9)].achieved_bps.median()
     before = fwd[(fwd.t_s > 0.7) & (fwd.t_s < 1.4)].achieved_bps.median()
     assert during <= 0.3e9 and before >= 0.5e9, (before, during)
-    assert not fwd[(fwd.t_s > 3.6) & (fwd.t_s < 3.9)].link_up.any()
-    assert fwd[(fwd.t_s > 3.0) & (fwd.t_s < 3.4)].rate_bps.eq(1e9).all()
+    # the revert (3.0 s) and the outage (3.5-4.0 s) show soon after their times, with the same looseness as
+    # the step above: a stalled host has woken the schedule thread 100+ ms late (CI, 2026-12-02: no
+    # sample from 3.6 to 3.9 s may show the link up failed once in ~900 tests; the benchmark holds 100 ms)
+    assert fwd[(fwd.t_s > 3.3) & (fwd.t_s < 3.45)].rate_bps.eq(1e9).all(), fired_at
+    down = fwd[~fwd.link_up.astype(bool)].t_s
+    assert len(down) >= 2 and 3.5 <= down.min() <= 3.9, (fired_at, down.tolist())
