@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
+from typing import Iterable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -41,6 +43,12 @@ def coverage(pairs: int, trials: int = 200, effect: float = 1.25) -> float:
         _, lo, hi, _ = paired_ratio_ci(a, b, seed=t)
         hit += lo <= effect <= hi
     return hit / trials
+
+
+def sorted_apart(intervals: Iterable[Sequence[float | None]]) -> tuple[list[tuple[float, float]], bool]:
+    """The intervals sorted, open ends (None) as -inf / inf, and whether no two of them overlap."""
+    iv = sorted((-math.inf if lo is None else lo, math.inf if hi is None else hi) for lo, hi in intervals)
+    return iv, all(a[1] <= b[0] for a, b in zip(iv, iv[1:]))
 
 
 def main() -> int:
@@ -95,16 +103,14 @@ def main() -> int:
               f"model {model:.3f} literal ({meas / model - 1:+.0%}) / {mean:.3f} mean ({meas / mean - 1:+.0%}); "
               f"target within +-{RATIO_TOLERANCE:.0%} of the literal: {'met' if within else 'NOT MET'}")
     if not quick:
-        iv = sorted((m["ci"][0], m["ci"][1] if m["ci"][1] is not None else float("inf")) for m in doc["measured"].values())
-        apart = all(a[1] <= b[0] for a, b in zip(iv, iv[1:]))
+        iv, apart = sorted_apart(m["ci"] for m in doc["measured"].values())
         ok &= apart
         print(f"  intervals {iv} do not overlap: {'met' if apart else 'NOT MET'}")
         from experiments.capacity_ci import probes_interval  # from the probes: a --reuse of an older file has no key
 
-        dr = sorted((lo if lo is not None else -float("inf"), hi if hi is not None else float("inf"))
-                    for lo, hi in (probes_interval(m["probes"]).ci for m in doc["measured"].values()))
+        dr, dr_apart = sorted_apart(probes_interval(m["probes"]).ci for m in doc["measured"].values())
         print(f"  dose-response 95% intervals {[(round(a, 3), round(b, 3)) for a, b in dr]}: "
-              f"{'disjoint' if all(a[1] <= b[0] for a, b in zip(dr, dr[1:])) else 'overlap'} (reported, not judged: docs/experiments.md)")
+              f"{'disjoint' if dr_apart else 'overlap'} (reported, not judged: docs/experiments.md)")
     print("all targets met" if ok else "some targets NOT MET")
     return 0 if ok else 1
 
