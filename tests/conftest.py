@@ -7,12 +7,19 @@ Skips: a test may skip only for a host capability a user's machine may lack, lis
 (the one list): its reason starts with the capability's tag (``pytest.skip("netem: ...")``). In CI
 (``CI=true``, which .ci/run sets) and in any run as root, a skip for another reason fails the session,
 so a missing file or a broken import can never pass as a skip.
+
+Stopped from outside: SIGTERM and SIGHUP raise KeyboardInterrupt in pytest's main thread, as Ctrl-C does,
+so the running test's `finally` blocks and every fixture's teardown still run (pytest ignores SIGTERM's
+default death, which would leave namespaces behind: a CI system that enforces its timeout with SIGTERM).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +34,22 @@ ALLOWED_SKIPS = {
 }
 
 pytest_plugins = ["pytester"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    owner = os.getpid()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:  # a forked child of the test process: die as by default
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}: tearing down")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
 
 
 def skip_is_allowed(reason: str) -> bool:
@@ -101,9 +124,11 @@ def mooncake_trace(test_data: Path) -> Path:
     return test_data / "mooncake_synthetic_trace.jsonl"
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session on a skip outside ALLOWED_SKIPS (CI or root), and, after a root run, on any
-    network namespace left behind (the suite's promise)."""
+    network namespace left behind (the suite's promise). Last: after an interrupt, pytest's own
+    sessionfinish tears down the fixtures still set up, and only then is the check fair."""
     if _unexpected_skips and skips_enforced():
         allowed = ", ".join(f"{k} ({v})" for k, v in ALLOWED_SKIPS.items())
         print(f"\nERROR: {len(_unexpected_skips)} unexpected skip(s); only host capabilities may skip ({allowed}):")
