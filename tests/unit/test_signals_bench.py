@@ -29,3 +29,25 @@ def test_the_observed_arm_is_judged_against_fixed_threshold_of_the_same_seeds() 
     assert judged == 4 and not ok  # transfer P90 ratio 1.0 > 0.7
     unpaired = [row("prfaas-observed", s, 5.0) for s in (4, 5)]
     assert compare(fixed + unpaired, Console(quiet=True)) == (True, 0)
+
+
+bench = runpy.run_path(str(SCRIPT), run_name="signals_bench")
+
+
+def test_the_no_event_arm_runs_each_shape_without_its_event_and_is_not_judged(tmp_path: Path) -> None:
+    from testbed.sections import load_scenario
+
+    todo = {t.key: t for t in bench["tasks"](list(bench["SHAPES"]) + ["case-study"], [3], ["fixed-threshold", "fixed-no-event"], tmp_path, [])}
+    for shape in (*bench["SHAPES"], "case-study"):
+        base = load_scenario(shape, list(todo[f"{shape}/fixed-threshold-s3"].overrides))
+        cut = load_scenario(shape, list(todo[f"{shape}/fixed-no-event-s3"].overrides))
+        assert cut.seed == base.seed == 3 and cut.raw["policy"] == base.raw["policy"]
+        assert cut.raw["wan"].get("schedule") in (None, []), shape
+        # what stays: the rate, the neighbours that run all along; what goes: an event in time
+        assert cut.raw["wan"]["rate"] == base.raw["wan"]["rate"]
+        flows = cut.raw["cross_traffic"]["flows"]
+        assert [f["name"] for f in flows] == ["vpc-neighbours"] and not any("start" in f for f in flows), shape
+        differs = base.raw["wan"].get("schedule") or len(base.raw["cross_traffic"]["flows"]) > 1
+        assert differs, f"{shape} has no event for the no-event arm to take out"
+    rows = [row(arm, s, long_s) for arm, long_s in (("fixed-threshold", 10.0), ("fixed-no-event", 8.0)) for s in (1, 2, 3)]
+    assert compare(rows, Console(quiet=True)) == (True, 0)
