@@ -19,10 +19,10 @@ not recomputed) and the prefix the decode worker already holds (`send_from`, SGL
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from testbed.clock import Pacer
 from testbed.scale import Scale
 from testbed.validation import Fields
 
@@ -110,6 +110,7 @@ class ProfileCompute:
         self.profile = load_profile(cfg.profile)
         self.scale = Scale.of(cfg.scale)
         self.role = cfg.role
+        self._decode_pacer = Pacer(forget_s=0.2)  # back-to-back steps keep the profile's step time
 
     def prefill_time_s(self, input_len: int, cached_len: int) -> float:
         return float(self.profile.prefill_time_s(input_len, cached_len))
@@ -118,14 +119,15 @@ class ProfileCompute:
                 on_layer: Callable[[Any], None]) -> PrefillOutput:
         layer_s = self.prefill_time_s(plan.input_len, plan.cached_len) / len(self.spec.layers)
         sizes = delta_layer_bytes(self.spec, plan.input_len, min(plan.send_from, plan.input_len - 1), self.scale)
+        pacer = Pacer()  # the layers' sleeps add up to the profile's time; a full send path's wait adds to it
         for i, (layer, nbytes) in enumerate(zip(self.spec.layers, sizes)):
-            time.sleep(layer_s)  # this layer's share of the profile's prefill time
+            pacer.sleep(layer_s)  # this layer's share of the profile's prefill time
             if nbytes > 0:
                 on_layer(ProfileLayer(i, layer.kind, nbytes))
         return PrefillOutput(plan.input_len)
 
     def decode_step(self, slots: list[Any]) -> list[int]:
-        time.sleep(float(self.profile.decode_step_s(min(len(slots), self.profile.max_batch))))
+        self._decode_pacer.sleep(float(self.profile.decode_step_s(min(len(slots), self.profile.max_batch))))
         return [_pseudo_token(s.request_id, s.emitted) for s in slots]
 
 

@@ -106,7 +106,10 @@ def test_kv_streams_layer_by_layer_and_the_decode_emits_every_token(workers):
     assert final["done"] and final["status"] == "ok" and final["kv_bytes"] == spec_bytes
     assert final["first_token_s"] >= final["transfer_end_s"]
     steps = [b["t_s"] - a["t_s"] for a, b in zip(tokens, tokens[1:])]
-    assert min(steps) >= 0.02  # the H20 profile's 25 ms step
+    assert min(steps) > 0
+    # the H20 profile's 25-ms step, paced (testbed.clock.Pacer): after a late step the next is shorter, so
+    # one gap may be under 25 ms on a loaded host, but the five steps after the KV arrived take 5 x 25 ms
+    assert tokens[-1]["t_s"] - final["transfer_end_s"] >= 5 * 0.025 * 0.97, (steps, final)
     _, raw = request(pre.port, "GET", "/v1/state")
     st = json.loads(raw)
     assert st["role"] == "prefill" and st["queue_depth"] == 0
