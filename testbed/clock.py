@@ -31,18 +31,24 @@ class Pacer:
     prefill ~8% (median; up to 33%) longer than its profile, and a thread spinning in the same process made
     it 1.4-2.2x (docs/serving.md, "Emulated compute keeps its profile's time").
 
-    Only oversleep is owed: time spent between sleeps (handing a layer to a full send path: back-pressure)
-    is real and never taken back. A debt older than `forget_s` (the compute sat idle) is dropped."""
+    By default only oversleep is owed: time spent between sleeps (handing a layer to a full send path:
+    back-pressure) is real and never taken back. With `cadence=True` the time between sleeps is owed too,
+    so back-to-back sleeps keep a period (a decode step's time is its whole iteration; the emulator's own
+    work between steps, streaming tokens and admitting requests, is part of it). A debt older than
+    `forget_s` (the compute sat idle) is dropped."""
 
-    def __init__(self, forget_s: float = 1.0) -> None:
+    def __init__(self, forget_s: float = 1.0, *, cadence: bool = False) -> None:
         self.late_s = 0.0
         self.forget_s = forget_s
+        self.cadence = cadence
         self._woke_s: float | None = None
 
     def sleep(self, seconds: float) -> None:
         start = now_s()
         if self._woke_s is None or start - self._woke_s > self.forget_s:
             self.late_s = 0.0
+        elif self.cadence:
+            self.late_s += start - self._woke_s
         due = start + seconds - self.late_s
         if due > start:
             time.sleep(due - start)

@@ -110,7 +110,7 @@ class ProfileCompute:
         self.profile = load_profile(cfg.profile)
         self.scale = Scale.of(cfg.scale)
         self.role = cfg.role
-        self._decode_pacer = Pacer(forget_s=0.2)  # back-to-back steps keep the profile's step time
+        self._decode_pacer = Pacer(forget_s=0.2, cadence=True)  # back-to-back steps: one per profile step time
 
     def prefill_time_s(self, input_len: int, cached_len: int) -> float:
         return float(self.profile.prefill_time_s(input_len, cached_len))

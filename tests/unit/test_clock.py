@@ -51,6 +51,19 @@ def test_time_between_sleeps_is_real_and_not_taken_back(fake: OversleepingClock)
     assert fake.t - start == pytest.approx(0.020 + 0.300 + 0.004)
 
 
+def test_with_cadence_the_work_between_sleeps_is_part_of_the_period(fake: OversleepingClock) -> None:
+    p = clock.Pacer(forget_s=0.2, cadence=True)
+    start = fake.t
+    for _ in range(10):
+        p.sleep(0.025)
+        fake.t += 0.003  # streaming the step's tokens, admitting requests: inside a decode step's 25 ms
+    assert fake.t - start == pytest.approx(10 * 0.025 + 0.004 + 0.003)  # the last step's oversleep and work only
+    fake.t += 0.5  # idle: the next step is a full one
+    fresh = fake.t
+    p.sleep(0.025)
+    assert fake.t - fresh == pytest.approx(0.025 + 0.004)
+
+
 def test_a_debt_larger_than_a_sleep_carries_on_and_an_idle_gap_forgets_it(fake: OversleepingClock) -> None:
     fake.over_s = 0.0
     p = clock.Pacer(forget_s=0.2)
