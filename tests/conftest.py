@@ -16,10 +16,7 @@ default death, which would leave namespaces behind: a CI system that enforces it
 from __future__ import annotations
 
 import os
-import signal
-import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -37,19 +34,9 @@ pytest_plugins = ["pytester"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return
-    owner = os.getpid()
+    from testbed.interrupts import raise_keyboard_interrupt
 
-    def interrupt(signum: int, frame: Any) -> None:
-        if os.getpid() != owner:  # a forked child of the test process: die as by default
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}: tearing down")
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
+    raise_keyboard_interrupt()
 
 
 def skip_is_allowed(reason: str) -> bool:

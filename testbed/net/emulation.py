@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from testbed import clock
 from testbed.errors import HostError
+from testbed.interrupts import raise_keyboard_interrupt
 from testbed.net import offloads, shaping, state
 from testbed.net.schedule import ScheduleRunner, expand_schedule
 from testbed.net.telemetry import DEFAULT_PERIOD_S, Telemetry
@@ -287,20 +288,7 @@ class Network:
                     ipr.link("del", ifname=name)
 
     def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        owner = os.getpid()
-
-        def interrupt(signum: int, frame: Any) -> None:
-            if os.getpid() != owner:  # a forked helper (pyroute2's netns child): die as by default
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-                return
-            raise KeyboardInterrupt(f"signal {signum}")
-
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            self._old_handlers[sig] = signal.signal(sig, interrupt)
+        self._old_handlers.update(raise_keyboard_interrupt())
 
     def _restore_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
