@@ -29,7 +29,7 @@ class Pacer:
     sum, not their sum plus every wake-up's delay. Emulated compute (a profile's prefill, layer by layer,
     and its decode steps) paces with it: on the case study's loaded 2-core host plain sleeps made a 60-layer
     prefill 5-11% longer than its profile at the median (14-38% at P90), and a thread spinning in the same
-    process 1.8-2.6x (docs/serving.md, "Emulated compute keeps its profile's time")
+    process 1.8-2.6x (docs/serving.md, "Emulated compute keeps its profile's time").
 
     By default only oversleep is owed: time spent between sleeps (handing a layer to a full send path:
     back-pressure) is real and never taken back. With `cadence=True` the time between sleeps is owed too,
