@@ -55,6 +55,9 @@ class PrefillPlan:
 class PrefillOutput:
     tokens: int  # positions the whole KV covers (the decode's cache length after the transfer)
     checkpoint: Any = None  # torch: the KVCache at plan.checkpoint_at, for the pool
+    # profile mode: seconds the prefill ran past its profile's time plus back-pressure, the lateness its last
+    # paced sleep could not repay (`clock.Pacer.late_s`; the run's timing fidelity, testbed.fidelity); None in torch mode
+    late_s: float | None = None
 
 
 class Compute(Protocol):
@@ -64,6 +67,12 @@ class Compute(Protocol):
         ...
 
     def decode_step(self, slots: list[Any]) -> list[int]: ...
+
+    @property
+    def decode_late_s(self) -> float | None:
+        """Profile mode: how far the decode steps have fallen behind their profile's cadence (`clock.Pacer.late_s`);
+        None in torch mode, whose compute is real."""
+        ...
 
 
 def load_model_section(cfg: Any) -> Any:
@@ -124,11 +133,15 @@ class ProfileCompute:
             pacer.sleep(layer_s)  # this layer's share of the profile's prefill time
             if nbytes > 0:
                 on_layer(ProfileLayer(i, layer.kind, nbytes))
-        return PrefillOutput(plan.input_len)
+        return PrefillOutput(plan.input_len, late_s=pacer.late_s)
 
     def decode_step(self, slots: list[Any]) -> list[int]:
         self._decode_pacer.sleep(float(self.profile.decode_step_s(min(len(slots), self.profile.max_batch))))
         return [_pseudo_token(s.request_id, s.emitted) for s in slots]
+
+    @property
+    def decode_late_s(self) -> float | None:
+        return self._decode_pacer.late_s
 
 
 class TorchCompute:
@@ -144,6 +157,7 @@ class TorchCompute:
         self.model = build_model(self.section.spec, cfg.variant, cfg.seed, device)
         self.model.last_logits_only = True  # the prefill's logits are never used: the decode makes the first token
         self.torch = torch
+        self.decode_late_s: float | None = None  # real compute: nothing to keep time with
 
     def prefill(self, request_id: str, plan: PrefillPlan, prompt_token_ids: list[int] | None,
                 on_layer: Callable[[Any], None]) -> PrefillOutput:

@@ -181,6 +181,7 @@ class PrefillResult:
     queue_s: float | None = None  # time spent in the prefill queue
     prefill_cached_len: int | None = None  # positions the prefill resumed from (its own pool's hit)
     decode_prefix_len: int | None = None  # positions not sent: the decode already held them
+    prefill_late_s: float | None = None  # profile mode: how far the emulated prefill ran past its time (clock.Pacer)
 
     @property
     def ok(self) -> bool:
@@ -195,7 +196,7 @@ class PrefillResult:
             "request_id": f.get("request_id", text), "status": f.choice("status", STATUSES),
             "reason": f.get("reason", string, None),
             **{k: f.get(k, non_negative, None) for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s",
-                                                          "transfer_end_s", "queue_s")},
+                                                          "transfer_end_s", "queue_s", "prefill_late_s")},
             **{k: f.get(k, positive_int, None) for k in ("kv_bytes", "wire_bytes", "prefill_cached_len", "decode_prefix_len")}})
 
 
@@ -229,6 +230,7 @@ class FinalEvent:
     finish_s: float | None = None
     tokens: int = 0
     queue_s: float | None = None  # time spent waiting for a place in the decode batch
+    decode_late_s: float | None = None  # profile mode: how far its token stream fell behind the profile's steps
 
     @property
     def ok(self) -> bool:
@@ -245,7 +247,7 @@ class FinalEvent:
             return {"status": f.choice("status", STATUSES), "reason": f.get("reason", string, None),
                     "kv_bytes": f.get("kv_bytes", positive_int, 0), "tokens": f.get("tokens", positive_int, 0),
                     **{k: f.get(k, non_negative, None) for k in ("transfer_start_s", "transfer_end_s", "first_token_s",
-                                                                  "finish_s", "queue_s")}}
+                                                                  "finish_s", "queue_s", "decode_late_s")}}
 
         return _read(cls, data, source, "", fields)
 

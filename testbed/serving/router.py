@@ -478,10 +478,11 @@ class Router:
                 prefill_done.wait(timeout=min(5.0, self.cfg.request_timeout_s))
             pres = prefill_result[0] if prefill_done.is_set() and prefill_result else None
             if pres is not None:
-                for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "kv_bytes", "wire_bytes"):
+                for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "kv_bytes", "wire_bytes",
+                          "prefill_late_s"):
                     if getattr(pres, k) is not None:
                         rec[k] = getattr(pres, k)
-            for k in ("transfer_start_s", "transfer_end_s", "first_token_s", "finish_s"):
+            for k in ("transfer_start_s", "transfer_end_s", "first_token_s", "finish_s", "decode_late_s"):
                 if getattr(final, k) is not None and rec.get(k) is None:
                     rec[k] = getattr(final, k)
             if rec["kv_bytes"] is None and final.kv_bytes:

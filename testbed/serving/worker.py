@@ -394,6 +394,8 @@ class PrefillWorker:
         job.checkpoint = out.checkpoint
         computed()
         job.result["prefill_end_s"] = now_s()
+        if out.late_s is not None:
+            job.result["prefill_late_s"] = out.late_s
         took_s = (job.result["prefill_end_s"] - job.result["prefill_start_s"]) / max(1, req.input_len - plan.cached_len)
         self.s_per_token = took_s if self.s_per_token == 0 else 0.8 * self.s_per_token + 0.2 * took_s
         dest.items.put(("finish", job, out.tokens))
@@ -445,6 +447,8 @@ class DecodeSlot:
     joined_s: float | None = None  # joined the batch
     prefix: Any = None  # this decode's pool hit (full-attention KV it will not be sent), held until the KV is in
     decode_prefix_len: int | None = None  # positions of that hit, told to the router (None: no block hashes given)
+    late_at_first_s: float | None = None  # profile mode: the decode's lateness (clock.Pacer) at this request's first token
+    decode_late_s: float | None = None  # ... and how much it grew until its last: the stream's time past its profile
 
     @property
     def request_id(self) -> str:
@@ -460,7 +464,7 @@ class DecodeSlot:
     def final(self, status: str, reason: str | None) -> FinalEvent:
         queue_s = (self.joined_s or now_s()) - self.admitted_s if self.admitted_s is not None else None
         return FinalEvent(status, reason, self.kv_bytes, self.transfer_start_s, self.transfer_end_s, self.first_token_s,
-                          now_s(), self.emitted, queue_s)
+                          now_s(), self.emitted, queue_s, self.decode_late_s)
 
 
 class DecodeWorker:
@@ -589,11 +593,13 @@ class DecodeWorker:
                     slot.events.put(slot.final("failed", f"decode failed: {type(exc).__name__}: {exc}"))
                 self.active = []
                 continue
-            t = now_s()
+            t, late = now_s(), self.compute.decode_late_s
             keep = []
             for slot, tok in zip(self.active, tokens):
                 if slot.first_token_s is None:
-                    slot.first_token_s = t
+                    slot.first_token_s, slot.late_at_first_s = t, late
+                if late is not None and slot.late_at_first_s is not None:
+                    slot.decode_late_s = max(0.0, late - slot.late_at_first_s)
                 slot.events.put(TokenEvent(int(tok), slot.emitted, t))
                 slot.emitted += 1
                 if slot.emitted >= slot.req.output_len:

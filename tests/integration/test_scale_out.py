@@ -73,6 +73,10 @@ def assert_complete_run(task: RunTask, outcome: RunOutcome) -> dict[str, Any]:
     assert fid["schedule"]["fired"] == 2 and 0 < fid["cpu"]["window_s"] and set(fid["cpu"]["delayline_cores"]) == {"prfaas_to_pd", "pd_to_prfaas"}
     assert fid["ok"] == (not fid["flags"]) and summary["fidelity_ok"] == fid["ok"] and summary["node"] == fid["node"]
     assert summary["fidelity_sleep_late_p99_s"] == fid["sleep"]["late_p99_s"]
+    # profile-mode compute timed by the workers' own paced sleeps: every prefill, and every stream of two tokens or more
+    assert fid["compute"]["prefill"]["n"] == len(df) and df["prefill_late_s"].notna().all() and (df["prefill_late_s"] >= 0).all()
+    assert fid["compute"]["decode"]["n"] == int((df["output_len"] > 1).sum()) and (df["decode_late_s"] >= 0).all()
+    assert summary["fidelity_prefill_late_ratio_p90"] == fid["compute"]["prefill"]["late_ratio_p90"]
     return fid
 
 

@@ -177,3 +177,45 @@ def test_the_schedule_thread_warms_its_netlink_path_before_its_first_action():
     r = ScheduleRunner(acts[:1], lambda a: None, clock.now_s(), warm=broken).start()
     r._thread.join(5)
     assert r.errors == ["warm-up: netns gone"] and len(r.fired) == 1
+
+
+def _requests(prefill: list[tuple[float, float]], decode: list[tuple[float, float]]):
+    """A requests frame: (duration, late) per prefill and per decode stream, one request each."""
+    import pandas as pd
+
+    n = max(len(prefill), len(decode))
+    rows = []
+    for i in range(n):
+        p = prefill[i] if i < len(prefill) else (None, None)
+        d = decode[i] if i < len(decode) else (None, None)
+        rows.append({"prefill_start_s": 10.0 if p[0] is not None else None, "prefill_end_s": 10.0 + p[0] if p[0] is not None else None,
+                     "prefill_late_s": p[1], "first_token_s": 20.0 if d[0] is not None else None,
+                     "finish_s": 20.0 + d[0] if d[0] is not None else None, "decode_late_s": d[1]})
+    return pd.DataFrame(rows, dtype="float64")
+
+
+def test_compute_timing_is_the_lateness_over_what_the_compute_should_have_taken():
+    # a 1.05-s prefill that was 0.05 s late should have taken 1.0 s: 5% past it; a 2.2-s stream 0.2 s late: 10%
+    t = fidelity.compute_timing(_requests([(1.05, 0.05), (2.0, 0.0), (0.5, 0.0)], [(2.2, 0.2)]))
+    assert t["prefill"]["n"] == 3 and t["prefill"]["late_ratio_p90"] == pytest.approx(0.05)
+    assert t["prefill"]["late_ratio_p50"] == 0.0 and t["prefill"]["late_p99_s"] == pytest.approx(0.05)
+    assert t["decode"] == {"n": 1, "late_ratio_p50": pytest.approx(0.1), "late_ratio_p90": pytest.approx(0.1),
+                           "late_p99_s": pytest.approx(0.2)}
+    # torch mode, or a run recorded before the workers reported it: no figures, no part
+    assert fidelity.compute_timing(_requests([(1.0, None)], [])) == {}
+    assert fidelity.compute_timing(_requests([(1.0, 0.0)], [])).keys() == {"prefill"}
+
+
+def test_paced_compute_measured_by_the_workers_replaces_the_sleep_probes_verdict():
+    late_sleeps = good_record(sleep={"late_p99_s": 0.025})  # a busy host: the probe's sleeps woke 25 ms late
+    assert any("sleeps late" in f for f in fidelity.assess(late_sleeps))
+    kept = fidelity.with_compute(late_sleeps, _requests([(1.01, 0.01)] * 10, [(2.02, 0.02)] * 10))
+    assert kept["ok"] is True and kept["flags"] == [] and kept["sleep"]["late_p99_s"] == 0.025  # recorded, not judged
+    slow = fidelity.with_compute(late_sleeps, _requests([(1.2, 0.2)] * 10, [(2.02, 0.02)] * 10))
+    assert slow["ok"] is False and slow["flags"] == ["emulated prefill ran 20.0% past its profile's time at p90 (tolerance 5%)"]
+    behind = fidelity.with_compute(good_record(), _requests([], [(3.0, 0.5)] * 10))
+    assert behind["flags"] == ["emulated decode ran 20.0% past its profile's time at p90 (tolerance 5%)"]
+    # without the workers' figures (torch mode) the probe's verdict stands
+    assert fidelity.with_compute(late_sleeps, _requests([(1.0, None)], []))["flags"] == fidelity.assess(late_sleeps)
+    fields = fidelity.summary_fields(slow)
+    assert fields["fidelity_prefill_late_ratio_p90"] == pytest.approx(0.2) and fields["fidelity_decode_late_ratio_p90"] == pytest.approx(0.01)
