@@ -137,50 +137,49 @@ class PrfaasController:
         s = admit(sample, self.mode)
         if s is None:
             return
-        if True:
-            link_down = s.capacity_bps is not None and s.capacity_bps <= 0
-            if s.capacity_bps and s.capacity_bps > 0:
-                self.capacity_bps = s.capacity_bps
-            if link_down or (s.egress_bps is not None and self.capacity_bps > 0):
-                self._egress_bps = s.egress_bps or 0.0
-                self._utilization(s.t_s, 1.5 if link_down else min(self._egress_bps / self.capacity_bps, 1.5))  # a down link is saturated
-                if self._kv_goodput is not None and s.t_s - self._kv_goodput[0] <= 2.0 and not link_down:
-                    x = max(self._egress_bps - self._kv_goodput[1], 0.0)
-                    self._non_kv_bps = self._slow("non_kv", s.t_s, self._non_kv_bps, x)
-            if s.send_queue_bytes is not None or s.inflight_bytes is not None:
-                self._committed_bytes = (s.send_queue_bytes or 0.0) + (s.inflight_bytes or 0.0)
-            if s.kv_goodput_bps is not None and self.mode != "oracle":
-                if self.estimator is not None:  # the path's rate: KV is streamed as prefill makes it, goodput measures that
-                    sample = s.kv_path_rate_bps if s.kv_path_rate_bps is not None else s.kv_goodput_bps
-                    self.estimator.update(s.t_s, sample, self._committed_bytes, s.rtt_ms or 0.0,
-                                          s.min_rtt_ms or 0.0, s.retransmits)
-                a = self.kv_capacity_bps
-                self._utilization(s.t_s, min(s.kv_goodput_bps / a, 1.5) if a > 0 else 1.5)
-            if s.probe_rate_bps is not None and self.estimator is not None:
-                self.estimator.probe(s.t_s, s.probe_bytes or 0.0, s.probe_rate_bps, s.probe_rtt_ms or 0.0, s.idle_rtt_ms,
-                                     s.min_rtt_ms or 0.0, s.probe_retransmits or 0.0)
-            if s.prefill_s is not None:
-                self._prefill_s = self._slow("prefill", s.t_s, self._prefill_s, s.prefill_s)
-            if s.kv_goodput_bps is not None:
-                self._kv_goodput = (s.t_s, s.kv_goodput_bps)
-            if s.backlog_bytes is not None:
-                self._backlog_bytes = s.backlog_bytes
-            for name in ("drops", "retransmits"):  # WAN samples and worker polls arrive separately
-                v = getattr(s, name)
-                r = self._rate(name, s.t_s, v) if v is not None else None
-                if r is not None:
-                    self._event_rates[name] = 0.5 * self._event_rates.get(name, 0.0) + 0.5 * r
-            for key, attr in (("prfaas", "prfaas_queue_per_instance"), ("pdp", "pdp_queue_per_instance"),
-                              ("decode", "decode_queue_per_instance")):
-                v = getattr(s, attr)
-                if v is not None:
-                    self._queues[key] = v
-            if s.pdp_queue_per_instance is not None:
-                self._pdp_slow = self._slow("pdp", s.t_s, self._pdp_slow, s.pdp_queue_per_instance)
-            if s.transfer_uncached_len is not None and s.transfer_kv_bytes is not None:
-                l, b = float(s.transfer_uncached_len), float(s.transfer_kv_bytes)
-                for i, x in enumerate((1.0, l, b, l * l, l * b)):
-                    self._fit[i] += x
+        link_down = s.capacity_bps is not None and s.capacity_bps <= 0
+        if s.capacity_bps and s.capacity_bps > 0:
+            self.capacity_bps = s.capacity_bps
+        if link_down or (s.egress_bps is not None and self.capacity_bps > 0):
+            self._egress_bps = s.egress_bps or 0.0
+            self._utilization(s.t_s, 1.5 if link_down else min(self._egress_bps / self.capacity_bps, 1.5))  # a down link is saturated
+            if self._kv_goodput is not None and s.t_s - self._kv_goodput[0] <= 2.0 and not link_down:
+                x = max(self._egress_bps - self._kv_goodput[1], 0.0)
+                self._non_kv_bps = self._slow("non_kv", s.t_s, self._non_kv_bps, x)
+        if s.send_queue_bytes is not None or s.inflight_bytes is not None:
+            self._committed_bytes = (s.send_queue_bytes or 0.0) + (s.inflight_bytes or 0.0)
+        if s.kv_goodput_bps is not None and self.mode != "oracle":
+            if self.estimator is not None:  # the path's rate: KV is streamed as prefill makes it, goodput measures that
+                sample = s.kv_path_rate_bps if s.kv_path_rate_bps is not None else s.kv_goodput_bps
+                self.estimator.update(s.t_s, sample, self._committed_bytes, s.rtt_ms or 0.0,
+                                      s.min_rtt_ms or 0.0, s.retransmits)
+            a = self.kv_capacity_bps
+            self._utilization(s.t_s, min(s.kv_goodput_bps / a, 1.5) if a > 0 else 1.5)
+        if s.probe_rate_bps is not None and self.estimator is not None:
+            self.estimator.probe(s.t_s, s.probe_bytes or 0.0, s.probe_rate_bps, s.probe_rtt_ms or 0.0, s.idle_rtt_ms,
+                                 s.min_rtt_ms or 0.0, s.probe_retransmits or 0.0)
+        if s.prefill_s is not None:
+            self._prefill_s = self._slow("prefill", s.t_s, self._prefill_s, s.prefill_s)
+        if s.kv_goodput_bps is not None:
+            self._kv_goodput = (s.t_s, s.kv_goodput_bps)
+        if s.backlog_bytes is not None:
+            self._backlog_bytes = s.backlog_bytes
+        for name in ("drops", "retransmits"):  # WAN samples and worker polls arrive separately
+            v = getattr(s, name)
+            r = self._rate(name, s.t_s, v) if v is not None else None
+            if r is not None:
+                self._event_rates[name] = 0.5 * self._event_rates.get(name, 0.0) + 0.5 * r
+        for key, attr in (("prfaas", "prfaas_queue_per_instance"), ("pdp", "pdp_queue_per_instance"),
+                          ("decode", "decode_queue_per_instance")):
+            v = getattr(s, attr)
+            if v is not None:
+                self._queues[key] = v
+        if s.pdp_queue_per_instance is not None:
+            self._pdp_slow = self._slow("pdp", s.t_s, self._pdp_slow, s.pdp_queue_per_instance)
+        if s.transfer_uncached_len is not None and s.transfer_kv_bytes is not None:
+            l, b = float(s.transfer_uncached_len), float(s.transfer_kv_bytes)
+            for i, x in enumerate((1.0, l, b, l * l, l * b)):
+                self._fit[i] += x
 
     def kv_bytes_model(self) -> Callable[[float], float] | None:
         """S_kv(l) in emulated bytes: least squares over finished offloads, else the spec's prior."""
