@@ -204,6 +204,10 @@ class RunFidelity:
         self.wan = measure_wan(self.net, src, dst)
         return self.wan
 
+    def no_wan(self, why: str) -> None:
+        """The run sends nothing across the WAN (a deployment without PrfaaS instances): nothing to measure there."""
+        self.wan = {"not_applicable": why}
+
     def _snapshot(self) -> CpuSnapshot:
         wan = getattr(self.net, "wan", None)
         lines = {d: getattr(getattr(em, "line", None), "pid", None) for d, em in (wan.emulators.items() if wan else [])}
@@ -232,16 +236,17 @@ def assess(record: dict[str, Any], tol: Tolerances = TOLERANCES) -> list[str]:
     """One line per figure of `record` outside `tol` (a figure not measured is flagged as such)."""
     flags = []
     wan = record.get("wan") or {}
-    rtt, conf = _num(wan.get("rtt_p50_s")), _num(wan.get("configured_rtt_s"))
-    if rtt is None or conf is None:
-        flags.append("WAN RTT not measured")
-    elif abs(rtt - conf) > tol.rtt_abs_s:
-        flags.append(f"WAN RTT p50 {rtt * 1e3:.2f} ms vs {conf * 1e3:.2f} ms configured (tolerance {tol.rtt_abs_s * 1e3:g} ms)")
-    ratio = _num(wan.get("rate_ratio"))
-    if ratio is None:
-        flags.append("WAN rate not measured" + (f": {wan['rate_error']}" if wan.get("rate_error") else ""))
-    elif ratio < tol.rate_ratio_min:
-        flags.append(f"WAN goodput {ratio:.2f} of the configured rate (tolerance >= {tol.rate_ratio_min:g})")
+    if not wan.get("not_applicable"):  # e.g. homogeneous PD: no PrfaaS host, no KV on the WAN, nothing of it to judge
+        rtt, conf = _num(wan.get("rtt_p50_s")), _num(wan.get("configured_rtt_s"))
+        if rtt is None or conf is None:
+            flags.append("WAN RTT not measured")
+        elif abs(rtt - conf) > tol.rtt_abs_s:
+            flags.append(f"WAN RTT p50 {rtt * 1e3:.2f} ms vs {conf * 1e3:.2f} ms configured (tolerance {tol.rtt_abs_s * 1e3:g} ms)")
+        ratio = _num(wan.get("rate_ratio"))
+        if ratio is None:
+            flags.append("WAN rate not measured" + (f": {wan['rate_error']}" if wan.get("rate_error") else ""))
+        elif ratio < tol.rate_ratio_min:
+            flags.append(f"WAN goodput {ratio:.2f} of the configured rate (tolerance >= {tol.rate_ratio_min:g})")
     compute = record.get("compute") or {}
     paced = {k: r for k in COMPUTE_PARTS if (r := _num((compute.get(k) or {}).get("late_ratio_p90"))) is not None}
     for part, r in paced.items():

@@ -124,6 +124,7 @@ def _measure_rtt(net: Any, fidelity: Any, plan: ServingPlan) -> dict[str, Any] |
     dst = next((i.host for i in plan.instances if i.role == "decode"), None)
     src = next((i.host for i in plan.instances if i.cluster == "prfaas"), None)
     if src is None or dst is None:
+        fidelity.no_wan("no PrfaaS prefill instance: this deployment sends no KV across the WAN")
         return None
     w = fidelity.measure_wan(src, dst)
     return {"path": w["path"], "configured_s": w["configured_rtt_s"], "p50_s": w["rtt_p50_s"], "p99_s": w["rtt_p99_s"],

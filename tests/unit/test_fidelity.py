@@ -219,3 +219,12 @@ def test_paced_compute_measured_by_the_workers_replaces_the_sleep_probes_verdict
     assert fidelity.with_compute(late_sleeps, _requests([(1.0, None)], []))["flags"] == fidelity.assess(late_sleeps)
     fields = fidelity.summary_fields(slow)
     assert fields["fidelity_prefill_late_ratio_p90"] == pytest.approx(0.2) and fields["fidelity_decode_late_ratio_p90"] == pytest.approx(0.01)
+
+
+def test_a_run_that_sends_nothing_across_the_wan_is_not_flagged_for_not_measuring_it():
+    # homogeneous PD has no PrfaaS host: the run records why, and no WAN figure is judged
+    rec = good_record()
+    rec["wan"] = {"not_applicable": "no PrfaaS prefill instance: this deployment sends no KV across the WAN"}
+    assert fidelity.assess(rec) == []
+    rec["wan"] = {}  # a run that should have measured it and did not is still flagged
+    assert fidelity.assess(rec) == ["WAN RTT not measured", "WAN rate not measured"]
