@@ -45,3 +45,34 @@ def test_quick_decides_a_marginal_end_by_2_runs_and_full_by_a_majority_of_3(monk
     seen.clear()
     reproduce.reproduce_case_study(tmp_path / "x", quick=True, repetitions=5, progress=False)
     assert {kw["repetitions"] for kw in seen} == {5}
+
+
+def test_a_rate_measured_above_the_models_fluid_bound_is_named():
+    model = {"literal": {"a": {"lambda_max": 2.5}, "b": {"lambda_max": 3.0}, "c": {"lambda_max": 2.0}},
+             "mean": {"a": {"lambda_max": 2.4}, "b": {"lambda_max": 3.2}, "c": {"lambda_max": 2.0}}}
+    measured = {"a": {"lambda_max_rps": 3.0}, "b": {"lambda_max_rps": 3.1}, "c": {"lambda_max_rps": None}}
+    # a: above both readings; b: above the literal but not the mean reading (within the model's own ambiguity)
+    assert reproduce.above_model(measured, model) == {"a": pytest.approx(1.2)}
+
+
+def test_the_report_names_a_configuration_measured_above_the_model(monkeypatch, tmp_path, capsys):
+    import argparse
+
+    from experiments import commands
+
+    ci = {"ci": [None, None]}
+    doc = {"wall_s": 950.0, "above_model": {"naive_heterogeneous": 1.3225},
+           "measured": {k: {"lambda_max_rps": x, "ci": [x, x * 1.15], "ci_dose_response": ci, "runs": 3}
+                        for k, x in (("prfaas_pd", 3.681), ("homogeneous_pd", 2.577), ("naive_heterogeneous", 3.328))},
+           "model": {k: {"lambda_max_rps": x, "lambda_max_rps_mean_reading": x}
+                     for k, x in (("prfaas_pd", 4.234), ("homogeneous_pd", 2.577), ("naive_heterogeneous", 2.516))},
+           "measured_ratio_vs_homogeneous": {}, "measured_ratio_interval": {},
+           "model_ratio_vs_homogeneous": {r: {"prfaas_pd": 1.64, "homogeneous_pd": 1.0, "naive_heterogeneous": 0.98} for r in ("literal", "mean")},
+           "paper_ratio_vs_homogeneous": reproduce.PAPER_RATIOS}
+    monkeypatch.setattr(reproduce, "reproduce_case_study", lambda *a, **kw: doc)
+    args = argparse.Namespace(only="prfaas_pd,homogeneous_pd,naive_heterogeneous", repetitions=None, out=str(tmp_path), quick=True,
+                              executor="local", json=False, no_early_stop=False)
+    assert commands.cmd_reproduce(args) == 0
+    out = capsys.readouterr().out
+    assert "note: naive_heterogeneous measured 1.32x the model's fluid bound" in out and "run the full one" in out
+    assert "note: prfaas_pd" not in out and "note: homogeneous_pd" not in out
