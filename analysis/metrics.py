@@ -154,7 +154,10 @@ def queued_series(df: pd.DataFrame, step_s: float) -> tuple[np.ndarray, np.ndarr
     return t, (between(arr, start) + between(end[done], first[done])).astype(float)
 
 
-def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = 0.05) -> dict[str, Any]:
+TREND_ALPHA = 0.05  # the queue trend's one-sided level (Kendall's tau; the Theil-Sen interval is its 1 - 2 x alpha)
+
+
+def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = TREND_ALPHA) -> dict[str, Any]:
     """Do the requests waiting in a queue grow over the run? A trend test, not a threshold.
 
     Every queue of the serving path lies before the first token (prefill queue, KV send queue, decode

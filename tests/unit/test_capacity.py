@@ -234,3 +234,15 @@ def test_the_interval_is_searched_outward_until_every_draw_passes_below_and_fail
     # 1.944 fails 2-0; the bracket is 8% wide; then one step of 1.08^4 below finds a rate where seed 1 passes
     assert runs == {2.1: [1], 1.8: [1, 2, 3], 1.944: [1, 2], 1.323: [1]}
     assert res.lambda_max_rps == 1.8 and res.ci == (1.323, 1.944) and res.runs == 7  # 1.944: both its runs failed
+
+
+def test_a_pass_whose_queue_trend_is_inconclusive_is_not_decisive():
+    # Kendall says the queue grows, the Theil-Sen interval (5 samples) still reaches zero: passed, but repeat it
+    base = {"good_fraction": 0.99, "requests_total": 157}
+    hint = {"growing": False, "p_value": 0.042, "growth": 19.5, "samples": 5}
+    v = capacity.judge({**base, "queue": hint}, 3.328, 1)
+    assert v.passed and not v.decisive and v.reason == ""
+    assert capacity.judge({**base, "queue": {**hint, "p_value": 0.2}}, 3.328, 1).decisive  # no sign of growth
+    assert capacity.judge({**base, "queue": {**hint, "growth": 0.5}}, 3.328, 1).decisive  # less than one request
+    assert capacity.judge({**base, "queue": {"growing": False}}, 3.328, 1).decisive  # a flat queue has no p-value
+    assert not capacity.trend_inconclusive({**hint, "growing": True})  # growing is a fail, not a hint
