@@ -240,7 +240,7 @@ def assess(record: dict[str, Any], tol: Tolerances = TOLERANCES) -> list[str]:
         rtt, conf = _num(wan.get("rtt_p50_s")), _num(wan.get("configured_rtt_s"))
         if rtt is None or conf is None:
             flags.append("WAN RTT not measured")
-        elif abs(rtt - conf) > tol.rtt_abs_s:
+        elif abs(rtt - conf) > tol.rtt_abs_s + 1e-9:  # within means up to it: ping's 10.50 ms against 10 ms is 0.5000000000000004 ms off in floats
             flags.append(f"WAN RTT p50 {rtt * 1e3:.2f} ms vs {conf * 1e3:.2f} ms configured (tolerance {tol.rtt_abs_s * 1e3:g} ms)")
         ratio = _num(wan.get("rate_ratio"))
         if ratio is None:

@@ -52,6 +52,9 @@ def test_each_figure_outside_its_tolerance_is_flagged_by_name(over, needle):
 def test_rtt_tolerance_is_half_a_millisecond_either_way():
     assert fidelity.assess(good_record(wan={"rtt_p50_s": 0.0104})) == []
     assert fidelity.assess(good_record(wan={"rtt_p50_s": 0.0094})) != []
+    # up to it, not past it: ping prints 10.5 ms (0.1-ms resolution above 10 ms), and 0.0105 - 0.010 > 0.0005 in floats
+    assert fidelity.assess(good_record(wan={"rtt_p50_s": 0.0105})) == []
+    assert fidelity.assess(good_record(wan={"rtt_p50_s": 0.0106})) != []
 
 
 def test_build_record_and_summary_fields_carry_the_verdict_and_the_node():
