@@ -155,6 +155,7 @@ def queued_series(df: pd.DataFrame, step_s: float) -> tuple[np.ndarray, np.ndarr
 
 
 TREND_ALPHA = 0.05  # the queue trend's one-sided level (Kendall's tau; the Theil-Sen interval is its 1 - 2 x alpha)
+TREND_MIN_GROWTH = 1.0  # requests: a fitted growth over the window below this is no growth
 
 
 def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = TREND_ALPHA) -> dict[str, Any]:
@@ -191,9 +192,18 @@ def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = T
     slope, _, low, _ = sps.theilslopes(n, t, 0.95)
     tau = sps.kendalltau(t, n, alternative="greater")
     growth = float(slope * (t.max() - t.min()))
-    growing = bool(tau.pvalue < alpha and low > 0 and growth >= 1.0)
+    growing = bool(tau.pvalue < alpha and low > 0 and growth >= TREND_MIN_GROWTH)
     return {"samples": int(t.size), "step_s": step, "slope_per_s": float(slope), "slope_low_per_s": float(low),
             "growth": growth, "kendall_tau": float(tau.statistic), "p_value": float(tau.pvalue), "growing": growing}
+
+
+def queue_trend_inconclusive(queue: dict[str, Any] | None) -> bool:
+    """A `queue_trend` result not called growing although Kendall's test says it grows (one-sided p <
+    `TREND_ALPHA`, a fitted growth of at least `TREND_MIN_GROWTH`): only the Theil-Sen interval, too wide on
+    a few samples, reaches zero. Reads a summary's ``queue`` dict, so recorded runs are judged alike."""
+    q = queue or {}
+    p, growth = q.get("p_value"), q.get("growth")
+    return not q.get("growing") and p is not None and p < TREND_ALPHA and growth is not None and growth >= TREND_MIN_GROWTH
 
 
 def prefix_cache(df: pd.DataFrame) -> dict[str, Any]:

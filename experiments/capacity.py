@@ -30,6 +30,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+# A pass on an inconclusive queue trend is not decisive, so its rate gets its repetitions: the quick
+# reproduction with paced compute passed two configurations above the model's fluid bound on 5-6 samples
+# with Kendall p 0.006-0.042 and 12-20 requests of growth (docs/analysis.md, docs/experiments.md rule 3).
+from analysis.metrics import queue_trend_inconclusive as trend_inconclusive
+
 GOOD_FRACTION = 0.9
 MIN_REQUESTS = 20
 # A bracket wider than the tolerance by less than this share of it is closed: floating-point noise
@@ -130,20 +135,7 @@ def judge(summary: dict[str, Any], rate_rps: float, seed: int, run_dir: str = ""
         reasons.append("too short to test the queue's trend (fewer than 5 queue samples after warm-up): run longer")
     passed = not reasons
     return RunVerdict(rate_rps, seed, passed, good, growing, n, "; ".join(reasons), run_dir,
-                      is_decisive(passed, good, n, growing, bool(stopped)) and not (passed and trend_inconclusive(summary.get("queue"))))
-
-
-def trend_inconclusive(queue: dict[str, Any] | None) -> bool:
-    """A queue not called growing although Kendall's test says it grows (one-sided p < `TREND_ALPHA`, a
-    fitted growth of at least one request): only the Theil-Sen interval, too wide on a few samples,
-    reaches zero. A pass on such a queue is not decisive, so its rate gets its repetitions: the quick
-    reproduction with paced compute passed two configurations above the model's fluid bound on 5-6
-    samples with Kendall p 0.006-0.042 and 12-20 requests of growth (docs/analysis.md)."""
-    from analysis.metrics import TREND_ALPHA
-
-    q = queue or {}
-    p, growth = q.get("p_value"), q.get("growth")
-    return not q.get("growing") and p is not None and p < TREND_ALPHA and growth is not None and growth >= 1.0
+                      is_decisive(passed, good, n, growing, bool(stopped), trend_inconclusive(summary.get("queue"))))
 
 
 def good_fraction_interval(good_fraction: float, requests: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -155,18 +147,20 @@ def good_fraction_interval(good_fraction: float, requests: int, confidence: floa
     return float(ci.low), float(ci.high)
 
 
-def is_decisive(passed: bool, good: float | None, requests: int, growing: bool | None, stopped: bool) -> bool:
+def is_decisive(passed: bool, good: float | None, requests: int, growing: bool | None, stopped: bool,
+                inconclusive: bool = False) -> bool:
     """Is one run enough at this rate? A run stopped early has certainly failed. Otherwise the good
     fraction's 95% binomial interval must lie wholly on the run's side of `GOOD_FRACTION` (MLPerf's early
     stopping bounds its tail estimate the same way), and a pass needs a queue that does not grow; a run
-    that fails only because its queue grows while its SLOs still hold is at the edge (marginal)."""
+    that fails only because its queue grows while its SLOs still hold is at the edge (marginal), and so
+    is a pass whose queue trend is `inconclusive` (`trend_inconclusive`)."""
     if stopped:
         return True
     if good is None or requests < MIN_REQUESTS:
         return False
     lo, hi = good_fraction_interval(good, requests)
     if passed:
-        return lo > GOOD_FRACTION and growing is False
+        return lo > GOOD_FRACTION and growing is False and not inconclusive
     return hi < GOOD_FRACTION
 
 
