@@ -9,6 +9,7 @@ installs (scripts/bootstrap.sh test)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -131,6 +132,13 @@ def test_two_isolated_runs_at_once_each_with_its_fidelity_record(leftovers_check
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    if importlib.util.find_spec("ray") is None:
+        # not a host capability, so not a skip: the test setup installs it
+        pytest.fail(
+            "ray: the Ray tests need the project's `ray` extra, which the test setup installs: "
+            "`bash scripts/bootstrap.sh test` (or `pip install -e '.[test,ray]'`)",
+            pytrace=False,
+        )
     from experiments.ray_local import LocalRayCluster
 
     cluster = LocalRayCluster(workers=1)
