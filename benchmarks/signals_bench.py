@@ -31,7 +31,7 @@ Run as root: python benchmarks/signals_bench.py [--shapes val-dip,...] [--seeds 
   [--set KEY=VALUE ...] [--out DIR] [--measure DIR] [--executor local:N]
 The runs go through the experiments engine (experiments/engine.py: resumable, any executor); this
 script only names the tasks and judges the results.
-The full matrix (5 shapes x 5 seeds x 5 arms = 125 runs of ~2 min): the defaults. `--quick`: val-dip,
+The full matrix (7 shapes x 5 seeds x 5 arms = 175 runs of ~2 min): the defaults. `--quick`: val-dip,
 seeds 1-2, three arms (prfaas-observed, prfaas-oracle, fixed-threshold).
 """
 
@@ -52,7 +52,9 @@ from rich.table import Table  # noqa: E402
 
 from testbed.rundir import SUMMARY_FILE  # noqa: E402
 
-SHAPES = ("val-dip", "val-staircase", "val-rtt-surge", "val-cross-surge", "val-loss-burst")
+SHAPES = ("val-dip", "val-staircase", "val-rtt-surge", "val-cross-surge", "val-loss-burst",
+          # held out, added after the law's last change (session 25): a slow ramp down and back, a flapping line
+          "val-ramp", "val-flap")
 # The full-size case study (`--shapes case-study`): the same dip at twice the deployment and rate (there
 # the dip binds the PrfaaS prefill queue more than the WAN: docs/router.md, "Policy comparison on the
 # full-size case study"); used for design, not in the default matrix.
