@@ -30,10 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-# A pass on an inconclusive queue trend is not decisive, so its rate gets its repetitions: the quick
-# reproduction with paced compute passed two configurations above the model's fluid bound on 5-6 samples
-# with Kendall p 0.006-0.042 and 12-20 requests of growth (docs/analysis.md, docs/experiments.md rule 3).
-from analysis.metrics import queue_trend_inconclusive as trend_inconclusive
+from analysis.metrics import queue_trend_inconclusive
 
 GOOD_FRACTION = 0.9
 MIN_REQUESTS = 20
@@ -135,7 +132,7 @@ def judge(summary: dict[str, Any], rate_rps: float, seed: int, run_dir: str = ""
         reasons.append("too short to test the queue's trend (fewer than 5 queue samples after warm-up): run longer")
     passed = not reasons
     return RunVerdict(rate_rps, seed, passed, good, growing, n, "; ".join(reasons), run_dir,
-                      is_decisive(passed, good, n, growing, bool(stopped), trend_inconclusive(summary.get("queue"))))
+                      is_decisive(passed, good, n, growing, bool(stopped), queue_trend_inconclusive(summary.get("queue"))))
 
 
 def good_fraction_interval(good_fraction: float, requests: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -153,7 +150,9 @@ def is_decisive(passed: bool, good: float | None, requests: int, growing: bool |
     fraction's 95% binomial interval must lie wholly on the run's side of `GOOD_FRACTION` (MLPerf's early
     stopping bounds its tail estimate the same way), and a pass needs a queue that does not grow; a run
     that fails only because its queue grows while its SLOs still hold is at the edge (marginal), and so
-    is a pass whose queue trend is `inconclusive` (`trend_inconclusive`)."""
+    is a pass whose queue trend is `inconclusive` (`queue_trend_inconclusive`): the quick reproduction with
+    paced compute passed two configurations above the model's fluid bound on 5-6 samples with Kendall p
+    0.006-0.042 and 12-20 requests of growth (docs/analysis.md, docs/experiments.md rule 3)."""
     if stopped:
         return True
     if good is None or requests < MIN_REQUESTS:

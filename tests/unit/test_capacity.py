@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from analysis.metrics import queue_trend_inconclusive
 from experiments import capacity
 
 
@@ -245,4 +246,4 @@ def test_a_pass_whose_queue_trend_is_inconclusive_is_not_decisive():
     assert capacity.judge({**base, "queue": {**hint, "p_value": 0.2}}, 3.328, 1).decisive  # no sign of growth
     assert capacity.judge({**base, "queue": {**hint, "growth": 0.5}}, 3.328, 1).decisive  # less than one request
     assert capacity.judge({**base, "queue": {"growing": False}}, 3.328, 1).decisive  # a flat queue has no p-value
-    assert not capacity.trend_inconclusive({**hint, "growing": True})  # growing is a fail, not a hint
+    assert not queue_trend_inconclusive({**hint, "growing": True})  # growing is a fail, not a hint
