@@ -23,6 +23,15 @@ from typing import Any
 from experiments.ray_executor import NODE_RESOURCE
 
 START_TIMEOUT_S = 120.0
+# A node being started may give up on its own: on a loaded 2-core host a worker node's raylet once
+# "timed out during startup" because the head's GCS answered late (CI, 2026-12-02; the same test passed
+# at once when run again). The node just started is then started again, with fresh ports, up to this
+# many times in all; a node that was already up and then exits is an error at once.
+START_ATTEMPTS = 3
+
+
+class NodeStartFailed(RuntimeError):
+    """The node being started exited before it joined the cluster."""
 
 
 def free_port() -> int:
@@ -72,13 +81,23 @@ class LocalRayCluster:
                 "RAY_USAGE_STATS_ENABLED": "0"}
 
     def start(self) -> "LocalRayCluster":
-        self.address = f"127.0.0.1:{free_port()}"
         for i in range(1 + self.workers):
-            log = open(self.temp_dir / f"node{i}.log", "w")
-            self.nodes.append(subprocess.Popen(self._node_argv(head=i == 0), stdin=subprocess.DEVNULL, stdout=log,
-                                               stderr=subprocess.STDOUT, start_new_session=True, env=self._env()))
-            log.close()
-            self._wait_for_nodes(i + 1)
+            for attempt in range(1, START_ATTEMPTS + 1):
+                if i == 0:
+                    self.address = f"127.0.0.1:{free_port()}"
+                log = open(self.temp_dir / f"node{i}.log", "w")
+                node = subprocess.Popen(self._node_argv(head=i == 0), stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True, env=self._env())
+                log.close()
+                self.nodes.append(node)
+                try:
+                    self._wait_for_nodes(i + 1)
+                    break
+                except NodeStartFailed:
+                    if attempt == START_ATTEMPTS:
+                        raise
+                    self.kill_node(i)  # and start it again, with fresh ports
+                    self.nodes.pop()
         return self
 
     def _wait_for_nodes(self, n: int) -> None:
@@ -88,7 +107,8 @@ class LocalRayCluster:
         while time.monotonic() < deadline:
             for i, p in enumerate(self.nodes):
                 if p.poll() is not None:
-                    raise RuntimeError(f"ray node {i} exited ({p.returncode}): {self.node_log(i)}")
+                    err = NodeStartFailed if i == n - 1 else RuntimeError
+                    raise err(f"ray node {i} exited ({p.returncode}): {self.node_log(i)}")
             r = subprocess.run([sys.executable, "-c", probe, self.address], capture_output=True, text=True, env=self._env(), timeout=60)
             if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n)]:
                 return
