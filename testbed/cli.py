@@ -57,6 +57,12 @@ def _dispatch(argv: list[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from testbed.interrupts import raise_keyboard_interrupt
+
+    # SIGTERM and SIGHUP end a command as Ctrl-C does, so its `finally` blocks run: a multi-run command
+    # (`--executor local:N`) stops its runs' processes instead of leaving them running orphaned, as a
+    # `kill` of the parent did before (2026-12-02)
+    raise_keyboard_interrupt()
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

@@ -43,6 +43,12 @@ class Pacer:
         self.cadence = cadence
         self._woke_s: float | None = None
 
+    def idle(self) -> None:
+        """The caller had nothing to pace (a decode loop with no request): its next sleep starts afresh,
+        owing nothing, however soon it comes."""
+        self._woke_s = None
+        self.late_s = 0.0
+
     def sleep(self, seconds: float) -> None:
         start = now_s()
         if self._woke_s is None or start - self._woke_s > self.forget_s:

@@ -428,6 +428,13 @@ def _merge_congestion(per_dest: dict[str, dict[str, Any]]) -> Congestion:
 # ------------------------------------------------------------------------------------------------ decode
 
 
+def stream_late_s(first_token_s: float, due_at_first_s: float, now_s: float, due_s: float) -> float:
+    """How far a request's token stream is behind its profile (profile mode, `decode_late_s`): its time
+    since its first token less the profile's time of the steps since then (`Compute.decode_due_s` then
+    and now). Measured, so a delay the pacer forgave or could not repay is in it."""
+    return max(0.0, (now_s - first_token_s) - (due_s - due_at_first_s))
+
+
 @dataclass
 class DecodeSlot:
     req: DecodeRequest
@@ -447,8 +454,8 @@ class DecodeSlot:
     joined_s: float | None = None  # joined the batch
     prefix: Any = None  # this decode's pool hit (full-attention KV it will not be sent), held until the KV is in
     decode_prefix_len: int | None = None  # positions of that hit, told to the router (None: no block hashes given)
-    late_at_first_s: float | None = None  # profile mode: the decode's lateness (clock.Pacer) at this request's first token
-    decode_late_s: float | None = None  # ... and how much it grew until its last: the stream's time past its profile
+    due_at_first_s: float | None = None  # profile mode: the decode's profile time so far (`decode_due_s`) at this request's first token
+    decode_late_s: float | None = None  # profile mode: its first-to-last token time past the profile's steps between them
 
     @property
     def request_id(self) -> str:
@@ -560,11 +567,13 @@ class DecodeWorker:
                 self.ready.append(slot)
                 self.admit_cond.notify()
 
-    def _join(self) -> None:
+    def _join(self) -> bool:
         """Between steps: ready requests join the batch up to BS_max; those past their deadline leave the
-        batch queue failed, with a reason naming it."""
+        batch queue failed, with a reason naming it. True when it had to wait for a request (idle)."""
+        waited = False
         with self.admit_cond:
             while not self.active and not self.ready:
+                waited = True
                 self.admit_cond.wait()
             now = now_s()
             expired = [x for x in self.ready if not x.aborted and now > x.deadline_s(self.cfg.request_timeout_s)]
@@ -575,14 +584,16 @@ class DecodeWorker:
                 slot.joined_s = now
                 self.active.append(slot)
         for slot in expired:
-            waited = now - (slot.admitted_s or now)
-            slot.events.put(slot.final("failed", f"waited {waited:.1f} s in the batch queue of decode instance {self.cfg.instance} "
+            waited_s = now - (slot.admitted_s or now)
+            slot.events.put(slot.final("failed", f"waited {waited_s:.1f} s in the batch queue of decode instance {self.cfg.instance} "
                                                  f"(request timeout {slot.timeout_s(self.cfg.request_timeout_s):g} s)"))
+        return waited
 
     def _loop(self) -> None:
         """Continuous batching: up to BS_max requests per step, joining and leaving between steps."""
         while True:
-            self._join()
+            if self._join():
+                self.compute.decode_idle()  # an empty batch owes nothing to the next step
             if not self.active:
                 continue
             try:
@@ -593,13 +604,13 @@ class DecodeWorker:
                     slot.events.put(slot.final("failed", f"decode failed: {type(exc).__name__}: {exc}"))
                 self.active = []
                 continue
-            t, late = now_s(), self.compute.decode_late_s
+            t, due = now_s(), self.compute.decode_due_s
             keep = []
             for slot, tok in zip(self.active, tokens):
                 if slot.first_token_s is None:
-                    slot.first_token_s, slot.late_at_first_s = t, late
-                if late is not None and slot.late_at_first_s is not None:
-                    slot.decode_late_s = max(0.0, late - slot.late_at_first_s)
+                    slot.first_token_s, slot.due_at_first_s = t, due
+                if due is not None and slot.due_at_first_s is not None:
+                    slot.decode_late_s = stream_late_s(slot.first_token_s, slot.due_at_first_s, t, due)
                 slot.events.put(TokenEvent(int(tok), slot.emitted, t))
                 slot.emitted += 1
                 if slot.emitted >= slot.req.output_len:

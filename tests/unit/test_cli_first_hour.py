@@ -48,3 +48,45 @@ def test_readme_commands_run_as_root_without_sudo_and_match_ci() -> None:
     assert commands == ["bash scripts/bootstrap.sh run", "bash scripts/bootstrap.sh test"]
     ci = (ROOT / ".ci" / "run").read_text()
     assert "bash scripts/bootstrap.sh test" in ci
+
+
+STOPPABLE = """
+import argparse, sys, time
+from testbed import cli
+
+def wait(args):
+    print("ready", flush=True)
+    try:
+        time.sleep(60)
+    finally:
+        print("stopping my runs", flush=True)  # what a multi-run command's executor does in its finally
+
+def parser():
+    p = argparse.ArgumentParser(prog="prfaas")
+    p.set_defaults(func=wait)
+    return p
+
+cli.build_parser = parser
+sys.exit(cli.main([]))
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_command_stopped_from_outside_runs_its_cleanup_as_on_ctrl_c(sig: str) -> None:
+    """`kill` of a `prfaas` command (a job scheduler, a closed terminal) ends it as Ctrl-C does: before,
+    SIGTERM killed a `reproduce --executor local:2` outright and left its two runs going, orphaned."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", STOPPABLE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        time.sleep(0.2)
+        p.send_signal(getattr(signal, sig))
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert out == "stopping my runs\n"
+    assert err == "prfaas: interrupted; cleaned up\n" and p.returncode == 130

@@ -101,3 +101,16 @@ def test_with_a_thread_holding_the_gil_a_paced_run_keeps_its_time() -> None:
         stop.set()
         t.join()
     assert 0.600 <= took < 0.600 * 1.15 + 0.030, took
+
+
+def test_idle_forgets_a_debt_however_soon_the_next_sleep_comes(fake: OversleepingClock) -> None:
+    fake.over_s = 0.0
+    p = clock.Pacer(forget_s=5.0, cadence=True)
+    p.sleep(0.025)
+    fake.t += 0.300  # a stall while busy: owed (no idle gap long enough to forget it)
+    p.sleep(0.025)
+    assert len(fake.asked) == 1  # nothing slept: the stall is repaid first
+    assert p.late_s == pytest.approx(0.275)
+    p.idle()  # the caller had nothing to pace
+    p.sleep(0.025)
+    assert fake.asked[-1] == pytest.approx(0.025) and p.late_s == pytest.approx(0.0)
