@@ -35,7 +35,8 @@ class Pacer:
     back-pressure) is real and never taken back. With `cadence=True` the time between sleeps is owed too,
     so back-to-back sleeps keep a period (a decode step's time is its whole iteration; the emulator's own
     work between steps, streaming tokens and admitting requests, is part of it). A debt older than
-    `forget_s` (the compute sat idle) is dropped."""
+    `forget_s` (the compute sat idle) is dropped, and so is any debt when the caller says it was idle
+    (`idle`: a decode loop whose batch ran empty, however short the gap)."""
 
     def __init__(self, forget_s: float = 1.0, *, cadence: bool = False) -> None:
         self.late_s = 0.0
