@@ -361,8 +361,9 @@ def check_parallelism(n: int, cpus: int, cores_per_run: float = CORES_PER_RUN_DE
         raise UserError(f"--executor local:{n}: {n} runs at once on {cpus} cores cannot keep time "
                         f"(about {cores_per_run:g} cores per run); `prfaas doctor` suggests local:{suggested}")
     if n > suggested:
-        return (f"local:{n} on {cpus} cores (about {cores_per_run:g} per run): runs may disturb each other's timing and "
-                f"will be flagged if they do; `prfaas doctor` suggests local:{suggested}")
+        return (f"local:{n} on {cpus} cores (about {cores_per_run:g} per run): runs may disturb each other's timing; a run "
+                f"is flagged when its compute runs over 5% late, but near a capacity edge less can change its verdict "
+                f"(docs/serving.md); `prfaas doctor` suggests local:{suggested}")
     return None
 
 
