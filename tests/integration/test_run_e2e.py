@@ -225,9 +225,12 @@ def test_a_run_stopped_with_sigterm_mid_workload_cleans_up_and_exits_130(run_dir
 def test_a_prfaas_run_with_observed_signals_records_its_mode_its_estimate_and_the_ground_truth(run_dir: Path):
     """Observed (the default): the router's config carries only the nominal line rate; the policy's
     estimate is logged beside the emulator's ground truth and the summary gives its error."""
-    sc = scenario(duration="8s", wan__schedule=[{"at": "3s", "rate": "2Gbps", "for": "3s"}],
+    # the last 4 s have no arrivals: a quiet line once the KV in flight is through, so the probe (which
+    # runs only while no KV moves) gets its turn; with arrivals to the end, 1 CI run in ~7 had every
+    # probe refused or discarded ("KV moved during the probe", 2026-12-02)
+    sc = scenario(duration="10s", wan__schedule=[{"at": "3s", "rate": "2Gbps", "for": "3s"}],
                   policy={"name": "prfaas", "threshold": "4K", "signals": "observed"},
-                  workload__arrivals={"process": "poisson", "rate": "2/s"},
+                  workload__arrivals={"process": "poisson", "rate": "2/s", "steps": [{"at": "6s", "rate": "0/s"}]},
                   serving__instances={"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1})
     assert sc.section("policy").signals == "observed"
     run_once(sc, run_dir, progress=False)
