@@ -8,6 +8,7 @@ them; bounds are loose sanity bounds (benchmarks/netem_guest_bench.py has the ti
 """
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -68,7 +69,10 @@ def test_netem_delays_both_directions(net):
 def test_rate_is_held_by_htb_with_netem_as_its_leaf(net):
     with IperfServer(net, DST):
         bps = measure_rate_bps(net, SRC, DST, streams=4, duration_s=3, omit_s=1)
-    assert 0.75 * WIRE_BPS <= bps <= 1.02 * WIRE_BPS, bps
+    # held: never above the rate. The lower end only catches a shaper gone wrong; a TCG guest (an emulated
+    # CPU) once carried 34.9 of 50 Mbit/s on a quiet host (CI, 2026-12-02), so under TCG it is 0.5
+    low = 0.5 if os.environ.get("PRFAAS_GUEST_ACCEL") == "tcg" else 0.75
+    assert low * WIRE_BPS <= bps <= 1.02 * WIRE_BPS, bps
 
 
 def test_schedule_changes_apply_to_the_live_netem_qdisc(net):
