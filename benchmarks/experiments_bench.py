@@ -57,6 +57,8 @@ def main() -> int:
     ap.add_argument("--out", default=f"runs/experiments-bench-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--reuse", metavar="DIR", help="judge an earlier reproduction (DIR/reproduce.json)")
     ap.add_argument("--stats-only", action="store_true", help="only the bootstrap coverage (no runs, no root)")
+    ap.add_argument("--paired", type=int, default=0, metavar="N",
+                    help="also the paired order test on seeds 1..N (reproduce --paired; its runs count in the wall time)")
     args = ap.parse_args()
     ok = True
 
@@ -77,7 +79,7 @@ def main() -> int:
         from experiments.reproduce import reproduce_case_study
 
         t0 = time.monotonic()
-        doc = reproduce_case_study(args.out, quick=args.quick, progress=sys.stdout.isatty())
+        doc = reproduce_case_study(args.out, quick=args.quick, progress=sys.stdout.isatty(), paired_seeds=args.paired)
         wall = time.monotonic() - t0
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "reproduce.json").write_text(json.dumps(doc, indent=1))
@@ -111,6 +113,10 @@ def main() -> int:
         dr, dr_apart = sorted_apart(probes_interval(m["probes"]).ci for m in doc["measured"].values())
         print(f"  dose-response 95% intervals {[(round(a, 3), round(b, 3)) for a, b in dr]}: "
               f"{'disjoint' if dr_apart else 'overlap'} (reported, not judged: docs/experiments.md)")
+    from experiments.capacity_paired import PairedOrder
+
+    for p in doc.get("paired", []):  # `--paired N`: the order of adjacent configurations, paired by seed
+        print(f"  paired: {PairedOrder(**p).sentence()} (reported, not judged: docs/experiments.md, 'Paired order')")
     print("all targets met" if ok else "some targets NOT MET")
     return 0 if ok else 1
 

@@ -328,12 +328,19 @@ def model_start_rps(sc: Any) -> float:
         return float(sc.section("workload").arrivals.rate_rps)
 
 
+def capacity_overrides(overrides: Sequence[str], early_stop: bool = True) -> list[str]:
+    """The overrides every run of a search gets: the caller's, after early stopping (``serving.slo.stop_below``
+    = `GOOD_FRACTION`) unless it is off. Anything that runs beside a search (`experiments.capacity_paired`)
+    uses the same, so its runs are judged alike and land beside the search's."""
+    return ([f"serving.slo.stop_below={GOOD_FRACTION}"] if early_stop else []) + list(overrides)
+
+
 def measure_capacity(scenario: str, overrides: Sequence[str], out: str | Path, *, repetitions: int = 3, rel_tol: float = 0.1,
                      max_probes: int = 8, start_rps: float | None = None, executor: Any = None, progress: bool = True,
                      early_stop: bool = True) -> dict[str, Any]:
     """Lambda_max of `scenario` with `overrides`, measured; the --json document of ``prfaas capacity``.
     `early_stop`: every probe ends as soon as it cannot pass (``serving.slo.stop_below`` = `GOOD_FRACTION`)."""
-    overrides = ([f"serving.slo.stop_below={GOOD_FRACTION}"] if early_stop else []) + list(overrides)
+    overrides = capacity_overrides(overrides, early_stop)
     sc = check_scenario(scenario, overrides)
     start = start_rps or model_start_rps(sc)
     res = search(wire_evaluator(scenario, overrides, Path(out), executor, progress), start, repetitions=repetitions,

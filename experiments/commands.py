@@ -67,6 +67,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
                    help="comma-separated configurations to measure")
     r.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
+    r.add_argument("--paired", type=int, default=0, metavar="N",
+                   help="then test the order of each two configurations adjacent by Lambda_max: both at the geometric mean "
+                        "of theirs on seeds 1..N, McNemar's exact test (docs/experiments.md, 'Paired order'; 6 or more)")
     r.add_argument("--json", action="store_true")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
@@ -212,6 +215,7 @@ def format_interval(ci: Sequence[float | None]) -> str:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import json
 
+    from experiments.capacity_paired import PairedOrder
     from experiments.executor import make_executor
     from experiments.reproduce import CONFIGURATIONS, reproduce_case_study
 
@@ -221,9 +225,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise UserError(f"--only {args.only!r}: choose from {', '.join(CONFIGURATIONS)}")
     if args.repetitions is not None:
         _positive("--repetitions", args.repetitions)
+    if args.paired:
+        _positive("--paired", args.paired)
+        if len(only) < 2:
+            raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(only)}")
     out = Path(args.out) if args.out else _default_out("reproduce-case-study")
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
-                               executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop)
+                               executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop,
+                               paired_seeds=args.paired)
     out.mkdir(parents=True, exist_ok=True)
     (out / "reproduce.json").write_text(json.dumps(doc, indent=1))
     if args.json:
@@ -249,5 +258,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"note: {k} measured {x:.2f}x the model's fluid bound, where its queues grow without end: the runs were too "
               f"short to show it{' (quick variant: run the full one)' if args.quick else ''}, or drew a lighter workload than "
               "the mean; not a capacity (docs/analysis.md)")
+    for p in doc["paired"]:
+        print(f"paired: {PairedOrder(**p).sentence()}")
     print(f"wrote {out / 'reproduce.json'}")
     return 0

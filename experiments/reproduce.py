@@ -115,7 +115,9 @@ def above_model(measured: dict[str, Any], model: dict[str, dict[str, Any]]) -> d
 
 
 def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: int | None = None, only: tuple[str, ...] = CONFIGURATIONS,
-                         executor: Any = None, progress: bool = True, early_stop: bool = True) -> dict[str, Any]:
+                         executor: Any = None, progress: bool = True, early_stop: bool = True, paired_seeds: int = 0) -> dict[str, Any]:
+    """The measured and modelled Lambda_max of each configuration in `only`; with `paired_seeds`, also the
+    paired order test of each two configurations adjacent by measured Lambda_max (`paired_orders`)."""
     import time
 
     from experiments.capacity import measure_capacity
@@ -138,6 +140,9 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
         measured[name] = {"lambda_max_rps": cap["lambda_max_rps"], "ci": cap["ci"], "ci_dose_response": cap["ci_dose_response"], "runs": cap["runs"],
                           "bracketed": cap["bracketed"], "overrides": overrides[name], "probes": cap["probes"],
                           "wall_s": time.monotonic() - t1}
+    t2 = time.monotonic()
+    paired = paired_orders(measured, base, overrides, out, paired_seeds, executor, progress, early_stop) if paired_seeds else []
+    paired_wall_s = time.monotonic() - t2
     homo = measured.get("homogeneous_pd", {}).get("lambda_max_rps")
     ratios = {k: (v["lambda_max_rps"] / homo if homo else None) for k, v in measured.items()}
     ratio_ci = {k: ratio_interval(v, measured["homogeneous_pd"]) for k, v in measured.items() if homo}
@@ -157,4 +162,23 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
                                        for r in ("literal", "mean")},
         "paper_ratio_vs_homogeneous": PAPER_RATIOS,
         "above_model": above_model(measured, model),
+        "paired": paired,
+        "paired_wall_s": paired_wall_s,
     }
+
+
+def paired_orders(measured: dict[str, Any], base: list[str], overrides: dict[str, list[str]], out: str | Path, seeds: int,
+                  executor: Any = None, progress: bool = True, early_stop: bool = True) -> list[dict[str, Any]]:
+    """`experiments.capacity_paired.paired_order` for each two configurations adjacent by measured Lambda_max,
+    at the geometric mean of theirs, on seeds 1..`seeds`, with the searches' overrides and run directories."""
+    from experiments.capacity import capacity_overrides, wire_evaluator
+    from experiments.capacity_paired import paired_order, paired_rate
+
+    ranked = sorted((k for k, m in measured.items() if m["lambda_max_rps"]), key=lambda k: measured[k]["lambda_max_rps"])
+    docs = []
+    for low, high in zip(ranked, ranked[1:]):
+        rate = paired_rate(measured[low]["lambda_max_rps"], measured[high]["lambda_max_rps"])
+        ev = {k: wire_evaluator("case-study", capacity_overrides(base + overrides[k], early_stop), Path(out) / k, executor, progress)
+              for k in (low, high)}
+        docs.append(paired_order(ev[high], ev[low], rate, range(1, seeds + 1), (high, low)).to_json())
+    return docs

@@ -68,10 +68,10 @@ def test_the_report_names_a_configuration_measured_above_the_model(monkeypatch, 
                      for k, x in (("prfaas_pd", 4.234), ("homogeneous_pd", 2.577), ("naive_heterogeneous", 2.516))},
            "measured_ratio_vs_homogeneous": {}, "measured_ratio_interval": {},
            "model_ratio_vs_homogeneous": {r: {"prfaas_pd": 1.64, "homogeneous_pd": 1.0, "naive_heterogeneous": 0.98} for r in ("literal", "mean")},
-           "paper_ratio_vs_homogeneous": reproduce.PAPER_RATIOS}
+           "paper_ratio_vs_homogeneous": reproduce.PAPER_RATIOS, "paired": []}
     monkeypatch.setattr(reproduce, "reproduce_case_study", lambda *a, **kw: doc)
     args = argparse.Namespace(only="prfaas_pd,homogeneous_pd,naive_heterogeneous", repetitions=None, out=str(tmp_path), quick=True,
-                              executor="local", json=False, no_early_stop=False)
+                              executor="local", json=False, no_early_stop=False, paired=0)
     assert commands.cmd_reproduce(args) == 0
     out = capsys.readouterr().out
     assert "note: naive_heterogeneous measured 1.32x the model's fluid bound" in out and "run the full one" in out

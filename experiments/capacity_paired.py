@@ -1,0 +1,99 @@
+"""Which of two deployments sustains more load, paired by workload draw (docs/experiments.md, "Paired order").
+
+Two capacity searches give each configuration an interval that holds the spread of its edge over workload
+draws (`experiments.capacity`: every run passed below, every run failed above). A draw that is heavy for
+one configuration is usually heavy for the other too (the case study's seed 1 asks 1.7x the prefill work
+in its second half: measured, docs/analysis.md), so two configurations a few percent apart can have
+overlapping intervals although, draw by draw, one sustains more than the other. Claims are paired here as
+everywhere else (docs/experiments.md): both configurations run at one rate on the same seeds (the same
+arrivals and prompts), and only the seeds where exactly one of them passes say anything about the order:
+
+- ``higher_only``: the configuration measured higher passes and the other fails;
+- ``lower_only``: the reverse.
+
+Under the null hypothesis that neither sustains more, each such discordant seed is a fair coin:
+McNemar's exact test, a two-sided binomial test of ``higher_only`` of ``higher_only + lower_only`` at 1/2
+(`scipy.stats.binomtest`). Concordant seeds (both pass, both fail) carry no information on the order.
+With every discordant seed on one side, 6 are needed for p < 0.05 (p = 2 / 2^n: 0.0625 at 5, 0.031 at 6).
+
+The rate is the geometric mean of the two measured Lambda_max (`paired_rate`): between the two edges,
+where a run of the lower configuration should fail and one of the higher should pass if they differ, so
+most seeds are discordant; at either configuration's own Lambda_max one of the two is marginal by
+construction and many seeds would be concordant. Each run is judged exactly as the search judges it
+(`capacity.judge`), with the search's overrides (early stop included), and lands where the search keeps
+its runs, so a run the search already made at that rate and seed is reused, not repeated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+from experiments.capacity import RunVerdict
+
+Evaluate = Callable[[float, Sequence[int]], list[RunVerdict]]
+ALPHA = 0.05
+
+
+def paired_rate(lambda_low_rps: float, lambda_high_rps: float) -> float:
+    """The rate both configurations run at: the geometric mean of their Lambda_max, to 4 digits (the
+    digits a probe's run directory is named with)."""
+    if not (lambda_low_rps > 0 and lambda_high_rps > 0):
+        raise ValueError(f"Lambda_max {lambda_low_rps!r}, {lambda_high_rps!r}: both must be > 0")
+    return float(f"{math.sqrt(lambda_low_rps * lambda_high_rps):.4g}")
+
+
+@dataclass(frozen=True)
+class PairedOrder:
+    higher: str  # the configuration with the higher measured Lambda_max
+    lower: str
+    rate_rps: float
+    seeds: list[int]
+    higher_passed: list[bool]
+    lower_passed: list[bool]
+    higher_only: int  # seeds where the higher passes and the lower fails
+    lower_only: int  # the reverse
+    p_value: float | None  # McNemar's exact test, two-sided (None: no discordant seed)
+    significant: bool  # p < ALPHA and the higher passes more often: the order holds, paired
+    higher_runs: list[dict[str, Any]]
+    lower_runs: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def sentence(self) -> str:
+        """The result in words, as the experiment report says it."""
+        n = self.higher_only + self.lower_only
+        where = f"at {self.rate_rps:.4g} req/s on {len(self.seeds)} shared seeds"
+        if n == 0:
+            return f"{self.higher} vs {self.lower} {where}: no seed where exactly one passed, so no order can be read"
+        verdict = (f"{self.higher} sustains more than {self.lower}" if self.significant
+                   else f"no significant difference between {self.higher} and {self.lower}")
+        return (f"{verdict} {where}: only {self.higher} passed on {self.higher_only}, only {self.lower} on "
+                f"{self.lower_only} (McNemar exact p = {self.p_value:.3g})")
+
+
+def mcnemar_exact(higher_only: int, lower_only: int) -> float | None:
+    """Two-sided exact McNemar p-value of the discordant counts (None when there are none)."""
+    from scipy.stats import binomtest
+
+    n = higher_only + lower_only
+    return None if n == 0 else float(binomtest(higher_only, n, 0.5, alternative="two-sided").pvalue)
+
+
+def paired_order(evaluate_higher: Evaluate, evaluate_lower: Evaluate, rate_rps: float, seeds: Sequence[int],
+                 names: tuple[str, str] = ("higher", "lower")) -> PairedOrder:
+    """Run both configurations at `rate_rps` on `seeds` and test the order; `names` = (higher, lower)."""
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds {seeds!r}: give at least one, none twice")
+    hi, lo = evaluate_higher(rate_rps, seeds), evaluate_lower(rate_rps, seeds)
+    if [v.seed for v in hi] != seeds or [v.seed for v in lo] != seeds:
+        raise ValueError("an evaluator returned verdicts for other seeds than it was asked")
+    hp, lp = [v.passed for v in hi], [v.passed for v in lo]
+    b = sum(h and not l for h, l in zip(hp, lp))
+    c = sum(l and not h for h, l in zip(hp, lp))
+    p = mcnemar_exact(b, c)
+    return PairedOrder(names[0], names[1], rate_rps, seeds, hp, lp, b, c, p, p is not None and p < ALPHA and b > c,
+                       [asdict(v) for v in hi], [asdict(v) for v in lo])

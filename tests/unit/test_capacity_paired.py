@@ -1,0 +1,122 @@
+"""The paired order test of two deployments' capacities (experiments.capacity_paired): McNemar's exact test
+on the seeds where exactly one configuration passes, at the geometric mean of their Lambda_max, with runs
+judged and placed as the capacity search's. The evaluators are stand-ins with a known edge per seed."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from experiments import capacity_paired as cp
+from experiments.capacity import RunVerdict
+
+
+def _evaluator(edges: dict[int, float], calls: list | None = None):
+    """Passes seed s at rates up to edges[s] (a stand-in for real runs)."""
+
+    def evaluate(rate, seeds):
+        if calls is not None:
+            calls.append((rate, list(seeds)))
+        return [RunVerdict(rate, s, rate <= edges[s], 1.0, rate > edges[s], 300, "" if rate <= edges[s] else "grows")
+                for s in seeds]
+
+    return evaluate
+
+
+def test_the_rate_is_the_geometric_mean_to_the_digits_runs_are_named_with():
+    assert cp.paired_rate(1.953, 2.157) == 2.052  # sqrt(4.212621) = 2.05247
+    assert cp.paired_rate(2.0, 2.0) == 2.0
+    with pytest.raises(ValueError, match="must be > 0"):
+        cp.paired_rate(0.0, 2.0)
+
+
+def test_every_seed_on_the_higher_side_orders_them_at_six_seeds_not_five():
+    # a heavy draw (seed 1) lowers both edges, so unpaired every-run intervals overlap ([1.35, 2.0] vs
+    # [1.9, 2.3]); seed by seed the higher configuration is ~10% above
+    low = {1: 1.35, 2: 1.95, 3: 1.98, 4: 1.9, 5: 2.0, 6: 1.93}
+    high = {s: e * 1.1 for s, e in low.items()}
+    res = cp.paired_order(_evaluator(high), _evaluator(low), 1.9, range(1, 7), ("naive", "homo"))
+    # at 1.9 seed 1 fails both (1.35 x 1.1 = 1.485 < 1.9) and every other seed passes both: all concordant
+    assert res.higher_passed == [False, True, True, True, True, True]
+    assert res.lower_passed == [False, True, True, True, True, True]
+    assert (res.higher_only, res.lower_only, res.p_value, res.significant) == (0, 0, None, False)
+    assert "no seed where exactly one passed" in res.sentence()
+    rate = cp.paired_rate(1.95, 1.95 * 1.1)
+    six = cp.paired_order(_evaluator({s: 2.1 for s in range(1, 7)}), _evaluator({s: 1.95 for s in range(1, 7)}), rate,
+                          range(1, 7), ("naive", "homo"))
+    assert (six.higher_only, six.lower_only) == (6, 0)
+    assert six.p_value == pytest.approx(2 / 2 ** 6) and six.significant
+    assert six.sentence().startswith("naive sustains more than homo at 2.045 req/s on 6 shared seeds")
+    five = cp.paired_order(_evaluator({s: 2.1 for s in range(1, 6)}), _evaluator({s: 1.95 for s in range(1, 6)}), rate,
+                           range(1, 6), ("naive", "homo"))
+    assert five.p_value == pytest.approx(2 / 2 ** 5) and not five.significant
+    assert five.sentence().startswith("no significant difference between naive and homo")
+
+
+def test_concordant_seeds_say_nothing_and_the_reverse_order_is_not_called_significant():
+    seeds = range(1, 9)
+    hi = {s: (1.0 if s <= 7 else 3.0) for s in seeds}  # fails at 2.0 on seeds 1-7
+    lo = {s: (3.0 if s <= 7 else 1.0) for s in seeds}  # passes at 2.0 on seeds 1-7
+    res = cp.paired_order(_evaluator(hi), _evaluator(lo), 2.0, seeds, ("a", "b"))
+    assert (res.higher_only, res.lower_only) == (1, 7)
+    assert res.p_value == pytest.approx(0.0703125)  # 2 x P(X <= 1), X ~ Bin(8, 1/2) = 2 x 9/256
+    assert not res.significant
+    both = cp.paired_order(_evaluator({1: 3.0, 2: 3.0}), _evaluator({1: 3.0, 2: 1.0}), 2.0, [1, 2])
+    assert (both.higher_only, both.lower_only) == (1, 0) and both.p_value == pytest.approx(1.0)
+
+
+def test_seeds_are_checked_and_a_verdict_for_another_seed_is_refused():
+    with pytest.raises(ValueError, match="none twice"):
+        cp.paired_order(_evaluator({1: 2.0}), _evaluator({1: 2.0}), 2.0, [1, 1])
+    with pytest.raises(ValueError, match="at least one"):
+        cp.paired_order(_evaluator({}), _evaluator({}), 2.0, [])
+
+    def wrong(rate, seeds):
+        return [RunVerdict(rate, s + 1, True, 1.0, False, 300, "") for s in seeds]
+
+    with pytest.raises(ValueError, match="other seeds"):
+        cp.paired_order(wrong, _evaluator({1: 2.0}), 2.0, [1])
+
+
+def test_reproduce_pairs_the_configurations_adjacent_by_lambda_max_with_the_searches_overrides(monkeypatch, tmp_path):
+    from experiments import reproduce
+
+    edges = {"homogeneous_pd": 1.95, "naive_heterogeneous": 2.15, "prfaas_pd": 3.05}
+    calls: dict[str, list] = {k: [] for k in edges}
+    made = []
+
+    def fake_wire(scenario, overrides, out, executor=None, progress=True):
+        name = out.name
+        made.append((name, list(overrides)))
+        return _evaluator({s: edges[name] for s in range(1, 7)}, calls[name])
+
+    monkeypatch.setattr("experiments.capacity.wire_evaluator", fake_wire)
+    measured = {k: {"lambda_max_rps": v} for k, v in edges.items()}
+    overrides = {k: [f"x={k}"] for k in edges}
+    docs = reproduce.paired_orders(measured, ["duration=150s"], overrides, tmp_path, 6, progress=False)
+    assert [(d["lower"], d["higher"]) for d in docs] == [("homogeneous_pd", "naive_heterogeneous"),
+                                                          ("naive_heterogeneous", "prfaas_pd")]
+    assert docs[0]["rate_rps"] == round(math.sqrt(1.95 * 2.15), 3) and docs[1]["rate_rps"] == round(math.sqrt(2.15 * 3.05), 3)
+    assert calls["homogeneous_pd"] == [(docs[0]["rate_rps"], [1, 2, 3, 4, 5, 6])]
+    assert all(d["higher_only"] == 6 and d["significant"] for d in docs)
+    # each configuration's runs are judged like its search's: early stop, then the search's overrides
+    assert ("homogeneous_pd", ["serving.slo.stop_below=0.9", "duration=150s", "x=homogeneous_pd"]) in made
+    # a configuration without a Lambda_max is left out; one configuration has no pair
+    measured["naive_heterogeneous"]["lambda_max_rps"] = None
+    assert [(d["lower"], d["higher"]) for d in reproduce.paired_orders(measured, [], overrides, tmp_path, 2, progress=False)] == [
+        ("homogeneous_pd", "prfaas_pd")]
+
+
+def test_the_cli_refuses_a_paired_test_of_one_configuration(tmp_path):
+    from experiments import commands
+    from testbed.errors import UserError
+
+    args = argparse.Namespace(only="homogeneous_pd", repetitions=None, out=str(tmp_path), quick=True, executor="local",
+                              json=False, no_early_stop=False, paired=6)
+    with pytest.raises(UserError, match="--paired 6: the order test needs two configurations"):
+        commands.cmd_reproduce(args)
+    args.paired, args.only = -1, "homogeneous_pd,prfaas_pd"
+    with pytest.raises(UserError, match="--paired: -1 must be > 0"):
+        commands.cmd_reproduce(args)
