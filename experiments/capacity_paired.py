@@ -56,6 +56,7 @@ class PairedOrder:
     lower_only: int  # the reverse
     p_value: float | None  # McNemar's exact test, two-sided (None: no discordant seed)
     significant: bool  # p < ALPHA and the higher passes more often: the order holds, paired
+    reversed: bool  # p < ALPHA and the lower passes more often: paired runs contradict the searches' order
     higher_runs: list[dict[str, Any]]
     lower_runs: list[dict[str, Any]]
 
@@ -69,6 +70,7 @@ class PairedOrder:
         if n == 0:
             return f"{self.higher} vs {self.lower} {where}: no seed where exactly one passed, so no order can be read"
         verdict = (f"{self.higher} sustains more than {self.lower}" if self.significant
+                   else f"{self.lower} sustains more than {self.higher}, against the searches' order" if self.reversed
                    else f"no significant difference between {self.higher} and {self.lower}")
         return (f"{verdict} {where}: only {self.higher} passed on {self.higher_only}, only {self.lower} on "
                 f"{self.lower_only} (McNemar exact p = {self.p_value:.3g})")
@@ -95,5 +97,6 @@ def paired_order(evaluate_higher: Evaluate, evaluate_lower: Evaluate, rate_rps: 
     b = sum(h and not l for h, l in zip(hp, lp))
     c = sum(l and not h for h, l in zip(hp, lp))
     p = mcnemar_exact(b, c)
-    return PairedOrder(names[0], names[1], rate_rps, seeds, hp, lp, b, c, p, p is not None and p < ALPHA and b > c,
+    apart = p is not None and p < ALPHA
+    return PairedOrder(names[0], names[1], rate_rps, seeds, hp, lp, b, c, p, apart and b > c, apart and c > b,
                        [asdict(v) for v in hi], [asdict(v) for v in lo])

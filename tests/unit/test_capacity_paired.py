@@ -62,7 +62,11 @@ def test_concordant_seeds_say_nothing_and_the_reverse_order_is_not_called_signif
     res = cp.paired_order(_evaluator(hi), _evaluator(lo), 2.0, seeds, ("a", "b"))
     assert (res.higher_only, res.lower_only) == (1, 7)
     assert res.p_value == pytest.approx(0.0703125)  # 2 x P(X <= 1), X ~ Bin(8, 1/2) = 2 x 9/256
-    assert not res.significant
+    assert not res.significant and not res.reversed
+    flipped = cp.paired_order(_evaluator({s: 1.0 for s in range(1, 7)}), _evaluator({s: 3.0 for s in range(1, 7)}), 2.0,
+                              range(1, 7), ("a", "b"))
+    assert flipped.reversed and not flipped.significant
+    assert flipped.sentence().startswith("b sustains more than a, against the searches' order")
     both = cp.paired_order(_evaluator({1: 3.0, 2: 3.0}), _evaluator({1: 3.0, 2: 1.0}), 2.0, [1, 2])
     assert (both.higher_only, both.lower_only) == (1, 0) and both.p_value == pytest.approx(1.0)
 
