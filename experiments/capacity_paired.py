@@ -14,14 +14,20 @@ arrivals and prompts), and only the seeds where exactly one of them passes say a
 Under the null hypothesis that neither sustains more, each such discordant seed is a fair coin:
 McNemar's exact test, a two-sided binomial test of ``higher_only`` of ``higher_only + lower_only`` at 1/2
 (`scipy.stats.binomtest`). Concordant seeds (both pass, both fail) carry no information on the order.
-With every discordant seed on one side, 6 are needed for p < 0.05 (p = 2 / 2^n: 0.0625 at 5, 0.031 at 6).
+With every discordant seed on one side, 6 are needed for p < 0.05 (p = 2 / 2^n: 0.0625 at 5, 0.031 at 6),
+so fewer than `MIN_SEEDS` are refused.
+
+The seeds are **fresh**: the searches that measured the two Lambda_max, and so named which is higher,
+ran seeds 1..R; the test runs R + 1 .. R + N (`fresh_seeds`). On the searches' own draws a configuration
+that happened to suit them would be favoured twice, once in being named higher and again in the test
+(with 3 of 6 seeds reused, up to 4x the test's false-positive rate).
 
 The rate is the geometric mean of the two measured Lambda_max (`paired_rate`): between the two edges,
 where a run of the lower configuration should fail and one of the higher should pass if they differ, so
 most seeds are discordant; at either configuration's own Lambda_max one of the two is marginal by
 construction and many seeds would be concordant. Each run is judged exactly as the search judges it
-(`capacity.judge`), with the search's overrides (early stop included), and lands where the search keeps
-its runs, so a run the search already made at that rate and seed is reused, not repeated.
+(`capacity.judge`), with the search's overrides (early stop included), and lands beside the search's runs
+(``OUT/<configuration>/probes/rate=R/seedS``), so an interrupted test resumes.
 """
 
 from __future__ import annotations
@@ -34,6 +40,15 @@ from experiments.capacity import RunVerdict
 
 Evaluate = Callable[[float, Sequence[int]], list[RunVerdict]]
 ALPHA = 0.05
+MIN_SEEDS = 6  # the fewest seeds with which the two-sided exact test can reach p < ALPHA (2 / 2^6 = 0.031)
+
+
+def fresh_seeds(search_repetitions: int, n: int) -> list[int]:
+    """Seeds the searches did not run (they ran 1..`search_repetitions`): the next `n`."""
+    if n < MIN_SEEDS:
+        raise ValueError(f"{n} seeds: at least {MIN_SEEDS} (with fewer, McNemar's exact test cannot reach p < {ALPHA} "
+                         "even when every seed is discordant)")
+    return list(range(search_repetitions + 1, search_repetitions + n + 1))
 
 
 def paired_rate(lambda_low_rps: float, lambda_high_rps: float) -> float:

@@ -69,7 +69,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
     r.add_argument("--paired", type=int, default=0, metavar="N",
                    help="then test the order of each two configurations adjacent by Lambda_max: both at the geometric mean "
-                        "of theirs on seeds 1..N, McNemar's exact test (docs/experiments.md, 'Paired order'; 6 or more)")
+                        "of theirs on N seeds the searches did not run, McNemar's exact test (docs/experiments.md, "
+                        "'Paired order'; N >= 6)")
     r.add_argument("--json", action="store_true")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
@@ -226,9 +227,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.repetitions is not None:
         _positive("--repetitions", args.repetitions)
     if args.paired:
-        _positive("--paired", args.paired)
-        if len(only) < 2:
-            raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(only)}")
+        from experiments.capacity_paired import fresh_seeds
+
+        try:
+            fresh_seeds(1, args.paired)
+        except ValueError as e:
+            raise UserError(f"--paired {args.paired}: {e}") from None
+        if len(set(only)) < 2:
+            raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
     out = Path(args.out) if args.out else _default_out("reproduce-case-study")
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
                                executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop,

@@ -121,6 +121,9 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     import time
 
     from experiments.capacity import measure_capacity
+    from experiments.capacity_paired import fresh_seeds
+
+    fresh_seeds(1, paired_seeds or 6)  # a bad count is refused before the searches, not after them
 
     t0 = time.monotonic()
     base = STEADY + (QUICK if quick else FULL)
@@ -141,7 +144,8 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
                           "bracketed": cap["bracketed"], "overrides": overrides[name], "probes": cap["probes"],
                           "wall_s": time.monotonic() - t1}
     t2 = time.monotonic()
-    paired = paired_orders(measured, base, overrides, out, paired_seeds, executor, progress, early_stop) if paired_seeds else []
+    paired = (paired_orders(measured, base, overrides, out, fresh_seeds(search["repetitions"], paired_seeds), executor, progress,
+                            early_stop) if paired_seeds else [])
     paired_wall_s = time.monotonic() - t2
     homo = measured.get("homogeneous_pd", {}).get("lambda_max_rps")
     ratios = {k: (v["lambda_max_rps"] / homo if homo else None) for k, v in measured.items()}
@@ -167,10 +171,11 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     }
 
 
-def paired_orders(measured: dict[str, Any], base: list[str], overrides: dict[str, list[str]], out: str | Path, seeds: int,
+def paired_orders(measured: dict[str, Any], base: list[str], overrides: dict[str, list[str]], out: str | Path, seeds: list[int],
                   executor: Any = None, progress: bool = True, early_stop: bool = True) -> list[dict[str, Any]]:
-    """`experiments.capacity_paired.paired_order` for each two configurations adjacent by measured Lambda_max,
-    at the geometric mean of theirs, on seeds 1..`seeds`, with the searches' overrides and run directories."""
+    """`experiments.capacity_paired.paired_order` for each two configurations adjacent by measured Lambda_max
+    (equal ones in `measured`'s order), at the geometric mean of theirs, on `seeds`, with the searches'
+    overrides, beside their run directories."""
     from experiments.capacity import capacity_overrides, wire_evaluator
     from experiments.capacity_paired import paired_order, paired_rate
 
@@ -180,5 +185,5 @@ def paired_orders(measured: dict[str, Any], base: list[str], overrides: dict[str
         rate = paired_rate(measured[low]["lambda_max_rps"], measured[high]["lambda_max_rps"])
         ev = {k: wire_evaluator("case-study", capacity_overrides(base + overrides[k], early_stop), Path(out) / k, executor, progress)
               for k in (low, high)}
-        docs.append(paired_order(ev[high], ev[low], rate, range(1, seeds + 1), (high, low)).to_json())
+        docs.append(paired_order(ev[high], ev[low], rate, seeds, (high, low)).to_json())
     return docs

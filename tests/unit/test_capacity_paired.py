@@ -99,7 +99,7 @@ def test_reproduce_pairs_the_configurations_adjacent_by_lambda_max_with_the_sear
     monkeypatch.setattr("experiments.capacity.wire_evaluator", fake_wire)
     measured = {k: {"lambda_max_rps": v} for k, v in edges.items()}
     overrides = {k: [f"x={k}"] for k in edges}
-    docs = reproduce.paired_orders(measured, ["duration=150s"], overrides, tmp_path, 6, progress=False)
+    docs = reproduce.paired_orders(measured, ["duration=150s"], overrides, tmp_path, list(range(1, 7)), progress=False)
     assert [(d["lower"], d["higher"]) for d in docs] == [("homogeneous_pd", "naive_heterogeneous"),
                                                           ("naive_heterogeneous", "prfaas_pd")]
     assert docs[0]["rate_rps"] == round(math.sqrt(1.95 * 2.15), 3) and docs[1]["rate_rps"] == round(math.sqrt(2.15 * 3.05), 3)
@@ -109,18 +109,74 @@ def test_reproduce_pairs_the_configurations_adjacent_by_lambda_max_with_the_sear
     assert ("homogeneous_pd", ["serving.slo.stop_below=0.9", "duration=150s", "x=homogeneous_pd"]) in made
     # a configuration without a Lambda_max is left out; one configuration has no pair
     measured["naive_heterogeneous"]["lambda_max_rps"] = None
-    assert [(d["lower"], d["higher"]) for d in reproduce.paired_orders(measured, [], overrides, tmp_path, 2, progress=False)] == [
+    assert [(d["lower"], d["higher"]) for d in reproduce.paired_orders(measured, [], overrides, tmp_path, [1, 2], progress=False)] == [
         ("homogeneous_pd", "prfaas_pd")]
 
 
-def test_the_cli_refuses_a_paired_test_of_one_configuration(tmp_path):
-    from experiments import commands
+def test_the_seeds_are_ones_the_searches_did_not_run_and_fewer_than_six_are_refused():
+    assert cp.fresh_seeds(3, 6) == [4, 5, 6, 7, 8, 9]  # the full variant's searches ran seeds 1..3
+    assert cp.fresh_seeds(2, 8) == list(range(3, 11))
+    with pytest.raises(ValueError, match="at least 6 .* cannot reach p < 0.05"):
+        cp.fresh_seeds(3, 5)
+
+
+def test_the_cli_refuses_a_paired_test_it_cannot_run_before_any_run(monkeypatch, tmp_path):
+    from experiments import commands, reproduce
     from testbed.errors import UserError
 
+    def must_not_run(*a, **kw):
+        raise AssertionError("a refused --paired must not start the reproduction")
+
+    monkeypatch.setattr(reproduce, "reproduce_case_study", must_not_run)
     args = argparse.Namespace(only="homogeneous_pd", repetitions=None, out=str(tmp_path), quick=True, executor="local",
                               json=False, no_early_stop=False, paired=6)
-    with pytest.raises(UserError, match="--paired 6: the order test needs two configurations"):
+    with pytest.raises(UserError, match="--paired 6: the order test needs two configurations, --only names 1"):
         commands.cmd_reproduce(args)
-    args.paired, args.only = -1, "homogeneous_pd,prfaas_pd"
-    with pytest.raises(UserError, match="--paired: -1 must be > 0"):
+    args.only = "homogeneous_pd,homogeneous_pd"
+    with pytest.raises(UserError, match="--only names 1"):
         commands.cmd_reproduce(args)
+    for bad in (-1, 5):
+        args.paired, args.only = bad, "homogeneous_pd,prfaas_pd"
+        with pytest.raises(UserError, match=f"--paired {bad}: {bad} seeds: at least 6"):
+            commands.cmd_reproduce(args)
+
+
+def test_the_report_prints_each_paired_order_in_words_from_the_json(monkeypatch, tmp_path, capsys):
+    import json
+
+    from experiments import commands, reproduce
+
+    res = cp.paired_order(_evaluator({s: 2.2 for s in range(4, 10)}), _evaluator({s: 1.9 for s in range(4, 10)}), 2.05,
+                          cp.fresh_seeds(3, 6), ("naive_heterogeneous", "homogeneous_pd"))
+    doc = {"wall_s": 60.0, "above_model": {}, "measured": {}, "measured_ratio_vs_homogeneous": {}, "measured_ratio_interval": {},
+           "model": {k: {"lambda_max_rps": 1.0, "lambda_max_rps_mean_reading": 1.0} for k in reproduce.CONFIGURATIONS},
+           "model_ratio_vs_homogeneous": {r: {k: 1.0 for k in reproduce.CONFIGURATIONS} for r in ("literal", "mean")},
+           "paper_ratio_vs_homogeneous": reproduce.PAPER_RATIOS, "paired": json.loads(json.dumps([res.to_json()]))}
+    monkeypatch.setattr(reproduce, "reproduce_case_study", lambda *a, **kw: doc)
+    args = argparse.Namespace(only="homogeneous_pd,naive_heterogeneous", repetitions=None, out=str(tmp_path), quick=False,
+                              executor="local", json=False, no_early_stop=False, paired=6)
+    assert commands.cmd_reproduce(args) == 0
+    out = capsys.readouterr().out
+    assert ("paired: naive_heterogeneous sustains more than homogeneous_pd at 2.05 req/s on 6 shared seeds: only "
+            "naive_heterogeneous passed on 6, only homogeneous_pd on 0 (McNemar exact p = 0.0312)") in out
+
+
+def test_reproduce_runs_the_test_on_the_seeds_after_its_searches_and_refuses_too_few_before_them(monkeypatch, tmp_path):
+    from experiments import reproduce
+
+    searched, seen = [], []
+
+    def fake_measure(scenario, overrides, out, **kw):
+        searched.append(kw["repetitions"])
+        return {"lambda_max_rps": 2.0, "ci": [2.0, 2.2], "runs": 1, "bracketed": True, "probes": [],
+                "ci_dose_response": {"ci": [None, None]}}
+
+    monkeypatch.setattr("experiments.capacity.measure_capacity", fake_measure)
+    monkeypatch.setattr(reproduce, "paired_orders", lambda measured, base, ov, out, seeds, *a: seen.append(seeds) or [])
+    for quick, first in ((False, 4), (True, 3)):  # full searches run seeds 1..3, quick ones 1..2
+        doc = reproduce.reproduce_case_study(tmp_path / str(quick), quick=quick, progress=False, paired_seeds=6)
+        assert seen[-1] == list(range(first, first + 6)) and doc["paired"] == [] and doc["paired_wall_s"] >= 0
+    searched.clear()
+    with pytest.raises(ValueError, match="at least 6"):
+        reproduce.reproduce_case_study(tmp_path / "x", progress=False, paired_seeds=5)
+    assert searched == []
