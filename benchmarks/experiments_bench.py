@@ -83,13 +83,12 @@ def main() -> int:
         # reproduction may carry the sum over its invocations
         wall = doc.get("wall_s_all_invocations", doc.get("wall_s"))
     else:
-        from experiments.reproduce import reproduce_case_study
+        from experiments.reproduce import reproduce_case_study, write_document
 
         t0 = time.monotonic()
         doc = reproduce_case_study(args.out, quick=args.quick, progress=sys.stdout.isatty(), paired_seeds=args.paired)
         wall = time.monotonic() - t0
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "reproduce.json").write_text(json.dumps(doc, indent=1))
+        write_document(args.out, doc)
     quick = bool(doc["scenario"]["quick"])
     paired_s = doc.get("paired_wall_s") or 0.0
     if wall is not None and paired_s:  # the target is the searches' time; the paired test is an addition, timed apart

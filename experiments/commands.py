@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -218,7 +219,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
     from experiments.capacity_paired import PairedOrder
     from experiments.executor import make_executor
-    from experiments.reproduce import CONFIGURATIONS, reproduce_case_study
+    from experiments.reproduce import CONFIGURATIONS, reproduce_case_study, write_document
 
     only = tuple(x.strip() for x in args.only.split(",") if x.strip())
     bad = [x for x in only if x not in CONFIGURATIONS]
@@ -239,8 +240,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
                                executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop,
                                paired_seeds=args.paired)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "reproduce.json").write_text(json.dumps(doc, indent=1))
+    kept = write_document(out, doc)
+    if kept is not None:
+        print(f"kept the earlier {out / 'reproduce.json'} as {kept}", file=sys.stderr)
     if args.json:
         print(json.dumps(doc))
         return 0

@@ -92,6 +92,29 @@ def planned_wall_s(sc: Any, quick: bool, configurations: int, repetitions: int =
             "worst_s": (SEARCH[quick]["max_probes"] + 2 * INTERVAL_STEPS) * repetitions * configurations * run_s}
 
 
+def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
+    """Write ``OUT/reproduce.json``. An earlier one there (from the invocation whose runs this one resumed,
+    or one that named other configurations: `--only`, `--paired`) holds what the runs alone do not, its
+    wall time and its configurations, so it is kept beside the new one as ``reproduce-<its UTC time>.json``;
+    returns that path (None when there was none)."""
+    import json
+    import time
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path, kept = out / "reproduce.json", None
+    if path.exists():
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(path.stat().st_mtime))
+        kept, n = out / f"reproduce-{stamp}.json", 1
+        while kept.exists():
+            kept, n = out / f"reproduce-{stamp}-{n}.json", n + 1
+        path.rename(kept)
+    tmp = out / "reproduce.json.partial"
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+    return kept
+
+
 def ratio_interval(a: dict[str, Any], b: dict[str, Any]) -> list[float | None]:
     """The ratio a / b over both intervals: [a's low / b's high, a's high / b's low] (None: open end)."""
     (alo, ahi), (blo, bhi) = a["ci"], b["ci"]

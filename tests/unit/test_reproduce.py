@@ -76,3 +76,20 @@ def test_the_report_names_a_configuration_measured_above_the_model(monkeypatch, 
     out = capsys.readouterr().out
     assert "note: naive_heterogeneous measured 1.32x the model's fluid bound" in out and "run the full one" in out
     assert "note: prfaas_pd" not in out and "note: homogeneous_pd" not in out
+
+
+def test_a_second_document_in_the_same_directory_keeps_the_first_beside_it(tmp_path):
+    import json
+    import os
+
+    assert reproduce.write_document(tmp_path / "d", {"wall_s": 4536.0, "measured": {"a": 1}}) is None
+    path = tmp_path / "d" / "reproduce.json"
+    os.utime(path, (1764680000, 1764680000))  # 2025-12-02T12:53:20Z
+    kept = reproduce.write_document(tmp_path / "d", {"wall_s": 12.0, "paired": []})
+    assert kept == tmp_path / "d" / "reproduce-20251202T125320Z.json"
+    assert json.loads(kept.read_text()) == {"wall_s": 4536.0, "measured": {"a": 1}}  # the first invocation's wall time survives
+    assert json.loads(path.read_text()) == {"wall_s": 12.0, "paired": []}
+    os.utime(path, (1764680000, 1764680000))  # the same second again: a suffix, never an overwrite
+    assert reproduce.write_document(tmp_path / "d", {"x": 3}).name == "reproduce-20251202T125320Z-1.json"
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
+        "reproduce-20251202T125320Z-1.json", "reproduce-20251202T125320Z.json", "reproduce.json"]
