@@ -146,7 +146,8 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     from experiments.capacity import measure_capacity
     from experiments.capacity_paired import fresh_seeds
 
-    fresh_seeds(1, paired_seeds or 6)  # a bad count is refused before the searches, not after them
+    if paired_seeds:
+        fresh_seeds(1, paired_seeds)  # a bad count is refused before the searches, not after them
 
     t0 = time.monotonic()
     base = STEADY + (QUICK if quick else FULL)
