@@ -71,7 +71,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("--paired", type=int, default=0, metavar="N",
                    help="then test the order of each two configurations adjacent by Lambda_max: both at the geometric mean "
                         "of theirs on N seeds the searches did not run, McNemar's exact test (docs/experiments.md, "
-                        "'Paired order'; N >= 6)")
+                        "'Paired order'; N >= 6, 10-12 to see a clear order)")
     r.add_argument("--json", action="store_true")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
