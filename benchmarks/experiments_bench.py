@@ -61,10 +61,10 @@ def main() -> int:
                     help="also the paired order test on N fresh seeds (reproduce --paired; timed apart from the searches)")
     args = ap.parse_args()
     if args.paired:
-        from experiments.capacity_paired import fresh_seeds
+        from experiments.capacity_paired import check_seed_count
 
         try:
-            fresh_seeds(1, args.paired)
+            check_seed_count(args.paired)
         except ValueError as e:
             ap.error(f"--paired {args.paired}: {e}")
     ok = True

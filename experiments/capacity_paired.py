@@ -46,11 +46,16 @@ ALPHA = 0.05
 MIN_SEEDS = 6  # the fewest seeds with which the two-sided exact test can reach p < ALPHA (2 / 2^6 = 0.031)
 
 
-def fresh_seeds(search_repetitions: int, n: int) -> list[int]:
-    """Seeds the searches did not run (they ran 1..`search_repetitions`): the next `n`."""
+def check_seed_count(n: int) -> None:
+    """Refuse a seed count with which no order could ever be significant (ValueError naming the floor)."""
     if n < MIN_SEEDS:
         raise ValueError(f"{n} seeds: at least {MIN_SEEDS} (with fewer, McNemar's exact test cannot reach p < {ALPHA} "
                          "even when every seed is discordant)")
+
+
+def fresh_seeds(search_repetitions: int, n: int) -> list[int]:
+    """Seeds the searches did not run (they ran 1..`search_repetitions`): the next `n`."""
+    check_seed_count(n)
     return list(range(search_repetitions + 1, search_repetitions + n + 1))
 
 

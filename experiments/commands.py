@@ -228,10 +228,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.repetitions is not None:
         _positive("--repetitions", args.repetitions)
     if args.paired:
-        from experiments.capacity_paired import fresh_seeds
+        from experiments.capacity_paired import check_seed_count
 
         try:
-            fresh_seeds(1, args.paired)
+            check_seed_count(args.paired)
         except ValueError as e:
             raise UserError(f"--paired {args.paired}: {e}") from None
         if len(set(only)) < 2:

@@ -144,10 +144,10 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     import time
 
     from experiments.capacity import measure_capacity
-    from experiments.capacity_paired import fresh_seeds
+    from experiments.capacity_paired import check_seed_count, fresh_seeds
 
     if paired_seeds:
-        fresh_seeds(1, paired_seeds)  # a bad count is refused before the searches, not after them
+        check_seed_count(paired_seeds)  # refused before the searches, not after them
 
     t0 = time.monotonic()
     base = STEADY + (QUICK if quick else FULL)
