@@ -97,8 +97,9 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
     or one that named other configurations: `--only`, `--paired`) holds what the runs alone do not, its
     wall time and its configurations, so it is kept beside the new one as ``reproduce-<its UTC time>.json``;
     returns that path (None when there was none)."""
-    import json
     import time
+
+    from testbed.atomic import write_json
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,9 +110,7 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
         while kept.exists():
             kept, n = out / f"reproduce-{stamp}-{n}.json", n + 1
         path.rename(kept)
-    tmp = out / "reproduce.json.partial"
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(path)
+    write_json(path, doc, indent=1)
     return kept
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from testbed.rundir import FIDELITY_FILE
+from testbed.atomic import write_json
 from testbed.units import finite_or_none as _num
 
 NODE_ENV = "PRFAAS_NODE"  # the node's name when an executor sets one (Ray: HOSTNAME/NODE_ID), else the host name
@@ -181,9 +182,7 @@ def run_probe(out_file: Path, sleep_s: float, max_s: float = 24 * 3600.0) -> dic
         late.append(time.monotonic() - t - sleep_s)
     out = {"sleep_s": sleep_s, "samples": len(late), "late_p50_s": percentile(late, 50) if late else None,
            "late_p99_s": percentile(late, 99) if late else None, "late_max_s": max(late) if late else None}
-    tmp = out_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out))
-    tmp.replace(out_file)
+    write_json(out_file, out)
     return out
 
 

@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from testbed.atomic import write_json
+
 STATE_DIR = Path(os.environ.get("PRFAAS_STATE_DIR", "/run/prfaas"))
 
 # Values we need while a network runs: bridged frames must not traverse the host's iptables.
@@ -82,10 +84,7 @@ def state_path(owner_pid: int, tag: str) -> Path:
 
 
 def write_state(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    write_json(path, data, indent=1)
 
 
 def claim_tag(preferred: str, existing_links: set[str]) -> str:

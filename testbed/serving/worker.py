@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from testbed.clock import now_s
+from testbed.atomic import write_json
 from testbed.errors import FieldError
 from testbed.blocks import BLOCK_TOKENS
 from testbed.kv.transport import PROBE_PREFIX
@@ -714,9 +715,7 @@ def serve(cfg: WorkerConfig) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if cfg.ready_file:
-        tmp = Path(cfg.ready_file + ".tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "port": cfg.port, "t_s": now_s()}))
-        tmp.rename(cfg.ready_file)
+        write_json(cfg.ready_file, {"pid": os.getpid(), "port": cfg.port, "t_s": now_s()})
     _log(f"{cfg.role} {cfg.instance} ({cfg.compute}) on {cfg.host}:{cfg.port} ready")
     server.serve_forever(poll_interval=0.2)
     _log("stopped")

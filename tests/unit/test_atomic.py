@@ -1,0 +1,23 @@
+"""`testbed.atomic.write_json`: the file is the old one or the whole new one, never a part."""
+
+import json
+
+import pytest
+
+from testbed.atomic import write_json
+
+
+def test_a_write_replaces_the_file_whole_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "sub" / "state.json"
+    assert write_json(path, {"a": 1}) == path  # the directory is made
+    write_json(path, {"b": [1, 2]}, indent=1)
+    assert json.loads(path.read_text()) == {"b": [1, 2]} and path.read_text().startswith("{\n ")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json"]
+
+
+def test_a_write_that_fails_leaves_the_old_file_intact(tmp_path):
+    path = tmp_path / "doc.json"
+    write_json(path, {"ok": True})
+    with pytest.raises(TypeError):
+        write_json(path, {"bad": object()})  # not serialisable: fails before anything is renamed
+    assert json.loads(path.read_text()) == {"ok": True}
