@@ -96,7 +96,12 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
     """Write ``OUT/reproduce.json``. An earlier one there (from the invocation whose runs this one resumed,
     or one that named other configurations: `--only`, `--paired`) holds what the runs alone do not, its
     wall time and its configurations, so it is kept beside the new one as ``reproduce-<its UTC time>.json``;
-    returns that path (None when there was none)."""
+    returns that path (None when there was none). When the earlier one measured the same scenario (the same
+    overrides), `doc` also gets ``wall_s_all_invocations`` and ``paired_wall_s_all_invocations``: the sums over
+    the completed invocations in this directory, so a reproduction made in parts (`--only`, a resumed one, a
+    later `--paired`) still reports its whole time. An interrupted invocation writes no document, so its
+    time is not in the sums."""
+    import json
     import time
 
     from testbed.atomic import write_json
@@ -105,6 +110,7 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
     out.mkdir(parents=True, exist_ok=True)
     path, kept = out / "reproduce.json", None
     if path.exists():
+        doc.update(invocation_sums(json.loads(path.read_text()), doc))
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(path.stat().st_mtime))
         kept, n = out / f"reproduce-{stamp}.json", 1
         while kept.exists():
@@ -112,6 +118,16 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
         path.rename(kept)
     write_json(path, doc, indent=1)
     return kept
+
+
+def invocation_sums(earlier: dict[str, Any], doc: dict[str, Any]) -> dict[str, float]:
+    """The wall times of `earlier` (a reproduce.json, itself possibly a sum) and `doc` added up, when both
+    measured the same scenario; nothing otherwise (a different variant or overrides: not one reproduction)."""
+    same = [d.get("scenario", {}).get("overrides") for d in (earlier, doc)]
+    if None in same or same[0] != same[1] or "wall_s" not in earlier:
+        return {}
+    return {f"{k}_all_invocations": float(earlier.get(f"{k}_all_invocations", earlier.get(k) or 0.0)) + float(doc.get(k) or 0.0)
+            for k in ("wall_s", "paired_wall_s")}
 
 
 def ratio_interval(a: dict[str, Any], b: dict[str, Any]) -> list[float | None]:

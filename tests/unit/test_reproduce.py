@@ -93,3 +93,20 @@ def test_a_second_document_in_the_same_directory_keeps_the_first_beside_it(tmp_p
     assert reproduce.write_document(tmp_path / "d", {"x": 3}).name == "reproduce-20251202T125320Z-1.json"
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
         "reproduce-20251202T125320Z-1.json", "reproduce-20251202T125320Z.json", "reproduce.json"]
+
+
+def test_a_reproduction_made_in_parts_reports_its_whole_time_and_only_for_the_same_scenario(tmp_path):
+    import json
+
+    sc = {"overrides": ["a=1"], "quick": False}
+    reproduce.write_document(tmp_path, {"scenario": sc, "wall_s": 3000.0, "paired_wall_s": 0.0})
+    second = {"scenario": sc, "wall_s": 1300.0, "paired_wall_s": 1290.0}  # the searches resumed, then the paired test
+    reproduce.write_document(tmp_path, second)
+    assert second["wall_s_all_invocations"] == 4300.0 and second["paired_wall_s_all_invocations"] == 1290.0
+    third = {"scenario": sc, "wall_s": 10.0, "paired_wall_s": 5.0}  # a sum of sums, not of the last two only
+    reproduce.write_document(tmp_path, third)
+    assert (third["wall_s_all_invocations"], third["paired_wall_s_all_invocations"]) == (4310.0, 1295.0)
+    assert json.loads((tmp_path / "reproduce.json").read_text())["wall_s_all_invocations"] == 4310.0
+    other = {"scenario": {"overrides": ["a=2"], "quick": True}, "wall_s": 900.0}  # another variant: not one reproduction
+    reproduce.write_document(tmp_path, other)
+    assert "wall_s_all_invocations" not in other
