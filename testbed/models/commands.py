@@ -47,8 +47,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "extrapolated) or auto (all when it fits in half the free memory)")
     q.add_argument("--validate", action="store_true", help="full variant: also time the whole model at the shortest length "
                    "and print the extrapolation's error")
-    q.add_argument("--clock", default="auto", help="wall, cpu (this process's CPU time) or auto: wall on CUDA, cpu on the CPU "
-                   "(robust on a shared host; with several torch threads it sums them)")
+    q.add_argument("--clock", default="auto", help="wall, cpu (this process's CPU time; refused with --device cuda) or auto: wall on CUDA, cpu on the "
+                   "CPU (robust on a shared host; with several torch threads it sums them)")
     q.add_argument("--seed", type=int, default=0)
     q.set_defaults(func=run_profile)
 

@@ -190,10 +190,11 @@ def time_prefill_per_layer(spec: ModelSpec, tokens: int, seed: int = 0, device: 
     timings = []
     for kind, idx in layer_kinds(spec, w).items():
         m = build_full_model(spec, seed, device, layers=[idx[0]])
-        s = _time(lambda: m.blocks[0](torch.randn(tokens, w.hidden, generator=torch.Generator().manual_seed(seed)).to(m.device), 0, None),
-                  repeats, m.device, clock)
+        # the input is drawn (on the CPU) and copied to the device before the clock starts: only the block is timed
+        x = torch.randn(tokens, w.hidden, generator=torch.Generator().manual_seed(seed)).to(m.device)
+        s = _time(lambda: m.blocks[0](x, 0, None), repeats, m.device, clock)
         timings.append(LayerTiming(kind, len(idx), s))
-        del m
+        del m, x
     return sum(t.layers * t.seconds for t in timings), timings
 
 

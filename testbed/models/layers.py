@@ -32,6 +32,17 @@ ROPE_THETA = 10000.0
 _ATTN_BLOCK_ELEMS = 1 << 22  # score elements per query block: bounds attention memory at long prompts
 _LINEAR_SEGMENT_ELEMS = 1 << 22  # elements of a segment of linear-attention chunks computed at once
 _LINEAR_SEGMENT_ACTIVATIONS = 1 << 19  # q/k/v elements of one token segment of a wide linear layer (cache-sized)
+# The two linear-attention bounds above are sized for a CPU's caches. On an accelerator a segment is a few dozen
+# kernel launches whatever its size, so CPU-sized segments would make a long prefill launch-bound (Kimi's
+# faithful layers: a 64-token segment and one chunk per segment); there both bounds are this many times larger
+# (a segment's q/k/v 128 MiB and its chunk batch 1 GiB in fp32 at most). Segments resume exactly, so only the
+# time changes (docs/models.md, "Segment sizes on an accelerator").
+ACCELERATOR_SEGMENT_SCALE = 64
+
+
+def segment_scale(device: torch.device) -> int:
+    """How many times the CPU-sized linear-attention bounds a call on `device` uses (1 on the CPU)."""
+    return 1 if device.type == "cpu" else ACCELERATOR_SEGMENT_SCALE
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -238,7 +249,7 @@ def linear_attention_chunked(
     sequential updates are folded into a triangular solve (the WY form of DeltaNet / Gated DeltaNet).
     Everything that does not depend on the state entering a chunk (decays, the solve, U and W, the
     intra-chunk scores) is computed for a whole segment of chunks at once (bounded by
-    `_LINEAR_SEGMENT_ELEMS`), as flash-linear-attention does; only the chain of states runs chunk by
+    `_LINEAR_SEGMENT_ELEMS`, `segment_scale` times it off the CPU), as flash-linear-attention does; only the chain of states runs chunk by
     chunk and the outputs ``Q e^G S + A V'`` are again batched. The chain is two fused multiply-adds a
     chunk (``V' = U - W S``, ``S = e^G S + Kd^T V'``) when the key width exceeds the chunk, else one
     (``S = M S + B``, ``M = e^G I - Kd^T W``): the extra dk x dk product costs nothing for a small
@@ -262,7 +273,7 @@ def linear_attention_chunked(
     upper, eye = _chunk_masks(c, q.device, q.dtype)
     outs = []
     per_chunk = h * (3 * c * c + dk * dk + 3 * c * (dk + dv) + 2 * dk * dv)
-    seg = max(1, _LINEAR_SEGMENT_ELEMS // per_chunk)
+    seg = max(1, _LINEAR_SEGMENT_ELEMS * segment_scale(q.device) // per_chunk)
     first_pos = start - lead  # absolute position of the first (padded) chunk
     rounded = state_dtype != torch.float32
     two_step = bp is not None and dk > c
@@ -412,10 +423,11 @@ class LinearMixer(nn.Module):
     def forward(self, x: torch.Tensor, start: int, prev: LayerKV | None, recurrent: bool = False,
                 checkpoint_at: int | None = None) -> tuple[torch.Tensor, LayerKV, LayerKV | None]:
         """A long call runs in chunk-aligned token segments whose q/k/v activations stay within
-        `_LINEAR_SEGMENT_ACTIVATIONS` elements (cache-sized; wide layers only): each segment resumes from
+        `_LINEAR_SEGMENT_ACTIVATIONS` elements (cache-sized on the CPU, `segment_scale` times more on an accelerator;
+        wide layers only): each segment resumes from
         the previous one's cache entry exactly as from a prefix cache, so the result is the same."""
         t = x.shape[0]
-        seg = max(1, _LINEAR_SEGMENT_ACTIVATIONS // sum(self.widths) // self.chunk_tokens) * self.chunk_tokens
+        seg = max(1, _LINEAR_SEGMENT_ACTIVATIONS * segment_scale(x.device) // sum(self.widths) // self.chunk_tokens) * self.chunk_tokens
         if recurrent or t <= seg:
             return self._forward(x, start, prev, recurrent, checkpoint_at)
         ys, kv, ckpt, pos = [], prev, None, start

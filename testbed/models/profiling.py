@@ -68,6 +68,8 @@ def clock_for(plan: ProfilePlan, device_type: str) -> tuple[str, Callable[[], fl
     """Wall time on a GPU (what a user's engine sees). On the CPU this process's CPU time by default: the
     compute itself, and what a shared host leaves of it (with several torch threads it sums them)."""
     kind = plan.clock if plan.clock != "auto" else ("wall" if device_type == "cuda" else "cpu")
+    if kind == "cpu" and device_type == "cuda":  # the host's CPU time of launching kernels is not the GPU's time
+        raise UserError("--clock: cpu times this process on the host, not the GPU's work; on --device cuda use wall or auto")
     return kind, (time.process_time if kind == "cpu" else time.perf_counter)
 
 
@@ -121,7 +123,9 @@ def _whole_fits(spec: Any, device: Any) -> bool:
 def decode_step_time_s(model: Any, caches: list[Any], first_token: int, steps: int, sync: Callable[[], None],
                        clock: Callable[[], float] = time.perf_counter) -> float:
     """Median time of one decode step for the batch `caches`: one `decode_batch` pass, as the decode
-    worker's continuous batching does."""
+    worker's continuous batching does. One untimed step first: a batch's first step on a device pays for
+    its kernels' first launch (and with `steps` 1 it would be the figure)."""
+    model.decode_batch([first_token] * len(caches), caches, check=False)
     times = []
     for _ in range(max(1, steps)):
         sync()

@@ -37,3 +37,16 @@ def test_the_same_checks_pass_on_the_cpu(tmp_path: Path) -> None:
     assert rc == 0, doc
     assert [r["result"] for r in doc["rows"]] == ["pass"] * 5
     assert "512 of" in doc["rows"][4]["detail"] and "tokens equal" in doc["rows"][4]["detail"]
+
+
+def test_the_device_comparison_uses_float32_caches_and_is_exact_on_one_device(monkeypatch) -> None:
+    """Check 3 compares the model with float32 caches (bf16 roundings would hide a device bug in ~5e-3 of noise):
+    the same device twice gives 0, and the models it builds carry float32 caches."""
+    mod = gpu_check()
+    built = []
+    build = mod.build_model
+    monkeypatch.setattr(mod, "build_model", lambda spec, *a: built.append(spec) or build(spec, *a))
+    spec = mod.load_model_spec("kimi-linear-48b")
+    assert spec.kv_dtype == "bfloat16"
+    assert mod.max_logit_difference(spec, "tiny", list(range(40)), ("cpu", "cpu")) == 0.0
+    assert [(s.kv_dtype, s.state_dtype) for s in built] == [("float32", "float32")] * 2

@@ -149,8 +149,62 @@ def test_the_full_variant_caches_the_specs_exact_bytes_and_times_every_layer_kin
     assert step > 0 and sum(t.layers for t in per_d) == 4
 
 
+def test_per_layer_timing_times_the_block_alone_not_the_drawing_of_its_input(small_widths, monkeypatch) -> None:
+    """The timed callable runs the block only: drawing a [tokens, hidden] input on the CPU (and copying it to a
+    GPU) inside it once added ~0.2 s at 8K tokens to every layer kind's time, more than a GPU's layer takes."""
+    spec = load_model_spec("kimi-linear-48b")
+    sub = dataclasses.replace(spec, layers=spec.layers[:4])
+    timed = []
+
+    def fake_time(fn, repeats, device, clock=None):
+        def refuse(*args, **kwargs):
+            raise AssertionError("an input was drawn inside the timed region")
+
+        with monkeypatch.context() as m:
+            for name in ("randn", "rand", "randint"):
+                m.setattr(torch, name, refuse)
+            fn()
+        timed.append(fn)
+        return 1.0
+
+    monkeypatch.setattr(full, "_time", fake_time)
+    total, per = full.time_prefill_per_layer(sub, 16, device="cpu")
+    assert len(timed) == len(per) == 3 and total == 4.0
+    step, per_d = full.time_decode_per_layer(sub, 16, device="cpu")
+    assert len(timed) == 6 and step == 4.0
+
+
 def test_full_variant_needs_published_widths() -> None:
     from testbed.errors import UserError
 
     with pytest.raises(UserError, match="widths.yaml"):
         full.load_widths("paper-1t-hybrid")
+
+
+def test_a_decode_step_is_timed_after_one_untimed_step() -> None:
+    """The first step of a batch pays for first launches; it is run and not counted (with one step it would
+    be the figure)."""
+    from testbed.models.profiling import decode_step_time_s
+
+    t = [0.0]
+
+    class Model:
+        calls = 0
+
+        def decode_batch(self, tokens, caches, check=True):
+            self.calls += 1
+            t[0] += 5.0 if self.calls == 1 else 1.0  # the first step takes 5 s of the fake clock, later ones 1 s
+
+    m = Model()
+    assert decode_step_time_s(m, [object(), object()], 7, 1, lambda: None, lambda: t[0]) == 1.0
+    assert m.calls == 2
+
+
+def test_a_cpu_clock_is_refused_on_a_gpu() -> None:
+    from testbed.errors import UserError
+    from testbed.models.profiling import clock_for
+
+    plan = ProfilePlan(model="kimi-linear-48b", clock="cpu")
+    with pytest.raises(UserError, match="--clock: cpu .* use wall or auto"):
+        clock_for(plan, "cuda")
+    assert clock_for(plan, "cpu")[0] == "cpu" and clock_for(dataclasses.replace(plan, clock="auto"), "cuda")[0] == "wall"
