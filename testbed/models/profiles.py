@@ -238,6 +238,9 @@ def load_profile(name_or_file: str | Path) -> ComputeProfile:
     else:
         path = PROFILES_DIR / f"{ALIASES.get(str(name_or_file), name_or_file)}.yaml"
         if not path.exists():
+            if p.is_file():  # a file, but not a kind a profile can be
+                raise UserError(f"profile {str(name_or_file)!r}: a profile file ends in .yaml or .yml (a profile), or .csv or "
+                                f".json (measured points); this one ends in {p.suffix or 'nothing'!r}")
             raise UserError(f"profile {str(name_or_file)!r}: no such file, and not a ready profile (ready: {', '.join(available_profiles())})")
     data = read_yaml(path)
     return profile_from_dict(data, str(path))

@@ -109,3 +109,16 @@ def test_unknown_profile_lists_the_ready_ones(tmp_path):
     with pytest.raises(UserError, match="speed: unknown key"):
         load_profile(str(y))
     assert {"h200-paper-1t-hybrid", "h20-paper-1t-hybrid", "h20-minimax-m2.5", "h200-qwen3-235b"} <= set(available_profiles())
+
+
+def test_a_profile_that_is_missing_or_of_another_kind_gets_one_line_naming_what_is_allowed(tmp_path) -> None:
+    import pytest
+
+    from testbed.errors import UserError
+
+    with pytest.raises(UserError, match="no such file, and not a ready profile .*h200"):
+        load_profile(tmp_path / "none.yaml")
+    txt = tmp_path / "hostname.txt"
+    txt.write_text("vm\n")
+    with pytest.raises(UserError, match=r"ends in \.yaml or \.yml .* this one ends in '\.txt'"):
+        load_profile(txt)
