@@ -53,10 +53,16 @@ def check_seed_count(n: int) -> None:
                          "even when every seed is discordant)")
 
 
-def fresh_seeds(search_repetitions: int, n: int) -> list[int]:
-    """Seeds the searches did not run (they ran 1..`search_repetitions`): the next `n`."""
+def fresh_seeds(search_repetitions: int, n: int, first: int | None = None) -> list[int]:
+    """Seeds the searches did not run (they ran 1..`search_repetitions`): `n` of them from `first` (default
+    the next one). A second test of the same pair starts after the seeds of the first (`--paired-from`), so
+    that it is a new test, not the first one extended until it turns significant."""
     check_seed_count(n)
-    return list(range(search_repetitions + 1, search_repetitions + n + 1))
+    first = search_repetitions + 1 if first is None else first
+    if first <= search_repetitions:
+        raise ValueError(f"first seed {first}: the searches ran seeds 1..{search_repetitions}; a paired test needs "
+                         f"seeds they did not run (from {search_repetitions + 1})")
+    return list(range(first, first + n))
 
 
 def paired_rate(lambda_low_rps: float, lambda_high_rps: float) -> float:

@@ -72,6 +72,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="then test the order of each two configurations adjacent by Lambda_max: both at the geometric mean "
                         "of theirs on N seeds the searches did not run, McNemar's exact test (docs/experiments.md, "
                         "'Paired order'; N >= 6, 10-12 to see a clear order)")
+    r.add_argument("--paired-from", type=int, metavar="SEED",
+                   help="the paired test's first seed (default: the one after the searches' seeds); a second test of "
+                        "the same pair starts after the first one's seeds, so it is a new test, not the first extended")
     r.add_argument("--json", action="store_true")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
@@ -227,19 +230,23 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise UserError(f"--only {args.only!r}: choose from {', '.join(CONFIGURATIONS)}")
     if args.repetitions is not None:
         _positive("--repetitions", args.repetitions)
+    if args.paired_from is not None and not args.paired:
+        raise UserError(f"--paired-from {args.paired_from}: it names the first seed of a paired test; add --paired N")
     if args.paired:
-        from experiments.capacity_paired import check_seed_count
+        from experiments.capacity_paired import fresh_seeds
+        from experiments.reproduce import SEARCH
 
         try:
-            check_seed_count(args.paired)
+            fresh_seeds(args.repetitions or SEARCH[args.quick]["repetitions"], args.paired, args.paired_from)
         except ValueError as e:
-            raise UserError(f"--paired {args.paired}: {e}") from None
+            flag = f"--paired-from {args.paired_from}" if "first seed" in str(e) else f"--paired {args.paired}"
+            raise UserError(f"{flag}: {e}") from None
         if len(set(only)) < 2:
             raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
     out = Path(args.out) if args.out else _default_out("reproduce-case-study")
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
                                executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop,
-                               paired_seeds=args.paired)
+                               paired_seeds=args.paired, paired_from=args.paired_from)
     kept = write_document(out, doc)
     if kept is not None:
         print(f"kept the earlier {out / 'reproduce.json'} as {kept}", file=sys.stderr)

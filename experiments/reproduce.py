@@ -153,22 +153,23 @@ def above_model(measured: dict[str, Any], model: dict[str, dict[str, Any]]) -> d
 
 
 def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: int | None = None, only: tuple[str, ...] = CONFIGURATIONS,
-                         executor: Any = None, progress: bool = True, early_stop: bool = True, paired_seeds: int = 0) -> dict[str, Any]:
+                         executor: Any = None, progress: bool = True, early_stop: bool = True, paired_seeds: int = 0,
+                         paired_from: int | None = None) -> dict[str, Any]:
     """The measured and modelled Lambda_max of each configuration in `only`; with `paired_seeds`, also the
     paired order test of each two configurations adjacent by measured Lambda_max (`paired_orders`)."""
     import time
 
     from experiments.capacity import measure_capacity
-    from experiments.capacity_paired import check_seed_count, fresh_seeds
+    from experiments.capacity_paired import fresh_seeds
 
-    if paired_seeds:
-        check_seed_count(paired_seeds)  # refused before the searches, not after them
+    search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
+    if paired_seeds:  # refused before the searches, not after them
+        seeds = fresh_seeds(search["repetitions"], paired_seeds, paired_from)
 
     t0 = time.monotonic()
     base = STEADY + (QUICK if quick else FULL)
     sc, model = model_results(base)
     overrides = configuration_overrides(model["literal"])
-    search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
     plan = planned_wall_s(sc, quick, len(only), search["repetitions"])
     if progress:
         print(f"plan: {len(only)} configurations x 3-{2 + search['repetitions']} runs of ~{plan['run_s']:.0f} s: about {plan['best_s'] / 60:.0f}-"
@@ -183,8 +184,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
                           "bracketed": cap["bracketed"], "overrides": overrides[name], "probes": cap["probes"],
                           "wall_s": time.monotonic() - t1}
     t2 = time.monotonic()
-    paired = (paired_orders(measured, base, overrides, out, fresh_seeds(search["repetitions"], paired_seeds), executor, progress,
-                            early_stop) if paired_seeds else [])
+    paired = paired_orders(measured, base, overrides, out, seeds, executor, progress, early_stop) if paired_seeds else []
     paired_wall_s = time.monotonic() - t2
     homo = measured.get("homogeneous_pd", {}).get("lambda_max_rps")
     ratios = {k: (v["lambda_max_rps"] / homo if homo else None) for k, v in measured.items()}

@@ -116,6 +116,9 @@ def test_reproduce_pairs_the_configurations_adjacent_by_lambda_max_with_the_sear
 def test_the_seeds_are_ones_the_searches_did_not_run_and_fewer_than_six_are_refused():
     assert cp.fresh_seeds(3, 6) == [4, 5, 6, 7, 8, 9]  # the full variant's searches ran seeds 1..3
     assert cp.fresh_seeds(2, 8) == list(range(3, 11))
+    assert cp.fresh_seeds(3, 12, first=10) == list(range(10, 22))  # a second test, after the first one's seeds 4..9
+    with pytest.raises(ValueError, match="first seed 3: the searches ran seeds 1..3"):
+        cp.fresh_seeds(3, 6, first=3)
     with pytest.raises(ValueError, match="at least 6 .* cannot reach p < 0.05"):
         cp.fresh_seeds(3, 5)
 
@@ -129,7 +132,7 @@ def test_the_cli_refuses_a_paired_test_it_cannot_run_before_any_run(monkeypatch,
 
     monkeypatch.setattr(reproduce, "reproduce_case_study", must_not_run)
     args = argparse.Namespace(only="homogeneous_pd", repetitions=None, out=str(tmp_path), quick=True, executor="local",
-                              json=False, no_early_stop=False, paired=6)
+                              json=False, no_early_stop=False, paired=6, paired_from=None)
     with pytest.raises(UserError, match="--paired 6: the order test needs two configurations, --only names 1"):
         commands.cmd_reproduce(args)
     args.only = "homogeneous_pd,homogeneous_pd"
@@ -139,6 +142,12 @@ def test_the_cli_refuses_a_paired_test_it_cannot_run_before_any_run(monkeypatch,
         args.paired, args.only = bad, "homogeneous_pd,prfaas_pd"
         with pytest.raises(UserError, match=f"--paired {bad}: {bad} seeds: at least 6"):
             commands.cmd_reproduce(args)
+    args.paired, args.paired_from = 6, 2  # quick searches ran seeds 1..2
+    with pytest.raises(UserError, match=r"--paired-from 2: first seed 2: the searches ran seeds 1..2; .* \(from 3\)"):
+        commands.cmd_reproduce(args)
+    args.paired, args.paired_from = 0, 10
+    with pytest.raises(UserError, match="--paired-from 10: .* add --paired N"):
+        commands.cmd_reproduce(args)
 
 
 def test_the_report_prints_each_paired_order_in_words_from_the_json(monkeypatch, tmp_path, capsys):
@@ -154,7 +163,7 @@ def test_the_report_prints_each_paired_order_in_words_from_the_json(monkeypatch,
            "paper_ratio_vs_homogeneous": reproduce.PAPER_RATIOS, "paired": json.loads(json.dumps([res.to_json()]))}
     monkeypatch.setattr(reproduce, "reproduce_case_study", lambda *a, **kw: doc)
     args = argparse.Namespace(only="homogeneous_pd,naive_heterogeneous", repetitions=None, out=str(tmp_path), quick=False,
-                              executor="local", json=False, no_early_stop=False, paired=6)
+                              executor="local", json=False, no_early_stop=False, paired=6, paired_from=None)
     assert commands.cmd_reproduce(args) == 0
     out = capsys.readouterr().out
     assert ("paired: naive_heterogeneous sustains more than homogeneous_pd at 2.05 req/s on 6 shared seeds: only "
@@ -176,7 +185,11 @@ def test_reproduce_runs_the_test_on_the_seeds_after_its_searches_and_refuses_too
     for quick, first in ((False, 4), (True, 3)):  # full searches run seeds 1..3, quick ones 1..2
         doc = reproduce.reproduce_case_study(tmp_path / str(quick), quick=quick, progress=False, paired_seeds=6)
         assert seen[-1] == list(range(first, first + 6)) and doc["paired"] == [] and doc["paired_wall_s"] >= 0
+    reproduce.reproduce_case_study(tmp_path / "from", progress=False, paired_seeds=6, paired_from=10)
+    assert seen[-1] == list(range(10, 16))
     searched.clear()
     with pytest.raises(ValueError, match="at least 6"):
         reproduce.reproduce_case_study(tmp_path / "x", progress=False, paired_seeds=5)
+    with pytest.raises(ValueError, match="first seed 2"):
+        reproduce.reproduce_case_study(tmp_path / "x", progress=False, paired_seeds=6, paired_from=2)
     assert searched == []

@@ -71,7 +71,7 @@ def test_the_report_names_a_configuration_measured_above_the_model(monkeypatch, 
            "paper_ratio_vs_homogeneous": reproduce.PAPER_RATIOS, "paired": []}
     monkeypatch.setattr(reproduce, "reproduce_case_study", lambda *a, **kw: doc)
     args = argparse.Namespace(only="prfaas_pd,homogeneous_pd,naive_heterogeneous", repetitions=None, out=str(tmp_path), quick=True,
-                              executor="local", json=False, no_early_stop=False, paired=0)
+                              executor="local", json=False, no_early_stop=False, paired=0, paired_from=None)
     assert commands.cmd_reproduce(args) == 0
     out = capsys.readouterr().out
     assert "note: naive_heterogeneous measured 1.32x the model's fluid bound" in out and "run the full one" in out
