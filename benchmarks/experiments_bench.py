@@ -9,7 +9,8 @@ Targets (each printed with its numbers; exit 1 when one is missed):
     (the same check as tests/unit/test_stats.py, at 10, 20 and 30 pairs side by side).
 
 Run as root: `python benchmarks/experiments_bench.py [--quick] [--out DIR] [--stats-only]`.
-`--reuse DIR` re-reads an earlier reproduction's reproduce.json instead of running (its recorded wall time).
+`--reuse DIR` re-reads an earlier reproduction's reproduce.json instead of running (its recorded wall time, or the
+sum over the directory's finished invocations when the file carries one).
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ def main() -> int:
         doc = reproduce_case_study(args.out, quick=args.quick, progress=sys.stdout.isatty(), paired_seeds=args.paired)
         wall = time.monotonic() - t0
         write_document(args.out, doc)
-    # a reproduction made in parts in one directory (`--only`, resumed, a later `--paired`) counts all of them
-    # (`reproduce.write_document`); files written before the sums were kept count their own invocation
+    # a reproduction made in finished parts in one directory (`--only`, a later `--paired`) counts all of them
+    # (`reproduce.write_document`; an interrupted invocation wrote no file and is in no sum); files written
+    # before the sums were kept count their own invocation
     summed = "wall_s_all_invocations" in doc
     wall = doc["wall_s_all_invocations"] if summed else wall
     quick = bool(doc["scenario"]["quick"])
@@ -98,7 +100,7 @@ def main() -> int:
         print(f"paired order test: {paired_s / 60:.1f} min more (not in the judged time)")
     if wall is not None:
         limit = QUICK_LIMIT_S if quick else FULL_LIMIT_S
-        print(f"reproduction wall time {wall / 60:.1f} min{' (summed over the invocations in this directory)' if summed else ''} "
+        print(f"reproduction wall time {wall / 60:.1f} min{' (summed over the finished invocations in this directory; an interrupted one is not counted)' if summed else ''} "
               f"(target <= {limit / 60:.0f} min): {'met' if wall <= limit else 'NOT MET'}")
         ok &= wall <= limit
     for k, m in doc["measured"].items():

@@ -55,8 +55,9 @@ def check_seed_count(n: int) -> None:
 
 def fresh_seeds(search_repetitions: int, n: int, first: int | None = None) -> list[int]:
     """Seeds the searches did not run (they ran 1..`search_repetitions`): `n` of them from `first` (default
-    the next one). A second test of the same pair starts after the seeds of the first (`--paired-from`), so
-    that it is a new test, not the first one extended until it turns significant."""
+    the next one). A second test of the same pair starts after the seeds of the first (`--paired-from`): new
+    draws, not the first test extended; still a second look, judged with the first at ALPHA / 2
+    (docs/experiments.md, "A second test of the same pair")."""
     check_seed_count(n)
     first = search_repetitions + 1 if first is None else first
     if first <= search_repetitions:

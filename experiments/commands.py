@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from testbed import rundir
 from testbed.errors import UserError
@@ -74,7 +74,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                         "'Paired order'; N >= 6, 10-12 to see a clear order)")
     r.add_argument("--paired-from", type=int, metavar="SEED",
                    help="the paired test's first seed (default: the one after the searches' seeds); a second test of "
-                        "the same pair starts after the first one's seeds, so it is a new test, not the first extended")
+                        "the same pair starts after the first one's seeds (an overlap is refused) and is a second look: "
+                        "with k tests of a pair an order needs p < 0.05 / k (the report says so)")
     r.add_argument("--json", action="store_true")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
@@ -217,12 +218,16 @@ def format_interval(ci: Sequence[float | None]) -> str:
     return f"[{'-inf' if lo is None else format(lo, '.3g')}, {'inf' if hi is None else format(hi, '.3g')}]"
 
 
+def _p_text(p: Any) -> str:
+    return f"{p:.3g}" if isinstance(p, (int, float)) else "none (no discordant seed)"
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import json
 
-    from experiments.capacity_paired import PairedOrder
+    from experiments.capacity_paired import ALPHA, PairedOrder
     from experiments.executor import make_executor
-    from experiments.reproduce import CONFIGURATIONS, reproduce_case_study, write_document
+    from experiments.reproduce import CONFIGURATIONS, earlier_looks, reproduce_case_study, write_document
 
     only = tuple(x.strip() for x in args.only.split(",") if x.strip())
     bad = [x for x in only if x not in CONFIGURATIONS]
@@ -232,18 +237,22 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         _positive("--repetitions", args.repetitions)
     if args.paired_from is not None and not args.paired:
         raise UserError(f"--paired-from {args.paired_from}: it names the first seed of a paired test; add --paired N")
+    out = Path(args.out) if args.out else _default_out("reproduce-case-study")
     if args.paired:
-        from experiments.capacity_paired import fresh_seeds
-        from experiments.reproduce import SEARCH
+        from experiments.capacity_paired import check_seed_count, fresh_seeds
+        from experiments.reproduce import SEARCH, check_paired_seeds_unused
 
         try:
-            fresh_seeds(args.repetitions or SEARCH[args.quick]["repetitions"], args.paired, args.paired_from)
+            check_seed_count(args.paired)
         except ValueError as e:
-            flag = f"--paired-from {args.paired_from}" if "first seed" in str(e) else f"--paired {args.paired}"
-            raise UserError(f"{flag}: {e}") from None
+            raise UserError(f"--paired {args.paired}: {e}") from None
         if len(set(only)) < 2:
             raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
-    out = Path(args.out) if args.out else _default_out("reproduce-case-study")
+        try:
+            seeds = fresh_seeds(args.repetitions or SEARCH[args.quick]["repetitions"], args.paired, args.paired_from)
+            check_paired_seeds_unused(out, only, seeds)
+        except ValueError as e:
+            raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
                                executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop,
                                paired_seeds=args.paired, paired_from=args.paired_from)
@@ -275,5 +284,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
               "the mean; not a capacity (docs/analysis.md)")
     for p in doc["paired"]:
         print(f"paired: {PairedOrder(**p).sentence()}")
+        others = earlier_looks(out, p)
+        if others:
+            looks = len(others) + 1
+            print(f"  note: {looks} paired tests of this pair in {out} (the others: "
+                  + "; ".join(f"seeds {min(o['seeds'])}..{max(o['seeds'])}, p = {_p_text(o.get('p_value'))}"
+                              for o in others)
+                  + f"): an order holds over them only where a test's p < {ALPHA:g} / {looks} = {ALPHA / looks:.3g} (Bonferroni)")
     print(f"wrote {out / 'reproduce.json'}")
     return 0

@@ -15,6 +15,7 @@ paper's published ratio. Gaps are discussed in docs/analysis.md ("Measured again
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,11 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
     wall time and its configurations, so it is kept beside the new one as ``reproduce-<its UTC time>.json``;
     returns that path (None when there was none). When the earlier one measured the same scenario (the same
     overrides), `doc` also gets ``wall_s_all_invocations`` and ``paired_wall_s_all_invocations``: the sums over
-    the completed invocations in this directory, so a reproduction made in parts (`--only`, a resumed one, a
-    later `--paired`) still reports its whole time. An interrupted invocation writes no document, so its
-    time is not in the sums."""
+    the invocations in this directory that finished, so a reproduction made in finished parts (`--only`, a
+    later `--paired`) reports its whole time. An interrupted invocation writes no document, so its time is
+    in no sum: a reproduction resumed after an interruption reports less than it took. An earlier file that
+    cannot be read as a reproduction's document is kept all the same and adds nothing to the sums; the new
+    document is always written."""
     import json
     import time
 
@@ -110,7 +113,11 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
     out.mkdir(parents=True, exist_ok=True)
     path, kept = out / "reproduce.json", None
     if path.exists():
-        doc.update(invocation_sums(json.loads(path.read_text()), doc))
+        try:
+            earlier = json.loads(path.read_text())
+        except (OSError, ValueError):  # not JSON (truncated, hand-edited): kept below, summed with nothing
+            earlier = None
+        doc.update(invocation_sums(earlier, doc))
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(path.stat().st_mtime))
         kept, n = out / f"reproduce-{stamp}.json", 1
         while kept.exists():
@@ -120,14 +127,70 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
     return kept
 
 
-def invocation_sums(earlier: dict[str, Any], doc: dict[str, Any]) -> dict[str, float]:
-    """The wall times of `earlier` (a reproduce.json, itself possibly a sum) and `doc` added up, when both
-    measured the same scenario; nothing otherwise (a different variant or overrides: not one reproduction)."""
-    same = [d.get("scenario", {}).get("overrides") for d in (earlier, doc)]
-    if None in same or same[0] != same[1] or "wall_s" not in earlier:
+def paired_tests_in(out: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """Every paired test recorded in `out` (its reproduce.json and the kept reproduce-*.json) as (file name,
+    test), each test once (by pair and seeds; a kept file repeats its successor's tests when that one resumed
+    them); files that cannot be read are passed over."""
+    import json
+
+    seen, tests = set(), []
+    for f in sorted(Path(out).glob("reproduce*.json")):
+        try:
+            found = [p for p in json.loads(f.read_text()).get("paired") or [] if isinstance(p, dict)]
+        except (OSError, ValueError, AttributeError):
+            continue
+        for p in found:
+            p = {**p, "seeds": [s for s in p.get("seeds") or [] if isinstance(s, int)]}
+            key = (p.get("higher"), p.get("lower"), tuple(p["seeds"]))
+            if p["seeds"] and key not in seen:
+                seen.add(key)
+                tests.append((f.name, p))
+    return tests
+
+
+def check_paired_seeds_unused(out: str | Path, only: tuple[str, ...], seeds: list[int]) -> None:
+    """Refuse (ValueError) `seeds` for a paired test when an earlier paired test in `out` tested two of the
+    configurations in `only` on some of them but not on exactly them: that would extend the earlier test, or
+    reuse part of its draws, not make a new one. The same seeds again are the same test (its runs are resumed,
+    its result read again) and pass."""
+    new = set(seeds)
+    for name, p in paired_tests_in(out):
+        pair, used = {p.get("lower"), p.get("higher")}, p["seeds"]
+        if pair <= set(only) and new & set(used) and new != set(used):
+            raise ValueError(
+                f"seeds {min(new)}..{max(new)} overlap the paired test of {p.get('higher')} and {p.get('lower')} on seeds "
+                f"{min(used)}..{max(used)} ({name}): a second test of the pair needs seeds no test used "
+                f"(--paired-from {max(max(used), max(new)) + 1}), and its p-value is a second look (docs/experiments.md)")
+
+
+def earlier_looks(out: str | Path, test: dict[str, Any]) -> list[dict[str, Any]]:
+    """The other paired tests of `test`'s two configurations recorded in `out` (other seeds): with them `test` is
+    one of several looks at one question, and an order holds only at p < ALPHA / looks (Bonferroni)."""
+    pair = {test.get("higher"), test.get("lower")}
+    return [p for _, p in paired_tests_in(out)
+            if {p.get("higher"), p.get("lower")} == pair and set(p["seeds"]) != set(test.get("seeds") or [])]
+
+
+def invocation_sums(earlier: Any, doc: dict[str, Any]) -> dict[str, float]:
+    """The wall times of `earlier` (a reproduce.json's content, itself possibly a sum) and `doc` added up, when
+    both measured the same scenario; nothing otherwise (a different variant or overrides: not one
+    reproduction; or an earlier file that is not a reproduction's document, or whose times are not numbers)."""
+    def number(x: Any) -> float | None:
+        return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+    def overrides(d: Any) -> Any:
+        return (d.get("scenario") or {}).get("overrides") if isinstance(d, dict) and isinstance(d.get("scenario"), dict) else None
+
+    same = [overrides(d) for d in (earlier, doc)]
+    if None in same or same[0] != same[1] or number(earlier.get("wall_s")) is None:
         return {}
-    return {f"{k}_all_invocations": float(earlier.get(f"{k}_all_invocations", earlier.get(k) or 0.0)) + float(doc.get(k) or 0.0)
-            for k in ("wall_s", "paired_wall_s")}
+    out = {}
+    for k in ("wall_s", "paired_wall_s"):
+        before = number(earlier.get(f"{k}_all_invocations", earlier.get(k, 0.0)))
+        if before is None:
+            return {}
+        out[f"{k}_all_invocations"] = before + (number(doc.get(k)) or 0.0)
+    return out
 
 
 def ratio_interval(a: dict[str, Any], b: dict[str, Any]) -> list[float | None]:
@@ -165,6 +228,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
     if paired_seeds:  # refused before the searches, not after them
         seeds = fresh_seeds(search["repetitions"], paired_seeds, paired_from)
+        check_paired_seeds_unused(out, only, seeds)
 
     t0 = time.monotonic()
     base = STEADY + (QUICK if quick else FULL)

@@ -240,7 +240,7 @@ def load_profile(name_or_file: str | Path) -> ComputeProfile:
         if not path.exists():
             if p.is_file():  # a file, but not a kind a profile can be
                 raise UserError(f"profile {str(name_or_file)!r}: a profile file ends in .yaml or .yml (a profile), or .csv or "
-                                f".json (measured points); this one ends in {p.suffix or 'nothing'!r}")
+                                f".json (measured points); this one ends in {repr(p.suffix) if p.suffix else 'no suffix'}")
             raise UserError(f"profile {str(name_or_file)!r}: no such file, and not a ready profile (ready: {', '.join(available_profiles())})")
     data = read_yaml(path)
     return profile_from_dict(data, str(path))

@@ -4,7 +4,8 @@ item 5), so profile-mode runs and the throughput model can use the user's own de
 
 Prefill: the fastest of `repeats` runs after one untimed run, per length. Decode: a step of batch b is what
 the decode worker does per step, one batched ``decode_batch`` pass (`decode_step_time_s`), on caches of
-the model's exact geometry with random values at each context length; the median of `steps` steps.
+the model's exact geometry with random values at each context length; the median of `steps` steps after
+one untimed step.
 The ``full`` variant (testbed.models.full) is timed whole when it fits in half the device's free memory,
 else per layer kind and extrapolated; ``--validate`` compares the two at the given depth.
 """
@@ -69,7 +70,7 @@ def clock_for(plan: ProfilePlan, device_type: str) -> tuple[str, Callable[[], fl
     compute itself, and what a shared host leaves of it (with several torch threads it sums them)."""
     kind = plan.clock if plan.clock != "auto" else ("wall" if device_type == "cuda" else "cpu")
     if kind == "cpu" and device_type == "cuda":  # the host's CPU time of launching kernels is not the GPU's time
-        raise UserError("--clock: cpu times this process on the host, not the GPU's work; on --device cuda use wall or auto")
+        raise UserError("--clock: cpu times this process on the host, not the GPU's work; on a CUDA device use wall or auto")
     return kind, (time.process_time if kind == "cpu" else time.perf_counter)
 
 
@@ -289,8 +290,8 @@ def profile_document(m: Measurement, name: str) -> dict[str, Any]:
         "gpus_per_instance": 1,
         "provenance": (f"Measured by `prfaas profile` on {host} ({m.chip}), {when}: the {p.variant} variant of {p.model} "
                        f"({m.layers}), random weights (seed {p.seed}), torch {torch.__version__}, {m.clock} time. Prefill: fastest of "
-                       f"{p.repeats} run(s) after one untimed run per length; decode: median of {p.decode_steps} steps of one "
-                       f"batched decode pass (the full variant's per-layer extrapolation: one request x b), fitted at context {ctx}."),
+                       f"{p.repeats} run(s) after one untimed run per length; decode: median of {p.decode_steps} steps (after one untimed "
+                       f"step) of one batched decode pass (the full variant's per-layer extrapolation: one request x b), fitted at context {ctx}."),
         "prefill": {"points": [[int(n), round(float(s), 6)] for n, s in m.prefill], "degree": degree},
         "decode": {"step_s": float(f"{step:.6g}"), "per_sequence_s": float(f"{per:.6g}"), "max_batch": max(b for b, _, _ in m.decode),
                    "provenance": f"fitted to the batch points at context {ctx}",

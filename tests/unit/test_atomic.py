@@ -21,3 +21,20 @@ def test_a_write_that_fails_leaves_the_old_file_intact(tmp_path):
     with pytest.raises(TypeError):
         write_json(path, {"bad": object()})  # not serialisable: fails before anything is renamed
     assert json.loads(path.read_text()) == {"ok": True}
+
+
+def test_a_write_that_fails_on_the_disk_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    """The rename is what makes it atomic: with it failing, a plain write would already have replaced the file."""
+    from pathlib import Path
+
+    path = tmp_path / "doc.json"
+    write_json(path, {"ok": True})
+
+    def broken(self, target):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "replace", broken)
+    with pytest.raises(OSError, match="disk full"):
+        write_json(path, {"new": 1})
+    assert json.loads(path.read_text()) == {"ok": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.json"]

@@ -168,6 +168,13 @@ def test_the_report_prints_each_paired_order_in_words_from_the_json(monkeypatch,
     out = capsys.readouterr().out
     assert ("paired: naive_heterogeneous sustains more than homogeneous_pd at 2.05 req/s on 6 shared seeds: only "
             "naive_heterogeneous passed on 6, only homogeneous_pd on 0 (McNemar exact p = 0.0312)") in out
+    assert "note:" not in out  # the only test of this pair in the directory
+    # a second look at the same pair (an earlier test on seeds 10..15 kept in the directory): Bonferroni
+    earlier = {**res.to_json(), "seeds": list(range(10, 16)), "p_value": 0.25}
+    (tmp_path / "reproduce-20261202T120000Z.json").write_text(json.dumps({"paired": [earlier]}))
+    assert commands.cmd_reproduce(args) == 0
+    assert ("note: 2 paired tests of this pair in " + str(tmp_path) + " (the others: seeds 10..15, p = 0.25): an order "
+            "holds over them only where a test's p < 0.05 / 2 = 0.025 (Bonferroni)") in capsys.readouterr().out
 
 
 def test_reproduce_runs_the_test_on_the_seeds_after_its_searches_and_refuses_too_few_before_them(monkeypatch, tmp_path):
@@ -193,3 +200,33 @@ def test_reproduce_runs_the_test_on_the_seeds_after_its_searches_and_refuses_too
     with pytest.raises(ValueError, match="first seed 2"):
         reproduce.reproduce_case_study(tmp_path / "x", progress=False, paired_seeds=6, paired_from=2)
     assert searched == []
+
+
+def test_a_paired_test_that_would_extend_or_partly_reuse_an_earlier_one_in_the_directory_is_refused(monkeypatch, tmp_path):
+    import json
+
+    from experiments import commands, reproduce
+    from testbed.errors import UserError
+
+    first = {"lower": "naive_heterogeneous", "higher": "prfaas_pd", "seeds": list(range(4, 10))}
+    (tmp_path / "reproduce-20261202T120000Z.json").write_text(json.dumps({"paired": [first]}))
+    (tmp_path / "reproduce.json").write_text("{not json")  # unreadable files are passed over
+    only = ("prfaas_pd", "naive_heterogeneous")
+    reproduce.check_paired_seeds_unused(tmp_path, only, list(range(4, 10)))  # the same test again: resumed, allowed
+    reproduce.check_paired_seeds_unused(tmp_path, only, list(range(10, 22)))  # a new test on new draws
+    reproduce.check_paired_seeds_unused(tmp_path, ("homogeneous_pd", "naive_heterogeneous"), list(range(4, 16)))  # another pair
+    with pytest.raises(ValueError, match=r"seeds 4..15 overlap the paired test of prfaas_pd and naive_heterogeneous on seeds "
+                                         r"4..9 \(reproduce-20261202T120000Z.json\).*--paired-from 16"):
+        reproduce.check_paired_seeds_unused(tmp_path, only, list(range(4, 16)))  # the first test extended
+
+    def must_not_run(*a, **kw):
+        raise AssertionError("a refused --paired must not start the reproduction")
+
+    monkeypatch.setattr(reproduce, "reproduce_case_study", must_not_run)
+    args = argparse.Namespace(only="prfaas_pd,naive_heterogeneous", repetitions=None, out=str(tmp_path), quick=False,
+                              executor="local", json=False, no_early_stop=False, paired=12, paired_from=None)
+    with pytest.raises(UserError, match=r"--paired 12: seeds 4..15 overlap .*\(--paired-from 16\)"):
+        commands.cmd_reproduce(args)
+    args.paired_from = 8
+    with pytest.raises(UserError, match="--paired-from 8: seeds 8..19 overlap"):
+        commands.cmd_reproduce(args)

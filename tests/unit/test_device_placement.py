@@ -7,12 +7,30 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from testbed.kv.cache import KVCache
 from testbed.models.spec import parse_model_spec
 from testbed.models.torch_model import VARIANTS, HybridModel, tiny_spec
 
 META = torch.device("meta")
+
+
+class OneDevice(TorchDispatchMode):
+    """Fails an operation that mixes the model's meta tensors with tensors elsewhere (a 0-dim CPU tensor, a
+    scalar, is allowed: CUDA accepts those too). Not every operation checks devices on meta by itself:
+    elementwise ones, `cat` and `where` raise, but matmuls (`@`, `bmm`, `einsum`, `F.linear`, `addmm`) and
+    `solve_triangular` pass a CPU operand silently, where CUDA would raise."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        devices = {t.device.type for t in tensors if t.dim() > 0}
+        if "meta" in devices and len(devices) > 1:
+            shapes = [(t.device.type, tuple(t.shape)) for t in tensors]
+            raise AssertionError(f"{func}: tensors on {sorted(devices)} in one operation: {shapes}")
+        return func(*args, **kwargs)
 LAYERS = {
     "delta": {"kind": "linear", "rule": "delta", "heads": 4, "qk_heads": 2, "key_dim": 8, "value_dim": 6, "conv_kernel": 4},
     "decay": {"kind": "linear", "rule": "decay", "heads": 2, "key_dim": 8, "value_dim": 8},
@@ -35,7 +53,7 @@ def test_prefill_resume_decode_and_batched_decode_stay_on_the_models_device(vari
     m = meta_model(variant)
     at = 2 * m.variant.chunk_tokens  # a linear chunk boundary inside the prompt: a checkpoint is taken
     n = at + 5
-    with torch.no_grad():
+    with torch.no_grad(), OneDevice():
         logits, layers, ckpt = m._run(torch.zeros(n, dtype=torch.long, device=META), None, False, None, at)
         assert logits.device == META and len(ckpt) == len(layers)
         cache, checkpoint = KVCache("r", m.spec.name, n, layers), KVCache("r", m.spec.name, at, ckpt)

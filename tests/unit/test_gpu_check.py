@@ -46,7 +46,14 @@ def test_the_device_comparison_uses_float32_caches_and_is_exact_on_one_device(mo
     built = []
     build = mod.build_model
     monkeypatch.setattr(mod, "build_model", lambda spec, *a: built.append(spec) or build(spec, *a))
+    import dataclasses
+
     spec = mod.load_model_spec("kimi-linear-48b")
-    assert spec.kv_dtype == "bfloat16"
+    linear = next(i for i, g in enumerate(spec.layers) if hasattr(g, "state_dtype"))
+    layers = list(spec.layers)
+    layers[linear] = dataclasses.replace(layers[linear], state_dtype="bfloat16")  # a layer's own dtype must go too
+    spec = dataclasses.replace(spec, layers=tuple(layers))
+    assert spec.kv_dtype == "bfloat16" and spec.layer_state_dtype(linear) == "bfloat16"
     assert mod.max_logit_difference(spec, "tiny", list(range(40)), ("cpu", "cpu")) == 0.0
     assert [(s.kv_dtype, s.state_dtype) for s in built] == [("float32", "float32")] * 2
+    assert all(s.layer_state_dtype(i) == "float32" for s in built for i in range(len(s.layers)))

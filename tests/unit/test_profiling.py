@@ -205,6 +205,6 @@ def test_a_cpu_clock_is_refused_on_a_gpu() -> None:
     from testbed.models.profiling import clock_for
 
     plan = ProfilePlan(model="kimi-linear-48b", clock="cpu")
-    with pytest.raises(UserError, match="--clock: cpu .* use wall or auto"):
+    with pytest.raises(UserError, match="--clock: cpu .* on a CUDA device use wall or auto"):
         clock_for(plan, "cuda")
     assert clock_for(plan, "cpu")[0] == "cpu" and clock_for(dataclasses.replace(plan, clock="auto"), "cuda")[0] == "wall"

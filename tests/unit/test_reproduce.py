@@ -110,3 +110,16 @@ def test_a_reproduction_made_in_parts_reports_its_whole_time_and_only_for_the_sa
     other = {"scenario": {"overrides": ["a=2"], "quick": True}, "wall_s": 900.0}  # another variant: not one reproduction
     reproduce.write_document(tmp_path, other)
     assert "wall_s_all_invocations" not in other
+
+
+@pytest.mark.parametrize("earlier", ["{not json", "", "null", "[1, 2]", '{"scenario": null, "wall_s": 5}',
+                                     '{"scenario": {"overrides": ["a=1"]}, "wall_s": "long"}',
+                                     '{"scenario": {"overrides": ["a=1"]}, "wall_s": 5, "paired_wall_s": "x"}'])
+def test_an_earlier_file_that_is_not_a_reproduction_is_kept_and_the_new_document_is_written(tmp_path, earlier):
+    import json
+
+    (tmp_path / "reproduce.json").write_text(earlier)
+    doc = {"scenario": {"overrides": ["a=1"]}, "wall_s": 7.0, "paired_wall_s": 0.0}
+    kept = reproduce.write_document(tmp_path, doc)
+    assert kept is not None and kept.read_text() == earlier  # kept as it was
+    assert json.loads((tmp_path / "reproduce.json").read_text()) == doc and "wall_s_all_invocations" not in doc
