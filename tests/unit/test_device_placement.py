@@ -5,14 +5,19 @@ data-dependent steps (`HybridModel._ids` reads token ids with .min()) are steppe
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from testbed.kv.cache import KVCache
-from testbed.models.spec import parse_model_spec
 from testbed.models.torch_model import VARIANTS, HybridModel, tiny_spec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_factory import HYBRID, small_spec  # noqa: E402
 
 META = torch.device("meta")
 
@@ -31,19 +36,10 @@ class OneDevice(TorchDispatchMode):
             shapes = [(t.device.type, tuple(t.shape)) for t in tensors]
             raise AssertionError(f"{func}: tensors on {sorted(devices)} in one operation: {shapes}")
         return func(*args, **kwargs)
-LAYERS = {
-    "delta": {"kind": "linear", "rule": "delta", "heads": 4, "qk_heads": 2, "key_dim": 8, "value_dim": 6, "conv_kernel": 4},
-    "decay": {"kind": "linear", "rule": "decay", "heads": 2, "key_dim": 8, "value_dim": 8},
-    "gqa": {"kind": "gqa", "kv_heads": 2, "k_head_dim": 12, "v_head_dim": 8},
-    "mla": {"kind": "mla", "kv_lora_rank": 16, "rope_dim": 4},
-    "swa": {"kind": "swa", "window": 6, "kv_heads": 2, "head_dim": 8},
-}
-KINDS = ["delta", "gqa", "swa", "decay", "mla", "delta"]
 
 
 def meta_model(variant: str) -> HybridModel:
-    spec = parse_model_spec({"name": "meta-hybrid", "kv_dtype": "bfloat16", "state_dtype": "bfloat16",
-                             "geometries": {k: LAYERS[k] for k in set(KINDS)}, "layers": KINDS})
+    spec = small_spec(HYBRID)
     v = VARIANTS[variant]
     return HybridModel(tiny_spec(spec) if v.shrink_cache else spec, v, 0, META, spec).eval()
 

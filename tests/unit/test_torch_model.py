@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,24 +13,13 @@ import torch
 
 from testbed.kv.cache import TENSOR_NAMES, KVCache, LayerKV
 from testbed.models.layers import linear_attention_chunked, linear_attention_recurrent
-from testbed.models.spec import ModelSpec, list_presets, load_model_spec, parse_model_spec
+from testbed.models.spec import list_presets, load_model_spec, parse_model_spec
 from testbed.models.torch_model import CacheMismatch, build_model, synthetic_cache, tiny_spec, vocab_size
 
 torch.set_num_threads(1)
 
-LAYERS = {
-    "delta": {"kind": "linear", "rule": "delta", "heads": 4, "qk_heads": 2, "key_dim": 8, "value_dim": 6, "conv_kernel": 4},
-    "decay": {"kind": "linear", "rule": "decay", "heads": 2, "key_dim": 8, "value_dim": 8},
-    "gqa": {"kind": "gqa", "kv_heads": 2, "k_head_dim": 12, "v_head_dim": 8},
-    "mla": {"kind": "mla", "kv_lora_rank": 16, "rope_dim": 4},
-    "swa": {"kind": "swa", "window": 6, "kv_heads": 2, "head_dim": 8},
-}
-HYBRID = ["delta", "gqa", "swa", "decay", "mla", "delta"]
-
-
-def small_spec(kinds: list[str], kv_dtype: str = "bfloat16", state_dtype: str = "bfloat16") -> ModelSpec:
-    return parse_model_spec({"name": "-".join(kinds), "kv_dtype": kv_dtype, "state_dtype": state_dtype,
-                             "geometries": {k: LAYERS[k] for k in set(kinds)}, "layers": kinds})
+sys.path.insert(0, str(Path(__file__).parent))
+from model_factory import HYBRID, LAYERS, small_spec  # noqa: E402
 
 
 def prompt(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
