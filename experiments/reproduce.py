@@ -226,6 +226,8 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     from experiments.capacity_paired import fresh_seeds
 
     search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
+    if paired_from is not None and not paired_seeds:
+        raise ValueError(f"paired_from {paired_from}: the first seed of a paired test, but no paired test is asked for")
     if paired_seeds:  # refused before the searches, not after them
         seeds = fresh_seeds(search["repetitions"], paired_seeds, paired_from)
         check_paired_seeds_unused(out, only, seeds)

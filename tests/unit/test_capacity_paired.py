@@ -199,6 +199,8 @@ def test_reproduce_runs_the_test_on_the_seeds_after_its_searches_and_refuses_too
         reproduce.reproduce_case_study(tmp_path / "x", progress=False, paired_seeds=5)
     with pytest.raises(ValueError, match="first seed 2"):
         reproduce.reproduce_case_study(tmp_path / "x", progress=False, paired_seeds=6, paired_from=2)
+    with pytest.raises(ValueError, match="paired_from 10: .* no paired test is asked for"):
+        reproduce.reproduce_case_study(tmp_path / "x", progress=False, paired_from=10)
     assert searched == []
 
 
