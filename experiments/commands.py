@@ -239,8 +239,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise UserError(f"--paired-from {args.paired_from}: it names the first seed of a paired test; add --paired N")
     out = Path(args.out) if args.out else _default_out("reproduce-case-study")
     if args.paired:
-        from experiments.capacity_paired import check_seed_count, fresh_seeds
-        from experiments.reproduce import SEARCH, check_paired_seeds_unused
+        from experiments.capacity_paired import check_seed_count
+        from experiments.reproduce import paired_test_seeds
 
         try:
             check_seed_count(args.paired)
@@ -249,8 +249,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         if len(set(only)) < 2:
             raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
         try:
-            seeds = fresh_seeds(args.repetitions or SEARCH[args.quick]["repetitions"], args.paired, args.paired_from)
-            check_paired_seeds_unused(out, only, seeds)
+            paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
         except ValueError as e:
             raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,

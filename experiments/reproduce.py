@@ -15,7 +15,6 @@ paper's published ratio. Gaps are discussed in docs/analysis.md ("Measured again
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -154,13 +153,28 @@ def check_paired_seeds_unused(out: str | Path, only: tuple[str, ...], seeds: lis
     reuse part of its draws, not make a new one. The same seeds again are the same test (its runs are resumed,
     its result read again) and pass."""
     new = set(seeds)
-    for name, p in paired_tests_in(out):
-        pair, used = {p.get("lower"), p.get("higher")}, p["seeds"]
-        if pair <= set(only) and new & set(used) and new != set(used):
+    tests = [(name, p) for name, p in paired_tests_in(out) if {p.get("lower"), p.get("higher")} <= set(only)]
+    free = max([max(new)] + [max(p["seeds"]) for _, p in tests]) + 1  # after every recorded test's seeds
+    for name, p in tests:
+        used = p["seeds"]
+        if new & set(used) and new != set(used):
             raise ValueError(
                 f"seeds {min(new)}..{max(new)} overlap the paired test of {p.get('higher')} and {p.get('lower')} on seeds "
                 f"{min(used)}..{max(used)} ({name}): a second test of the pair needs seeds no test used "
-                f"(--paired-from {max(max(used), max(new)) + 1}), and its p-value is a second look (docs/experiments.md)")
+                f"(--paired-from {free}), and its p-value is a second look (docs/experiments.md)")
+
+
+def paired_test_seeds(out: str | Path, only: tuple[str, ...], quick: bool, repetitions: int | None, n: int,
+                      first: int | None = None) -> list[int]:
+    """The seeds of a paired test of `n` seeds from `first` after the searches of this variant (`repetitions`
+    of them, else the variant's default): fresh (`fresh_seeds`) and not overlapping an earlier test of the
+    pair in `out` (`check_paired_seeds_unused`); ValueError otherwise. The CLI and `reproduce_case_study`
+    both ask here, so the CLI refuses before anything starts."""
+    from experiments.capacity_paired import fresh_seeds
+
+    seeds = fresh_seeds(repetitions or SEARCH[quick]["repetitions"], n, first)
+    check_paired_seeds_unused(out, only, seeds)
+    return seeds
 
 
 def earlier_looks(out: str | Path, test: dict[str, Any]) -> list[dict[str, Any]]:
@@ -175,8 +189,7 @@ def invocation_sums(earlier: Any, doc: dict[str, Any]) -> dict[str, float]:
     """The wall times of `earlier` (a reproduce.json's content, itself possibly a sum) and `doc` added up, when
     both measured the same scenario; nothing otherwise (a different variant or overrides: not one
     reproduction; or an earlier file that is not a reproduction's document, or whose times are not numbers)."""
-    def number(x: Any) -> float | None:
-        return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+    from testbed.units import finite_or_none as number
 
     def overrides(d: Any) -> Any:
         return (d.get("scenario") or {}).get("overrides") if isinstance(d, dict) and isinstance(d.get("scenario"), dict) else None
@@ -223,14 +236,12 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     import time
 
     from experiments.capacity import measure_capacity
-    from experiments.capacity_paired import fresh_seeds
 
     search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
     if paired_from is not None and not paired_seeds:
         raise ValueError(f"paired_from {paired_from}: the first seed of a paired test, but no paired test is asked for")
     if paired_seeds:  # refused before the searches, not after them
-        seeds = fresh_seeds(search["repetitions"], paired_seeds, paired_from)
-        check_paired_seeds_unused(out, only, seeds)
+        seeds = paired_test_seeds(out, only, quick, repetitions, paired_seeds, paired_from)
 
     t0 = time.monotonic()
     base = STEADY + (QUICK if quick else FULL)

@@ -2,10 +2,9 @@
 
 Used where another process polls for a file (a worker's ready file, the network's state files, the
 timing probe's record that `testbed.fidelity` reads back) or where an interrupted write would lose a
-result (a reproduction's document). A write that fails removes its temporary file and leaves the old
-file as it was. The data
-goes to ``NAME.tmp`` beside the file, then `Path.replace` renames it over the file (atomic on POSIX
-within one file system).
+result (a reproduction's document). The data goes to ``NAME.tmp`` beside the file, then `Path.replace`
+renames it over the file (atomic on POSIX within one file system). A write that fails removes its
+temporary file and leaves the old file as it was.
 """
 
 from __future__ import annotations
