@@ -112,10 +112,6 @@ def test_unknown_profile_lists_the_ready_ones(tmp_path):
 
 
 def test_a_profile_that_is_missing_or_of_another_kind_gets_one_line_naming_what_is_allowed(tmp_path) -> None:
-    import pytest
-
-    from testbed.errors import UserError
-
     with pytest.raises(UserError, match="no such file, and not a ready profile .*h200"):
         load_profile(tmp_path / "none.yaml")
     txt = tmp_path / "hostname.txt"
