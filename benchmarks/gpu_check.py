@@ -8,10 +8,11 @@ Checks, each one line in the table (pass / FAIL / not checked, with the numbers)
 3. CPU and device compute the same: the device's prefill logits against a CPU model from the same seed;
 4. a KV shipped across a local WAN: a prefill worker and a decode worker process (torch mode, on the
    device) on 127.0.0.1, the KV streamed layer by layer over the real multi-connection TCP transport,
-   checksummed; the decoded tokens equal a local prefill + decode on the device, and the bytes received
-   equal the spec's for the prompt;
+   checksummed; the bytes received equal the spec's for the prompt, and every decoded token is the one a
+   local prefill + decode on the device chooses after the same tokens (teacher-forced along the worker's
+   tokens), or a near tie there: within `NEAR_TIE_LOGITS` of the top logit, reported with its margin;
 5. prefix reuse on the device: a second prompt sharing the first one's 512-token blocks resumes from the
-   prefill pool, is sent only what the decode lacks, and decodes the same tokens as a full prefill.
+   prefill pool, is sent only what the decode lacks, and decodes the tokens a full prefill chooses (as in 4).
 The emulated WAN (namespaces, shaping, delay) is device-independent and tested by the CPU suite; here the
 transport runs over loopback.
 
@@ -52,6 +53,11 @@ from testbed.serving.worker import DECODE_PREFIX_HEADER, WorkerConfig  # noqa: E
 BLOCK = 512
 console = Console(width=max(140, Console().width))
 CPU_AGREE_LOGITS = 1e-3  # max |logit difference| CPU vs device, float32 caches (as tests/unit/test_torch_model.py's CUDA test)
+# A worker's token may differ from the local decode's only where the local logits nearly tie: the two take different
+# numeric paths (a worker's batched decode after the wire, the local recurrent decode), bf16 caches. Measured on the CPU
+# (600 tokens, 8 steps, prefill vs recurrent decode): <= 6.3e-3 (faithful kimi-linear-48b), <= 1.5e-2 (tiny); 0.1 is ~7x
+# that, against a top-1 to median gap of 2.1-3.9 logits, so a token from a wrong cache is almost never accepted.
+NEAR_TIE_LOGITS = 0.1
 CHECKS = ("device", "prefill + decode, KV bytes = spec", "CPU and device agree", "KV across a local WAN, tokens match",
           "prefix reuse on the device")
 
@@ -62,6 +68,31 @@ def max_logit_difference(spec: Any, variant: str, ids: list[int], devices: tuple
     f32 = dataclasses.replace(spec, layers=layers, kv_dtype="float32", state_dtype="float32")  # a layer's own dtype too
     a, b = (build_model(f32, variant, 1, d).prefill(ids)[0].float().cpu() for d in devices)
     return float((a - b).abs().max())
+
+
+def greedy_margins(model: Any, ids: list[int], tokens: list[int]) -> list[float]:
+    """Teacher-forced along `tokens`: for each one, the local model's top logit less that token's logit at that
+    step (0.0 where it is the local greedy choice), the model continuing with `tokens`' own path."""
+    logits, cache = model.prefill(ids)
+    step, margins = logits[-1].float(), []
+    for k, tok in enumerate(tokens):
+        margins.append(float(step.max() - step[tok]))
+        if k + 1 < len(tokens):
+            step = model.decode(tok, cache).float()
+    return margins
+
+
+def judge_tokens(got: list[int], margins: list[float], what: str) -> str:
+    """Raises AssertionError naming each token of `got` that the local model would not have chosen within
+    `NEAR_TIE_LOGITS`; else the words for the report: equal, or equal but for near ties (their steps and margins)."""
+    far = [(k, t, m) for k, (t, m) in enumerate(zip(got, margins)) if m > NEAR_TIE_LOGITS]
+    assert not far, (f"tokens {got} != {what}: " + "; ".join(f"step {k}: token {t} is {m:.3g} below the top logit"
+                                                          for k, t, m in far) + f" (a near tie is <= {NEAR_TIE_LOGITS:g})")
+    ties = [(k, m) for k, m in enumerate(margins) if m > 0]
+    if not ties:
+        return f"tokens {got} = {what}"
+    return (f"tokens {got} = {what} but for {len(ties)} near tie(s) (" + ", ".join(f"step {k}: {m:.2g} below the top"
+                                                                             for k, m in ties) + f"; <= {NEAR_TIE_LOGITS:g})")
 
 
 class Report:
@@ -220,13 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         state["workers"] = w
         ids = state["ids"] + [5]  # the decode's first input is the last prompt token
         got, res, final = w.serve("g1", ids, 6)
-        want = state["model"].generate(ids, 6)
         spec_bytes = state["model"].spec.kv_bytes(len(ids) - 1).total_bytes
-        assert got == want, f"tokens {got} != local {want}"
         assert res["kv_bytes"] == spec_bytes, f"{res['kv_bytes']} B sent, spec {spec_bytes} B"
+        tokens = judge_tokens(got, greedy_margins(state["model"], ids, got), "local")
         state["first"] = ids
         return (f"{len(ids)} tokens: {res['kv_bytes']:,} B (= spec) over {res['wire_bytes']:,} wire B, transfer "
-                f"{res['transfer_end_s'] - res['transfer_start_s']:.3f} s; tokens {got} = local")
+                f"{res['transfer_end_s'] - res['transfer_start_s']:.3f} s; {tokens}")
 
     def prefix_reuse() -> str:
         w, first = state["workers"], state["first"]
@@ -234,14 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         assert shared >= BLOCK, f"the first prompt needs >= {BLOCK + 1} tokens for a block to share"
         ids = first[:shared] + prompt(100, state["model"].vocab_size, 9)
         got, res, _ = w.serve("g2", ids, 6)
-        want = state["model"].generate(ids, 6)
         m = state["model"]
         sent = m.spec.kv_bytes(len(ids) - 1).total_bytes - shared * m.spec.full_attention_bytes_per_token
         assert res.get("prefill_cached_len") == shared, f"prefill resumed from {res.get('prefill_cached_len')}, expected {shared}"
         assert res.get("decode_prefix_len") == shared, f"decode held {res.get('decode_prefix_len')}, expected {shared}"
         assert res["kv_bytes"] == sent, f"{res['kv_bytes']} B sent, expected {sent} (what the decode lacks)"
-        assert got == want, f"tokens {got} != full prefill {want}"
-        return f"{shared} of {len(ids)} tokens reused on both sides; {res['kv_bytes']:,} B sent (= what the decode lacked); tokens equal"
+        tokens = judge_tokens(got, greedy_margins(m, ids, got), "a full prefill's")
+        return f"{shared} of {len(ids)} tokens reused on both sides; {res['kv_bytes']:,} B sent (= what the decode lacked); {tokens}"
 
     try:
         ok = rep.run(CHECKS[0], device)

@@ -36,7 +36,33 @@ def test_the_same_checks_pass_on_the_cpu(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert rc == 0, doc
     assert [r["result"] for r in doc["rows"]] == ["pass"] * 5
-    assert "512 of" in doc["rows"][4]["detail"] and "tokens equal" in doc["rows"][4]["detail"]
+    assert "= local" in doc["rows"][3]["detail"] and "near tie" not in doc["rows"][3]["detail"]  # one device: exact
+    assert "512 of" in doc["rows"][4]["detail"] and "= a full prefill's" in doc["rows"][4]["detail"]
+    assert "near tie" not in doc["rows"][4]["detail"]
+
+
+def test_tokens_are_judged_teacher_forced_and_only_near_ties_may_differ() -> None:
+    """Checks 4 and 5 accept a worker's token that is not the local greedy choice only within NEAR_TIE_LOGITS of
+    the top logit (two numeric paths, bf16 caches); a token from a wrong cache fails, naming its step."""
+    mod = gpu_check()
+    model = mod.build_model(mod.load_model_spec("kimi-linear-48b"), "tiny", 1, "cpu")
+    ids = mod.prompt(200, model.vocab_size, 3)
+    greedy = model.generate(ids, 4)
+    assert mod.greedy_margins(model, ids, greedy) == [0.0] * 4
+    assert mod.judge_tokens(greedy, [0.0] * 4, "local") == f"tokens {greedy} = local"
+    logits, cache = model.prefill(ids)
+    for tok in greedy[:3]:
+        logits = model.decode(tok, cache)[None]
+    worst = int(logits[-1].argmin())  # the last token replaced by the local model's least likely one
+    margins = mod.greedy_margins(model, ids, greedy[:3] + [worst])
+    assert margins[:3] == [0.0] * 3
+    assert margins[3] == pytest.approx(float(logits[-1].max() - logits[-1].min()), abs=1e-5) and margins[3] > 1.0
+    with pytest.raises(AssertionError, match=r"step 3: token %d is [0-9.]+ below the top logit" % worst):
+        mod.judge_tokens(greedy[:3] + [worst], margins, "local")
+    near = mod.judge_tokens([7, 8, 9], [0.0, mod.NEAR_TIE_LOGITS / 2, 0.0], "local")
+    assert near.startswith("tokens [7, 8, 9] = local but for 1 near tie(s) (step 1: 0.05 below the top")
+    with pytest.raises(AssertionError, match="step 1"):
+        mod.judge_tokens([7, 8], [0.0, mod.NEAR_TIE_LOGITS * 1.01], "local")
 
 
 def test_the_device_comparison_uses_float32_caches_and_is_exact_on_one_device(monkeypatch) -> None:
