@@ -86,3 +86,53 @@ def test_an_accelerator_runs_a_long_linear_call_in_few_segments_the_cpu_in_cache
         monkeypatch.setattr(layers, "segment_scale", lambda device: 1)  # the CPU's sizing
         mixer(x, 0, None)
     assert calls == list(range(0, 4096, 64))
+
+
+class CountsOnHost(OneDevice):
+    """`OneDevice`, plus the one data-dependent step of the MoE's routing: `bincount` (whose `.tolist()` sizes each
+    expert's rows) answers with real counts on the CPU -- every token's k choices spread over the first experts --
+    so the routing, gathers and `index_add_` that follow run on meta shapes."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.bincount.default:
+            flat, minlength = args[0], (kwargs or {}).get("minlength", args[2] if len(args) > 2 else 0)
+            counts = torch.zeros(max(minlength, 1), dtype=torch.long)
+            counts[: min(3, len(counts))] += flat.numel() // min(3, len(counts))
+            counts[0] += flat.numel() - int(counts.sum())
+            return counts
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def test_the_full_variants_moe_blocks_stay_on_the_models_device() -> None:
+    """The `full` variant's mixture of experts (routed experts, shared expert, the leading dense-MLP layer) on meta:
+    prefill, a decode step and a batched decode, as above."""
+    from testbed.models.full import FullModel, MoE, MoEBlock, Widths
+
+    spec = small_spec(HYBRID)
+    w = Widths(source="test", hidden=32, vocab=128, attention_heads=4, experts=6, top_k=2, expert_mlp=16, shared_mlp=16,
+               dense_mlp=48, dense_layers=1)
+    m = FullModel(spec, w, 0, META, spec, list(range(len(spec.layers)))).eval()
+    kinds = [type(b).__name__ for b in m.blocks]
+    assert kinds[0] == "Block" and all(isinstance(b, MoEBlock) for b in m.blocks[1:])
+    assert all(isinstance(b.moe, MoE) and b.moe.shared is not None for b in m.blocks[1:])
+    n = 9
+    with torch.no_grad(), CountsOnHost():
+        logits, layers, _ = m._run(torch.zeros(n, dtype=torch.long, device=META), None, False, None)
+        assert logits.device == META and all(t.device == META for layer in layers for t in layer.tensors.values())
+        cache = KVCache("r", m.spec.name, n, layers)
+        m._run(torch.zeros(1, dtype=torch.long, device=META), cache, True, None)
+        x = m.embed[torch.zeros(2, dtype=torch.long, device=META)]
+        for i, block in enumerate(m.blocks):
+            x, kvs = block.decode_batch(x, [n + 1, n + 1], [cache.layers[i], cache.layers[i]])
+        assert x.device == META
+
+
+def test_a_cpu_tensor_inside_the_moe_is_caught(monkeypatch) -> None:
+    """The check above can fail: an MoE that builds its output on the CPU (no ``device=``) is refused."""
+    from testbed.models.full import MoE, Widths
+
+    w = Widths(source="test", hidden=32, vocab=128, attention_heads=4, experts=6, top_k=2, expert_mlp=16)
+    moe = MoE(32, w, 4, torch.Generator().manual_seed(0), META)
+    monkeypatch.setattr(torch, "zeros_like", lambda h: torch.zeros(h.shape, dtype=h.dtype))  # on the CPU
+    with torch.no_grad(), CountsOnHost(), pytest.raises(AssertionError, match="tensors on \\['cpu', 'meta'\\]"):
+        moe(torch.zeros(5, 32, device=META))
