@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from testbed.atomic import replace_with, write_json, write_text
 from testbed.errors import UserError
 from testbed.validation import read_yaml
 
@@ -211,7 +212,8 @@ class Environment:
 
 
 class RunDirWriter:
-    """Writes the files of one run directory; each method writes one file in its documented form."""
+    """Writes the files of one run directory; each method writes one file in its documented form, atomically
+    (`testbed.atomic`: a run killed while it writes leaves the old file or none, never a part)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -222,10 +224,10 @@ class RunDirWriter:
         return self.path / WORK_DIR
 
     def scenario(self, text: str) -> Path:
-        return self._text(SCENARIO_FILE, text)
+        return write_text(self.path / SCENARIO_FILE, text)
 
     def environment(self, env: Environment) -> Path:
-        return self._text(ENVIRONMENT_FILE, json.dumps(env.to_json(), indent=1, default=str))
+        return write_json(self.path / ENVIRONMENT_FILE, env.to_json(), indent=1, default=str)
 
     def requests(self, df: pd.DataFrame, *, keep_text: bool = True) -> Path:
         missing = [c for c in REQUEST_REQUIRED if c not in df]
@@ -234,33 +236,28 @@ class RunDirWriter:
         df = coerce_requests(df)
         if not keep_text:
             df = df.drop(columns=[c for c in TORCH_ONLY_REQUEST_COLUMNS if c in df])
-        df.to_parquet(self.path / REQUESTS_FILE, index=False)
-        return self.path / REQUESTS_FILE
+        return self._parquet(REQUESTS_FILE, df)
 
     def link(self, df: pd.DataFrame | None) -> Path:
-        (empty_link_frame() if df is None else df).to_parquet(self.path / LINK_FILE, index=False)
-        return self.path / LINK_FILE
+        return self._parquet(LINK_FILE, empty_link_frame() if df is None else df)
 
     def scheduler(self, df: pd.DataFrame) -> Path:
-        df.to_parquet(self.path / SCHEDULER_FILE, index=False)
-        return self.path / SCHEDULER_FILE
+        return self._parquet(SCHEDULER_FILE, df)
 
     def cross_traffic(self, df: pd.DataFrame) -> Path:
-        df.to_parquet(self.path / CROSS_TRAFFIC_FILE, index=False)
-        return self.path / CROSS_TRAFFIC_FILE
+        return self._parquet(CROSS_TRAFFIC_FILE, df)
 
     def fidelity(self, record: Mapping[str, Any]) -> Path:
-        return self._text(FIDELITY_FILE, json.dumps(dict(record), indent=1, default=str))
+        return write_json(self.path / FIDELITY_FILE, dict(record), indent=1, default=str)
 
     def summary(self, summary: Mapping[str, Any]) -> Path:
         absent = [k for k in SUMMARY_KEYS if k not in summary]
         if absent:
             raise ValueError(f"summary lacks key(s) {', '.join(absent)}")
-        return self._text(SUMMARY_FILE, json.dumps(dict(summary), indent=1, default=str))
+        return write_json(self.path / SUMMARY_FILE, dict(summary), indent=1, default=str)
 
-    def _text(self, name: str, text: str) -> Path:
-        (self.path / name).write_text(text)
-        return self.path / name
+    def _parquet(self, name: str, df: pd.DataFrame) -> Path:
+        return replace_with(self.path / name, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 # ----------------------------------------------------------------------------------------------- loader

@@ -61,3 +61,26 @@ def test_raw_run_without_summary_loads_only_when_asked(tmp_path):
 def test_writer_refuses_a_requests_frame_without_the_required_columns(tmp_path):
     with pytest.raises(ValueError, match="first_token_s"):
         rundir.RunDirWriter(tmp_path).requests(pd.DataFrame({"request_id": ["a"]}))
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file_whole_and_no_temporary(tmp_path, monkeypatch):
+    """Every file of a run directory is written atomically: a parquet write that dies half-way (the disk fills
+    after some bytes) and a summary that is not JSON leave the run's earlier files intact and no temporary."""
+    d = write_run_dir(tmp_path / "r", scale=8.0, seed=3)
+    before = (d / rundir.SCHEDULER_FILE).read_bytes()
+    summary = (d / rundir.SUMMARY_FILE).read_text()
+
+    def half_written(self, path, **kwargs):
+        Path(path).write_bytes(b"PAR1 half a file")
+        raise OSError("No space left on device")
+
+    w = rundir.RunDirWriter(d)
+    with monkeypatch.context() as m:
+        m.setattr(pd.DataFrame, "to_parquet", half_written)
+        with pytest.raises(OSError, match="No space"):
+            w.scheduler(pd.DataFrame({"t_s": [0.0, 1.0]}))
+    with pytest.raises(TypeError):
+        w.summary({**{k: 1 for k in rundir.SUMMARY_KEYS}, (1, 2): 0})  # a tuple key: not JSON, whatever `default` says
+    assert (d / rundir.SCHEDULER_FILE).read_bytes() == before and (d / rundir.SUMMARY_FILE).read_text() == summary
+    assert not [p.name for p in d.iterdir() if p.name.endswith(".tmp")]
+    assert rundir.load_run_dir(d).summary is not None
