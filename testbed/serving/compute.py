@@ -68,6 +68,13 @@ class Compute(Protocol):
         """Compute one prefill, handing each layer's KV (what the decode lacks) to `on_layer` as it is done."""
         ...
 
+    def admit(self, slot: Any) -> None:
+        """Ready one request's received KV (`slot.kv`) for decoding, before it joins a batch, on the thread that
+        waited for it: torch mode moves the cache to the model's device and checks it against the model, so
+        the batch loop never stalls on a copy and a cache that does not fit fails its own request, not the
+        batch. Raises ValueError naming what does not fit."""
+        ...
+
     def decode_step(self, slots: list[Any]) -> list[int]: ...
 
     @property
@@ -147,6 +154,9 @@ class ProfileCompute:
                 on_layer(ProfileLayer(i, layer.kind, nbytes))
         return PrefillOutput(plan.input_len, late_s=pacer.late_s)
 
+    def admit(self, slot: Any) -> None:
+        return None  # the KV is a byte count: nothing to place
+
     def decode_step(self, slots: list[Any]) -> list[int]:
         step_s = float(self.profile.decode_step_s(min(len(slots), self.profile.max_batch)))
         self._decode_due_s += step_s
@@ -200,15 +210,17 @@ class TorchCompute:
     def decode_idle(self) -> None:
         return None  # real compute keeps no time
 
+    def admit(self, slot: Any) -> None:
+        slot.kv = _cache_to(slot.kv, self.device, self.torch)
+        self.model.check_cache(slot.kv)
+
     def decode_step(self, slots: list[Any]) -> list[int]:
         """One token for each request in the batch: one batched pass (`HybridModel.decode_batch`), each
-        request on its own cache; a request's cache is checked against the model when it joins."""
+        request on its own cache, which `admit` placed on the device and checked before it joined."""
         with self.torch.inference_mode():
             for s in slots:
                 if s.next_input is None:  # first step: the prompt's last token
                     s.next_input = int(s.req.prompt_token_ids[-1])
-                    s.kv = _cache_to(s.kv, self.device, self.torch)
-                    self.model.check_cache(s.kv)
             logits = self.model.decode_batch([s.next_input for s in slots], [s.kv for s in slots], check=False)
             out = [int(t) for t in self.torch.argmax(logits, dim=-1).tolist()]
         for s, tok in zip(slots, out):

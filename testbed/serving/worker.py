@@ -562,11 +562,23 @@ class DecodeWorker:
             slot.events.put(slot.final("failed", f"KV rejected: {slot.kv_error}"))
         elif self.cfg.compute == "torch" and not slot.req.prompt_token_ids:
             slot.events.put(slot.final("failed", "torch mode needs prompt_token_ids in the decode request"))
+        elif (why := self._admit_kv(slot)) is not None:
+            slot.events.put(slot.final("failed", why))
         else:
             slot.admitted_s = now_s()
             with self.admit_cond:
                 self.ready.append(slot)
                 self.admit_cond.notify()
+
+    def _admit_kv(self, slot: DecodeSlot) -> str | None:
+        """`Compute.admit` on this request's own thread; the reason it fails, or None."""
+        try:
+            self.compute.admit(slot)
+        except ValueError as exc:
+            return f"KV rejected: {exc}"
+        except Exception as exc:  # e.g. the device is out of memory: this request fails, the batch goes on
+            return f"KV could not be placed on the decode device: {type(exc).__name__}: {exc}"
+        return None
 
     def _join(self) -> bool:
         """Between steps: ready requests join the batch up to BS_max; those past their deadline leave the

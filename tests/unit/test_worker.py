@@ -346,3 +346,41 @@ def test_the_kv_clock_pauses_while_the_prefill_computes_later_layers() -> None:
         rx.close()
     assert ended[0].result["status"] == "ok", ended[0].result
     assert got and got[0].ok
+
+
+def test_a_torch_decode_places_and_checks_each_cache_before_it_joins_so_a_misfit_fails_alone(monkeypatch) -> None:
+    """`Compute.admit` runs on the request's own thread, not the batch loop: a cache that does not fit the model
+    (another model's geometry) fails its own request with the reason, while a request in the batch with it decodes
+    every token; the batch loop never moves a cache."""
+    from testbed.clock import now_s
+    from testbed.kv.transport import ReceivedKV
+    from testbed.models.torch_model import synthetic_cache
+    from testbed.serving import compute as compute_module
+    from testbed.serving.protocol import DecodeRequest, FinalEvent
+    from testbed.serving.worker import DecodeWorker
+
+    moved: list[str] = []
+    place = compute_module._cache_to
+    monkeypatch.setattr(compute_module, "_cache_to", lambda cache, *a: moved.append(threading.current_thread().name) or place(cache, *a))
+    cfg = WorkerConfig(role="decode", instance=0, cluster="pd", host="lo", port=0, kv_port=free_port(), compute="torch",
+                       model={"name": "kimi-linear-48b", "compute": "torch", "variant": "tiny"}, variant="tiny", device="cpu",
+                       seed=1, bind="127.0.0.1")
+    worker = DecodeWorker(cfg)
+    spec = worker.compute.model.spec
+    good = synthetic_cache(spec, 40, "good", seed=1)
+    bad = synthetic_cache(spec, 40, "bad", seed=2)
+    bad.layers = bad.layers[:-1]  # the misfit: one layer short
+    try:
+        slots = {rid: worker.register(DecodeRequest(rid, 41, output_len=5, prompt_token_ids=tuple(range(41))))
+                 for rid in ("good", "bad")}
+        for rid, cache in (("good", good), ("bad", bad)):
+            worker._on_kv(rid, ReceivedKV(rid, True, None, cache, cache.nbytes, cache.nbytes, 1, now_s(), now_s()))
+        events = {rid: [s.events.get(timeout=30) for _ in range(6 if rid == "good" else 1)] for rid, s in slots.items()}
+    finally:
+        worker.receiver.close()
+    assert [type(e).__name__ for e in events["good"]] == ["TokenEvent"] * 5 + ["FinalEvent"]
+    assert events["good"][-1].status == "ok"
+    final = events["bad"][0]
+    assert isinstance(final, FinalEvent) and final.status == "failed" and final.reason.startswith("KV rejected: ")
+    assert "layers" in final.reason, final.reason
+    assert len(moved) == 2 and "decode" not in moved  # both placed on their own threads, none in the batch loop
