@@ -184,6 +184,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     import json
 
     from experiments.capacity import measure_capacity
+    from testbed.atomic import write_json
     from experiments.executor import make_executor
 
     _positive("--repetitions", args.repetitions)
@@ -193,7 +194,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
                            max_probes=args.max_probes, start_rps=args.start, executor=make_executor(args.executor),
                            progress=not args.json, early_stop=not args.no_early_stop)
-    (out / "capacity.json").write_text(json.dumps(doc, indent=1))
+    write_json(out / "capacity.json", doc, indent=1)
     if args.json:
         print(json.dumps({k: doc[k] for k in ("lambda_max_rps", "ci", "ci_dose_response", "runs", "slo", "scenario")}))
         return 0

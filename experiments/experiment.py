@@ -7,7 +7,6 @@ Runs go to ``DIR/runs/<arm>/seed<s>-rep<r>/``; a finished run is skipped on the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,6 +17,7 @@ from experiments.engine import SKIPPED, run_tasks
 from experiments.executor import Executor, RunOutcome, RunTask
 from experiments.spec import KNOWN_DIRECTIONS, ExperimentSpec
 from testbed import rundir
+from testbed.atomic import replace_with, write_json, write_text
 from testbed.errors import UserError
 
 RESULTS_FILE = "results.parquet"
@@ -137,11 +137,11 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, executor: Executor
     outcomes = run_tasks([t for t, _ in labelled], executor, label=f"experiment {spec.name}", progress=progress)
     results = results_frame([run_row(outcomes[t.key], out, **labels) for t, labels in labelled])
     out.mkdir(parents=True, exist_ok=True)
-    results.to_parquet(out / RESULTS_FILE, index=False)
+    replace_with(out / RESULTS_FILE, lambda tmp: results.to_parquet(tmp, index=False))
     comparisons = compare_arms(results, spec)
-    (out / COMPARISON_FILE).write_text(json.dumps([c.to_json() for c in comparisons], indent=1))
+    write_json(out / COMPARISON_FILE, [c.to_json() for c in comparisons], indent=1)
     text = report_text(spec, results, comparisons)
-    (out / REPORT_FILE).write_text(text)
+    write_text(out / REPORT_FILE, text)
     if results["status"].eq("ok").sum() == 0:
         raise UserError(f"experiment {spec.name}: every run failed (first: {results['error'].iloc[0]}); see {out / REPORT_FILE}")
     return {"results": out / RESULTS_FILE, "comparison": out / COMPARISON_FILE, "report": out / REPORT_FILE,

@@ -10,7 +10,6 @@ starts. The sweep ends with one comparison report in ``OUT/report.html`` and ``O
 from __future__ import annotations
 
 import itertools
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from experiments.engine import SKIPPED, resolve_scenario_ref, run_tasks
 from experiments.executor import Executor, RunTask
+from testbed.atomic import replace_with, write_json
 from testbed.errors import UserError
 from testbed.sections import load_scenario
 
@@ -74,12 +74,13 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
 
     rows = [run_row(outcomes[p.name], out.resolve(), experiment=f"sweep {Path(scenario).stem}", arm=p.name,
                     **{f"grid.{k}": v.split("=", 1)[1] for k, v in zip((k for k, _ in grid), p.overrides)}) for p in points]
-    results_frame(rows).to_parquet(out / RESULTS_FILE, index=False)
+    frame = results_frame(rows)
+    replace_with(out / RESULTS_FILE, lambda tmp: frame.to_parquet(tmp, index=False))
     manifest["results"] = str(out / RESULTS_FILE)
     done = [out / "points" / n for n, v in manifest["points"].items() if v["status"] in ("ok", SKIPPED)]
     if report and done:
         from analysis.report import write_report
 
         manifest["report"] = str(write_report(done, out))
-    (out / "sweep.json").write_text(json.dumps(manifest, indent=2))
+    write_json(out / "sweep.json", manifest, indent=2)
     return manifest
