@@ -2,9 +2,9 @@
 
 Used where another process polls for a file (a worker's ready file, the network's state files, the
 timing probe's record that `testbed.fidelity` reads back), where an interrupted write would lose a
-result (a reproduction's document), and for every file of a run directory (`testbed.rundir`: a run
-killed while it writes leaves its old files or none, so a resumed experiment never reads half a
-summary). The data goes to ``NAME.tmp`` beside the file, then `Path.replace` renames it over the file
+result (a reproduction's document; an experiment's, a sweep's and a capacity search's result files),
+and for every file of a run directory (`testbed.rundir`: a run killed while it writes leaves its old
+files or none, so a resumed experiment never reads half a summary). The data goes to ``NAME.tmp`` beside the file, then `Path.replace` renames it over the file
 (atomic on POSIX within one file system). A write that fails removes its temporary file and leaves
 the old file as it was.
 """
