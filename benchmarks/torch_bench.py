@@ -188,7 +188,8 @@ def decode_batching_figure(model: str = "kimi-linear-48b", variant: str = "tiny"
         for i in range(b):
             s = DecodeSlot(DecodeRequest(f"b{i}", 3, prompt_token_ids=(1, 2)))
             s.kv = synthetic_cache(comp.model.spec, context, seed=i)
-            comp.admit(s)  # as the decode worker does before a request joins
+            comp.admit(s)  # as the decode worker does: checked when the KV arrives, placed as it joins
+            comp.place(s)
             slots.append(s)
         comp.decode_step(slots)  # warm-up (the first step feeds the prompt's last token)
         t0, c0 = time.perf_counter(), time.process_time()

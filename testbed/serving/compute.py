@@ -69,10 +69,14 @@ class Compute(Protocol):
         ...
 
     def admit(self, slot: Any) -> None:
-        """Ready one request's received KV (`slot.kv`) for decoding, before it joins a batch, on the thread that
-        waited for it: torch mode moves the cache to the model's device and checks it against the model, so
-        the batch loop never stalls on a copy and a cache that does not fit fails its own request, not the
-        batch. Raises ValueError naming what does not fit."""
+        """Check one request's received KV (`slot.kv`) against the model, on the thread that waited for it,
+        before it queues for the batch: a cache that does not fit fails its own request, not the batch it
+        would have joined. Raises ValueError naming what does not fit."""
+        ...
+
+    def place(self, slot: Any) -> None:
+        """Put an admitted request's KV where the decode computes (torch: the model's device) as it joins
+        the batch, so that device memory holds at most the batch's caches, not the queue's."""
         ...
 
     def decode_step(self, slots: list[Any]) -> list[int]: ...
@@ -155,7 +159,10 @@ class ProfileCompute:
         return PrefillOutput(plan.input_len, late_s=pacer.late_s)
 
     def admit(self, slot: Any) -> None:
-        return None  # the KV is a byte count: nothing to place
+        return None  # the KV is a byte count the transport verified: nothing more to check
+
+    def place(self, slot: Any) -> None:
+        return None
 
     def decode_step(self, slots: list[Any]) -> list[int]:
         step_s = float(self.profile.decode_step_s(min(len(slots), self.profile.max_batch)))
@@ -211,12 +218,14 @@ class TorchCompute:
         return None  # real compute keeps no time
 
     def admit(self, slot: Any) -> None:
+        self.model.check_cache(slot.kv)  # shapes and dtypes: the same on any device
+
+    def place(self, slot: Any) -> None:
         slot.kv = _cache_to(slot.kv, self.device, self.torch)
-        self.model.check_cache(slot.kv)
 
     def decode_step(self, slots: list[Any]) -> list[int]:
         """One token for each request in the batch: one batched pass (`HybridModel.decode_batch`), each
-        request on its own cache, which `admit` placed on the device and checked before it joined."""
+        request on its own cache, which `admit` checked and `place` put on the device before it joined."""
         with self.torch.inference_mode():
             for s in slots:
                 if s.next_input is None:  # first step: the prompt's last token

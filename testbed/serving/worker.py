@@ -563,6 +563,7 @@ class DecodeWorker:
         elif self.cfg.compute == "torch" and not slot.req.prompt_token_ids:
             slot.events.put(slot.final("failed", "torch mode needs prompt_token_ids in the decode request"))
         elif (why := self._admit_kv(slot)) is not None:
+            slot.kv = None
             slot.events.put(slot.final("failed", why))
         else:
             slot.admitted_s = now_s()
@@ -576,13 +577,22 @@ class DecodeWorker:
             self.compute.admit(slot)
         except ValueError as exc:
             return f"KV rejected: {exc}"
-        except Exception as exc:  # e.g. the device is out of memory: this request fails, the batch goes on
+        return None
+
+    def _place_kv(self, slot: DecodeSlot) -> str | None:
+        """`Compute.place` as the request joins the batch; the reason it fails (e.g. the device is out of
+        memory: this request fails, the batch goes on), or None."""
+        try:
+            self.compute.place(slot)
+        except Exception as exc:
+            slot.kv = None
             return f"KV could not be placed on the decode device: {type(exc).__name__}: {exc}"
         return None
 
     def _join(self) -> bool:
-        """Between steps: ready requests join the batch up to BS_max; those past their deadline leave the
-        batch queue failed, with a reason naming it. True when it had to wait for a request (idle)."""
+        """Between steps: ready requests join the batch up to BS_max, each placed on the device as it joins
+        (`Compute.place`; one that cannot be fails alone); those past their deadline leave the batch queue
+        failed, with a reason naming it. True when it had to wait for a request (idle)."""
         waited = False
         with self.admit_cond:
             while not self.active and not self.ready:
@@ -590,12 +600,21 @@ class DecodeWorker:
                 self.admit_cond.wait()
             now = now_s()
             expired = [x for x in self.ready if not x.aborted and now > x.deadline_s(self.cfg.request_timeout_s)]
+            gone = [x for x in list(self.ready) + self.active if x.aborted] + expired
             self.ready = deque(x for x in self.ready if not x.aborted and x not in expired)
             self.active = [x for x in self.active if not x.aborted]
-            while len(self.active) < self.cfg.bs_max and self.ready:
-                slot = self.ready.popleft()
+            joining = []
+            while len(self.active) + len(joining) < self.cfg.bs_max and self.ready:
+                joining.append(self.ready.popleft())
+        for slot in joining:  # outside the lock: a copy to the device takes a while
+            why = self._place_kv(slot)
+            if why is None:
                 slot.joined_s = now
                 self.active.append(slot)
+            else:
+                slot.events.put(slot.final("failed", why))
+        for slot in gone:
+            slot.kv = None  # its device memory goes now, not when the client lets go of the slot
         for slot in expired:
             waited_s = now - (slot.admitted_s or now)
             slot.events.put(slot.final("failed", f"waited {waited_s:.1f} s in the batch queue of decode instance {self.cfg.instance} "

@@ -348,39 +348,80 @@ def test_the_kv_clock_pauses_while_the_prefill_computes_later_layers() -> None:
     assert got and got[0].ok
 
 
-def test_a_torch_decode_places_and_checks_each_cache_before_it_joins_so_a_misfit_fails_alone(monkeypatch) -> None:
-    """`Compute.admit` runs on the request's own thread, not the batch loop: a cache that does not fit the model
-    (another model's geometry) fails its own request with the reason, while a request in the batch with it decodes
-    every token; the batch loop never moves a cache."""
-    from testbed.clock import now_s
-    from testbed.kv.transport import ReceivedKV
-    from testbed.models.torch_model import synthetic_cache
-    from testbed.serving import compute as compute_module
-    from testbed.serving.protocol import DecodeRequest, FinalEvent
+def torch_decode_worker(bs_max: int = 20) -> Any:
     from testbed.serving.worker import DecodeWorker
 
-    moved: list[str] = []
-    place = compute_module._cache_to
-    monkeypatch.setattr(compute_module, "_cache_to", lambda cache, *a: moved.append(threading.current_thread().name) or place(cache, *a))
-    cfg = WorkerConfig(role="decode", instance=0, cluster="pd", host="lo", port=0, kv_port=free_port(), compute="torch",
-                       model={"name": "kimi-linear-48b", "compute": "torch", "variant": "tiny"}, variant="tiny", device="cpu",
-                       seed=1, bind="127.0.0.1")
-    worker = DecodeWorker(cfg)
-    spec = worker.compute.model.spec
-    good = synthetic_cache(spec, 40, "good", seed=1)
-    bad = synthetic_cache(spec, 40, "bad", seed=2)
-    bad.layers = bad.layers[:-1]  # the misfit: one layer short
+    return DecodeWorker(WorkerConfig(role="decode", instance=0, cluster="pd", host="lo", port=0, kv_port=free_port(),
+                                     compute="torch", model={"name": "kimi-linear-48b", "compute": "torch", "variant": "tiny"},
+                                     variant="tiny", device="cpu", seed=1, bind="127.0.0.1", bs_max=bs_max))
+
+
+def decode_with_caches(worker: Any, caches: dict[str, Any], output_len: int = 5) -> dict[str, list[Any]]:
+    """Register one torch-mode request per cache, hand each its KV as the transport would, and collect every
+    event of each stream (tokens, then the final event)."""
+    from testbed.clock import now_s
+    from testbed.kv.transport import ReceivedKV
+    from testbed.serving.protocol import DecodeRequest, FinalEvent
+
     try:
-        slots = {rid: worker.register(DecodeRequest(rid, 41, output_len=5, prompt_token_ids=tuple(range(41))))
-                 for rid in ("good", "bad")}
-        for rid, cache in (("good", good), ("bad", bad)):
-            worker._on_kv(rid, ReceivedKV(rid, True, None, cache, cache.nbytes, cache.nbytes, 1, now_s(), now_s()))
-        events = {rid: [s.events.get(timeout=30) for _ in range(6 if rid == "good" else 1)] for rid, s in slots.items()}
+        slots = {rid: worker.register(DecodeRequest(rid, c.tokens + 1, output_len=output_len,
+                                                    prompt_token_ids=tuple(range(c.tokens + 1)))) for rid, c in caches.items()}
+        for rid, c in caches.items():
+            worker._on_kv(rid, ReceivedKV(rid, True, None, c, c.nbytes, c.nbytes, 1, now_s(), now_s()))
+        events: dict[str, list[Any]] = {}
+        for rid, slot in slots.items():
+            events[rid] = [slot.events.get(timeout=30)]
+            while not isinstance(events[rid][-1], FinalEvent):
+                events[rid].append(slot.events.get(timeout=30))
+        return events
     finally:
         worker.receiver.close()
+
+
+def test_a_torch_decode_checks_each_cache_when_it_arrives_so_a_misfit_fails_alone(monkeypatch) -> None:
+    """`Compute.admit` checks a cache on the request's own thread: one that does not fit the model (a layer short)
+    fails its own request with the reason, while the request beside it decodes every token; only the admitted
+    cache is placed on the device, by the batch loop as it joins."""
+    from testbed.models.torch_model import synthetic_cache
+    from testbed.serving import compute as compute_module
+
+    placed: list[str] = []
+    place = compute_module._cache_to
+    monkeypatch.setattr(compute_module, "_cache_to", lambda c, *a: placed.append(threading.current_thread().name) or place(c, *a))
+    worker = torch_decode_worker()
+    spec = worker.compute.model.spec
+    bad = synthetic_cache(spec, 40, "bad", seed=2)
+    bad.layers = bad.layers[:-1]
+    events = decode_with_caches(worker, {"good": synthetic_cache(spec, 40, "good", seed=1), "bad": bad})
     assert [type(e).__name__ for e in events["good"]] == ["TokenEvent"] * 5 + ["FinalEvent"]
     assert events["good"][-1].status == "ok"
-    final = events["bad"][0]
-    assert isinstance(final, FinalEvent) and final.status == "failed" and final.reason.startswith("KV rejected: ")
-    assert "layers" in final.reason, final.reason
-    assert len(moved) == 2 and "decode" not in moved  # both placed on their own threads, none in the batch loop
+    assert len(events["bad"]) == 1 and events["bad"][0].status == "failed"
+    assert events["bad"][0].reason == "KV rejected: cache has 26 layers, model kimi-linear-48b-tiny has 27"
+    assert placed == ["decode"]
+
+
+def test_a_cache_that_cannot_be_placed_fails_alone_and_caches_are_placed_only_as_they_join(monkeypatch) -> None:
+    """`Compute.place` runs as a request joins the batch (bs_max 1 here: the second request's cache is placed
+    only after the first request has left), and a placement that fails (the device out of memory) fails
+    that request alone."""
+    from testbed.models.torch_model import synthetic_cache
+
+    worker = torch_decode_worker(bs_max=1)
+    order: list[tuple[str, int]] = []
+    place = worker.compute.place
+
+    def placing(slot: Any) -> None:
+        order.append((slot.request_id, len(worker.active)))
+        if slot.request_id == "oom":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        place(slot)
+
+    monkeypatch.setattr(worker.compute, "place", placing)
+    spec = worker.compute.model.spec
+    caches = {rid: synthetic_cache(spec, 40, rid, seed=i) for i, rid in enumerate(("first", "oom", "last"))}
+    events = decode_with_caches(worker, caches)
+    assert [len(events[r]) for r in ("first", "last")] == [6, 6] and events["last"][-1].status == "ok"
+    assert len(events["oom"]) == 1 and events["oom"][0].status == "failed"  # no token: it never joined
+    assert events["oom"][0].reason == ("KV could not be placed on the decode device: RuntimeError: CUDA out of memory. "
+                                       "Tried to allocate 2.00 GiB")
+    assert sorted(order) == [("first", 0), ("last", 0), ("oom", 0)]  # each placed into an empty batch of 1
