@@ -3,6 +3,7 @@ run for real on the CPU (workers in torch mode on 127.0.0.1, KV over the real tr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -41,11 +42,11 @@ def test_the_same_checks_pass_on_the_cpu(tmp_path: Path) -> None:
     assert "near tie" not in doc["rows"][4]["detail"]
 
 
-def test_tokens_are_judged_teacher_forced_and_only_near_ties_may_differ() -> None:
-    """Checks 4 and 5 accept a worker's token that is not the local greedy choice only within NEAR_TIE_LOGITS of
-    the top logit (two numeric paths, bf16 caches); a token from a wrong cache fails, naming its step."""
+def test_tokens_are_judged_teacher_forced_and_only_one_near_tie_may_differ() -> None:
+    """Checks 4 and 5 (float32 caches) accept a worker's token that is not the local greedy choice only within
+    NEAR_TIE_LOGITS of the top logit, once; a token from a wrong cache fails, naming its step."""
     mod = gpu_check()
-    model = mod.build_model(mod.load_model_spec("kimi-linear-48b"), "tiny", 1, "cpu")
+    model = mod.build_model(mod.float32_spec(mod.load_model_spec("kimi-linear-48b")), "tiny", 1, "cpu")
     ids = mod.prompt(200, model.vocab_size, 3)
     greedy = model.generate(ids, 4)
     assert mod.greedy_margins(model, ids, greedy) == [0.0] * 4
@@ -59,10 +60,40 @@ def test_tokens_are_judged_teacher_forced_and_only_near_ties_may_differ() -> Non
     assert margins[3] == pytest.approx(float(logits[-1].max() - logits[-1].min()), abs=1e-5) and margins[3] > 1.0
     with pytest.raises(AssertionError, match=r"step 3: token %d is [0-9.]+ below the top logit" % worst):
         mod.judge_tokens(greedy[:3] + [worst], margins, "local")
-    near = mod.judge_tokens([7, 8, 9], [0.0, mod.NEAR_TIE_LOGITS / 2, 0.0], "local")
-    assert near.startswith("tokens [7, 8, 9] = local but for 1 near tie(s) (step 1: 0.05 below the top")
+    tie = mod.NEAR_TIE_LOGITS / 2
+    assert mod.judge_tokens([7, 8, 9], [0.0, tie, 0.0], "local").startswith(
+        "tokens [7, 8, 9] = local but for 1 near tie(s) (step 1: 0.0005 below the top")
     with pytest.raises(AssertionError, match="step 1"):
         mod.judge_tokens([7, 8], [0.0, mod.NEAR_TIE_LOGITS * 1.01], "local")
+    with pytest.raises(AssertionError, match="at 2 steps, each a near tie"):
+        mod.judge_tokens([7, 8, 9], [tie, 0.0, tie], "local")
+
+
+def test_a_wrong_prefix_block_fails_the_token_judge_and_the_resumed_logits() -> None:
+    """Check 5's case: the first 512-token block from another prompt. Decoded from that cache, the tokens differ
+    (seed chosen so that they do: a wrong distant block often leaves a random-weight model's greedy tokens as they
+    were, which no token check can see) and the judge fails them; the logit comparison check 5 adds fails by far."""
+    mod = gpu_check()
+    model = mod.build_model(mod.float32_spec(mod.load_model_spec("kimi-linear-48b")), "tiny", 1, "cpu")
+    ids = mod.prompt(600, model.vocab_size, 100)
+    wrong = mod.prompt(512, model.vocab_size, 500) + ids[512:]
+    got = model.generate(wrong, 6)
+    assert got != model.generate(ids, 6)
+    with pytest.raises(AssertionError, match="below the top logit|each a near tie"):
+        mod.judge_tokens(got, mod.greedy_margins(model, ids, got), "a full prefill's")
+    full = model.prefill(ids)[0][512:]
+    _, _, right = model.prefill_checkpointed(ids[:512], None, 512)
+    _, _, bad = model.prefill_checkpointed(wrong[:512], None, 512)
+    assert float((model.prefill(ids[512:], right)[0] - full).abs().max()) < mod.CPU_AGREE_LOGITS
+    assert float((model.prefill(ids[512:], bad)[0] - full).abs().max()) > 100 * mod.CPU_AGREE_LOGITS
+
+
+def test_the_workers_spec_file_has_float32_caches_and_the_same_geometry(tmp_path: Path) -> None:
+    mod = gpu_check()
+    spec = mod.load_model_spec("kimi-linear-48b")
+    f32 = mod.load_model_spec(str(mod.float32_spec_file("kimi-linear-48b", tmp_path)))
+    assert f32 == dataclasses.replace(mod.float32_spec(spec), source=f32.source)  # all but where it was read from
+    assert f32.kv_bytes(1000).total_bytes == 2 * spec.kv_bytes(1000).total_bytes  # bf16 -> float32
 
 
 def test_the_device_comparison_uses_float32_caches_and_is_exact_on_one_device(monkeypatch) -> None:
@@ -72,7 +103,6 @@ def test_the_device_comparison_uses_float32_caches_and_is_exact_on_one_device(mo
     built = []
     build = mod.build_model
     monkeypatch.setattr(mod, "build_model", lambda spec, *a: built.append(spec) or build(spec, *a))
-    import dataclasses
 
     spec = mod.load_model_spec("kimi-linear-48b")
     linear = next(i for i, g in enumerate(spec.layers) if hasattr(g, "state_dtype"))
@@ -81,5 +111,6 @@ def test_the_device_comparison_uses_float32_caches_and_is_exact_on_one_device(mo
     spec = dataclasses.replace(spec, layers=tuple(layers))
     assert spec.kv_dtype == "bfloat16" and spec.layer_state_dtype(linear) == "bfloat16"
     assert mod.max_logit_difference(spec, "tiny", list(range(40)), ("cpu", "cpu")) == 0.0
+    assert mod.float32_spec(spec).layer_state_dtype(linear) == "float32"
     assert [(s.kv_dtype, s.state_dtype) for s in built] == [("float32", "float32")] * 2
     assert all(s.layer_state_dtype(i) == "float32" for s in built for i in range(len(s.layers)))
