@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, help="prompt length (default 2048 on CUDA, 600 on CPU)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
+    if not __debug__:  # python -O strips `assert`, the checks' verdicts: every check would pass
+        console.print("gpu_check: its checks are assertions, which python -O removes; run it without -O")
+        return 2
     rep = Report()
     if args.device == "cuda" and not torch.cuda.is_available():
         why = "no CUDA device on this host (torch.cuda.is_available() is False)"

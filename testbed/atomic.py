@@ -3,15 +3,18 @@
 Used where another process polls for a file (a worker's ready file, the network's state files, the
 timing probe's record that `testbed.fidelity` reads back), where an interrupted write would lose a
 result (a reproduction's document; an experiment's, a sweep's and a capacity search's result files),
-and for every file of a run directory (`testbed.rundir`: a run killed while it writes leaves its old
-files or none, so a resumed experiment never reads half a summary). The data goes to ``NAME.tmp`` beside the file, then `Path.replace` renames it over the file
-(atomic on POSIX within one file system). A write that fails removes its temporary file and leaves
-the old file as it was.
+and for every file of a run directory (`testbed.rundir`'s writer, the WAN telemetry, the router's
+records, the cross traffic): a file rewritten by a run or a command killed while it writes keeps its
+old contents. (A file half-written for the first time was already refused by the loader, and a resumed
+experiment reruns such a run.) The data goes to ``NAME.<pid>.tmp`` beside the file, then
+`Path.replace` renames it over the file (atomic on POSIX within one file system). A write that fails
+removes its temporary file and leaves the old file as it was.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +24,7 @@ def replace_with(path: str | Path, write: Callable[[Path], Any]) -> Path:
     directory); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two processes writing one file never share it
     try:
         write(tmp)
         tmp.replace(path)

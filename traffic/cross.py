@@ -322,9 +322,10 @@ class CrossTraffic:
         return cross_traffic_frame(rows)
 
     def write(self, path: str | Path) -> Path:
-        p = Path(path)
-        self.records().to_parquet(p, index=False)
-        return p
+        from testbed.atomic import replace_with
+
+        frame = self.records()
+        return replace_with(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
     def achieved_bps(self) -> dict[str, float]:
         """Mean achieved throughput per flow over its reported intervals (bytes / seconds)."""

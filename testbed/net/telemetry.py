@@ -95,8 +95,8 @@ class Telemetry:
             self._thread.join(timeout=5)
 
     def write_parquet(self, path: Path) -> Path:
+        from testbed.atomic import replace_with
         from testbed.rundir import link_frame
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        link_frame(self.rows).to_parquet(path, index=False)
-        return path
+        frame = link_frame(self.rows)
+        return replace_with(path, lambda tmp: frame.to_parquet(tmp, index=False))

@@ -934,8 +934,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:  # the records first: the runner stops the router after the workload, so they are complete
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        router_records_frame(router.records()).to_parquet(out / ROUTER_REQUESTS_FILE, index=False)
-        router.log.to_frame().to_parquet(out / SCHEDULER_FILE, index=False)
+        from testbed.atomic import replace_with
+
+        records, log = router_records_frame(router.records()), router.log.to_frame()
+        replace_with(out / ROUTER_REQUESTS_FILE, lambda tmp: records.to_parquet(tmp, index=False))
+        replace_with(out / SCHEDULER_FILE, lambda tmp: log.to_parquet(tmp, index=False))
     router.stop()
     faulthandler.cancel_dump_traceback_later()
     return 0

@@ -31,6 +31,14 @@ def test_without_cuda_nothing_is_checked_it_says_so_and_exits_0(tmp_path: Path, 
     assert "Nothing was checked: no CUDA device" in doc["summary"] and "Nothing was checked" in capsys.readouterr().out
 
 
+def test_under_python_O_it_refuses_to_run_rather_than_pass_every_check() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-O", str(SCRIPT), "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "python -O removes" in r.stdout, r.stdout + r.stderr
+
+
 def test_the_same_checks_pass_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     rc = gpu_check().main(["--device", "cpu", "--variant", "tiny", "--tokens", "530", "--json", str(out)])
