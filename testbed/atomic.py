@@ -3,10 +3,10 @@
 Used where another process polls for a file (a worker's ready file, the network's state files, the
 timing probe's record that `testbed.fidelity` reads back), where an interrupted write would lose a
 result (a reproduction's document; an experiment's, a sweep's and a capacity search's result files),
-and for every file of a run directory (`testbed.rundir`'s writer, the WAN telemetry, the router's
-records, the cross traffic): a file rewritten by a run or a command killed while it writes keeps its
+and for every result file of a run directory (`testbed.rundir`'s writer, the WAN telemetry, the
+router's records, the cross traffic; not the scratch files under ``work/``): a file rewritten by a run or a command killed while it writes keeps its
 old contents. (A file half-written for the first time was already refused by the loader, and a resumed
-experiment reruns such a run.) The data goes to ``NAME.<pid>.tmp`` beside the file, then
+experiment reruns such a run.) The data goes to a new ``NAME.<random>.tmp`` beside the file, then
 `Path.replace` renames it over the file (atomic on POSIX within one file system). A write that fails
 removes its temporary file and leaves the old file as it was.
 """
@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once, at import (os.umask can only be read by setting it)
 
 
 def replace_with(path: str | Path, write: Callable[[Path], Any]) -> Path:
@@ -24,7 +29,10 @@ def replace_with(path: str | Path, write: Callable[[Path], Any]) -> Path:
     directory); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # two processes writing one file never share it
+    fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)  # one per write: writers never share it
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes it 0600: the file gets the mode a plain write would give it
+    os.close(fd)
+    tmp = Path(name)
     try:
         write(tmp)
         tmp.replace(path)

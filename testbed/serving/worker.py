@@ -489,6 +489,7 @@ class DecodeWorker:
         self.admit_cond = threading.Condition()
         self.ready: deque[DecodeSlot] = deque()  # KV verified, waiting for a place in the batch
         self.active: list[DecodeSlot] = []
+        self.placing: list[DecodeSlot] = []  # left the queue, being placed on the device (counted in `state`)
         self.receiver = get_connector(cfg.kv_connector).receiver(cfg.bind, int(cfg.kv_port or 9000), self._on_kv,
                                                                  timeout_s=cfg.kv_timeout_s).start()
         threading.Thread(target=self._loop, daemon=True, name="decode").start()
@@ -572,11 +573,14 @@ class DecodeWorker:
                 self.admit_cond.notify()
 
     def _admit_kv(self, slot: DecodeSlot) -> str | None:
-        """`Compute.admit` on this request's own thread; the reason it fails, or None."""
+        """`Compute.admit` on this request's own thread; the reason it fails, or None (any exception fails the
+        request: this thread is the only one that would finish it)."""
         try:
             self.compute.admit(slot)
         except ValueError as exc:
             return f"KV rejected: {exc}"
+        except Exception as exc:
+            return f"KV rejected: {type(exc).__name__}: {exc}"
         return None
 
     def _place_kv(self, slot: DecodeSlot) -> str | None:
@@ -603,18 +607,18 @@ class DecodeWorker:
             gone = [x for x in list(self.ready) + self.active if x.aborted] + expired
             self.ready = deque(x for x in self.ready if not x.aborted and x not in expired)
             self.active = [x for x in self.active if not x.aborted]
-            joining = []
-            while len(self.active) + len(joining) < self.cfg.bs_max and self.ready:
-                joining.append(self.ready.popleft())
-        for slot in joining:  # outside the lock: a copy to the device takes a while
+            while len(self.active) + len(self.placing) < self.cfg.bs_max and self.ready:
+                self.placing.append(self.ready.popleft())
+        for slot in gone:
+            slot.kv = None  # its device memory goes now (before others are placed), not when the client lets go
+        for slot in list(self.placing):  # outside the lock: a copy to the device takes a while
             why = self._place_kv(slot)
             if why is None:
-                slot.joined_s = now
+                slot.joined_s = now_s()
                 self.active.append(slot)
             else:
                 slot.events.put(slot.final("failed", why))
-        for slot in gone:
-            slot.kv = None  # its device memory goes now, not when the client lets go of the slot
+            self.placing.remove(slot)
         for slot in expired:
             waited_s = now - (slot.admitted_s or now)
             slot.events.put(slot.final("failed", f"waited {waited_s:.1f} s in the batch queue of decode instance {self.cfg.instance} "
@@ -633,6 +637,7 @@ class DecodeWorker:
             except Exception as exc:
                 _log(f"decode step failed: {type(exc).__name__}: {exc}")
                 for slot in self.active:
+                    slot.kv = None
                     slot.events.put(slot.final("failed", f"decode failed: {type(exc).__name__}: {exc}"))
                 self.active = []
                 continue
@@ -655,8 +660,10 @@ class DecodeWorker:
     def state(self) -> WorkerState:
         with self.lock:
             waiting = len(self.pending)
-        return WorkerState("decode", self.cfg.instance, self.cfg.cluster, queue_depth=waiting + len(self.ready) + len(self.active),
-                           busy=bool(self.active), batch=len(self.active), pool=self.pool.stats().to_dict())
+        joining = len(self.placing)
+        return WorkerState("decode", self.cfg.instance, self.cfg.cluster,
+                           queue_depth=waiting + len(self.ready) + joining + len(self.active),
+                           busy=bool(self.active) or joining > 0, batch=len(self.active), pool=self.pool.stats().to_dict())
 
 
 # -------------------------------------------------------------------------------------------------- HTTP

@@ -356,9 +356,10 @@ def torch_decode_worker(bs_max: int = 20) -> Any:
                                      variant="tiny", device="cpu", seed=1, bind="127.0.0.1", bs_max=bs_max))
 
 
-def decode_with_caches(worker: Any, caches: dict[str, Any], output_len: int = 5) -> dict[str, list[Any]]:
+def decode_with_caches(worker: Any, caches: dict[str, Any], output_len: int = 5,
+                       slots_out: dict[str, Any] | None = None) -> dict[str, list[Any]]:
     """Register one torch-mode request per cache, hand each its KV as the transport would, and collect every
-    event of each stream (tokens, then the final event)."""
+    event of each stream (tokens, then the final event); the slots go to `slots_out` when given."""
     from testbed.clock import now_s
     from testbed.kv.transport import ReceivedKV
     from testbed.serving.protocol import DecodeRequest, FinalEvent
@@ -366,6 +367,8 @@ def decode_with_caches(worker: Any, caches: dict[str, Any], output_len: int = 5)
     try:
         slots = {rid: worker.register(DecodeRequest(rid, c.tokens + 1, output_len=output_len,
                                                     prompt_token_ids=tuple(range(c.tokens + 1)))) for rid, c in caches.items()}
+        if slots_out is not None:
+            slots_out.update(slots)
         for rid, c in caches.items():
             worker._on_kv(rid, ReceivedKV(rid, True, None, c, c.nbytes, c.nbytes, 1, now_s(), now_s()))
         events: dict[str, list[Any]] = {}
@@ -392,12 +395,61 @@ def test_a_torch_decode_checks_each_cache_when_it_arrives_so_a_misfit_fails_alon
     spec = worker.compute.model.spec
     bad = synthetic_cache(spec, 40, "bad", seed=2)
     bad.layers = bad.layers[:-1]
-    events = decode_with_caches(worker, {"good": synthetic_cache(spec, 40, "good", seed=1), "bad": bad})
+    slots: dict[str, Any] = {}
+    events = decode_with_caches(worker, {"good": synthetic_cache(spec, 40, "good", seed=1), "bad": bad}, slots_out=slots)
     assert [type(e).__name__ for e in events["good"]] == ["TokenEvent"] * 5 + ["FinalEvent"]
     assert events["good"][-1].status == "ok"
     assert len(events["bad"]) == 1 and events["bad"][0].status == "failed"
     assert events["bad"][0].reason == "KV rejected: cache has 26 layers, model kimi-linear-48b-tiny has 27"
     assert placed == ["decode"]
+    assert slots["bad"].kv is None and slots["good"].kv is None  # nothing held after the end
+
+
+def test_a_transfer_that_cannot_be_admitted_for_any_reason_still_ends_its_request() -> None:
+    """An ok transfer without a cache on a torch decode (admit raises AttributeError, not ValueError): the request
+    fails with the reason instead of leaving its stream waiting for ever."""
+    from testbed.clock import now_s
+    from testbed.kv.transport import ReceivedKV
+    from testbed.serving.protocol import DecodeRequest
+
+    worker = torch_decode_worker()
+    try:
+        slot = worker.register(DecodeRequest("r", 41, output_len=3, prompt_token_ids=tuple(range(41))))
+        worker._on_kv("r", ReceivedKV("r", True, None, None, 1000, 1000, 1, now_s(), now_s()))
+        final = slot.events.get(timeout=10)
+    finally:
+        worker.receiver.close()
+    assert final.status == "failed" and final.reason.startswith("KV rejected: AttributeError: ")
+
+
+def test_an_aborted_or_expired_request_lets_go_of_its_cache_at_once() -> None:
+    """A client that goes away (`aborted`) and a request that expires in the batch queue drop their caches at the
+    next join, not when their slot objects are freed."""
+    from testbed.clock import now_s
+    from testbed.kv.transport import ReceivedKV
+    from testbed.models.torch_model import synthetic_cache
+    from testbed.serving.protocol import DecodeRequest
+
+    worker = torch_decode_worker(bs_max=1)
+    spec = worker.compute.model.spec
+    try:
+        long = worker.register(DecodeRequest("long", 41, output_len=10**6, prompt_token_ids=tuple(range(41))))
+        late = worker.register(DecodeRequest("late", 41, output_len=2, prompt_token_ids=tuple(range(41)), request_timeout_s=0.3))
+        for slot in (long, late):
+            c = synthetic_cache(spec, 40, slot.request_id, seed=1)
+            worker._on_kv(slot.request_id, ReceivedKV(slot.request_id, True, None, c, c.nbytes, c.nbytes, 1, now_s(), now_s()))
+        long.events.get(timeout=30)  # "long" holds the only place
+        final = late.events.get(timeout=30)
+        assert final.reason.endswith("in the batch queue of decode instance 0 (request timeout 0.3 s)") and late.kv is None
+        assert long.kv is not None
+        long.aborted = True
+        deadline = time.monotonic() + 10
+        while long in worker.active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert long not in worker.active and long.kv is None
+    finally:
+        worker.receiver.close()
 
 
 def test_a_cache_that_cannot_be_placed_fails_alone_and_caches_are_placed_only_as_they_join(monkeypatch) -> None:
@@ -408,10 +460,13 @@ def test_a_cache_that_cannot_be_placed_fails_alone_and_caches_are_placed_only_as
 
     worker = torch_decode_worker(bs_max=1)
     order: list[tuple[str, int]] = []
+    placed: dict[str, Any] = {}
     place = worker.compute.place
 
     def placing(slot: Any) -> None:
-        order.append((slot.request_id, len(worker.active)))
+        live = [r for r, s in placed.items() if s.emitted < s.req.output_len and s.kv is not None]
+        order.append((slot.request_id, len(live)))  # caches already on the device and still decoding
+        placed[slot.request_id] = slot
         if slot.request_id == "oom":
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
         place(slot)
@@ -424,4 +479,4 @@ def test_a_cache_that_cannot_be_placed_fails_alone_and_caches_are_placed_only_as
     assert len(events["oom"]) == 1 and events["oom"][0].status == "failed"  # no token: it never joined
     assert events["oom"][0].reason == ("KV could not be placed on the decode device: RuntimeError: CUDA out of memory. "
                                        "Tried to allocate 2.00 GiB")
-    assert sorted(order) == [("first", 0), ("last", 0), ("oom", 0)]  # each placed into an empty batch of 1
+    assert sorted(order) == [("first", 0), ("last", 0), ("oom", 0)]  # none placed while another still decodes
