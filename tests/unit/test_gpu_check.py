@@ -46,6 +46,7 @@ def test_the_same_checks_pass_on_the_cpu(tmp_path: Path) -> None:
     assert rc == 0, doc
     assert [r["result"] for r in doc["rows"]] == ["pass"] * 5
     assert "= local" in doc["rows"][3]["detail"] and "near tie" not in doc["rows"][3]["detail"]  # one device: exact
+    assert "received cache = local prefill's within 0.0e+00" in doc["rows"][3]["detail"]
     assert "512 of" in doc["rows"][4]["detail"] and "= a full prefill's" in doc["rows"][4]["detail"]
     assert "near tie" not in doc["rows"][4]["detail"]
 
@@ -77,10 +78,10 @@ def test_tokens_are_judged_teacher_forced_and_only_one_near_tie_may_differ() -> 
         mod.judge_tokens([7, 8, 9], [tie, 0.0, tie], "local")
 
 
-def test_a_wrong_prefix_block_fails_the_token_judge_and_the_resumed_logits() -> None:
+def test_a_wrong_prefix_block_that_changes_tokens_fails_the_token_judge() -> None:
     """Check 5's case: the first 512-token block from another prompt. Decoded from that cache, the tokens differ
     (seed chosen so that they do: a wrong distant block often leaves a random-weight model's greedy tokens as they
-    were, which no token check can see) and the judge fails them; the logit comparison check 5 adds fails by far."""
+    were, which no token check can see; the cache comparison below is what catches those) and the judge fails them."""
     mod = gpu_check()
     model = mod.build_model(mod.float32_spec(mod.load_model_spec("kimi-linear-48b")), "tiny", 1, "cpu")
     ids = mod.prompt(600, model.vocab_size, 100)
@@ -89,11 +90,30 @@ def test_a_wrong_prefix_block_fails_the_token_judge_and_the_resumed_logits() -> 
     assert got != model.generate(ids, 6)
     with pytest.raises(AssertionError, match="below the top logit|each a near tie"):
         mod.judge_tokens(got, mod.greedy_margins(model, ids, got), "a full prefill's")
-    full = model.prefill(ids)[0][512:]
-    _, _, right = model.prefill_checkpointed(ids[:512], None, 512)
-    _, _, bad = model.prefill_checkpointed(wrong[:512], None, 512)
-    assert float((model.prefill(ids[512:], right)[0] - full).abs().max()) < mod.CPU_AGREE_LOGITS
-    assert float((model.prefill(ids[512:], bad)[0] - full).abs().max()) > 100 * mod.CPU_AGREE_LOGITS
+    assert mod.near_tie_tolerance(0.0) == 1e-5 and mod.near_tie_tolerance(2e-6) == pytest.approx(2e-5)
+    assert mod.near_tie_tolerance(1.0) == mod.NEAR_TIE_LOGITS
+
+
+def test_a_decode_that_joins_a_wrong_prefix_fails_check_5_by_its_cache(tmp_path: Path, monkeypatch) -> None:
+    """The decode worker (in this process) joins its held 512-token prefix with a wrong copy of it (noise of the same
+    shape): tokens may still match, but the cache the decode joined is compared with a local prefill and check 5 fails."""
+    mod = gpu_check()
+    from testbed.serving import compute
+
+    join = compute.join_prefix
+
+    def wrong_prefix(prefix, delta):
+        if prefix is not None:
+            for layer in prefix.layers:
+                layer.tensors = {k: torch.randn_like(t) for k, t in layer.tensors.items()}
+        return join(prefix, delta)
+
+    monkeypatch.setattr(compute, "join_prefix", wrong_prefix)
+    out = tmp_path / "r.json"
+    rc = mod.main(["--device", "cpu", "--variant", "tiny", "--tokens", "530", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 1 and [r["result"] for r in doc["rows"]] == ["pass"] * 4 + ["FAIL"]
+    assert "the cache the decode joined (its 512-token prefix + what it received) vs a full local prefill" in doc["rows"][4]["detail"]
 
 
 def test_the_workers_spec_file_has_float32_caches_and_the_same_geometry(tmp_path: Path) -> None:
@@ -102,6 +122,13 @@ def test_the_workers_spec_file_has_float32_caches_and_the_same_geometry(tmp_path
     f32 = mod.load_model_spec(str(mod.float32_spec_file("kimi-linear-48b", tmp_path)))
     assert f32 == dataclasses.replace(mod.float32_spec(spec), source=f32.source)  # all but where it was read from
     assert f32.kv_bytes(1000).total_bytes == 2 * spec.kv_bytes(1000).total_bytes  # bf16 -> float32
+    user = tmp_path / "mine.yaml"  # a user's spec: an inline layer with its own bf16 state
+    user.write_text("name: mine\nkv_dtype: bfloat16\nstate_dtype: bfloat16\ngeometries:\n"
+                    "  g: {kind: gqa, kv_heads: 2, k_head_dim: 8, v_head_dim: 8}\n"
+                    "layers:\n  - g\n  - {kind: linear, rule: decay, heads: 2, key_dim: 8, value_dim: 8, state_dtype: bfloat16}\n")
+    mine = mod.load_model_spec(str(mod.float32_spec_file(str(user), tmp_path)))
+    assert mine == dataclasses.replace(mod.float32_spec(mod.load_model_spec(str(user))), source=mine.source)
+    assert [mine.layer_state_dtype(i) for i in range(2)] == ["float32", "float32"]
 
 
 def test_the_device_comparison_uses_float32_caches_and_is_exact_on_one_device(monkeypatch) -> None:
