@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Callable
-
-
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)  # read once, at import (os.umask can only be read by setting it)
 
 
 def replace_with(path: str | Path, write: Callable[[Path], Any]) -> Path:
@@ -29,10 +25,7 @@ def replace_with(path: str | Path, write: Callable[[Path], Any]) -> Path:
     directory); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)  # one per write: writers never share it
-    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes it 0600: the file gets the mode a plain write would give it
-    os.close(fd)
-    tmp = Path(name)
+    tmp = _new_temporary(path)
     try:
         write(tmp)
         tmp.replace(path)
@@ -40,6 +33,18 @@ def replace_with(path: str | Path, write: Callable[[Path], Any]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _new_temporary(path: Path) -> Path:
+    """A new empty ``NAME.<random>.tmp`` beside `path`, one per write (writers never share it), created with the
+    mode a plain write gives (0666 less the umask, applied by the kernel)."""
+    while True:
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -613,12 +613,12 @@ class DecodeWorker:
             slot.kv = None  # its device memory goes now (before others are placed), not when the client lets go
         for slot in list(self.placing):  # outside the lock: a copy to the device takes a while
             why = self._place_kv(slot)
+            self.placing.remove(slot)
             if why is None:
                 slot.joined_s = now_s()
                 self.active.append(slot)
             else:
                 slot.events.put(slot.final("failed", why))
-            self.placing.remove(slot)
         for slot in expired:
             waited_s = now - (slot.admitted_s or now)
             slot.events.put(slot.final("failed", f"waited {waited_s:.1f} s in the batch queue of decode instance {self.cfg.instance} "

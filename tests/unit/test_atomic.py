@@ -41,15 +41,13 @@ def test_a_write_that_fails_on_the_disk_leaves_the_old_file_and_no_temporary(tmp
 
 
 def test_the_file_gets_the_mode_a_plain_write_gives_it(tmp_path):
-    plain = tmp_path / "plain.json"
-    plain.write_text("{}")
-    assert (write_json(tmp_path / "a.json", {}).stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777)
-    assert (plain.stat().st_mode & 0o777) == 0o666 & ~_umask()
-
-
-def _umask() -> int:
     import os
 
-    old = os.umask(0)
-    os.umask(old)
-    return old
+    old = os.umask(0o022)  # a temporary from mkstemp would be 0600 here, a plain write 0644
+    try:
+        plain = tmp_path / "plain.json"
+        plain.write_text("{}")
+        written = write_json(tmp_path / "a.json", {})
+    finally:
+        os.umask(old)
+    assert (plain.stat().st_mode & 0o777) == 0o644 and (written.stat().st_mode & 0o777) == 0o644

@@ -422,61 +422,57 @@ def test_a_transfer_that_cannot_be_admitted_for_any_reason_still_ends_its_reques
     assert final.status == "failed" and final.reason.startswith("KV rejected: AttributeError: ")
 
 
-def test_an_aborted_or_expired_request_lets_go_of_its_cache_at_once() -> None:
+def test_an_aborted_or_expired_request_lets_go_of_its_cache_before_another_is_placed(monkeypatch) -> None:
     """A client that goes away (`aborted`) and a request that expires in the batch queue drop their caches at the
-    next join, not when their slot objects are freed."""
+    next join, before the next request's cache is placed, not when their slot objects are freed."""
     from testbed.clock import now_s
     from testbed.kv.transport import ReceivedKV
     from testbed.models.torch_model import synthetic_cache
-    from testbed.serving.protocol import DecodeRequest
+    from testbed.serving.protocol import DecodeRequest, FinalEvent
 
     worker = torch_decode_worker(bs_max=1)
     spec = worker.compute.model.spec
-    try:
-        long = worker.register(DecodeRequest("long", 41, output_len=10**6, prompt_token_ids=tuple(range(41))))
-        late = worker.register(DecodeRequest("late", 41, output_len=2, prompt_token_ids=tuple(range(41)), request_timeout_s=0.3))
-        for slot in (long, late):
-            c = synthetic_cache(spec, 40, slot.request_id, seed=1)
-            worker._on_kv(slot.request_id, ReceivedKV(slot.request_id, True, None, c, c.nbytes, c.nbytes, 1, now_s(), now_s()))
-        long.events.get(timeout=30)  # "long" holds the only place
-        final = late.events.get(timeout=30)
-        assert final.reason.endswith("in the batch queue of decode instance 0 (request timeout 0.3 s)") and late.kv is None
-        assert long.kv is not None
-        long.aborted = True
-        deadline = time.monotonic() + 10
-        while long in worker.active and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.1)
-        assert long not in worker.active and long.kv is None
-    finally:
-        worker.receiver.close()
-
-
-def test_a_cache_that_cannot_be_placed_fails_alone_and_caches_are_placed_only_as_they_join(monkeypatch) -> None:
-    """`Compute.place` runs as a request joins the batch (bs_max 1 here: the second request's cache is placed
-    only after the first request has left), and a placement that fails (the device out of memory) fails
-    that request alone."""
-    from testbed.models.torch_model import synthetic_cache
-
-    worker = torch_decode_worker(bs_max=1)
-    order: list[tuple[str, int]] = []
-    placed: dict[str, Any] = {}
+    held_when_placed: dict[str, bool] = {}
     place = worker.compute.place
+    slots: dict[str, Any] = {}
 
     def placing(slot: Any) -> None:
-        live = [r for r, s in placed.items() if s.emitted < s.req.output_len and s.kv is not None]
-        order.append((slot.request_id, len(live)))  # caches already on the device and still decoding
-        placed[slot.request_id] = slot
-        if slot.request_id == "oom":
-            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        held_when_placed[slot.request_id] = slots["long"].kv is not None
         place(slot)
 
     monkeypatch.setattr(worker.compute, "place", placing)
-    spec = worker.compute.model.spec
-    caches = {rid: synthetic_cache(spec, 40, rid, seed=i) for i, rid in enumerate(("first", "oom", "last"))}
-    events = decode_with_caches(worker, caches)
-    assert [len(events[r]) for r in ("first", "last")] == [6, 6] and events["last"][-1].status == "ok"
-    assert len(events["oom"]) == 1 and events["oom"][0].status == "failed"  # no token: it never joined
-    assert events["oom"][0].reason == ("KV could not be placed on the decode device: RuntimeError: CUDA out of memory. "
-                                       "Tried to allocate 2.00 GiB")
-    assert sorted(order) == [("first", 0), ("last", 0), ("oom", 0)]  # none placed while another still decodes
+    try:
+        for rid, n, timeout in (("long", 10**6, None), ("late", 2, 0.3), ("next", 2, None)):
+            slots[rid] = worker.register(DecodeRequest(rid, 41, output_len=n, prompt_token_ids=tuple(range(41)),
+                                                       request_timeout_s=timeout))
+        for rid in ("long", "late"):
+            c = synthetic_cache(spec, 40, rid, seed=1)
+            worker._on_kv(rid, ReceivedKV(rid, True, None, c, c.nbytes, c.nbytes, 1, now_s(), now_s()))
+        slots["long"].events.get(timeout=30)  # "long" holds the only place
+        final = slots["late"].events.get(timeout=30)
+        assert final.reason.endswith("in the batch queue of decode instance 0 (request timeout 0.3 s)")
+        assert slots["late"].kv is None and slots["long"].kv is not None
+        c = synthetic_cache(spec, 40, "next", seed=1)
+        worker._on_kv("next", ReceivedKV("next", True, None, c, c.nbytes, c.nbytes, 1, now_s(), now_s()))
+        slots["long"].aborted = True
+        while not isinstance(slots["next"].events.get(timeout=30), FinalEvent):
+            pass
+    finally:
+        worker.receiver.close()
+    assert held_when_placed == {"long": True, "next": False}  # as "next" was placed, the aborted cache was gone
+    assert slots["long"].kv is None
+
+
+def test_a_failed_decode_step_fails_its_batch_and_lets_go_of_the_caches(monkeypatch) -> None:
+    from testbed.models.torch_model import synthetic_cache
+
+    worker = torch_decode_worker()
+
+    def broken(slots: list[Any]) -> list[int]:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(worker.compute, "decode_step", broken)
+    slots: dict[str, Any] = {}
+    events = decode_with_caches(worker, {"a": synthetic_cache(worker.compute.model.spec, 40, "a", seed=1)}, slots_out=slots)
+    assert events["a"][-1].reason == "decode failed: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert slots["a"].kv is None
