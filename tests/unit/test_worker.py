@@ -476,3 +476,37 @@ def test_a_failed_decode_step_fails_its_batch_and_lets_go_of_the_caches(monkeypa
     events = decode_with_caches(worker, {"a": synthetic_cache(worker.compute.model.spec, 40, "a", seed=1)}, slots_out=slots)
     assert events["a"][-1].reason == "decode failed: RuntimeError: CUDA error: an illegal memory access was encountered"
     assert slots["a"].kv is None
+
+
+def test_a_cache_that_cannot_be_placed_fails_alone_and_caches_are_placed_only_as_they_join(monkeypatch) -> None:
+    """`Compute.place` runs as a request joins the batch (bs_max 1 here: the second request's cache is placed
+    only after the first request has left), and a placement that fails (the device out of memory) fails
+    that request alone."""
+    from testbed.models.torch_model import synthetic_cache
+
+    worker = torch_decode_worker(bs_max=1)
+    order: list[tuple[str, int]] = []
+    placed: dict[str, Any] = {}
+    seen: list[tuple[int, bool]] = []
+    place = worker.compute.place
+
+    def placing(slot: Any) -> None:
+        live = [r for r, s in placed.items() if s.emitted < s.req.output_len and s.kv is not None]
+        order.append((slot.request_id, len(live)))  # caches already on the device and still decoding
+        placed[slot.request_id] = slot
+        state = worker.state()  # a request being placed is neither queued nor in the batch, yet counts
+        seen.append((state.queue_depth, state.busy))
+        if slot.request_id == "oom":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        place(slot)
+
+    monkeypatch.setattr(worker.compute, "place", placing)
+    spec = worker.compute.model.spec
+    caches = {rid: synthetic_cache(spec, 40, rid, seed=i) for i, rid in enumerate(("first", "oom", "last"))}
+    events = decode_with_caches(worker, caches)
+    assert [len(events[r]) for r in ("first", "last")] == [6, 6] and events["last"][-1].status == "ok"
+    assert len(events["oom"]) == 1 and events["oom"][0].status == "failed"  # no token: it never joined
+    assert events["oom"][0].reason == ("KV could not be placed on the decode device: RuntimeError: CUDA out of memory. "
+                                       "Tried to allocate 2.00 GiB")
+    assert sorted(order) == [("first", 0), ("last", 0), ("oom", 0)]  # none placed while another still decodes
+    assert all(depth >= 1 and busy for depth, busy in seen), seen
