@@ -71,6 +71,8 @@ MAX_NEAR_TIES = 1
 # The cache a decode joins (float32) against a local prefill of the same tokens: on the CPU <= 1e-5 (measured below the
 # bound by the CPU test); a wrong 512-token prefix block moves the linear states by O(1).
 CACHE_AGREE = 1e-3
+CHECKS = ("device", "prefill + decode, KV bytes = spec", "CPU and device agree", "KV across a local WAN, tokens match",
+          "prefix reuse on the device")
 
 
 def near_tie_tolerance(path_difference: float) -> float:
@@ -78,8 +80,6 @@ def near_tie_tolerance(path_difference: float) -> float:
     prefill's paths (logits, and the cache the decode joined), at least 1e-5, at most NEAR_TIE_LOGITS (a near tie
     is a margin the two paths could flip)."""
     return min(NEAR_TIE_LOGITS, max(1e-5, 10 * path_difference))
-CHECKS = ("device", "prefill + decode, KV bytes = spec", "CPU and device agree", "KV across a local WAN, tokens match",
-          "prefix reuse on the device")
 
 
 def float32_spec(spec: Any) -> Any:

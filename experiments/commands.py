@@ -184,8 +184,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     import json
 
     from experiments.capacity import measure_capacity
-    from testbed.atomic import write_json
     from experiments.executor import make_executor
+    from testbed.atomic import write_json
 
     _positive("--repetitions", args.repetitions)
     _positive("--tolerance", args.tolerance)

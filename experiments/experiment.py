@@ -17,7 +17,7 @@ from experiments.engine import SKIPPED, run_tasks
 from experiments.executor import Executor, RunOutcome, RunTask
 from experiments.spec import KNOWN_DIRECTIONS, ExperimentSpec
 from testbed import rundir
-from testbed.atomic import replace_with, write_json, write_text
+from testbed.atomic import write_json, write_parquet, write_text
 from testbed.errors import UserError
 
 RESULTS_FILE = "results.parquet"
@@ -137,7 +137,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, executor: Executor
     outcomes = run_tasks([t for t, _ in labelled], executor, label=f"experiment {spec.name}", progress=progress)
     results = results_frame([run_row(outcomes[t.key], out, **labels) for t, labels in labelled])
     out.mkdir(parents=True, exist_ok=True)
-    replace_with(out / RESULTS_FILE, lambda tmp: results.to_parquet(tmp, index=False))
+    write_parquet(out / RESULTS_FILE, results)
     comparisons = compare_arms(results, spec)
     write_json(out / COMPARISON_FILE, [c.to_json() for c in comparisons], indent=1)
     text = report_text(spec, results, comparisons)

@@ -17,7 +17,7 @@ from typing import Any
 
 from experiments.engine import SKIPPED, resolve_scenario_ref, run_tasks
 from experiments.executor import Executor, RunTask
-from testbed.atomic import replace_with, write_json
+from testbed.atomic import write_json, write_parquet
 from testbed.errors import UserError
 from testbed.sections import load_scenario
 
@@ -74,8 +74,7 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
 
     rows = [run_row(outcomes[p.name], out.resolve(), experiment=f"sweep {Path(scenario).stem}", arm=p.name,
                     **{f"grid.{k}": v.split("=", 1)[1] for k, v in zip((k for k, _ in grid), p.overrides)}) for p in points]
-    frame = results_frame(rows)
-    replace_with(out / RESULTS_FILE, lambda tmp: frame.to_parquet(tmp, index=False))
+    write_parquet(out / RESULTS_FILE, results_frame(rows))
     manifest["results"] = str(out / RESULTS_FILE)
     done = [out / "points" / n for n, v in manifest["points"].items() if v["status"] in ("ok", SKIPPED)]
     if report and done:

@@ -52,6 +52,11 @@ def write_text(path: str | Path, text: str) -> Path:
     return replace_with(path, lambda tmp: tmp.write_text(text))
 
 
+def write_parquet(path: str | Path, frame: Any) -> Path:
+    """Write a pandas DataFrame to `path` as parquet (no index) atomically; returns the path."""
+    return replace_with(path, lambda tmp: frame.to_parquet(tmp, index=False))
+
+
 def write_json(path: str | Path, data: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> Path:
     """Write `data` as JSON to `path` atomically; returns the path."""
     return write_text(path, json.dumps(data, indent=indent, default=default))  # not JSON: fails before any file

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from testbed.atomic import replace_with, write_json, write_text
+from testbed.atomic import write_json, write_parquet, write_text
 from testbed.errors import UserError
 from testbed.validation import read_yaml
 
@@ -257,7 +257,7 @@ class RunDirWriter:
         return write_json(self.path / SUMMARY_FILE, dict(summary), indent=1, default=str)
 
     def _parquet(self, name: str, df: pd.DataFrame) -> Path:
-        return replace_with(self.path / name, lambda tmp: df.to_parquet(tmp, index=False))
+        return write_parquet(self.path / name, df)
 
 
 # ----------------------------------------------------------------------------------------------- loader

@@ -322,10 +322,9 @@ class CrossTraffic:
         return cross_traffic_frame(rows)
 
     def write(self, path: str | Path) -> Path:
-        from testbed.atomic import replace_with
+        from testbed.atomic import write_parquet
 
-        frame = self.records()
-        return replace_with(path, lambda tmp: frame.to_parquet(tmp, index=False))
+        return write_parquet(path, self.records())
 
     def achieved_bps(self) -> dict[str, float]:
         """Mean achieved throughput per flow over its reported intervals (bytes / seconds)."""

@@ -95,8 +95,7 @@ class Telemetry:
             self._thread.join(timeout=5)
 
     def write_parquet(self, path: Path) -> Path:
-        from testbed.atomic import replace_with
+        from testbed.atomic import write_parquet
         from testbed.rundir import link_frame
 
-        frame = link_frame(self.rows)
-        return replace_with(path, lambda tmp: frame.to_parquet(tmp, index=False))
+        return write_parquet(path, link_frame(self.rows))

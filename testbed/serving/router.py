@@ -934,11 +934,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:  # the records first: the runner stops the router after the workload, so they are complete
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        from testbed.atomic import replace_with
+        from testbed.atomic import write_parquet
 
-        records, log = router_records_frame(router.records()), router.log.to_frame()
-        replace_with(out / ROUTER_REQUESTS_FILE, lambda tmp: records.to_parquet(tmp, index=False))
-        replace_with(out / SCHEDULER_FILE, lambda tmp: log.to_parquet(tmp, index=False))
+        write_parquet(out / ROUTER_REQUESTS_FILE, router_records_frame(router.records()))
+        write_parquet(out / SCHEDULER_FILE, router.log.to_frame())
     router.stop()
     faulthandler.cancel_dump_traceback_later()
     return 0
