@@ -236,10 +236,9 @@ class Workers:
         assert events[-1].status == "ok", f"decode: {events[-1].reason}"
         return [e.token_id for e in events[:-1]], res, events[-1]
 
-    def received_difference(self, rid: str, local: Any, ids: list[int]) -> float:
+    def received_difference(self, rid: str, want: Any) -> float:
         """Max |difference| between the cache the decode joined for `rid` (its own prefix and what it received)
-        and a local prefill of `ids` without the last token (float32 caches)."""
-        _, want = local.prefill(ids[:-1])
+        and `want`, a local prefill's cache of the same tokens (float32 caches)."""
         got = self.received[rid]
         names = {(layer.layer_index, k): t for layer in want.layers for k, t in layer.tensors.items()}
         assert set(got) == set(names), f"the decode joined tensors {sorted(got)[:4]}..., a prefill makes {sorted(names)[:4]}..."
@@ -316,9 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         got, res, final = w.serve("g1", ids, 6)
         spec_bytes = local.spec.kv_bytes(len(ids) - 1).total_bytes
         assert res["kv_bytes"] == spec_bytes, f"{res['kv_bytes']} B sent, spec {spec_bytes} B (float32 caches)"
-        kv_diff = w.received_difference("g1", local, ids)
+        _, cache = local.prefill(ids[:-1])
+        kv_diff = w.received_difference("g1", cache)
         assert kv_diff < CACHE_AGREE, f"the cache the decode received vs a local prefill: max |difference| {kv_diff:.3g} >= {CACHE_AGREE:g}"
-        _, cache = local.prefill(ids[:-1])  # the decode's numeric path against the prefill's, in logits
+        # the same cache decodes next: the decode's numeric path against the prefill's, in logits
         diff = float((local.decode_batch([ids[-1]], [cache])[0] - local.prefill(ids)[0][-1]).abs().max())
         assert diff < CPU_AGREE_LOGITS, f"batched decode from a cache vs prefill: max |logit difference| {diff:.3g} >= {CPU_AGREE_LOGITS:g}"
         state["path_difference"] = max(diff, kv_diff)
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         assert res.get("prefill_cached_len") == shared, f"prefill resumed from {res.get('prefill_cached_len')}, expected {shared}"
         assert res.get("decode_prefix_len") == shared, f"decode held {res.get('decode_prefix_len')}, expected {shared}"
         assert res["kv_bytes"] == sent, f"{res['kv_bytes']} B sent, expected {sent} (what the decode lacks)"
-        kv_diff = w.received_difference("g2", m, ids)
+        kv_diff = w.received_difference("g2", m.prefill(ids[:-1])[1])
         assert kv_diff < CACHE_AGREE, (f"the cache the decode joined (its {shared}-token prefix + what it received) vs a full "
                                        f"local prefill: max |difference| {kv_diff:.3g} >= {CACHE_AGREE:g}")
         tokens = judge_tokens(got, greedy_margins(m, ids, got), "a full prefill's",
