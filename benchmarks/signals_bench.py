@@ -24,14 +24,14 @@ Per run (`measure`), with the event window = arrivals in [event start, event end
 Ratios (prfaas arm / fixed-threshold, per seed) with a 95% bootstrap CI over seeds of their mean.
 
 Targets (issue 9): long_p90 ratio <= 0.7 with CI upper < 1, xfer_p90 ratio <= 0.7, short_p90 ratio <= 1.3,
-no failures, SLO(prfaas) >= SLO(fixed) + 10 pp on val-dip and val-staircase and never below fixed's or
+no failures, SLO(prfaas) >= SLO(fixed) + 10 pp on val-dip, val-staircase and val-thin-line and never below fixed's or
 all-local's; estimator median error <= 20%, a 5x dip detected within 2 s. Exit 1 if a target is missed.
 
 Run as root: python benchmarks/signals_bench.py [--shapes val-dip,...] [--seeds 1,2,...] [--arms ...]
   [--set KEY=VALUE ...] [--out DIR] [--measure DIR] [--executor local:N]
 The runs go through the experiments engine (experiments/engine.py: resumable, any executor); this
 script only names the tasks and judges the results.
-The full matrix (7 shapes x 5 seeds x 5 arms = 175 runs of ~2 min): the defaults. `--quick`: val-dip,
+The full matrix (8 shapes x 5 seeds x 5 arms = 200 runs of ~2 min): the defaults. `--quick`: val-dip,
 seeds 1-2, three arms (prfaas-observed, prfaas-oracle, fixed-threshold).
 """
 
@@ -54,13 +54,15 @@ from testbed.rundir import SUMMARY_FILE  # noqa: E402
 
 SHAPES = ("val-dip", "val-staircase", "val-rtt-surge", "val-cross-surge", "val-loss-burst",
           # held out, added after the law's last change (session 25): a slow ramp down and back, a flapping line
-          "val-ramp", "val-flap")
+          "val-ramp", "val-flap",
+          # held out, added in session 30: the dip on a 10 Gbps line, where KV demand exceeds what is left
+          "val-thin-line")
 # The full-size case study (`--shapes case-study`): the same dip at twice the deployment and rate (there
 # the dip binds the PrfaaS prefill queue more than the WAN: docs/router.md, "Policy comparison on the
 # full-size case study"); used for design, not in the default matrix.
 EXTRA_SHAPES = ("case-study",)
-DIP_SHAPES = ("val-dip", "val-staircase", "case-study")  # a rate drop: judged on SLO attainment against fixed-threshold
-STEP_DIP_SHAPES = ("val-dip", "case-study")  # one 5x step down: judged on the time to detect it
+DIP_SHAPES = ("val-dip", "val-staircase", "val-thin-line", "case-study")  # a rate drop: judged on SLO attainment against fixed-threshold
+STEP_DIP_SHAPES = ("val-dip", "val-thin-line", "case-study")  # one 5x step down: judged on the time to detect it
 ARMS = {
     "prfaas-observed": ["policy.name=prfaas", "policy.signals=observed"],
     "prfaas-oracle": ["policy.name=prfaas", "policy.signals=oracle"],
