@@ -31,9 +31,10 @@ def test_a_5x_step_down_is_detected_within_2s_and_then_tracked_within_20pct() ->
     est = BandwidthEstimator(10 * G)
     rate = lambda t: 10 * G if t < 10 else 2 * G  # noqa: E731
     rtt = lambda t: 10.5 if t < 10 else 30.0  # noqa: E731  (the bottleneck queue fills at the dip)
-    # 9.5 s of dip: a queue that stands unchanged for rtt_window (10 s) becomes the new floor (the RTT-surge
-    # trade-off, test_a_lasting_rtt_increase_...); real senders drain it now and then (CUBIC's back-off, BBR's ProbeRTT)
-    out = trace(est, 0.0, 19.5, rate, rtt)
+    # transfers with gaps before the dip (the backlog drains every 4 s), then backlogged all through it: a
+    # queue under a backlog that never drained does not become the floor (test_a_queue_under_a_backlog_...)
+    drains = lambda t: 0.0 if t < 9.6 and round(t * 2) % 8 == 0 else 50e6  # noqa: E731
+    out = trace(est, 0.0, 19.5, rate, rtt, backlog=drains)
     pre = [e.available_bps for e in out if 5 <= e.t_s < 10]
     assert all(abs(x - 10 * G) <= 0.2 * 10 * G for x in pre)
     detect = min(e.t_s for e in out if e.t_s >= 10 and e.available_bps < 0.5 * 10 * G)
@@ -118,10 +119,31 @@ def test_intermittent_transfers_in_a_dip_keep_the_error_within_20pct() -> None:
 
 
 def test_a_lasting_rtt_increase_stops_counting_as_queueing_after_the_rtt_window() -> None:
+    """Transfers with gaps between them (the backlog drains every 4 s): the polled minimum is the path's delay."""
     est = BandwidthEstimator(10 * G)
-    out = trace(est, 0.0, 25.0, lambda t: 9 * G, lambda t: 10.2 if t < 5 else 80.0)
+    drains = lambda t: 0.0 if round(t * 2) % 8 == 0 else 50e6  # noqa: E731
+    out = trace(est, 0.0, 25.0, lambda t: 9 * G, lambda t: 10.2 if t < 5 else 80.0, backlog=drains)
     assert next(e for e in out if e.t_s == 6.0).queue_delay_ms > 60
     assert out[-1].queue_delay_ms < 1.0 and out[-1].available_bps >= 0.8 * 9 * G
+
+
+def test_a_queue_under_a_backlog_that_never_drains_stays_a_queue_past_the_rtt_window() -> None:
+    """val-thin-line: 3-5 GB of KV committed through a 25-s dip to 0.7 of 10 Gbps. Every RTT polled under
+    that backlog carries its queue, so after rtt_window the queue must not become the floor (it did: the
+    polls turned to headroom and grew the estimate back to 10 Gbps in 12 s). Once the backlog drains, the
+    polled minimum counts again."""
+    est = BandwidthEstimator(10 * G)
+    rate = lambda t: 8 * G if t < 10 else 0.7 * G  # noqa: E731
+    rtt = lambda t: 10.5 if t < 10 else 23.0  # noqa: E731
+    backlog = lambda t: 0.0 if t < 9 else 3e9  # noqa: E731  (transfers with gaps until 9 s, then never drained)
+    out = trace(est, 0.0, 40.0, rate, rtt, backlog=backlog)
+    late = [e for e in out if e.t_s >= 25.0]
+    assert all(e.congested and e.queue_delay_ms > 10.0 for e in late)
+    assert all(abs(e.available_bps - 0.7 * G) <= 0.2 * 0.7 * G for e in late)
+    # the backlog drains once: from then on the window's minimum (23 ms, the polls under the queue) is the floor
+    est.update(40.5, 0.0, 0.0, 0.0, 10.0, 0.0)
+    after = trace(est, 41.0, 42.0, lambda t: 0.7 * G, lambda t: 23.0, backlog=lambda t: 3e9)
+    assert after[-1].rtt_floor_ms == pytest.approx(23.0) and not after[-1].congested
 
 
 # ------------------------------------------------------------------------------------ the oracle gate

@@ -410,6 +410,28 @@ def test_the_path_rate_is_reported_while_the_sender_has_work_and_zero_when_idle(
     assert max(rates) > 0 and idle["path_rate_bps"] == 0.0
 
 
+def test_the_path_rate_leaves_out_a_connection_with_work_whose_rate_is_not_current(receiver: tuple[KVReceiver, Results],
+                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection stalled in a deep dip (retransmission timeouts: bytes in flight, nothing acknowledged)
+    keeps its pre-dip delivery rate; summed in, it made a 0.7 Gbps path read as the full line (val-thin-line
+    seed 5). Only connections that acknowledged >= FRESH_ACKED_BYTES in the last second count, as for the RTT."""
+    from testbed.clock import now_s
+    from testbed.kv.transport import FRESH_ACKED_BYTES, TcpSample
+
+    rx, _ = receiver
+    with KVSender(LOOPBACK, rx.port, connections=2, sample_interval_s=60.0) as tx:
+        t = now_s()
+        before = [TcpSample(t - 0.5, c, 20000, 10, 0, 10 << 20, 0, 9e9, unacked_bytes=1 << 20) for c in (0, 1)]
+        now = [TcpSample(t, 0, 30000, 10, 0, (10 << 20) + 4 * FRESH_ACKED_BYTES, 0, 0.3e9, unacked_bytes=1 << 20),
+               TcpSample(t, 1, 30000, 10, 0, 10 << 20, 0, 9e9, unacked_bytes=1 << 20)]  # stalled: its pre-dip rate
+        tx.samples.clear()
+        tx.samples.extend(before)
+        monkeypatch.setattr(tx, "tcp_infos", lambda: now)
+        assert tx.congestion()["path_rate_bps"] == pytest.approx(0.3e9)
+        now[1] = TcpSample(t, 1, 30000, 10, 0, (10 << 20) + FRESH_ACKED_BYTES, 0, 0.2e9, unacked_bytes=1 << 20)
+        assert tx.congestion()["path_rate_bps"] == pytest.approx(0.5e9)  # both current: summed
+
+
 def test_notsent_s_scales_each_connections_unsent_budget_to_its_own_rate(receiver: tuple[KVReceiver, Results]) -> None:
     """`notsent_s`: a connection may hold that long of its own delivery rate unsent (64 KiB .. the cap),
     set in the kernel, changed only when off by more than 25%; a transfer still arrives bit-identical."""

@@ -33,7 +33,7 @@ Every poll is one of three kinds of evidence, and the estimate moves only as its
   whatever queue its own burst built.
 
 The RTT floor is the largest of the kernel's min RTT, the minimum RTT polled over `rtt_window_s` (once
-the polls span that window) and the smaller unloaded RTT of the last two probes (within `rtt_window_s`): a lasting
+the polls span that window, and only while our backlog drained at least once within it) and the smaller unloaded RTT of the last two probes (within `rtt_window_s`): a lasting
 change of the path's delay (a reroute, an RTT surge) stops counting as queueing at the first probe after
 it, or after that window without probes. Loss is
 reported (retransmits per second) but counts as congestion only together with a queue: random loss on
@@ -98,6 +98,7 @@ class BandwidthEstimator:
         self._min_rtt_ms = math.inf  # the kernel's (lifetime) min RTT
         self._rtts: deque[tuple[float, float]] = deque()  # (t_s, polled RTT) for the windowed floor
         self._first_rtt_t: float | None = None
+        self._drained_t: float | None = None  # the latest poll (or probe) with nothing of ours queued or in flight
         self._saturated: deque[tuple[float, float]] = deque(maxlen=3)  # the latest saturated polls' samples
         self._idle_rtts: deque[tuple[float, float]] = deque(maxlen=2)  # (t_s, unloaded RTT ms) of the latest probes
         self._full: tuple[float, float] | None = None  # (t_s, rate) of the latest probe that filled the path
@@ -116,9 +117,13 @@ class BandwidthEstimator:
                 self._rtts.popleft()
             self._first_rtt_t = t_s if self._first_rtt_t is None else self._first_rtt_t
         kernel = self._min_rtt_ms if math.isfinite(self._min_rtt_ms) else 0.0
-        # the polled minimum replaces the kernel's only once it covers a whole window: a queue that already
-        # stands at the first poll is still a queue
-        full = self._first_rtt_t is not None and t_s - self._first_rtt_t >= s.rtt_window_s
+        # the polled minimum replaces the kernel's only once it covers a whole window (a queue that already
+        # stands at the first poll is still a queue), and only while our own backlog drained within that window:
+        # RTTs polled under a backlog that never drained may all carry a queue of ours (val-thin-line: 3-5 GB
+        # committed through a 25-s dip; after 10 s its 12-ms queue became the floor and the estimate grew back
+        # to the nominal rate on "headroom" while 0.7 of 10 Gbps were left)
+        full = (self._first_rtt_t is not None and t_s - self._first_rtt_t >= s.rtt_window_s
+                and self._drained_t is not None and t_s - self._drained_t <= s.rtt_window_s)
         floor = max(kernel, self._rtts[0][1]) if self._rtts and full else kernel
         idle = self._unloaded_rtt_ms(t_s)
         return max(floor, idle) if idle else floor  # measured with nothing of ours queued: no queue of ours in it
@@ -146,6 +151,8 @@ class BandwidthEstimator:
         s = self.spec
         dt = 0.0 if self._last_t is None else max(t_s - self._last_t, 0.0)
         self._last_t = t_s
+        if backlog_bytes <= s.min_backlog_bytes:
+            self._drained_t = t_s
         floor = self._floor(t_s, rtt_ms, min_rtt_ms)
         qdelay, queue = self._queue(rtt_ms, floor)
         rate = 0.0
@@ -177,6 +184,7 @@ class BandwidthEstimator:
         s = self.spec
         if idle_rtt_ms is not None and idle_rtt_ms > 0:
             self._idle_rtts.append((t_s, idle_rtt_ms))
+        self._drained_t = t_s  # a probe starts only while no KV of ours is queued or in flight
         floor = self._floor(t_s, rtt_ms, min_rtt_ms)
         qdelay, queue = self._queue(rtt_ms, floor)
         x = min(max(rate_bps, 0.0), self.nominal_bps)
