@@ -316,10 +316,11 @@ class KVSender(KVSendConnector):
             # application-limited), summed over the connections that have work now: KV is
             # streamed as prefill produces it, so acked bytes per second measure the prefill, not the path
             # connections without bytes unsent or in flight are left out: their last rate may predate a dip;
-            # so are those with work whose samples are not current (`busy`, as for the RTT): a connection stalled
-            # in a deep dip (retransmission timeouts) keeps its pre-dip rate (val-thin-line seed 5: polls summed
-            # to the full 10 Gbps for 8 s while 0.7 Gbps were left)
-            "path_rate_bps": sum(s.delivery_rate_bps for s in busy),
+            # so are those with work that had nothing acknowledged in the last second (each ACK brings a new rate
+            # sample): a connection stalled in a deep dip (retransmission timeouts) keeps its pre-dip rate
+            # (val-thin-line seed 5: polls summed to the full 10 Gbps for 8 s while 0.7 Gbps were left)
+            "path_rate_bps": sum(s.delivery_rate_bps for s in now if (s.notsent_bytes or s.unacked_bytes)
+                                 and s.connection in first and s.bytes_acked > first[s.connection].bytes_acked),
             "connections": len(self._conns),
             "broken": self._broken,
         }

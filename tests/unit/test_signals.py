@@ -129,9 +129,9 @@ def test_a_lasting_rtt_increase_stops_counting_as_queueing_after_the_rtt_window(
 
 def test_a_queue_under_a_backlog_that_never_drains_stays_a_queue_past_the_rtt_window() -> None:
     """val-thin-line: 3-5 GB of KV committed through a 25-s dip to 0.7 of 10 Gbps. Every RTT polled under
-    that backlog carries its queue, so after rtt_window the queue must not become the floor (it did: the
-    polls turned to headroom and grew the estimate back to 10 Gbps in 12 s). Once the backlog drains, the
-    polled minimum counts again."""
+    that backlog may carry its own queue, so after rtt_window the queue must not become the floor (it did:
+    the polls turned to headroom and grew the estimate back to 10 Gbps in 12 s); nor after the backlog
+    drains for one poll (a drained poll has no RTT of its own: the next polls are queued again)."""
     est = BandwidthEstimator(10 * G)
     rate = lambda t: 8 * G if t < 10 else 0.7 * G  # noqa: E731
     rtt = lambda t: 10.5 if t < 10 else 23.0  # noqa: E731
@@ -140,10 +140,24 @@ def test_a_queue_under_a_backlog_that_never_drains_stays_a_queue_past_the_rtt_wi
     late = [e for e in out if e.t_s >= 25.0]
     assert all(e.congested and e.queue_delay_ms > 10.0 for e in late)
     assert all(abs(e.available_bps - 0.7 * G) <= 0.2 * 0.7 * G for e in late)
-    # the backlog drains once: from then on the window's minimum (23 ms, the polls under the queue) is the floor
-    est.update(40.5, 0.0, 0.0, 0.0, 10.0, 0.0)
-    after = trace(est, 41.0, 42.0, lambda t: 0.7 * G, lambda t: 23.0, backlog=lambda t: 3e9)
-    assert after[-1].rtt_floor_ms == pytest.approx(23.0) and not after[-1].congested
+    est.update(40.5, 0.0, 0.0, 0.0, 10.0, 0.0)  # drained for one poll: no connection busy, no RTT
+    after = trace(est, 41.0, 52.0, lambda t: 0.7 * G, lambda t: 23.0, backlog=lambda t: 3e9)
+    assert all(e.rtt_floor_ms == pytest.approx(10.0) and e.congested for e in after)
+    assert abs(after[-1].available_bps - 0.7 * G) <= 0.2 * 0.7 * G
+
+
+def test_a_delay_step_under_a_paced_stream_that_never_drains_is_learnt_within_the_rtt_window() -> None:
+    """val-rtt-surge's case with KV streamed at its prefill's pace: a few MB always queued or in flight (the
+    backlog never reaches 0) on an 84 Gbps path whose delay steps from 10 to 80 ms. So small a backlog cannot
+    build a standing queue of its own at that rate, so its RTTs measure the path: after rtt_window the new
+    delay is the floor and the estimate is back at the line rate."""
+    est = BandwidthEstimator(84 * G)
+    paced = lambda t: 4 * G if round(t * 2) % 2 else 40 * G  # noqa: E731  (app-limited polls and layer bursts)
+    out = [est.update(i * 0.5, paced(i * 0.5), 5e6, 10.5 if i * 0.5 < 10 else 80.5, 10.0) for i in range(81)]
+    assert next(e for e in out if e.t_s == 10.5).congested  # the step reads as a queue at first ...
+    late = [e for e in out if e.t_s >= 25.0]
+    assert all(not e.congested and e.rtt_floor_ms == pytest.approx(80.5) for e in late)  # ... then as the path
+    assert all(e.available_bps >= 0.8 * 84 * G for e in late)
 
 
 # ------------------------------------------------------------------------------------ the oracle gate

@@ -33,7 +33,8 @@ Every poll is one of three kinds of evidence, and the estimate moves only as its
   whatever queue its own burst built.
 
 The RTT floor is the largest of the kernel's min RTT, the minimum RTT polled over `rtt_window_s` (once
-the polls span that window, and only while our backlog drained at least once within it) and the smaller unloaded RTT of the last two probes (within `rtt_window_s`): a lasting
+the polls span that window; only polls whose backlog is too small to build a standing queue of its own
+count) and the smaller unloaded RTT of the last two probes (within `rtt_window_s`): a lasting
 change of the path's delay (a reroute, an RTT surge) stops counting as queueing at the first probe after
 it, or after that window without probes. Loss is
 reported (retransmits per second) but counts as congestion only together with a queue: random loss on
@@ -98,35 +99,44 @@ class BandwidthEstimator:
         self._min_rtt_ms = math.inf  # the kernel's (lifetime) min RTT
         self._rtts: deque[tuple[float, float]] = deque()  # (t_s, polled RTT) for the windowed floor
         self._first_rtt_t: float | None = None
-        self._drained_t: float | None = None  # the latest poll (or probe) with nothing of ours queued or in flight
         self._saturated: deque[tuple[float, float]] = deque(maxlen=3)  # the latest saturated polls' samples
         self._idle_rtts: deque[tuple[float, float]] = deque(maxlen=2)  # (t_s, unloaded RTT ms) of the latest probes
         self._full: tuple[float, float] | None = None  # (t_s, rate) of the latest probe that filled the path
         self.evidence_t: float | None = None  # time of the latest saturated or headroom poll or probe
         self.estimate = Estimate(0.0, self._value, False, 0.0, 0.0, False)
 
-    def _floor(self, t_s: float, rtt_ms: float, min_rtt_ms: float) -> float:
+    def _floor(self, t_s: float, rtt_ms: float, min_rtt_ms: float, clean: bool) -> float:
+        """The RTT floor; `rtt_ms` joins the window only when `clean`: polled under a backlog too small to
+        build a standing queue of its own (`_clean`)."""
         s = self.spec
         if min_rtt_ms > 0:
             self._min_rtt_ms = min(self._min_rtt_ms, min_rtt_ms)
-        if rtt_ms > 0:
+        if rtt_ms > 0 and clean:
             while self._rtts and self._rtts[-1][1] >= rtt_ms:  # monotone deque: the window's minimum first
                 self._rtts.pop()
             self._rtts.append((t_s, rtt_ms))
-            while self._rtts[0][0] < t_s - s.rtt_window_s:
-                self._rtts.popleft()
             self._first_rtt_t = t_s if self._first_rtt_t is None else self._first_rtt_t
+        while self._rtts and self._rtts[0][0] < t_s - s.rtt_window_s:
+            self._rtts.popleft()
         kernel = self._min_rtt_ms if math.isfinite(self._min_rtt_ms) else 0.0
-        # the polled minimum replaces the kernel's only once it covers a whole window (a queue that already
-        # stands at the first poll is still a queue), and only while our own backlog drained within that window:
-        # RTTs polled under a backlog that never drained may all carry a queue of ours (val-thin-line: 3-5 GB
-        # committed through a 25-s dip; after 10 s its 12-ms queue became the floor and the estimate grew back
-        # to the nominal rate on "headroom" while 0.7 of 10 Gbps were left)
-        full = (self._first_rtt_t is not None and t_s - self._first_rtt_t >= s.rtt_window_s
-                and self._drained_t is not None and t_s - self._drained_t <= s.rtt_window_s)
+        # the polled minimum replaces the kernel's only once it covers a whole window: a queue that already
+        # stands at the first poll is still a queue
+        full = self._first_rtt_t is not None and t_s - self._first_rtt_t >= s.rtt_window_s
         floor = max(kernel, self._rtts[0][1]) if self._rtts and full else kernel
         idle = self._unloaded_rtt_ms(t_s)
         return max(floor, idle) if idle else floor  # measured with nothing of ours queued: no queue of ours in it
+
+    def _clean(self, backlog_bytes: float, min_rtt_ms: float) -> bool:
+        """Whether a poll's RTT measures the path, not a queue of ours: its whole backlog, queued at the
+        bottleneck at the estimated rate, would add less than a standing queue (`queue_delay_fraction` of
+        the floor). Under a larger backlog every RTT may carry our own queue (val-thin-line: 3-5 GB committed
+        through a 25-s dip; after 10 s its 12-ms queue became the floor, the polls turned to headroom and
+        the estimate grew back to the nominal 10 Gbps while 0.7 were left); a paced stream's few MB, or
+        the tail of a transfer, are clean on a fast path, so a lasting delay step is still learnt."""
+        base_ms = self.estimate.rtt_floor_ms or (min(self._min_rtt_ms, min_rtt_ms or math.inf))
+        if not math.isfinite(base_ms) or base_ms <= 0:
+            return False
+        return 8.0 * backlog_bytes <= self.spec.queue_delay_fraction * base_ms / 1000.0 * self._value
 
     def _unloaded_rtt_ms(self, t_s: float) -> float:
         """The smaller unloaded RTT of the last two probes within `rtt_window` (0: none): one probe that
@@ -151,9 +161,7 @@ class BandwidthEstimator:
         s = self.spec
         dt = 0.0 if self._last_t is None else max(t_s - self._last_t, 0.0)
         self._last_t = t_s
-        if backlog_bytes <= s.min_backlog_bytes:
-            self._drained_t = t_s
-        floor = self._floor(t_s, rtt_ms, min_rtt_ms)
+        floor = self._floor(t_s, rtt_ms, min_rtt_ms, self._clean(backlog_bytes, min_rtt_ms))
         qdelay, queue = self._queue(rtt_ms, floor)
         rate = 0.0
         if retransmits is not None:
@@ -184,8 +192,7 @@ class BandwidthEstimator:
         s = self.spec
         if idle_rtt_ms is not None and idle_rtt_ms > 0:
             self._idle_rtts.append((t_s, idle_rtt_ms))
-        self._drained_t = t_s  # a probe starts only while no KV of ours is queued or in flight
-        floor = self._floor(t_s, rtt_ms, min_rtt_ms)
+        floor = self._floor(t_s, rtt_ms, min_rtt_ms, False)  # its end RTT carries its own burst; its pings are the path
         qdelay, queue = self._queue(rtt_ms, floor)
         x = min(max(rate_bps, 0.0), self.nominal_bps)
         retrans = self.estimate.retransmits_per_s
