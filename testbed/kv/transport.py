@@ -298,6 +298,13 @@ class KVSender(KVSendConnector):
         busy = [s for s in now if (s.notsent_bytes or s.unacked_bytes) and s.connection in first
                 and s.bytes_acked - first[s.connection].bytes_acked >= FRESH_ACKED_BYTES]
         goodput = 0.0
+
+        def current(s: TcpSample, before: TcpSample) -> bool:
+            """Its delivery rate is current: acknowledged in the last second at least FRESH_ACKED_BYTES, or a
+            quarter of a second at the rate it reports (a slow connection's rate is current too; a stalled one
+            that got a segment or two through in a second does not vouch for its pre-stall rate)."""
+            return s.bytes_acked - before.bytes_acked >= min(FRESH_ACKED_BYTES, s.delivery_rate_bps / 8.0 * 0.25)
+
         if now and window:
             acked = sum(s.bytes_acked - first[s.connection].bytes_acked for s in now if s.connection in first)
             dt = max(s.t_s for s in now) - min(first[c].t_s for c in first)
@@ -316,11 +323,11 @@ class KVSender(KVSendConnector):
             # application-limited), summed over the connections that have work now: KV is
             # streamed as prefill produces it, so acked bytes per second measure the prefill, not the path
             # connections without bytes unsent or in flight are left out: their last rate may predate a dip;
-            # so are those with work that had nothing acknowledged in the last second (each ACK brings a new rate
-            # sample): a connection stalled in a deep dip (retransmission timeouts) keeps its pre-dip rate
-            # (val-thin-line seed 5: polls summed to the full 10 Gbps for 8 s while 0.7 Gbps were left)
+            # so are those with work whose rate its own deliveries of the last second do not support (`current`):
+            # a connection stalled in a deep dip (retransmission timeouts) keeps its pre-dip rate (val-thin-line
+            # seed 5: polls summed to the full 10 Gbps for 8 s while 0.7 Gbps were left)
             "path_rate_bps": sum(s.delivery_rate_bps for s in now if (s.notsent_bytes or s.unacked_bytes)
-                                 and s.connection in first and s.bytes_acked > first[s.connection].bytes_acked),
+                                 and s.connection in first and current(s, first[s.connection])),
             "connections": len(self._conns),
             "broken": self._broken,
         }

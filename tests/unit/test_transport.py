@@ -414,8 +414,8 @@ def test_the_path_rate_leaves_out_a_connection_with_work_whose_rate_is_not_curre
                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A connection stalled in a deep dip (retransmission timeouts: bytes in flight, nothing acknowledged)
     keeps its pre-dip delivery rate; summed in, it made a 0.7 Gbps path read as the full line (val-thin-line
-    seed 5). Only connections that had something acknowledged in the last second count (each ACK is a new
-    rate sample), however little: a slow connection's rate is current too."""
+    seed 5). A connection counts when its acknowledgements of the last second support its rate: at least
+    FRESH_ACKED_BYTES, or a quarter of a second at that rate (so a slow connection's rate is current too)."""
     from testbed.clock import now_s
     from testbed.kv.transport import FRESH_ACKED_BYTES, TcpSample
 
@@ -429,8 +429,10 @@ def test_the_path_rate_leaves_out_a_connection_with_work_whose_rate_is_not_curre
         tx.samples.extend(before)
         monkeypatch.setattr(tx, "tcp_infos", lambda: now)
         assert tx.congestion()["path_rate_bps"] == pytest.approx(0.3e9)
-        now[1] = TcpSample(t, 1, 30000, 10, 0, (10 << 20) + 1448, 0, 0.01e9, unacked_bytes=1 << 20)  # one segment
-        assert tx.congestion()["path_rate_bps"] == pytest.approx(0.31e9)  # both current: summed
+        now[1] = TcpSample(t, 1, 30000, 10, 0, (10 << 20) + 2 * 1448, 0, 9e9, unacked_bytes=1 << 20)
+        assert tx.congestion()["path_rate_bps"] == pytest.approx(0.3e9)  # two segments in a second: still stalled
+        now[1] = TcpSample(t, 1, 30000, 10, 0, (10 << 20) + 10_000, 0, 0.2e6, unacked_bytes=1 << 20)  # slow, current
+        assert tx.congestion()["path_rate_bps"] == pytest.approx(0.3e9 + 0.2e6)
 
 
 def test_notsent_s_scales_each_connections_unsent_budget_to_its_own_rate(receiver: tuple[KVReceiver, Results]) -> None:
