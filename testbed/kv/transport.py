@@ -124,6 +124,13 @@ def ack_rate_bps(series: list[tuple[float, int]], window_s: float) -> float:
     return 8.0 * (series[-1][1] - series[0][1]) / dt if dt > 0 else 0.0
 
 
+def rate_is_current(acked_last_s_bytes: int, delivery_rate_bps: float) -> bool:
+    """A connection's delivery rate is current when its acknowledgements of the last second support it: at
+    least FRESH_ACKED_BYTES, or a quarter of a second at that rate (a slow connection's rate is current too; a
+    stalled one that got a segment or two through does not vouch for its pre-stall rate)."""
+    return acked_last_s_bytes >= min(FRESH_ACKED_BYTES, delivery_rate_bps / 8.0 * 0.25)
+
+
 def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
     bufs = [memoryview(b) for b in buffers]
     while bufs:
@@ -292,23 +299,18 @@ class KVSender(KVSendConnector):
         first: dict[int, TcpSample] = {}
         for s in window:
             first.setdefault(s.connection, s)
+        # bytes each connection with work got acknowledged in the last second (those without a sample then: none)
+        acked = {s.connection: s.bytes_acked - first[s.connection].bytes_acked for s in now
+                 if (s.notsent_bytes or s.unacked_bytes) and s.connection in first}
         # RTT of the connections with work whose smoothed RTT is current (acknowledged >= FRESH_ACKED_BYTES in
         # the last second): an idle connection's RTT is its last one, and a connection that just resumed
         # still carries the queue of its previous burst (or of a probe)
-        busy = [s for s in now if (s.notsent_bytes or s.unacked_bytes) and s.connection in first
-                and s.bytes_acked - first[s.connection].bytes_acked >= FRESH_ACKED_BYTES]
+        busy = [s for s in now if acked.get(s.connection, -1) >= FRESH_ACKED_BYTES]
         goodput = 0.0
-
-        def current(s: TcpSample, before: TcpSample) -> bool:
-            """Its delivery rate is current: acknowledged in the last second at least FRESH_ACKED_BYTES, or a
-            quarter of a second at the rate it reports (a slow connection's rate is current too; a stalled one
-            that got a segment or two through in a second does not vouch for its pre-stall rate)."""
-            return s.bytes_acked - before.bytes_acked >= min(FRESH_ACKED_BYTES, s.delivery_rate_bps / 8.0 * 0.25)
-
         if now and window:
-            acked = sum(s.bytes_acked - first[s.connection].bytes_acked for s in now if s.connection in first)
+            total = sum(s.bytes_acked - first[s.connection].bytes_acked for s in now if s.connection in first)
             dt = max(s.t_s for s in now) - min(first[c].t_s for c in first)
-            goodput = 8 * acked / dt if dt > 0 else 0.0
+            goodput = 8 * total / dt if dt > 0 else 0.0
         return {
             "retransmits": sum(s.total_retrans for s in now),
             "rtt_ms": (sum(s.rtt_us for s in now) / len(now) / 1000.0) if now else 0.0,
@@ -326,8 +328,8 @@ class KVSender(KVSendConnector):
             # so are those with work whose rate its own deliveries of the last second do not support (`current`):
             # a connection stalled in a deep dip (retransmission timeouts) keeps its pre-dip rate (val-thin-line
             # seed 5: polls summed to the full 10 Gbps for 8 s while 0.7 Gbps were left)
-            "path_rate_bps": sum(s.delivery_rate_bps for s in now if (s.notsent_bytes or s.unacked_bytes)
-                                 and s.connection in first and current(s, first[s.connection])),
+            "path_rate_bps": sum(s.delivery_rate_bps for s in now
+                                 if s.connection in acked and rate_is_current(acked[s.connection], s.delivery_rate_bps)),
             "connections": len(self._conns),
             "broken": self._broken,
         }
