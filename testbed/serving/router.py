@@ -699,7 +699,7 @@ class Router:
             pdp = [p for p in self.prefill.values() if p.cluster == "pd" and ("prefill", p.cfg.instance) in self.policy.active]
             dec = [d for d in self.decode.values() if ("decode", d.cfg.instance) in self.policy.active]
             return TelemetrySample(clock.now_s(), prfaas_queue_per_instance=per(pf), pdp_queue_per_instance=per(pdp),
-                                   decode_queue_per_instance=per(dec))
+                                   decode_queue_per_instance=per(dec), pdp_instances=len(pdp))
 
     def _control_loop(self) -> None:
         interval = self.cfg.policy.control.interval_s

@@ -141,17 +141,32 @@ def test_raises_are_rate_limited_to_one_per_raise_interval() -> None:
     assert pol.threshold == 16 * K and len(pol.log.rows("threshold")) == 1
 
 
-def test_t_rises_on_transport_congestion_while_the_link_is_busy_inside_the_hysteresis_band() -> None:
-    pol = make(threshold="8K", control={"congestion_events_per_s": 100})
-    t0 = clock.now_s()
-    drive(pol, t0, 2.0, 0.7)  # busy but below high_utilization: no raise from utilisation alone
-    assert pol.threshold == 8 * K
-    for i in range(1, 11):  # 50 retransmits per 0.1 s = 500/s
-        t = t0 + 2.0 + 0.1 * i
-        pol.on_telemetry(TelemetrySample(t, egress_bps=0.7 * CAP, capacity_bps=CAP, retransmits=50.0 * i))
-        pol.tick(t)
-    assert pol.threshold > 8 * K
-    assert "congestion" in pol.log.rows("threshold")[0]["reason"]
+def test_losses_on_a_busy_line_refit_t_with_a_demand_model_and_never_step_it_blind() -> None:
+    """Retransmits at utilisation 0.7 (inside the hysteresis band): before a demand model exists they are
+    no reason for a blind x1.5 step (val-thin-line: one offload's burst overflows a 10 Gbps line's queue,
+    and such steps took t to all-local in 3 s); with a model they re-run the fit, which raises t only as
+    far as the predicted demand needs."""
+    pol = make(threshold="8K", kv_bytes_per_token="1MB", control={"congestion_events_per_s": 100})
+    t0, n = clock.now_s(), 0
+
+    def lossy(start: float, ticks: int, cap: float) -> None:
+        nonlocal n
+        for i in range(1, ticks + 1):  # 50 retransmits per 0.1 s = 500/s
+            n += 1
+            pol.on_telemetry(TelemetrySample(start + 0.1 * i, egress_bps=0.7 * cap, capacity_bps=cap, retransmits=50.0 * n))
+            pol.tick(start + 0.1 * i)
+
+    lossy(t0, 30, CAP)
+    assert pol.congestion_events_per_s > 400 and pol.egress_utilization > 0.6
+    assert pol.threshold == 8 * K and pol.log.rows("threshold") == []  # no model: no blind step on losses
+    for i, l in enumerate([2 * K, 4 * K, 8 * K, 16 * K, 32 * K] * 8):  # 40 arrivals over 10 s
+        pol.decide(req(l, f"r{i}"), state(input_len=l, now=t0 + 3 + 0.25 * i))
+    now = t0 + 13
+    demand = pol.controller.predicted_demand_bps(8 * K, now)
+    cap = demand / 0.85  # the demand at t is 0.85 x the capacity: above the 0.8 target, below the 0.9 trigger
+    lossy(now, 5, cap)
+    assert pol.threshold == 16 * K  # dropping the 16K arrivals brings the demand to 0.85 x 32/48 < 0.8
+    assert "congestion" in pol.log.rows("threshold")[0]["reason"] and "fits" in pol.log.rows("threshold")[0]["reason"]
 
 
 def test_losses_of_a_lone_transfer_on_a_mostly_idle_link_do_not_raise_t() -> None:
@@ -297,7 +312,7 @@ def test_wan_drops_and_transport_retransmits_add_up_to_congestion() -> None:
     t0 = clock.now_s()
     for i in range(1, 21):  # 120 drops/s from the WAN samples and 120 retransmits/s from the worker polls
         t = t0 + 0.1 * i
-        pol.on_telemetry(TelemetrySample(t, egress_bps=0.7 * CAP, capacity_bps=CAP, drops=12.0 * i))
+        pol.on_telemetry(TelemetrySample(t, egress_bps=0.95 * CAP, capacity_bps=CAP, drops=12.0 * i))
         pol.on_telemetry(TelemetrySample(t + 0.05, retransmits=12.0 * i))
     assert 200 <= pol.congestion_events_per_s <= 260
     pol.tick(t0 + 2.1)
@@ -449,6 +464,44 @@ def test_right_after_a_raise_the_cap_counts_only_the_pd_p_work_actually_routed()
     assert pol.controller.pdp_cap(now) == 4 * K  # W_pd = 4 x 1K routed to PD-P: budget 16K tokens
     pol.controller.t = 4.0 * K  # as if just raised: the window's arrivals were still routed under t = 1K
     assert pol.controller.pdp_cap(now) == 4 * K  # W(4K) = 28K > 16K already: no further raise on a stale queue
+
+
+def _pd_p_measured(pol, now: float, queue: float) -> None:
+    """PD-P's prefills cost 0.4 s + 0.1 ms per token (five finished prefills), two PD-P instances, `queue`
+    requests in flight per instance now."""
+    for l in (K, 2 * K, 4 * K, 8 * K, 16 * K):
+        pol.on_prefill("pd", l, 0.4 + 1e-4 * l)
+    pol.on_telemetry(TelemetrySample(now, pdp_queue_per_instance=queue, pdp_instances=2))
+
+
+def test_with_pd_p_cost_measured_the_cap_adds_each_moved_request_s_prefill_to_pd_p_s_offered_load() -> None:
+    pol = make(threshold="1K", min_threshold="1K", kv_bytes_per_token="1MB", control={"pdp_queue_max": 0.6})
+    t0 = clock.now_s()
+    for i, n in enumerate([K, 2 * K, 4 * K, 8 * K, 16 * K] * 4):  # 20 arrivals over 10 s; only the 1K ones on PD-P
+        pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.5 * i))
+    now = t0 + 9.5 + 0.5
+    _pd_p_measured(pol, now, 0.05)
+    # offered: 4 x (0.4 + 0.1024) s / (10 s x 2 instances) = 0.100; + 4 x 2K (0.030 each) = 0.221, + 4 x 4K
+    # (0.040 each) = 0.383; the 8K ones add 0.061 each: three fit (0.566) the fourth does not (0.627 > 0.6),
+    # and a raise to 8K would keep all four local
+    assert pol.controller.pdp_cap(now) == 4 * K
+    pol.on_telemetry(TelemetrySample(now + 0.1, pdp_queue_per_instance=1.0))
+    pol.on_telemetry(TelemetrySample(now + 5, pdp_queue_per_instance=1.0))
+    assert pol.controller.pdp_cap(now + 5) == 1 * K  # measured above 0.6 already: no raise
+
+
+def test_a_momentarily_idle_pd_p_pool_does_not_open_the_cap_when_its_offered_work_keeps_it_busy() -> None:
+    """val-thin-line (session 30): caught at 0.11 requests per instance, the old cap (the queue scaled by the
+    tokens moved) let a raise to 52.7K through, which tripled PD-P's load; the offered work says otherwise."""
+    pol = make(threshold="4K", min_threshold="1K", kv_bytes_per_token="1MB", control={"pdp_queue_max": 0.75})
+    t0 = clock.now_s()
+    for i, n in enumerate([K, 2 * K, 4 * K, 8 * K, 16 * K] * 4):  # 1K-4K on PD-P: 0.383 of 2 instances' time
+        pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.5 * i))
+    now = t0 + 10
+    pol.on_telemetry(TelemetrySample(now, pdp_queue_per_instance=0.1))
+    assert pol.controller.pdp_cap(now) == 128 * K  # the old rule, before PD-P's cost is known: all local
+    _pd_p_measured(pol, now, 0.1)
+    assert pol.controller.pdp_cap(now) == 8 * K  # 0.383 + 4 x 0.061 = 0.627; one 16K more is 0.729, two 0.831
 
 
 # ------------------------------------------------------------------------------ latency-aware offload

@@ -62,7 +62,8 @@ class TelemetrySample:
     inflight_bytes (sent, not acknowledged), kv_goodput_bps (acknowledged per second, 1 s),
     kv_path_rate_bps (TCP's delivery rate, summed over the connections of senders that have work now), rtt_ms (peak
     over workers), min_rtt_ms (the kernel's min RTT, lowest over workers).
-    Queues (router, every tick): requests in flight per instance of each pool, and of decode.
+    Queues (router, every tick): requests in flight per instance of each pool, and of decode; the number of
+    active PD-P prefill instances.
     A finished offload (router): transfer_uncached_len and transfer_kv_bytes (fit S_kv(l)), prefill_s.
     An active probe (router, observed: our own bytes while no KV moves): probe_bytes, probe_rate_bps (TCP's
     delivery rate of the connections that carried it), probe_rtt_ms (at its end), probe_retransmits (during
@@ -83,6 +84,7 @@ class TelemetrySample:
     min_rtt_ms: float | None = None
     prfaas_queue_per_instance: float | None = None
     pdp_queue_per_instance: float | None = None
+    pdp_instances: int | None = None
     decode_queue_per_instance: float | None = None
     transfer_uncached_len: int | None = None
     transfer_kv_bytes: int | None = None

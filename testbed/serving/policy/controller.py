@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 from testbed.serving.policy.base import TelemetrySample
 from testbed.serving.policy.estimator import BandwidthEstimator, Estimate, EstimatorSpec
+from testbed.serving.policy.latency import PrefillTimes
+from testbed.serving.policy.linefit import LineFit
 from testbed.serving.policy.log import SchedulerLog
 from testbed.serving.policy.signals import admit
 from testbed.serving.policy.spec import PolicySpec
@@ -25,7 +27,8 @@ STALE_WINDOWS = 6  # arrivals older than this many windows never inform the dema
 class PrfaasController:
     """Measurements in (`observe`, `note_arrival`), changes of t out (`step`, logged)."""
 
-    def __init__(self, spec: PolicySpec, log: SchedulerLog, capacity_bps: float) -> None:
+    def __init__(self, spec: PolicySpec, log: SchedulerLog, capacity_bps: float,
+                 prefill_times: PrefillTimes | None = None) -> None:
         c = spec.control
         self.spec, self.log, self.capacity_bps = spec, log, capacity_bps
         self.mode = spec.signals
@@ -44,11 +47,13 @@ class PrfaasController:
         self._counters: dict[str, tuple[float, float]] = {}  # name -> (t_s, last cumulative value)
         self._queues = {"prfaas": 0.0, "pdp": 0.0, "decode": 0.0}
         self._pdp_slow: float | None = None  # EWMA of the PD-P queue (tau slow_tau): the cap's load estimate
+        self._pdp_instances = 0  # active PD-P prefill instances (the router's count)
+        self.prefill_times = prefill_times if prefill_times is not None else PrefillTimes()  # PD-P's cost per prefill
         self._kv_goodput: tuple[float, float] | None = None  # (t_s, KV goodput of the PrfaaS senders, bps)
         self._non_kv_bps = 0.0  # EWMA of egress - KV goodput: traffic on the line that is not our KV
         self._slow_last: dict[str, float] = {}
         self._arrivals: deque[tuple[float, int, int]] = deque()  # (t_s, uncached w.r.t. PrfaaS, PD-P tokens or 0)
-        self._fit = [0.0] * 5  # n, sum l, sum b, sum l^2, sum l*b of finished offloads
+        self._fit = LineFit()  # S_kv(l): emulated KV bytes against uncached length, of finished offloads
         self._last_raise = -math.inf
         self._last_change = -math.inf
         self._calm_since: float | None = None
@@ -174,43 +179,45 @@ class PrfaasController:
             v = getattr(s, attr)
             if v is not None:
                 self._queues[key] = v
+        if s.pdp_instances is not None:
+            self._pdp_instances = s.pdp_instances
         if s.pdp_queue_per_instance is not None:
             self._pdp_slow = self._slow("pdp", s.t_s, self._pdp_slow, s.pdp_queue_per_instance)
         if s.transfer_uncached_len is not None and s.transfer_kv_bytes is not None:
-            l, b = float(s.transfer_uncached_len), float(s.transfer_kv_bytes)
-            for i, x in enumerate((1.0, l, b, l * l, l * b)):
-                self._fit[i] += x
+            self._fit.add(float(s.transfer_uncached_len), float(s.transfer_kv_bytes))
 
     def kv_bytes_model(self) -> Callable[[float], float] | None:
         """S_kv(l) in emulated bytes: least squares over finished offloads, else the spec's prior."""
-        n, sl, sb, sll, slb = self._fit
-        if n >= 2 and n * sll - sl * sl > 1e-9 * max(1.0, sll):
-            b = (n * slb - sl * sb) / (n * sll - sl * sl)
-            a = (sb - b * sl) / n
-            if b >= 0:
-                return lambda l: max(a + b * l, 0.0)
-        if n >= 1:
-            per = sb / max(sl, 1.0)
-            return lambda l: per * l
+        fit = self._fit.line()
+        if fit is not None:
+            a, b = fit
+            return lambda l: max(a + b * l, 0.0)
+        ratio = self._fit.ratio()
+        if ratio is not None:
+            return ratio
         if self.spec.kv_bytes_per_token or self.spec.kv_state_bytes:
             return lambda l: self.spec.kv_state_bytes + self.spec.kv_bytes_per_token * l
         return None
 
-    def _recent(self, now_s: float) -> tuple[list[int], float]:
-        """Uncached lengths (w.r.t. PrfaaS) of the arrivals in the window, and the time they span. When the
-        window holds fewer than `min_samples`, the last `min_samples` arrivals (up to STALE_WINDOWS windows
-        old): at 1 req/s a 10 s window holds ~10, and a model that appears and vanishes with each arrival
-        made the law alternate between the fit and blind x1.5 steps."""
-        recent = [(ts, l) for ts, l, _ in self._arrivals if ts >= now_s - self.window_s]
+    def _recent(self, now_s: float) -> tuple[list[tuple[float, int, int]], float]:
+        """The arrivals in the window (t_s, uncached length w.r.t. PrfaaS, PD-P tokens or 0), and the time
+        they span. When the window holds fewer than `min_samples`, the last `min_samples` arrivals (up to
+        STALE_WINDOWS windows old): at 1 req/s a 10 s window holds ~10, and a model that appears and
+        vanishes with each arrival made the law alternate between the fit and blind x1.5 steps."""
+        recent = [a for a in self._arrivals if a[0] >= now_s - self.window_s]
         if len(recent) < self.spec.control.min_samples:
-            recent = [(ts, l) for ts, l, _ in list(self._arrivals)[-self.spec.control.min_samples:]]
+            recent = list(self._arrivals)[-self.spec.control.min_samples:]
         span = max(now_s - recent[0][0], 1.0) if recent else 1.0
-        return [l for _, l in recent], span
+        return recent, span
+
+    def _recent_lengths(self, now_s: float) -> tuple[list[int], float]:
+        recent, span = self._recent(now_s)
+        return [l for _, l, _ in recent], span
 
     def predicted_demand_bps(self, t: float, now_s: float) -> float | None:
         """KV egress the recent arrivals would need at threshold t (emulated bit/s), or None if unknown."""
         size = self.kv_bytes_model()
-        arr, span = self._recent(now_s)
+        arr, span = self._recent_lengths(now_s)
         if size is None or len(arr) < self.spec.control.min_samples:
             return None
         return sum(size(l) for l in arr if l > t) * 8.0 / span
@@ -218,7 +225,7 @@ class PrfaasController:
     def fit_threshold(self, target_bps: float, now_s: float) -> float | None:
         """The re-search of t: the smallest t whose predicted egress demand fits `target_bps`."""
         size = self.kv_bytes_model()
-        arr, span = self._recent(now_s)
+        arr, span = self._recent_lengths(now_s)
         arr.sort()
         if size is None or len(arr) < self.spec.control.min_samples:
             return None
@@ -232,28 +239,49 @@ class PrfaasController:
         return float(arr[-1])
 
     def pdp_cap(self, now_s: float) -> float:
-        """The largest t a raise may set without the PD-P queue exceeding `pdp_queue_max` (predicted).
+        """The largest t a raise may set without PD-P's load exceeding `pdp_queue_max` (predicted).
 
-        A raise keeps the arrivals with t < l <= t' local. Their PD-P work is estimated in tokens (the
-        length; prefill time grows at least linearly, and the fixed overhead per request is left out,
-        which overestimates the added load: conservative), scaled from the measured PD-P queue:
-        q(t') = q * W(t') / W_pd, W(x) = sum of the window's lengths <= x, W_pd = the tokens the window's
-        arrivals actually sent to PD-P (under the t of their time: the queue q reflects those, so right
-        after a raise, before the queue shows it, W_pd is still small and the cap stays tight).
-        Without enough arrivals only the measured queue limits (q >= pdp_queue_max: no raise). q is the
-        slow EWMA, or half the latest sample if higher (a surge shows before the EWMA catches up), at
-        least 0.1.
+        A raise keeps the arrivals with t < l <= t' local. PD-P's load after it is predicted from offered
+        work against service (docs/router.md, "The PD-P cap"): the load now, the larger of the measured
+        queue (slow EWMA, or half the latest sample) and the window's PD-P work / (span x instances), plus
+        the work the raise adds, each moved arrival costing what a PD-P prefill of its length costs
+        (`PrefillTimes.service_s`, a line fitted to PD-P's finished prefills). Until that cost is known,
+        the older rule that scales the measured queue by the tokens moved (`_pdp_cap_by_tokens`). With the
+        measured queue at `pdp_queue_max` already, or fewer than `min_samples` arrivals, as before: no
+        raise, and only the measured queue limits.
         """
         c, hi = self.spec.control, float(self.spec.max_threshold_tokens)
         if self._pdp_slow is None:  # PD-P never measured (no PD-P pool): nothing to protect
             return hi
-        q = max(self._pdp_slow, self._queues["pdp"] * 0.5, 0.1)  # per instance; a floor for an idle pool
+        q = max(self._pdp_slow, self._queues["pdp"] * 0.5)  # per instance
         if q >= c.pdp_queue_max:
             return self.t
-        arr, _ = self._recent(now_s)
-        if len(arr) < c.min_samples:
+        arrivals, span = self._recent(now_s)
+        if len(arrivals) < c.min_samples:
             return hi
-        arr.sort()
+        if self.prefill_times.service_s("pd", 1.0) is None or self._pdp_instances <= 0:
+            return self._pdp_cap_by_tokens(now_s, max(q, 0.1), [l for _, l, _ in arrivals])
+        per = 1.0 / (span * self._pdp_instances)  # a second of PD-P work in the window, per instance
+        recent = [(l, lp) for _, l, lp in arrivals]
+        cost = self.prefill_times.service_s
+        offered = per * sum(cost("pd", lp) or 0.0 for _, lp in recent if lp > 0)
+        load = max(q, offered)
+        if load >= c.pdp_queue_max:
+            return self.t
+        cap, moved = self.t, sorted(l for l, lp in recent if l > self.t and lp == 0)  # offloaded now
+        for i, l in enumerate(moved):  # a raise to l keeps every arrival of length <= l local
+            load += per * (cost("pd", l) or 0.0)
+            if load > c.pdp_queue_max:
+                return cap
+            if i + 1 == len(moved) or moved[i + 1] != l:
+                cap = float(l)
+        return hi
+
+    def _pdp_cap_by_tokens(self, now_s: float, q: float, arr: list[int]) -> float:
+        """The cap before PD-P's cost is measured: q(t') = q x W(t') / W_pd, W(x) = the window's lengths <= x,
+        W_pd = the tokens the window's arrivals sent to PD-P (q is at least 0.1: a floor for an idle pool)."""
+        c, hi = self.spec.control, float(self.spec.max_threshold_tokens)
+        arr = sorted(arr)
         w_pd = sum(lp for ts, _, lp in self._arrivals if ts >= now_s - self.window_s)
         budget = c.pdp_queue_max / q * max(w_pd, float(arr[0]))  # W(t') allowed
         cap, w = self.t, sum(l for l in arr if l <= self.t)
@@ -326,7 +354,11 @@ class PrfaasController:
                 if fit <= self.t or since < c.settle_s:
                     return s
                 new, how = fit, "to the t whose predicted KV demand fits"
-            elif since >= c.raise_interval_s:  # no demand model yet: blind steps
+            elif since >= c.raise_interval_s and (excess > 0 or s["utilization"] >= c.high_utilization
+                                                   or s["prfaas_queue"] >= c.queue_high):
+                # no demand model yet: blind steps, on a full line or harm a raise can relieve, not on
+                # losses alone: one offload's burst overflows a thin line's queue at moderate utilisation
+                # (val-thin-line: x1.5 steps on the KV's own losses took t to all-local in 3 s)
                 new, how = max(self.t, 512.0) * c.raise_factor, f"x{c.raise_factor:g}"
             else:
                 return s

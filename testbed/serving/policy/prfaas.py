@@ -20,8 +20,8 @@ class PrfaasPolicy(ThresholdPolicy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.controller = PrfaasController(self.spec, self.log, self.capacity_bps)
-        self.prefill_times = PrefillTimes()
+        self.prefill_times = PrefillTimes()  # both clusters' prefill cost: latency-aware offload and the PD-P cap
+        self.controller = PrfaasController(self.spec, self.log, self.capacity_bps, self.prefill_times)
         self._last_flip = clock.now_s()
 
     @property

@@ -1,0 +1,32 @@
+"""A running least-squares line y = a + b x (the law's S_kv(l) and the clusters' prefill cost)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+class LineFit:
+    """Sums of n, x, y, x^2, x y; `line()` is the fit once two distinct x exist and the slope is >= 0."""
+
+    def __init__(self) -> None:
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1.0
+        self.sx, self.sy, self.sxx, self.sxy = self.sx + x, self.sy + y, self.sxx + x * x, self.sxy + x * y
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b), or None with fewer than two distinct x or a negative slope."""
+        n, sx, sy, sxx, sxy = self.n, self.sx, self.sy, self.sxx, self.sxy
+        den = n * sxx - sx * sx
+        if n < 2 or den <= 1e-9 * max(1.0, sxx):
+            return None
+        b = (n * sxy - sx * sy) / den
+        return ((sy - b * sx) / n, b) if b >= 0 else None
+
+    def ratio(self) -> Callable[[float], float] | None:
+        """y proportional to x (sum y / sum x), for one point or a degenerate fit; None before any."""
+        if self.n < 1:
+            return None
+        per = self.sy / max(self.sx, 1.0)
+        return lambda x: per * x
