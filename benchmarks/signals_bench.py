@@ -150,6 +150,19 @@ def tasks(shapes: list[str], seeds: list[int], arms: list[str], out: Path, extra
             for shape in shapes for seed in seeds for arm in arms]
 
 
+def completed(out: Path) -> list[tuple[str, str, int, Path]]:
+    """Every finished run under `out` (shape, arm, seed, directory), whichever invocation made it: an
+    invocation with fewer arms or seeds adds to results.json instead of replacing what an earlier one
+    measured (which then left the pairs it needs out)."""
+    found = []
+    for summary in sorted(out.glob(f"*/*-s*/{SUMMARY_FILE}")):
+        d = summary.parent
+        arm, _, seed = d.name.rpartition("-s")
+        if d.parent.name in SHAPES + EXTRA_SHAPES and arm in ARMS and seed.isdigit():
+            found.append((d.parent.name, arm, int(seed), d))
+    return found
+
+
 def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
     """(every judged target met, how many targets were judged): only the prfaas-observed arm is judged,
     against fixed-threshold (and all-local) of the same seeds; the oracle and no-event arms are reported
@@ -242,8 +255,7 @@ def main() -> int:
         for key, o in run_tasks(todo, make_executor(a.executor), label="signals bench").items():
             if o.status == "failed":
                 console.print(f"[red]{key} failed[/]: {o.error}")
-    rows = [{"shape": t.key.split("/")[0], "arm": t.key.split("/")[1].rsplit("-s", 1)[0], "seed": int(t.key.rsplit("-s", 1)[1]),
-             **measure(t.out_dir)} for t in todo if (t.out_dir / SUMMARY_FILE).exists()]
+    rows = [{"shape": shape, "arm": arm, "seed": seed, **measure(d)} for shape, arm, seed, d in completed(out)]
     (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
     t = Table(title="per run")
     for c in ("shape", "arm", "seed", "long P90 s", "short P90 s", "xfer P90 s", "SLO", "failed", "est err", "detect s", "signals"):

@@ -51,3 +51,20 @@ def test_the_no_event_arm_runs_each_shape_without_its_event_and_is_not_judged(tm
         assert differs, f"{shape} has no event for the no-event arm to take out"
     rows = [row(arm, s, long_s) for arm, long_s in (("fixed-threshold", 10.0), ("fixed-no-event", 8.0)) for s in (1, 2, 3)]
     assert compare(rows, Console(quiet=True)) == (True, 0)
+
+
+def test_results_cover_every_finished_run_under_the_directory_whichever_invocation_made_it(tmp_path: Path) -> None:
+    """Session 30: `--arms prfaas-observed` alone rewrote results.json with that arm only, dropping the
+    fixed-threshold runs an earlier invocation had made in the same directory (the pairs it is judged by)."""
+    from testbed.rundir import SUMMARY_FILE
+
+    for name in ("val-thin-line/fixed-threshold-s1", "val-thin-line/prfaas-observed-s1", "val-thin-line/fixed-no-event-s12",
+                 "val-dip/prfaas-observed-s2"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / SUMMARY_FILE).write_text("{}")
+    (tmp_path / "val-dip/prfaas-observed-s3").mkdir()  # unfinished: no summary
+    (tmp_path / "notes/prfaas-observed-s1").mkdir(parents=True)  # not a shape
+    (tmp_path / "notes/prfaas-observed-s1" / SUMMARY_FILE).write_text("{}")
+    found = [(shape, arm, seed) for shape, arm, seed, _ in bench["completed"](tmp_path)]
+    assert found == [("val-dip", "prfaas-observed", 2), ("val-thin-line", "fixed-no-event", 12),
+                     ("val-thin-line", "fixed-threshold", 1), ("val-thin-line", "prfaas-observed", 1)]
