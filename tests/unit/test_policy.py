@@ -386,16 +386,16 @@ def test_a_raise_is_capped_where_the_predicted_pd_p_queue_reaches_pdp_queue_max(
     now = t0 + 10
     pol.on_telemetry(TelemetrySample(now, pdp_queue_per_instance=0.25))
     # PD-P work in tokens: W(1K) = 4K; q(t') = 0.25 * W(t') / 4K <= 1 -> W(t') <= 16K: the 2K arrivals (W = 12K)
-    # fit, the first 4K one (W = 16K) just fits, the second (20K) does not
-    assert pol.controller.pdp_cap(now) == 4 * K
+    # fit, the first 4K one (W = 16K) just fits, the second (20K) does not, and a raise to 4K keeps all four
+    assert pol.controller.pdp_cap(now) == 2 * K
     pol.controller.capacity_bps = 1e9  # a deep dip: the fit would keep everything local
     assert pol.controller.fit_threshold(0.8e9, now) == 16 * K
     pol.on_telemetry(TelemetrySample(now, egress_bps=1e9))
     pol.tick(now)
-    assert pol.threshold == 4 * K and "capped at 4096 by the PD-P queue" in pol.log.rows("threshold")[0]["reason"]
+    assert pol.threshold == 2 * K and "capped at 2048 by the PD-P queue" in pol.log.rows("threshold")[0]["reason"]
     pol.on_telemetry(TelemetrySample(now + 0.1, pdp_queue_per_instance=1.2))
     pol.on_telemetry(TelemetrySample(now + 5, pdp_queue_per_instance=1.2))
-    assert pol.controller.pdp_cap(now + 5) == 4 * K  # PD-P at its limit: no further raise, whatever the WAN says
+    assert pol.controller.pdp_cap(now + 5) == 2 * K  # PD-P at its limit: no further raise, whatever the WAN says
 
 
 def test_an_overloaded_pd_p_pool_gives_a_raise_back_towards_base_after_the_hold() -> None:
@@ -461,9 +461,21 @@ def test_right_after_a_raise_the_cap_counts_only_the_pd_p_work_actually_routed()
         pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.5 * i))
     now = t0 + 10
     pol.on_telemetry(TelemetrySample(now, pdp_queue_per_instance=0.25))
-    assert pol.controller.pdp_cap(now) == 4 * K  # W_pd = 4 x 1K routed to PD-P: budget 16K tokens
+    assert pol.controller.pdp_cap(now) == 2 * K  # W_pd = 4 x 1K routed to PD-P: budget 16K tokens
     pol.controller.t = 4.0 * K  # as if just raised: the window's arrivals were still routed under t = 1K
     assert pol.controller.pdp_cap(now) == 4 * K  # W(4K) = 28K > 16K already: no further raise on a stale queue
+
+
+def test_before_pd_p_cost_is_known_a_raise_to_a_length_is_capped_only_if_every_arrival_of_that_length_fits() -> None:
+    pol = make(threshold="1K", min_threshold="1K", kv_bytes_per_token="1MB", control={"pdp_queue_max": 0.75})
+    t0 = clock.now_s()
+    for i, n in enumerate([K] * 10 + [40 * K] * 2):  # 10K tokens on PD-P
+        pol.decide(req(n, f"r{i}"), state(input_len=n, now=t0 + 0.5 * i))
+    now = t0 + 6
+    pol.on_telemetry(TelemetrySample(now, pdp_queue_per_instance=0.1))
+    # budget 0.75 / 0.1 x 10K = 75K tokens: one 40K arrival fits (50K), both do not (90K), and a raise to
+    # 40K keeps both local (review of d2b2840: it returned 40K)
+    assert pol.controller.pdp_cap(now) == 1 * K
 
 
 def _pd_p_measured(pol, now: float, queue: float) -> None:
@@ -485,6 +497,14 @@ def test_with_pd_p_cost_measured_the_cap_adds_each_moved_request_s_prefill_to_pd
     # (0.040 each) = 0.383; the 8K ones add 0.061 each: three fit (0.566) the fourth does not (0.627 > 0.6),
     # and a raise to 8K would keep all four local
     assert pol.controller.pdp_cap(now) == 4 * K
+    # right after that raise, before PD-P's queue shows it: the arrivals it keeps local (offloaded under
+    # the old t) count as PD-P's load now, so the cap does not let a second raise through (review of d2b2840:
+    # it returned 8K here, then 128K at t = 8K)
+    pol.controller.t = 4.0 * K
+    assert pol.controller.pdp_cap(now) == 4 * K
+    pol.controller.t = 8.0 * K
+    assert pol.controller.pdp_cap(now) == 8 * K
+    pol.controller.t = 1.0 * K
     pol.on_telemetry(TelemetrySample(now + 0.1, pdp_queue_per_instance=1.0))
     pol.on_telemetry(TelemetrySample(now + 5, pdp_queue_per_instance=1.0))
     assert pol.controller.pdp_cap(now + 5) == 1 * K  # measured above 0.6 already: no raise

@@ -264,7 +264,9 @@ class PrfaasController:
         per = 1.0 / (span * self._pdp_instances)  # a second of PD-P work in the window, per instance
         recent = [(l, lp) for _, l, lp in arrivals]
         cost = self.prefill_times.service_s
-        offered = per * sum(cost("pd", lp) or 0.0 for _, lp in recent if lp > 0)
+        # PD-P's load at the current t: every arrival t keeps local now, including those an earlier t
+        # offloaded (right after a raise the queue shows none of them yet)
+        offered = per * sum(cost("pd", lp if lp > 0 else l) or 0.0 for l, lp in recent if lp > 0 or l <= self.t)
         load = max(q, offered)
         if load >= c.pdp_queue_max:
             return self.t
@@ -287,13 +289,13 @@ class PrfaasController:
         cap, w = self.t, sum(l for l in arr if l <= self.t)
         if w > budget:
             return self.t
-        for l in arr:
-            if l <= self.t:
-                continue
+        moved = [l for l in arr if l > self.t]
+        for i, l in enumerate(moved):  # a raise to l keeps every arrival of length <= l local
             w += l
             if w > budget:
                 return cap
-            cap = float(l)
+            if i + 1 == len(moved) or moved[i + 1] != l:
+                cap = float(l)
         return hi
 
     # -- control
