@@ -31,7 +31,7 @@ Run as root: python benchmarks/signals_bench.py [--shapes val-dip,...] [--seeds 
   [--set KEY=VALUE ...] [--out DIR] [--measure DIR] [--executor local:N]
 The runs go through the experiments engine (experiments/engine.py: resumable, any executor); this
 script only names the tasks and judges the results.
-The full matrix (8 shapes x 5 seeds x 5 arms = 200 runs of ~2 min): the defaults. `--quick`: val-dip,
+The full matrix (9 shapes x 5 seeds x 5 arms = 225 runs of ~2 min): the defaults. `--quick`: val-dip,
 seeds 1-2, three arms (prfaas-observed, prfaas-oracle, fixed-threshold).
 """
 
@@ -56,12 +56,14 @@ SHAPES = ("val-dip", "val-staircase", "val-rtt-surge", "val-cross-surge", "val-l
           # held out, added after the law's last change (session 25): a slow ramp down and back, a flapping line
           "val-ramp", "val-flap",
           # held out, added in session 30: the dip on a 10 Gbps line, where KV demand exceeds what is left
-          "val-thin-line")
+          "val-thin-line",
+          # held out, added in session 31 after that session's law change: a staircase on a 20 Gbps line
+          "val-mid-staircase")
 # The full-size case study (`--shapes case-study`): the same dip at twice the deployment and rate (there
 # the dip binds the PrfaaS prefill queue more than the WAN: docs/router.md, "Policy comparison on the
 # full-size case study"); used for design, not in the default matrix.
 EXTRA_SHAPES = ("case-study",)
-DIP_SHAPES = ("val-dip", "val-staircase", "val-thin-line", "case-study")  # a rate drop: judged on SLO attainment against fixed-threshold
+DIP_SHAPES = ("val-dip", "val-staircase", "val-thin-line", "val-mid-staircase", "case-study")  # a rate drop: judged on SLO attainment against fixed-threshold
 STEP_DIP_SHAPES = ("val-dip", "val-thin-line", "case-study")  # one 5x step down: judged on the time to detect it
 ARMS = {
     "prfaas-observed": ["policy.name=prfaas", "policy.signals=observed"],
