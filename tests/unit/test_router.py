@@ -340,8 +340,13 @@ def test_metrics_expose_the_threshold_and_it_rises_after_oracle_wan_telemetry_sh
         code, _ = post(r, "/v1/telemetry", {"t_s": clock.now_s(), "egress_bps": 1e9, "capacity_bps": 1e9, "backlog_bytes": 1000, "drops": 0})
         assert code == 200
         time.sleep(0.05)
+    time.sleep(0.3)
+    assert r.policy.threshold == 8192  # a full line alone: no step without a demand model (docs/router.md)
     deadline = time.monotonic() + 2
     while r.policy.threshold == 8192 and time.monotonic() < deadline:
+        # what the PrfaaS workers' senders would report: 2 s of the 10 Gbit/s line committed, which will
+        # not drain within a new offload's prefill
+        r.policy.on_telemetry(TelemetrySample(clock.now_s(), send_queue_bytes=2 * 1e10 / 8))
         time.sleep(0.05)
     text = get_text(r, "/metrics")
     assert metric(text, "prfaas_router_threshold_tokens") >= 1.5 * 8192

@@ -42,6 +42,7 @@ class PrfaasController:
         self._u_ewma = 0.0
         self._u_last_t: float | None = None
         self._egress_bps = 0.0
+        self._link_down = False  # oracle: the latest WAN sample said capacity 0 (A is 0 until one says otherwise)
         self._backlog_bytes = 0.0
         self._event_rates: dict[str, float] = {}  # EWMA per second of WAN drops and of TCP retransmits
         self._counters: dict[str, tuple[float, float]] = {}  # name -> (t_s, last cumulative value)
@@ -83,9 +84,10 @@ class PrfaasController:
     @property
     def kv_capacity_bps(self) -> float:
         """A: the bandwidth left for KV. Oracle: the shaper's rate minus the non-KV traffic measured on
-        the bottleneck; observed: the estimator's; provisioned: the nominal line rate."""
+        the bottleneck (0 while the link is down); observed: the estimator's; provisioned: the nominal
+        line rate."""
         if self.mode == "oracle":
-            return max(self.capacity_bps - self._non_kv_bps, 0.0)
+            return 0.0 if self._link_down else max(self.capacity_bps - self._non_kv_bps, 0.0)
         if self.estimator is not None:
             return self.estimator.estimate.available_bps
         return self.nominal_bps
@@ -143,6 +145,8 @@ class PrfaasController:
         if s is None:
             return
         link_down = s.capacity_bps is not None and s.capacity_bps <= 0
+        if s.capacity_bps is not None:
+            self._link_down = link_down
         if s.capacity_bps and s.capacity_bps > 0:
             self.capacity_bps = s.capacity_bps
         if link_down or (s.egress_bps is not None and self.capacity_bps > 0):
@@ -356,11 +360,11 @@ class PrfaasController:
                 if fit <= self.t or since < c.settle_s:
                     return s
                 new, how = fit, "to the t whose predicted KV demand fits"
-            elif since >= c.raise_interval_s and (excess > 0 or s["utilization"] >= c.high_utilization
-                                                   or s["prfaas_queue"] >= c.queue_high):
-                # no demand model yet: blind steps, on a full line or harm a raise can relieve, not on
-                # losses alone: one offload's burst overflows a thin line's queue at moderate utilisation
-                # (val-thin-line: x1.5 steps on the KV's own losses took t to all-local in 3 s)
+            elif since >= c.raise_interval_s and (excess > 0 or s["prfaas_queue"] >= c.queue_high):
+                # no demand model yet: blind steps, only on the harm a raise relieves (committed KV that
+                # will not drain within a new offload's prefill, or a PrfaaS queue); a busy, full or lossy
+                # line alone delays no offload, and one offload's burst makes all three on a thin line
+                # (val-thin-line: x1.5 steps on them took t to all-local within 5 s of the start)
                 new, how = max(self.t, 512.0) * c.raise_factor, f"x{c.raise_factor:g}"
             else:
                 return s
