@@ -192,13 +192,9 @@ class PrfaasController:
 
     def kv_bytes_model(self) -> Callable[[float], float] | None:
         """S_kv(l) in emulated bytes: least squares over finished offloads, else the spec's prior."""
-        fit = self._fit.line()
-        if fit is not None:
-            a, b = fit
-            return lambda l: max(a + b * l, 0.0)
-        ratio = self._fit.ratio()
-        if ratio is not None:
-            return ratio
+        model = self._fit.model()
+        if model is not None:
+            return model
         if self.spec.kv_bytes_per_token or self.spec.kv_state_bytes:
             return lambda l: self.spec.kv_state_bytes + self.spec.kv_bytes_per_token * l
         return None
@@ -249,7 +245,7 @@ class PrfaasController:
         work against service (docs/router.md, "The PD-P cap"): the load now, the larger of the measured
         queue (slow EWMA, or half the latest sample) and the window's PD-P work / (span x instances), plus
         the work the raise adds, each moved arrival costing what a PD-P prefill of its length costs
-        (`PrefillTimes.service_s`, a line fitted to PD-P's finished prefills). Until that cost is known,
+        (`PrefillTimes.service_model`, a line fitted to PD-P's finished prefills). Until that cost is known,
         the older rule that scales the measured queue by the tokens moved (`_pdp_cap_by_tokens`). With the
         measured queue at `pdp_queue_max` already, or fewer than `min_samples` arrivals, as before: no
         raise, and only the measured queue limits.
@@ -263,44 +259,41 @@ class PrfaasController:
         arrivals, span = self._recent(now_s)
         if len(arrivals) < c.min_samples:
             return hi
-        if self.prefill_times.service_s("pd", 1.0) is None or self._pdp_instances <= 0:
+        cost = self.prefill_times.service_model("pd")
+        if cost is None or self._pdp_instances <= 0:
             return self._pdp_cap_by_tokens(now_s, max(q, 0.1), [l for _, l, _ in arrivals])
         per = 1.0 / (span * self._pdp_instances)  # a second of PD-P work in the window, per instance
-        recent = [(l, lp) for _, l, lp in arrivals]
-        cost = self.prefill_times.service_s
         # PD-P's load at the current t: every arrival t keeps local now, including those an earlier t
         # offloaded (right after a raise the queue shows none of them yet)
-        offered = per * sum(cost("pd", lp if lp > 0 else l) or 0.0 for l, lp in recent if lp > 0 or l <= self.t)
+        offered = per * sum(cost(lp if lp > 0 else l) for _, l, lp in arrivals if lp > 0 or l <= self.t)
         load = max(q, offered)
         if load >= c.pdp_queue_max:
             return self.t
-        cap, moved = self.t, sorted(l for l, lp in recent if l > self.t and lp == 0)  # offloaded now
-        for i, l in enumerate(moved):  # a raise to l keeps every arrival of length <= l local
-            load += per * (cost("pd", l) or 0.0)
-            if load > c.pdp_queue_max:
-                return cap
-            if i + 1 == len(moved) or moved[i + 1] != l:
-                cap = float(l)
-        return hi
+        moved = [l for _, l, lp in arrivals if l > self.t and lp == 0]  # offloaded now
+        return self._largest_raise(moved, load, c.pdp_queue_max, lambda l: per * cost(l))
 
     def _pdp_cap_by_tokens(self, now_s: float, q: float, arr: list[int]) -> float:
         """The cap before PD-P's cost is measured: q(t') = q x W(t') / W_pd, W(x) = the window's lengths <= x,
         W_pd = the tokens the window's arrivals sent to PD-P (q is at least 0.1: a floor for an idle pool)."""
-        c, hi = self.spec.control, float(self.spec.max_threshold_tokens)
-        arr = sorted(arr)
         w_pd = sum(lp for ts, _, lp in self._arrivals if ts >= now_s - self.window_s)
-        budget = c.pdp_queue_max / q * max(w_pd, float(arr[0]))  # W(t') allowed
-        cap, w = self.t, sum(l for l in arr if l <= self.t)
+        budget = self.spec.control.pdp_queue_max / q * max(w_pd, float(min(arr)))  # W(t') allowed
+        w = float(sum(l for l in arr if l <= self.t))
         if w > budget:
             return self.t
-        moved = [l for l in arr if l > self.t]
-        for i, l in enumerate(moved):  # a raise to l keeps every arrival of length <= l local
-            w += l
-            if w > budget:
+        return self._largest_raise([l for l in arr if l > self.t], w, budget, float)
+
+    def _largest_raise(self, moved: list[int], used: float, limit: float, cost: Callable[[float], float]) -> float:
+        """The largest length in `moved` a raise may set with `used` plus the cost of every arrival up to and
+        including that length within `limit` (a raise to l keeps every arrival of length <= l local, so all
+        arrivals of one length count together); t when none fits, max_threshold when all do."""
+        moved, cap = sorted(moved), self.t
+        for i, l in enumerate(moved):
+            used += cost(l)
+            if used > limit:
                 return cap
             if i + 1 == len(moved) or moved[i + 1] != l:
                 cap = float(l)
-        return hi
+        return float(self.spec.max_threshold_tokens)
 
     # -- control
     def signals(self, now_s: float) -> dict[str, Any]:

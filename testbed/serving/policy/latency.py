@@ -4,7 +4,7 @@ What each cluster's prefill costs, learned from the router's own timestamps of f
 (observed: a deployment has them): per cluster, an EWMA of the seconds per uncached token and of the
 seconds per prefill. From them, the expected time to a request's prefill end on an instance with `depth`
 requests in flight: ``depth x seconds per prefill + uncached tokens x seconds per token``. And what one
-prefill of l tokens occupies an instance of a cluster (`service_s`, the PD-P cap's cost of a raise): a
+prefill of l tokens occupies an instance of a cluster (`service_model`, the PD-P cap's cost of a raise): a
 least-squares line ``a + b l`` over every finished prefill of the cluster (the fixed cost per request
 and the cost per token, which an EWMA of seconds per token mixes up: short prefills inflate it).
 """
@@ -12,6 +12,7 @@ and the cost per token, which an EWMA of seconds per token mixes up: short prefi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from testbed.serving.policy.linefit import LineFit
 
@@ -53,15 +54,11 @@ class PrefillTimes:
             return None
         return depth * c.s_per_prefill + uncached_len * c.s_per_token
 
-    def service_s(self, cluster: str, uncached_len: float) -> float | None:
-        """Seconds one prefill of `uncached_len` tokens occupies an instance of `cluster`: the fitted line
-        (None before `MIN_PREFILLS` prefills; with one length only or a slope < 0, the mean seconds per
-        token x length, which overestimates long prefills: the safe side for the cap)."""
+    def service_model(self, cluster: str) -> Callable[[float], float] | None:
+        """Seconds one prefill of l uncached tokens occupies an instance of `cluster`, as a function of l: the
+        fitted line (None before `MIN_PREFILLS` prefills; with one length only or a slope < 0, the mean
+        seconds per token x l, which overestimates long prefills: the safe side for the cap)."""
         c = self._c.get(cluster)
         if c is None or c.n < MIN_PREFILLS:
             return None
-        fit = c.line.line()
-        if fit is None:
-            ratio = c.line.ratio()
-            return ratio(uncached_len) if ratio is not None else None
-        return max(fit[0] + fit[1] * uncached_len, 0.0)
+        return c.line.model()

@@ -6,7 +6,8 @@ from typing import Callable
 
 
 class LineFit:
-    """Sums of n, x, y, x^2, x y; `line()` is the fit once two distinct x exist and the slope is >= 0."""
+    """Sums of n, x, y, x^2, x y; `line()` is the fit once two distinct x exist and the slope is >= 0, `model()`
+    the function a caller predicts with."""
 
     def __init__(self) -> None:
         self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
@@ -24,8 +25,13 @@ class LineFit:
         b = (n * sxy - sx * sy) / den
         return ((sy - b * sx) / n, b) if b >= 0 else None
 
-    def ratio(self) -> Callable[[float], float] | None:
-        """y proportional to x (sum y / sum x), for one point or a degenerate fit; None before any."""
+    def model(self) -> Callable[[float], float] | None:
+        """y(x): the line (clamped at 0); with one point, one distinct x or a slope < 0, y proportional to
+        x (sum y / sum x); None before any point."""
+        fit = self.line()
+        if fit is not None:
+            a, b = fit
+            return lambda x: max(a + b * x, 0.0)
         if self.n < 1:
             return None
         per = self.sy / max(self.sx, 1.0)
