@@ -327,3 +327,42 @@ def kv_pushback(runs: Sequence[Run]) -> plt.Figure:
             _shade(a, dip_windows(runs[0].scenario))
     fig.tight_layout()
     return fig
+
+
+
+TCP_CONNECTION = ["prefill_instance", "decode_instance", "connection"]  # one TCP connection in tcp.parquet
+
+
+def kv_connections(run: Run) -> plt.Figure:
+    """One run, its KV senders' TCP connections across the WAN (`tcp.parquet`, the PrfaaS cluster's): each
+    connection's delivery rate, congestion window and smoothed RTT against the path's minimum, and the
+    retransmits per second over all of them. What `ss -ti` would show, over time; rates in emulated units."""
+    fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
+    tcp = run.tcp[run.tcp["cluster"] == "prfaas"] if run.tcp is not None else pd.DataFrame()
+    conns = tcp.groupby(TCP_CONNECTION) if len(tcp) else []
+    for n, (_, c) in enumerate(conns):
+        color = f"C{n % 10}"
+        busy = c[(c["unacked_bytes"] > 0) | (c["notsent_bytes"] > 0)]  # between transfers, rate and RTT are stale
+        axes[0].plot(busy["t_s"], Scale(run.scale).emulated_bps(busy["delivery_rate_bps"]) / 1e9, ".", ms=2, alpha=0.6, color=color)
+        axes[1].step(c["t_s"], c["cwnd"], where="post", lw=0.7, alpha=0.6, color=color)
+        axes[2].plot(busy["t_s"], busy["rtt_us"] / 1e3, ".", ms=2, alpha=0.6, color=color)
+    if len(tcp):
+        axes[0].set_title(f"KV connections across the WAN, one colour each ({len(conns)}); rate and RTT while a connection has bytes to send")
+        axes[2].plot(tcp["t_s"], tcp["min_rtt_us"].cummin() / 1e3, color="k", lw=1.0, label="min RTT (kernel)")
+        axes[2].legend(loc="upper right", fontsize=8)
+        w = _bin_s([run])
+        new = conns["total_retrans"].diff().fillna(0).clip(lower=0)  # a connection made again counts from 0
+        retrans = _binned(tcp["t_s"], new, w, "sum") / w
+        axes[3].plot(retrans.index, retrans.to_numpy(), drawstyle="steps-mid", color="tab:red")
+    else:
+        axes[0].set_title("this run has no KV connections across the WAN in tcp.parquet")
+    axes[0].set_ylabel("delivery rate (Gbps)")
+    axes[1].set_ylabel("cwnd (segments)")
+    axes[2].set_ylabel("smoothed RTT (ms)")
+    axes[3].set_ylabel("retransmits (1/s)")
+    axes[3].set_xlabel("time since run start (s)")
+    for a in axes:
+        _shade(a, dip_windows(run.scenario, run.schedule_offset_s))
+    fig.suptitle(f"KV transport: {run.label}")
+    fig.tight_layout()
+    return fig

@@ -125,6 +125,8 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     for r in runs:
         tag = r.path.name if len(runs) > 1 else "run"
         figs.append(plots.save(plots.congestion_response(r), pdir / f"congestion_{tag}.png"))
+        if r.tcp is not None:
+            figs.append(plots.save(plots.kv_connections(r), pdir / f"kv_connections_{tag}.png"))
     figs.append(plots.save(plots.latency_cdfs(runs), pdir / "latency_cdfs.png"))
     if len(runs) > 1:
         figs.append(plots.save(plots.policies_across_dip(runs), pdir / "policies_across_dip.png"))

@@ -42,6 +42,9 @@ LINK_FILE = "link.parquet"
 SCHEDULER_FILE = "scheduler.parquet"
 SUMMARY_FILE = "summary.json"
 CROSS_TRAFFIC_FILE = "cross_traffic.parquet"
+TCP_FILE = "tcp.parquet"  # the KV senders' per-connection TCP_INFO samples (testbed.kv.tcplog)
+TCP_REQUIRED = ("t_s", "cluster", "prefill_instance", "decode_instance", "connection")
+TCP_LOG_SUFFIX = ".tcp.csv"  # work/<prefill instance>.tcp.csv: a prefill worker's own log, merged into TCP_FILE
 FIDELITY_FILE = "fidelity.json"  # the run's timing-fidelity record (testbed.fidelity)
 ROUTER_REQUESTS_FILE = "router_requests.parquet"  # the router's own records, merged into requests.parquet
 WORK_DIR = "work"  # configs, logs and raw per-process records of a run
@@ -247,6 +250,9 @@ class RunDirWriter:
     def cross_traffic(self, df: pd.DataFrame) -> Path:
         return self._parquet(CROSS_TRAFFIC_FILE, df)
 
+    def tcp(self, df: pd.DataFrame) -> Path:
+        return self._parquet(TCP_FILE, df)
+
     def fidelity(self, record: Mapping[str, Any]) -> Path:
         return write_json(self.path / FIDELITY_FILE, dict(record), indent=1, default=str)
 
@@ -275,6 +281,7 @@ class RunData:
     scheduler: pd.DataFrame
     summary: dict[str, Any] | None  # None when the run has not been summarised yet
     cross_traffic: pd.DataFrame | None = None
+    tcp: pd.DataFrame | None = None  # TCP_FILE; None for a run without KV senders' samples (or from before them)
 
 
 def _read_parquet(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
@@ -332,4 +339,5 @@ def load_run_dir(path: str | Path, *, require_summary: bool = True) -> RunData:
     link = _read_parquet(p / LINK_FILE, LINK_REQUIRED)
     scheduler = _read_parquet(p / SCHEDULER_FILE, SCHEDULER_REQUIRED)
     cross = _read_parquet(p / CROSS_TRAFFIC_FILE, ("t_s",)) if (p / CROSS_TRAFFIC_FILE).is_file() else None
-    return RunData(p, scenario, environment, requests, link, scheduler, summary, cross)
+    tcp = _read_parquet(p / TCP_FILE, TCP_REQUIRED) if (p / TCP_FILE).is_file() else None
+    return RunData(p, scenario, environment, requests, link, scheduler, summary, cross, tcp)

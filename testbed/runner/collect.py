@@ -1,6 +1,6 @@
 """Collecting a run's raw results into its run directory (`testbed.rundir`): requests.parquet from the
 generated workload, the router's records and what the client saw; the router's scheduler log; cross
-traffic; environment.json; the timing-fidelity record (fidelity.json, `testbed.fidelity`). Summaries are not computed here (``experiments.runs`` does that)."""
+traffic; the KV senders' per-connection TCP samples (tcp.parquet); environment.json; the timing-fidelity record (fidelity.json, `testbed.fidelity`). Summaries are not computed here (``experiments.runs`` does that)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from testbed import rundir
 from testbed.fidelity import with_compute
+from testbed.kv.tcplog import read_tcp_logs
 from testbed.scenario import Scenario
 from testbed.serving.config import ServingPlan
 
@@ -98,6 +99,11 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
         out.cross_traffic(pd.read_parquet(work / rundir.CROSS_TRAFFIC_FILE))
     sched = router_dir / rundir.SCHEDULER_FILE
     out.scheduler(pd.read_parquet(sched) if sched.exists() else SchedulerLog().to_frame())
+    tcp_logs = list(work.glob(f"*{rundir.TCP_LOG_SUFFIX}"))
+    if tcp_logs:
+        out.tcp(read_tcp_logs(tcp_logs))
+        for p in tcp_logs:  # merged (tcp.parquet is written whole or not at all): one copy of the samples
+            p.unlink()
     if not (out.path / rundir.LINK_FILE).exists():  # NET writes it when the network stops
         out.link(None)
     out.environment(environment(plan, scenario, scale, env_info))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from testbed import rundir
 from testbed.scenario import Scenario
 from testbed.serving.config import ROUTER_PORT, Instance, ServingPlan
 
@@ -30,6 +31,7 @@ def worker_config(inst: Instance, plan: ServingPlan, scenario: Scenario, scale: 
         seed=model.seed if model.seed is not None else scenario.seed, kv_port=inst.kv_port,
         kv_connections=spec.kv_connections, kv_connector=spec.kv_connector, bs_max=spec.bs_max, kv_timeout_s=spec.kv_timeout_s,
         request_timeout_s=spec.request_timeout_s, prefix_pool_bytes=spec.prefix_pool_bytes, ready_file=str(work / f"{inst.name}.ready"),
+        tcp_log=str(work / f"{inst.name}{rundir.TCP_LOG_SUFFIX}") if inst.role == "prefill" else None,
     )
     path = work / f"{inst.name}.json"
     cfg.save(path)

@@ -60,6 +60,7 @@ class WorkerConfig:
     model_source: str = ""  # the scenario file (a model given as a relative path is found beside it)
     ready_file: str | None = None
     bind: str = "0.0.0.0"
+    tcp_log: str | None = None  # a prefill worker appends its KV connections' TCP samples here (testbed.kv.tcplog)
 
     @classmethod
     def load(cls, path: str | Path) -> "WorkerConfig":
@@ -129,8 +130,10 @@ class Destination:
     QUEUE_LAYERS = 8
 
     def __init__(self, host: str, kv_port: int, connections: int, on_done: Callable[[PrefillJob], None], model_name: str,
-                 kv_timeout_s: float, connector: str = "tcp") -> None:
+                 kv_timeout_s: float, connector: str = "tcp", tcp_log: Any = None, decode_instance: int = 0) -> None:
         self.host, self.kv_port, self.connections = host, kv_port, connections
+        self.decode_instance = decode_instance
+        self.tcp_log = tcp_log  # a testbed.kv.tcplog.TcpLog, or None
         self.connector = connector
         self.model_name = model_name
         self.on_done = on_done
@@ -148,6 +151,8 @@ class Destination:
         with self.connect_lock:  # the transfer loop and a probe may both connect
             if self.sender is None:
                 self.sender = get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections)
+                if self.tcp_log is not None and hasattr(self.sender, "on_sample"):  # a connector without TCP state has none
+                    self.sender.on_sample = lambda s: self.tcp_log.record(self.decode_instance, s)
             return self.sender
 
     def probe(self, req: ProbeRequest) -> dict[str, Any]:
@@ -256,7 +261,17 @@ class PrefillWorker:
         self.busy = False
         self.dests: dict[tuple[str, int], Destination] = {}
         self.lock = threading.Lock()
+        self.tcp_log = None
+        if cfg.tcp_log:
+            from testbed.kv.tcplog import TcpLog
+
+            self.tcp_log = TcpLog(cfg.tcp_log, cfg.cluster, cfg.instance)
         threading.Thread(target=self._loop, daemon=True, name="prefill").start()
+
+    def close(self) -> None:
+        """At shutdown: write what the TCP log still buffers."""
+        if self.tcp_log is not None:
+            self.tcp_log.close()
 
     def submit(self, req: PrefillRequest) -> PrefillResult:
         """Queue one prefill and answer when its transfer has ended. A request still queued when its
@@ -312,7 +327,7 @@ class PrefillWorker:
         with self.lock:
             if key not in self.dests:
                 self.dests[key] = Destination(key[0], key[1], self.cfg.kv_connections, self._done, self.compute.section.spec.name,
-                                              self.cfg.kv_timeout_s, self.cfg.kv_connector)
+                                              self.cfg.kv_timeout_s, self.cfg.kv_connector, self.tcp_log, decode.instance)
             return self.dests[key]
 
     def _done(self, job: PrefillJob) -> None:
@@ -756,6 +771,8 @@ def serve(cfg: WorkerConfig) -> None:
         write_json(cfg.ready_file, {"pid": os.getpid(), "port": cfg.port, "t_s": now_s()})
     _log(f"{cfg.role} {cfg.instance} ({cfg.compute}) on {cfg.host}:{cfg.port} ready")
     server.serve_forever(poll_interval=0.2)
+    if hasattr(worker, "close"):
+        worker.close()
     _log("stopped")
     sys.stderr.flush()
     os._exit(0)  # do not wait for request threads or torch's thread pools at interpreter exit

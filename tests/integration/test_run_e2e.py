@@ -137,6 +137,18 @@ def test_profile_run_writes_a_complete_run_directory_with_spec_sized_kv(run_dir:
     sched = pd.read_parquet(run_dir / "scheduler.parquet")
     assert (sched["kind"] == "decision").sum() == len(df)
 
+    # every KV connection's TCP state over time: each (prefill, decode) pair's connections acknowledged
+    # at least the wire bytes of the requests it carried (probes may add more), on the run's clock
+    tcp = pd.read_parquet(run_dir / "tcp.parquet")
+    assert set(tcp["cluster"]) == {"prfaas", "pd"} and set(tcp["connection"]) <= set(range(4))
+    acked = tcp.groupby(["prefill_instance", "decode_instance", "connection"])["bytes_acked"].max() \
+        .groupby(level=[0, 1]).sum()
+    for (p, d), wire in df.groupby(["prefill_instance", "decode_instance"])["wire_bytes"].sum().items():
+        assert acked.get((p, d), 0) >= wire, (p, d)
+    assert (tcp["rtt_us"] > 0).all() and tcp["t_s"].between(0, df["finish_s"].max() + 30).all()
+    wan = tcp[tcp["cluster"] == "prfaas"]
+    assert wan["min_rtt_us"].min() >= 9_000  # across the WAN: at least its 2 x 5 ms
+
     env = json.loads((run_dir / "environment.json").read_text())
     assert env["compute"]["mode"] == "profile" and env["scale"] == 10.0
     assert env["compute"]["profiles"] == {"prfaas": "h200-paper-1t-hybrid", "pd": "h20-paper-1t-hybrid"}

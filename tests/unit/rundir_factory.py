@@ -15,6 +15,7 @@ import pandas as pd
 import yaml
 
 from experiments.runs import summarize_run_dir
+from testbed.kv.tcplog import COLUMNS
 from testbed.rundir import Environment, RunDirWriter
 
 
@@ -66,6 +67,7 @@ def write_run_dir(out: Path, *, policy: str = "prfaas", duration_s: float = 30.0
     w.scheduler(pd.DataFrame({"t_s": t[::10], "kind": "control",
                               "threshold": np.where((t[::10] > 11) & (t[::10] < 21), threshold * 2, threshold),
                               "egress_utilization": rng.uniform(0.3, 1.0, t[::10].size)}))
+    w.tcp(_tcp_samples(rng, tstart[offload], tend[offload], kv[offload], scale, in_dip[offload]))
     scen = {"name": f"synthetic-{policy}", "seed": seed, "scale": scale, "duration": f"{duration_s}s",
             "wan": {"rate": "10Gbps", "delay": "10ms", "schedule": [{"at": f"{dip[0]}s", "rate": "2Gbps", "for": f"{dip[1] - dip[0]}s"}] if dip else []},
             "policy": {"name": policy}}
@@ -73,3 +75,22 @@ def write_run_dir(out: Path, *, policy: str = "prfaas", duration_s: float = 30.0
     w.environment(synthetic_environment(scale))
     summarize_run_dir(out)
     return out
+
+
+def _tcp_samples(rng: np.random.Generator, start_s: np.ndarray, end_s: np.ndarray, kv_bytes: np.ndarray, scale: float,
+                 in_dip: np.ndarray, connections: int = 4) -> pd.DataFrame:
+    """tcp.parquet of the offloaded transfers: every 0.1 s of each, per connection, its share of the bytes
+    acknowledged so far (cumulative per connection across transfers), a longer RTT and more retransmits in the dip."""
+    rows, acked, retrans = [], np.zeros(connections, np.int64), np.zeros(connections, np.int64)
+    for s, e, b, dip in zip(start_s, end_s, kv_bytes, in_dip):
+        ts = np.append(np.arange(s, e, 0.1), e)
+        for c in range(connections):
+            share = b // connections
+            for i, t in enumerate(ts):
+                frac = (i + 1) / len(ts)
+                rows.append(("prfaas", 0, 0, float(t), c, int((30 if dip else 10) * 1000 * rng.uniform(1, 1.3)), int(rng.integers(10, 400)),
+                             int(retrans[c] + i * (5 if dip else 0.2)), int(acked[c] + frac * share), 0, 8e9 / scale * rng.uniform(0.5, 1),
+                             10_000, int((1 - frac) * share), False, 0, 0, 0))
+            acked[c] += share
+            retrans[c] += int((len(ts) - 1) * (5 if dip else 0.2))
+    return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values("t_s", kind="stable").reset_index(drop=True)

@@ -95,6 +95,7 @@ def test_report_of_one_run_is_self_contained_and_shows_scenario_and_environment(
     assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert "http://" not in text and "https://" not in text
     assert (run_a / "plots" / "congestion_run.png").stat().st_size > 10_000
+    assert (run_a / "plots" / "kv_connections_run.png").stat().st_size > 10_000
     assert "model Lambda_max" in text
 
 
@@ -112,7 +113,7 @@ def test_every_plot_labels_both_axes_with_units(run_a, run_b):
     runs = [load_run(run_a), load_run(run_b)]
     figs = {"congestion": plots.congestion_response(runs[0]), "dip": plots.policies_across_dip(runs),
             "pantheon": plots.pantheon_summary(runs), "cdfs": plots.latency_cdfs(runs),
-            "pushback": plots.kv_pushback(runs)}
+            "pushback": plots.kv_pushback(runs), "kv_connections": plots.kv_connections(runs[0])}
     from analysis import throughput_model as tm
     from testbed.models.profiles import load_profile
 
@@ -142,6 +143,7 @@ def test_missing_units_catches_an_unlabelled_axis():
     (lambda d: (d / "summary.json").write_text(json.dumps({"requests_total": 1})), "summary.json: missing key"),
     (lambda d: (d / "scenario.yaml").write_text("a: [1,"), "scenario.yaml: not valid YAML"),
     (lambda d: pd.DataFrame({"x": [1]}).to_parquet(d / "link.parquet"), "link.parquet: missing column.*t_s"),
+    (lambda d: pd.DataFrame({"t_s": [1.0]}).to_parquet(d / "tcp.parquet"), "tcp.parquet: missing column.*cluster"),
 ])
 def test_bad_run_directories_give_one_clear_error(run_a, damage, match):
     damage(run_a)

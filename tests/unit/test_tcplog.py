@@ -1,0 +1,79 @@
+"""testbed.kv.tcplog: what a prefill worker keeps of its KV connections' TCP samples, and how the run reads it back."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from testbed.kv.tcplog import COLUMNS, TcpLog, read_tcp_logs
+from testbed.kv.transport import KVReceiver, KVSender, TcpSample
+
+
+def sample(t_s: float, connection: int = 0, acked: int = 0, unacked: int = 0, notsent: int = 0, retrans: int = 0) -> TcpSample:
+    return TcpSample(t_s, connection, rtt_us=10_000, cwnd=10, total_retrans=retrans, bytes_acked=acked, notsent_bytes=notsent,
+                     delivery_rate_bps=1e9, min_rtt_us=9_000, unacked_bytes=unacked, app_limited=True)
+
+
+def test_an_idle_connection_is_kept_once_and_a_moving_one_every_sample(tmp_path: Path):
+    log = TcpLog(tmp_path / "p.tcp.csv", "prfaas", 2, flush_s=100.0)
+    kept = [log.record(1, sample(t, acked=0)) for t in (0.1, 0.2, 0.3)]  # idle from the start
+    assert kept == [True, False, False]
+    assert log.record(1, sample(0.4, connection=1)) is True  # another connection's first sample
+    assert log.record(1, sample(0.5, unacked=1448)) is True  # in flight: kept though nothing was acknowledged yet
+    assert log.record(1, sample(0.6, acked=5000)) is True  # the transfer's end: acknowledged bytes moved
+    assert log.record(1, sample(0.7, acked=5000)) is False  # idle again
+    assert log.record(1, sample(0.8, acked=5000, retrans=1)) is True  # a retransmit moves it too
+    assert log.record(3, sample(0.9, acked=5000, retrans=1)) is True  # the same state towards another decode
+    log.close()
+    df = read_tcp_logs([tmp_path / "p.tcp.csv"])
+    assert list(df.columns) == list(COLUMNS)
+    assert df["t_s"].tolist() == [0.1, 0.4, 0.5, 0.6, 0.8, 0.9]
+    assert df["decode_instance"].tolist() == [1, 1, 1, 1, 1, 3]
+    assert set(df["cluster"]) == {"prfaas"} and set(df["prefill_instance"]) == {2}
+    assert df["app_limited"].dtype == bool and df["app_limited"].all()
+    assert df["bytes_acked"].dtype == "int64" and df["bytes_acked"].max() == 5000
+    assert not log.record(1, sample(1.0, acked=9000))  # closed: nothing more is kept
+
+
+def test_rows_reach_the_file_every_flush_period_not_only_at_close(tmp_path: Path):
+    path = tmp_path / "p.tcp.csv"
+    log = TcpLog(path, "pd", 0, flush_s=1.0)
+    log._flushed_s = 0.0
+    log.record(0, sample(0.5, acked=1))
+    assert len(read_tcp_logs([path])) == 0  # buffered
+    log.record(0, sample(1.2, acked=2))  # a second past the last flush: both written
+    assert read_tcp_logs([path])["bytes_acked"].tolist() == [1, 2]
+    log.close()
+
+
+def test_a_file_cut_mid_line_loses_only_that_line_and_files_merge_in_time_order(tmp_path: Path):
+    a, b = tmp_path / "prefill0.tcp.csv", tmp_path / "prefill1.tcp.csv"
+    for path, cluster, inst, times in ((a, "prfaas", 0, (0.2, 0.4)), (b, "pd", 1, (0.1, 0.3))):
+        log = TcpLog(path, cluster, inst)
+        for i, t in enumerate(times):
+            log.record(0, sample(t, acked=i + 1))
+        log.close()
+    a.write_text(a.read_text() + "prfaas,0,0,0.5,0,100")  # a worker killed mid-write
+    df = read_tcp_logs([a, b])
+    assert df["t_s"].tolist() == [0.1, 0.2, 0.3, 0.4]
+    assert df["cluster"].tolist() == ["pd", "prfaas", "pd", "prfaas"]
+    (tmp_path / "other.tcp.csv").write_text("not,a,tcp,log\n1,2,3,4\n")
+    (tmp_path / "empty.tcp.csv").write_text("")
+    assert len(read_tcp_logs([tmp_path / "other.tcp.csv", tmp_path / "empty.tcp.csv", tmp_path / "absent.tcp.csv"])) == 0
+    assert list(read_tcp_logs([]).columns) == list(COLUMNS)
+
+
+def test_a_real_sender_on_loopback_logs_every_connection_and_its_acknowledged_bytes(tmp_path: Path):
+    log = TcpLog(tmp_path / "p.tcp.csv", "prfaas", 0)
+    with KVReceiver("127.0.0.1", 0, lambda rid, kv: None) as rx, \
+            KVSender("127.0.0.1", rx.port, connections=2, sample_interval_s=0.01, on_sample=lambda s: log.record(4, s)) as tx:
+        tx.send_bytes("r1", 0, "mla", 8 << 20)
+        stats = tx.finish("r1", tokens=1, model="m", timeout_s=10.0)
+        assert stats.ok, stats.reason
+        time.sleep(0.1)  # a few more samples after the last acknowledgement
+    log.close()
+    df = read_tcp_logs([tmp_path / "p.tcp.csv"])
+    assert set(df["connection"]) == {0, 1} and set(df["decode_instance"]) == {4}
+    acked = df.groupby("connection")["bytes_acked"].max().sum()
+    assert acked >= stats.wire_bytes  # every wire byte of the transfer was acknowledged on one connection or the other
+    assert (df["rtt_us"] > 0).all() and df["t_s"].is_monotonic_increasing
