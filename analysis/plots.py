@@ -92,7 +92,7 @@ def _bin_s(runs: Sequence[Run]) -> float:
 def _binned(t: pd.Series, v: pd.Series, width_s: float, how: str) -> pd.Series:
     key = (t // width_s) * width_s + width_s / 2
     g = v.groupby(key)
-    return g.quantile(0.9) if how == "p90" else g.mean()
+    return g.quantile(0.9) if how == "p90" else g.sum() if how == "sum" else g.mean()
 
 
 def _link_dir(link: pd.DataFrame, direction: str = "prfaas_to_pd") -> pd.DataFrame:
@@ -330,25 +330,30 @@ def kv_pushback(runs: Sequence[Run]) -> plt.Figure:
 
 
 
-TCP_CONNECTION = ["prefill_instance", "decode_instance", "connection"]  # one TCP connection in tcp.parquet
+TCP_CONNECTION = ["prefill_instance", "decode_instance", "sender", "connection"]  # one TCP connection in tcp.parquet
 
 
 def kv_connections(run: Run) -> plt.Figure:
     """One run, its KV senders' TCP connections across the WAN (`tcp.parquet`, the PrfaaS cluster's): each
-    connection's delivery rate, congestion window and smoothed RTT against the path's minimum, and the
-    retransmits per second over all of them. What `ss -ti` would show, over time; rates in emulated units."""
+    connection's delivery rate (samples the sender did not limit), congestion window and smoothed RTT against
+    the path's minimum (samples in RTO back-off marked), and the retransmits per second over all of them.
+    What `ss -ti` would show, over time; rates in emulated units."""
     fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     tcp = run.tcp[run.tcp["cluster"] == "prfaas"] if run.tcp is not None else pd.DataFrame()
     conns = tcp.groupby(TCP_CONNECTION) if len(tcp) else []
     for n, (_, c) in enumerate(conns):
         color = f"C{n % 10}"
         busy = c[(c["unacked_bytes"] > 0) | (c["notsent_bytes"] > 0)]  # between transfers, rate and RTT are stale
-        axes[0].plot(busy["t_s"], Scale(run.scale).emulated_bps(busy["delivery_rate_bps"]) / 1e9, ".", ms=2, alpha=0.6, color=color)
+        path = busy[~busy["app_limited"]]  # an app-limited rate sample is the sender's pace, not the path's
+        axes[0].plot(path["t_s"], Scale(run.scale).emulated_bps(path["delivery_rate_bps"]) / 1e9, ".", ms=2, alpha=0.6, color=color)
         axes[1].step(c["t_s"], c["cwnd"], where="post", lw=0.7, alpha=0.6, color=color)
         axes[2].plot(busy["t_s"], busy["rtt_us"] / 1e3, ".", ms=2, alpha=0.6, color=color)
     if len(tcp):
         axes[0].set_title(f"KV connections across the WAN, one colour each ({len(conns)}); rate and RTT while a connection has bytes to send")
         axes[2].plot(tcp["t_s"], tcp["min_rtt_us"].cummin() / 1e3, color="k", lw=1.0, label="min RTT (kernel)")
+        rto = tcp[(tcp["backoff"] > 0) | (tcp["ca_state"] == 4)]
+        if len(rto):
+            axes[2].plot(rto["t_s"], rto["rtt_us"] / 1e3, "x", ms=4, color="tab:red", label="in RTO back-off / loss state")
         axes[2].legend(loc="upper right", fontsize=8)
         w = _bin_s([run])
         new = conns["total_retrans"].diff().fillna(0).clip(lower=0)  # a connection made again counts from 0

@@ -43,7 +43,9 @@ SCHEDULER_FILE = "scheduler.parquet"
 SUMMARY_FILE = "summary.json"
 CROSS_TRAFFIC_FILE = "cross_traffic.parquet"
 TCP_FILE = "tcp.parquet"  # the KV senders' per-connection TCP_INFO samples (testbed.kv.tcplog)
-TCP_REQUIRED = ("t_s", "cluster", "prefill_instance", "decode_instance", "connection")
+TCP_REQUIRED = ("t_s", "cluster", "prefill_instance", "decode_instance", "sender", "connection", "rtt_us", "min_rtt_us", "cwnd",
+                "total_retrans", "bytes_acked", "notsent_bytes", "unacked_bytes", "delivery_rate_bps", "app_limited", "ca_state",
+                "backoff")
 TCP_LOG_SUFFIX = ".tcp.csv"  # work/<prefill instance>.tcp.csv: a prefill worker's own log, merged into TCP_FILE
 FIDELITY_FILE = "fidelity.json"  # the run's timing-fidelity record (testbed.fidelity)
 ROUTER_REQUESTS_FILE = "router_requests.parquet"  # the router's own records, merged into requests.parquet

@@ -533,7 +533,11 @@ class KVSender(KVSendConnector):
                     self._rescale_lowat(c, s)
                     self.samples.append(s)
                     if self.on_sample is not None:
-                        self.on_sample(s)
+                        try:
+                            self.on_sample(s)
+                        except Exception:  # telemetry must not stop the sampling the router's signal rests on
+                            log.exception("on_sample failed; this sender's samples are no longer handed on")
+                            self.on_sample = None
             with self._cond:
                 self._cond.wait_for(lambda: self._closed, timeout=self.sample_interval_s)
 

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +102,13 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
     out.scheduler(pd.read_parquet(sched) if sched.exists() else SchedulerLog().to_frame())
     tcp_logs = list(work.glob(f"*{rundir.TCP_LOG_SUFFIX}"))
     if tcp_logs:
-        out.tcp(read_tcp_logs(tcp_logs))
-        for p in tcp_logs:  # merged (tcp.parquet is written whole or not at all): one copy of the samples
-            p.unlink()
+        try:
+            out.tcp(read_tcp_logs(tcp_logs))
+        except Exception as e:  # telemetry: the run's other files matter more; the CSV files stay in work/
+            print(f"tcp.parquet not written ({e}); the samples stay in {work}/*{rundir.TCP_LOG_SUFFIX}", file=sys.stderr)
+        else:
+            for p in tcp_logs:  # merged (tcp.parquet is written whole or not at all): one copy of the samples
+                p.unlink()
     if not (out.path / rundir.LINK_FILE).exists():  # NET writes it when the network stops
         out.link(None)
     out.environment(environment(plan, scenario, scale, env_info))

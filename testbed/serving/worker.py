@@ -21,13 +21,16 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from testbed.clock import now_s
 from testbed.atomic import write_json
 from testbed.errors import FieldError
 from testbed.blocks import BLOCK_TOKENS
 from testbed.kv.transport import PROBE_PREFIX
+
+if TYPE_CHECKING:
+    from testbed.kv.tcplog import TcpLog
 from testbed.serving.protocol import (
     DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
     TokenEvent, WorkerState,
@@ -130,10 +133,11 @@ class Destination:
     QUEUE_LAYERS = 8
 
     def __init__(self, host: str, kv_port: int, connections: int, on_done: Callable[[PrefillJob], None], model_name: str,
-                 kv_timeout_s: float, connector: str = "tcp", tcp_log: Any = None, decode_instance: int = 0) -> None:
+                 kv_timeout_s: float, connector: str = "tcp", tcp_log: TcpLog | None = None, decode_instance: int = 0) -> None:
         self.host, self.kv_port, self.connections = host, kv_port, connections
         self.decode_instance = decode_instance
-        self.tcp_log = tcp_log  # a testbed.kv.tcplog.TcpLog, or None
+        self.tcp_log = tcp_log
+        self.senders_made = 0  # a broken sender is replaced; its TCP log rows say which one they came from
         self.connector = connector
         self.model_name = model_name
         self.on_done = on_done
@@ -152,7 +156,9 @@ class Destination:
             if self.sender is None:
                 self.sender = get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections)
                 if self.tcp_log is not None and hasattr(self.sender, "on_sample"):  # a connector without TCP state has none
-                    self.sender.on_sample = lambda s: self.tcp_log.record(self.decode_instance, s)
+                    log, decode, serial = self.tcp_log, self.decode_instance, self.senders_made
+                    self.sender.on_sample = lambda s: log.record(decode, serial, s)
+                self.senders_made += 1
             return self.sender
 
     def probe(self, req: ProbeRequest) -> dict[str, Any]:
@@ -261,7 +267,7 @@ class PrefillWorker:
         self.busy = False
         self.dests: dict[tuple[str, int], Destination] = {}
         self.lock = threading.Lock()
-        self.tcp_log = None
+        self.tcp_log: TcpLog | None = None
         if cfg.tcp_log:
             from testbed.kv.tcplog import TcpLog
 

@@ -141,9 +141,10 @@ def test_profile_run_writes_a_complete_run_directory_with_spec_sized_kv(run_dir:
     # at least the wire bytes of the requests it carried (probes may add more), on the run's clock
     tcp = pd.read_parquet(run_dir / "tcp.parquet")
     assert set(tcp["cluster"]) == {"prfaas", "pd"} and set(tcp["connection"]) <= set(range(4))
-    acked = tcp.groupby(["prefill_instance", "decode_instance", "connection"])["bytes_acked"].max() \
+    acked = tcp.groupby(["prefill_instance", "decode_instance", "sender", "connection"])["bytes_acked"].max() \
         .groupby(level=[0, 1]).sum()
-    for (p, d), wire in df.groupby(["prefill_instance", "decode_instance"])["wire_bytes"].sum().items():
+    delivered = df[df["status"] == "ok"]
+    for (p, d), wire in delivered.groupby(["prefill_instance", "decode_instance"])["wire_bytes"].sum().items():
         assert acked.get((p, d), 0) >= wire, (p, d)
     assert (tcp["rtt_us"] > 0).all() and tcp["t_s"].between(0, df["finish_s"].max() + 30).all()
     wan = tcp[tcp["cluster"] == "prfaas"]

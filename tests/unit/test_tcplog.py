@@ -16,14 +16,14 @@ def sample(t_s: float, connection: int = 0, acked: int = 0, unacked: int = 0, no
 
 def test_an_idle_connection_is_kept_once_and_a_moving_one_every_sample(tmp_path: Path):
     log = TcpLog(tmp_path / "p.tcp.csv", "prfaas", 2, flush_s=100.0)
-    kept = [log.record(1, sample(t, acked=0)) for t in (0.1, 0.2, 0.3)]  # idle from the start
+    kept = [log.record(1, 0, sample(t, acked=0)) for t in (0.1, 0.2, 0.3)]  # idle from the start
     assert kept == [True, False, False]
-    assert log.record(1, sample(0.4, connection=1)) is True  # another connection's first sample
-    assert log.record(1, sample(0.5, unacked=1448)) is True  # in flight: kept though nothing was acknowledged yet
-    assert log.record(1, sample(0.6, acked=5000)) is True  # the transfer's end: acknowledged bytes moved
-    assert log.record(1, sample(0.7, acked=5000)) is False  # idle again
-    assert log.record(1, sample(0.8, acked=5000, retrans=1)) is True  # a retransmit moves it too
-    assert log.record(3, sample(0.9, acked=5000, retrans=1)) is True  # the same state towards another decode
+    assert log.record(1, 0, sample(0.4, connection=1)) is True  # another connection's first sample
+    assert log.record(1, 0, sample(0.5, unacked=1448)) is True  # in flight: kept though nothing was acknowledged yet
+    assert log.record(1, 0, sample(0.6, acked=5000)) is True  # the transfer's end: acknowledged bytes moved
+    assert log.record(1, 0, sample(0.7, acked=5000)) is False  # idle again
+    assert log.record(1, 0, sample(0.8, acked=5000, retrans=1)) is True  # a retransmit moves it too
+    assert log.record(3, 0, sample(0.9, acked=5000, retrans=1)) is True  # the same state towards another decode
     log.close()
     df = read_tcp_logs([tmp_path / "p.tcp.csv"])
     assert list(df.columns) == list(COLUMNS)
@@ -32,31 +32,73 @@ def test_an_idle_connection_is_kept_once_and_a_moving_one_every_sample(tmp_path:
     assert set(df["cluster"]) == {"prfaas"} and set(df["prefill_instance"]) == {2}
     assert df["app_limited"].dtype == bool and df["app_limited"].all()
     assert df["bytes_acked"].dtype == "int64" and df["bytes_acked"].max() == 5000
-    assert not log.record(1, sample(1.0, acked=9000))  # closed: nothing more is kept
+    assert not log.record(1, 0, sample(1.0, acked=9000))  # closed: nothing more is kept
 
 
-def test_rows_reach_the_file_every_flush_period_not_only_at_close(tmp_path: Path):
-    path = tmp_path / "p.tcp.csv"
-    log = TcpLog(path, "pd", 0, flush_s=1.0)
-    log._flushed_s = 0.0
-    log.record(0, sample(0.5, acked=1))
-    assert len(read_tcp_logs([path])) == 0  # buffered
-    log.record(0, sample(1.2, acked=2))  # a second past the last flush: both written
-    assert read_tcp_logs([path])["bytes_acked"].tolist() == [1, 2]
+def test_a_new_sender_to_the_same_decode_is_its_own_connection_and_times_are_on_the_run_clock(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("PRFAAS_T0", "100.0")
+    log = TcpLog(tmp_path / "p.tcp.csv", "prfaas", 0, flush_s=100.0)
+    assert log.record(1, 0, sample(100.5, acked=5000))
+    assert log.record(1, 1, sample(101.5, acked=5000))  # the replacement's counters start again: not "unchanged"
     log.close()
+    df = read_tcp_logs([tmp_path / "p.tcp.csv"])
+    assert df["sender"].tolist() == [0, 1] and df["t_s"].tolist() == [0.5, 1.5]
 
 
-def test_a_file_cut_mid_line_loses_only_that_line_and_files_merge_in_time_order(tmp_path: Path):
+def test_a_writer_thread_writes_the_buffer_every_flush_period_without_waiting_for_samples(tmp_path: Path):
+    path = tmp_path / "p.tcp.csv"
+    log = TcpLog(path, "pd", 0, flush_s=0.05)
+    try:
+        log.record(0, 0, sample(0.5, acked=1))
+        log.record(0, 0, sample(0.6, acked=2))  # the last sample: nothing comes after it
+        deadline = time.monotonic() + 5.0
+        while len(read_tcp_logs([path])) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert read_tcp_logs([path])["bytes_acked"].tolist() == [1, 2]  # written while the log is still open
+    finally:
+        log.close()
+
+
+def test_a_failing_write_stops_the_log_once_and_never_raises_into_the_sampler(tmp_path: Path, capsys):
+    log = TcpLog(tmp_path / "p.tcp.csv", "prfaas", 0, flush_s=100.0)
+    class FullDisk:
+        def writerows(self, rows):
+            raise OSError(28, "No space left on device")
+
+    log._writer = FullDisk()  # every write fails from now on
+    log.record(0, 0, sample(0.1, acked=1))
+    log.flush()
+    assert log.error is not None and "tcp log stopped" in capsys.readouterr().err
+    assert log.record(0, 0, sample(0.2, acked=2)) is False
+    log.close()  # no exception either
+
+
+def test_a_sampler_whose_on_sample_raises_keeps_sampling(tmp_path: Path):
+    def boom(s: TcpSample) -> None:
+        raise OSError("disk full")
+
+    with KVReceiver("127.0.0.1", 0, lambda rid, kv: None) as rx, \
+            KVSender("127.0.0.1", rx.port, connections=1, sample_interval_s=0.01, on_sample=boom) as tx:
+        time.sleep(0.1)
+        n = len(tx.samples)
+        time.sleep(0.1)
+        assert tx.on_sample is None and len(tx.samples) > n  # the hook is dropped, the router's samples go on
+
+
+def test_damaged_lines_anywhere_cost_only_themselves_and_files_merge_in_time_order(tmp_path: Path):
     a, b = tmp_path / "prefill0.tcp.csv", tmp_path / "prefill1.tcp.csv"
     for path, cluster, inst, times in ((a, "prfaas", 0, (0.2, 0.4)), (b, "pd", 1, (0.1, 0.3))):
         log = TcpLog(path, cluster, inst)
         for i, t in enumerate(times):
-            log.record(0, sample(t, acked=i + 1))
+            log.record(0, 0, sample(t, acked=i + 1))
         log.close()
-    a.write_text(a.read_text() + "prfaas,0,0,0.5,0,100")  # a worker killed mid-write
+    lines = a.read_text().splitlines(keepends=True)
+    a.write_text(lines[0] + "prfaas,0,0,0,0.1" + lines[1] + "prfaas,0,0,0,junk" + lines[1][lines[1].index(",0.2,") + 4:]
+                 + lines[2] + "prfaas,0,0,0,0.5,0,100")  # a cut line, a junk value, then a worker killed mid-write
     df = read_tcp_logs([a, b])
-    assert df["t_s"].tolist() == [0.1, 0.2, 0.3, 0.4]
-    assert df["cluster"].tolist() == ["pd", "prfaas", "pd", "prfaas"]
+    # a's 0.2 went with the cut before it (the next write lands on the cut line), the junk row alone, the last partial line
+    assert df["t_s"].tolist() == [0.1, 0.3, 0.4]
+    assert df["cluster"].tolist() == ["pd", "pd", "prfaas"]
     (tmp_path / "other.tcp.csv").write_text("not,a,tcp,log\n1,2,3,4\n")
     (tmp_path / "empty.tcp.csv").write_text("")
     assert len(read_tcp_logs([tmp_path / "other.tcp.csv", tmp_path / "empty.tcp.csv", tmp_path / "absent.tcp.csv"])) == 0
@@ -66,7 +108,7 @@ def test_a_file_cut_mid_line_loses_only_that_line_and_files_merge_in_time_order(
 def test_a_real_sender_on_loopback_logs_every_connection_and_its_acknowledged_bytes(tmp_path: Path):
     log = TcpLog(tmp_path / "p.tcp.csv", "prfaas", 0)
     with KVReceiver("127.0.0.1", 0, lambda rid, kv: None) as rx, \
-            KVSender("127.0.0.1", rx.port, connections=2, sample_interval_s=0.01, on_sample=lambda s: log.record(4, s)) as tx:
+            KVSender("127.0.0.1", rx.port, connections=2, sample_interval_s=0.01, on_sample=lambda s: log.record(4, 0, s)) as tx:
         tx.send_bytes("r1", 0, "mla", 8 << 20)
         stats = tx.finish("r1", tokens=1, model="m", timeout_s=10.0)
         assert stats.ok, stats.reason
