@@ -356,7 +356,7 @@ def kv_connections(run: Run) -> plt.Figure:
             axes[2].plot(rto["t_s"], rto["rtt_us"] / 1e3, "x", ms=4, color="tab:red", label="in RTO back-off / loss state")
         axes[2].legend(loc="upper right", fontsize=8)
         w = _bin_s([run])
-        new = conns["total_retrans"].diff().fillna(0).clip(lower=0)  # a connection made again counts from 0
+        new = conns["total_retrans"].diff().fillna(0).clip(lower=0)  # per connection; a replaced sender counts from 0 (own group)
         retrans = _binned(tcp["t_s"], new, w, "sum") / w
         axes[3].plot(retrans.index, retrans.to_numpy(), drawstyle="steps-mid", color="tab:red")
     else:
