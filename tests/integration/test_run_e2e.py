@@ -238,10 +238,12 @@ def test_a_run_stopped_with_sigterm_mid_workload_cleans_up_and_exits_130(run_dir
 def test_a_prfaas_run_with_observed_signals_records_its_mode_its_estimate_and_the_ground_truth(run_dir: Path):
     """Observed (the default): the router's config carries only the nominal line rate; the policy's
     estimate is logged beside the emulator's ground truth and the summary gives its error."""
-    # the last 4 s have no arrivals: a quiet line once the KV in flight is through, so the probe (which
-    # runs only while no KV moves) gets its turn; with arrivals to the end, 1 CI run in ~7 had every
-    # probe refused or discarded ("KV moved during the probe", 2026-12-02)
-    sc = scenario(duration="10s", wan__schedule=[{"at": "3s", "rate": "2Gbps", "for": "3s"}],
+    # the last 4 s have no arrivals and answers are 200 tokens (5 s of decode): a quiet line once the KV
+    # in flight is through, so the probe (which runs only while no KV moves) gets its turn. With arrivals
+    # to the end, 1 CI run in ~7 had every probe refused or discarded ("KV moved during the probe",
+    # 2026-12-02); with quick's 32-token answers the run ended ~1 s after its last KV, and one CI run
+    # (2026-12-03) had a single probe, refused at 2.9 s while KV moved, and no quiet second after it
+    sc = scenario(duration="10s", workload__output=200, wan__schedule=[{"at": "3s", "rate": "2Gbps", "for": "3s"}],
                   policy={"name": "prfaas", "threshold": "4K", "signals": "observed"},
                   workload__arrivals={"process": "poisson", "rate": "2/s", "steps": [{"at": "6s", "rate": "0/s"}]},
                   serving__instances={"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1})
