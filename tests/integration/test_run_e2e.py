@@ -148,7 +148,9 @@ def test_profile_run_writes_a_complete_run_directory_with_spec_sized_kv(run_dir:
         assert acked.get((p, d), 0) >= wire, (p, d)
     assert (tcp["rtt_us"] > 0).all() and tcp["t_s"].between(0, df["finish_s"].max() + 30).all()
     wan = tcp[tcp["cluster"] == "prfaas"]
-    assert wan["min_rtt_us"].min() >= 9_000  # across the WAN: at least its 2 x 5 ms
+    # across the WAN (2 x 5 ms), not inside a datacenter; under load the delay line may release a packet up
+    # to 1 ms early each way (docs/delayline.md, "Timer") and TCP's min RTT keeps the earliest: 8.0 ms seen
+    assert wan["min_rtt_us"].min() >= 7_500
 
     env = json.loads((run_dir / "environment.json").read_text())
     assert env["compute"]["mode"] == "profile" and env["scale"] == 10.0
