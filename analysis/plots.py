@@ -329,7 +329,6 @@ def kv_pushback(runs: Sequence[Run]) -> plt.Figure:
     return fig
 
 
-
 TCP_CONNECTION = ["prefill_instance", "decode_instance", "sender", "connection"]  # one TCP connection in tcp.parquet
 
 

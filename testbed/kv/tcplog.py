@@ -138,8 +138,9 @@ def read_tcp_logs(paths: Iterable[Path]) -> Any:
         for c in COLUMNS:
             if c not in TEXT_COLUMNS:
                 df[c] = pd.to_numeric(df[c], errors="coerce")
-        frames.append(df.replace([float("inf"), float("-inf")], float("nan")).dropna())
-    frames = [f for f in frames if len(f)]
+        df = df.replace([float("inf"), float("-inf")], float("nan")).dropna()
+        if len(df):
+            frames.append(df)
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in COLUMNS})
     df = pd.concat(frames, ignore_index=True).sort_values("t_s", kind="stable").reset_index(drop=True)

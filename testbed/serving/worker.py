@@ -28,13 +28,13 @@ from testbed.atomic import write_json
 from testbed.errors import FieldError
 from testbed.blocks import BLOCK_TOKENS
 from testbed.kv.transport import PROBE_PREFIX
-
-if TYPE_CHECKING:
-    from testbed.kv.tcplog import TcpLog
 from testbed.serving.protocol import (
     DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
     TokenEvent, WorkerState,
 )
+
+if TYPE_CHECKING:
+    from testbed.kv.tcplog import TcpLog
 
 
 @dataclass
