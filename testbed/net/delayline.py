@@ -54,8 +54,9 @@ DEFAULT_LIMIT_PACKETS = 100_000
 DEFAULT_RT_PRIORITY = 10  # SCHED_FIFO priority of the child; 0 = normal scheduling
 _KERNEL_QUEUE_MARGIN = 4096  # kernel queue maxlen = limit + margin, so our limit (not the kernel's) decides
 _NETEM_TABLE_MAX = 32767 / 8192  # netem's distribution tables are int16 scaled by 8192: |sample| <= ~4 sigma
-_MAX_LEAD_S = 0.001
-_COALESCE_S = 100e-6  # release together what is due this soon after the head: fewer wake-ups, <= 0.1 ms early
+_MAX_LEAD_S = 0.001  # the timer's learnt lateness is capped here (so is the wait for an early wake-up)
+_LEAD_STEP_S = 5e-6  # its step per timer wake-up: up when the wake-up came after the head's due time, else down
+COALESCE_S = 150e-6  # release with a due head what is due this soon after now: fewer wake-ups, <= 0.15 ms early
 _STATS = struct.Struct("=QQqqqqqqqdQ")  # seq, state, 7 counters, updated_at (monotonic s), pid
 STATE_STARTING, STATE_INSTALLING, STATE_RUNNING, STATE_STOPPED = 0, 1, 2, 3
 
@@ -328,8 +329,14 @@ class DelaySchedule:
             return self.heap[0][0]
         return None
 
-    def release(self, now_s: float) -> list[int]:
-        """Ids of packets due at `now_s`, in release order."""
+    def release(self, now_s: float, coalesce_s: float = 0.0) -> list[int]:
+        """Ids of packets due at `now_s`, in release order. When the head is due, packets due within
+        `coalesce_s` after `now_s` go with it (one verdict); the head itself is never released early, so
+        no packet leaves more than `coalesce_s` before its time and none of the first in a burst does."""
+        due = self.next_due_s()
+        if due is None or due > now_s:
+            return []
+        now_s += coalesce_s
         out = []
         fifo = self.fifo
         while fifo and fifo[0][0] <= now_s:
@@ -642,7 +649,9 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
         ctl_pending = b""
         last_stats_s = 0.0
         dirty = False
-        lead_s = 0.0  # learned timer wake-up latency: wake (and release) this much before the due time
+        # The timer's median lateness, learnt: wake this much before the head is due. A wake-up that comes
+        # early waits (a short busy loop) for the due time: the head never leaves early (netem's rule).
+        lead_s = 0.0
         watch_all = [qfd, ctl_fd, wake_r]
         watch_ctl = [ctl_fd, wake_r]
         stamped = False  # the last packets carried kernel arrival times
@@ -662,9 +671,9 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                 # arrival: no need to wake for it before the head is due (batching, fewer wake-ups).
                 lazy = due is not None and stamped and not schedule.config.reorder
                 ready = select.select(watch_ctl if lazy else watch_all, [], [], timeout)[0]
-                if not ready and timeout > 0.0002:  # a timer wake-up: learn how late it was
-                    late = now_fn() - (due - lead_s)
-                    lead_s = min(_MAX_LEAD_S, max(0.0, 0.9 * lead_s + 0.1 * late))
+                if not ready and timeout > 0.0002:  # a timer wake-up: was it after the head's due time?
+                    late = now_fn() > due
+                    lead_s = min(_MAX_LEAD_S, max(0.0, lead_s + (_LEAD_STEP_S if late else -_LEAD_STEP_S)))
             if qfd in ready or not ready:
                 drops = []
                 backlog = True
@@ -694,7 +703,7 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                     dirty = True
                 if drops:
                     q.send(b"".join(drops))
-                released = schedule.release(now_fn() + lead_s + _COALESCE_S)
+                released = schedule.release(now_fn(), COALESCE_S)
                 if released:
                     dirty = True
                     held_segments -= _accept_mixed(q, qs, released, schedule.config.reorder, bool(held_segments))

@@ -98,6 +98,21 @@ def test_schedule_without_jitter_releases_exactly_at_arrival_plus_delay() -> Non
     assert s.release(1.0215) == [11]
 
 
+@pytest.mark.parametrize("reorder", [False, True])
+def test_coalescing_takes_only_packets_behind_a_due_head(reorder: bool) -> None:
+    """The head never leaves before its due time (TCP's min RTT would catch it); once it is due, the
+    packets due within the coalescing window leave with it, and no packet leaves more than the window early."""
+    s = DelaySchedule(DelayLineConfig(delay_s=0.010, reorder=reorder))
+    for i, t in enumerate((1.0, 1.00005, 1.00009, 1.0002)):
+        assert s.admit(t, i, 1500) == ADMITTED
+    assert s.release(1.00999, coalesce_s=0.0001) == []  # head 10 us short of due: nothing, window or not
+    assert s.queued_packets == 4
+    assert s.release(1.010, coalesce_s=0.0001) == [0, 1, 2]  # due at 1.01005 and 1.01009: within 0.1 ms
+    assert s.release(1.0101, coalesce_s=0.0001) == []  # the next head is due at 1.0102
+    assert s.release(1.0102, coalesce_s=0.0001) == [3]
+    assert s.forwarded_packets == 4 and s.queued_bytes == 0
+
+
 def test_reorder_releases_by_own_due_time() -> None:
     s = DelaySchedule(DelayLineConfig(delay_s=0.010, jitter_s=0.008, reorder=True, seed=4))
     for i in range(500):
