@@ -97,6 +97,8 @@ class RouterCollector(Collector):
         yield CounterMetricFamily("prfaas_router_wan_drops", "WAN packet drops (emulator, cumulative).", value=w["drops"])
         yield gauge("prfaas_router_scale", "Emulated units per wire unit.", st["scale"])
         for name, doc, key in (("prfaas_router_queue_depth", "Requests in flight per worker instance (router's count).", "inflight"),
+                               ("prfaas_router_tokens_in_flight", "Uncached prompt tokens of the requests in flight per "
+                                "instance, until their prefill answers (router's count; 0 on decode instances).", "inflight_tokens"),
                                ("prfaas_router_worker_queue_depth", "Queue depth reported by the worker's /v1/state.", "reported_queue"),
                                ("prfaas_router_instance_up", "1 when the instance answered its last state poll and is active.", "up")):
             g = GaugeMetricFamily(name, doc, labels=("role", "cluster", "instance"))

@@ -261,6 +261,7 @@ class _Instance:
     role: str
     cluster: str
     inflight: int = 0
+    inflight_tokens: int = 0  # uncached prompt tokens of the requests in flight on it (prefill instances)
     healthy: bool = True
     reported_queue: int = 0
     retransmits: float = 0.0
@@ -332,7 +333,8 @@ class Router:
     # -- state for the policy
     @staticmethod
     def _states(table: dict[int, _Instance]) -> tuple[InstanceState, ...]:
-        return tuple(InstanceState(i, x.cluster, x.cfg.host, x.inflight, x.healthy) for i, x in table.items())
+        return tuple(InstanceState(i, x.cluster, x.cfg.host, x.inflight, x.healthy, x.inflight_tokens)
+                     for i, x in table.items())
 
     def _cluster_state(self, match: Any) -> ClusterState:
         with self._lock:
@@ -340,12 +342,14 @@ class Router:
                 self._snapshot = (self._states(self.prefill), self._states(self.decode))
             return ClusterState(clock.now_s(), self._snapshot[0], self._snapshot[1], match)
 
-    def _changed(self, inst: _Instance, inflight: int = 0, healthy: bool | None = None) -> None:
-        """Every change of what the policy sees goes through here (caller holds the lock)."""
+    def _changed(self, inst: _Instance, inflight: int = 0, healthy: bool | None = None, tokens: int = 0) -> None:
+        """Every change of what the policy sees goes through here (caller holds the lock). `tokens`: the
+        request's uncached tokens, added with its +1 and taken away with its -1 (prefill instances)."""
         if inflight > 0 and inst.cluster == "prfaas" and inst.role == "prefill":
             self._offloads_started += 1  # a probe that overlapped one is not an idle measurement
         if inflight or (healthy is not None and healthy != inst.healthy):
             inst.inflight += inflight
+            inst.inflight_tokens += inflight * tokens
             inst.healthy = inst.healthy if healthy is None else healthy
             self._snapshot = None
 
@@ -407,7 +411,7 @@ class Router:
     def _run(self, c: Completion, dec: Decision, rec: dict[str, Any], arrival_s: float) -> Iterator[TokenEvent]:
         p, d = self.prefill[dec.prefill_instance], self.decode[dec.decode_instance]
         with self._lock:
-            self._changed(p, +1)
+            self._changed(p, +1, tokens=dec.uncached_len)
             self._changed(d, +1)
         prefill_done = threading.Event()
         prefill_result: list[PrefillResult] = []  # set once, by the prefill thread
@@ -442,7 +446,7 @@ class Router:
                     prefill_result.append(PrefillResult(c.request_id, "failed", str(exc)))
                 finally:
                     with self._lock:
-                        self._changed(p, -1)
+                        self._changed(p, -1, tokens=dec.uncached_len)
                     prefill_done.set()
                     if not prefill_result[0].ok:
                         _abort(conn, dsock)  # unblocks the decode stream below at once
@@ -500,7 +504,7 @@ class Router:
             with self._lock:
                 self._changed(d, -1)
                 if not prefill_started:
-                    self._changed(p, -1)
+                    self._changed(p, -1, tokens=dec.uncached_len)
 
     def _prefill(self, c: Completion, dec: Decision, p: _Instance, d: _Instance, token_ids: tuple[int, ...] | None,
                  arrival_s: float, decode_prefix_len: int = 0) -> PrefillResult:
@@ -725,7 +729,8 @@ class Router:
     def state(self) -> dict[str, Any]:
         with self._lock:
             inst = [{"role": x.role, "cluster": x.cluster, "instance": i, "host": x.cfg.host, "port": x.cfg.port,
-                     "inflight": x.inflight, "reported_queue": x.reported_queue, "healthy": x.healthy,
+                     "inflight": x.inflight, "inflight_tokens": x.inflight_tokens, "reported_queue": x.reported_queue,
+                     "healthy": x.healthy,
                      "active": (x.role, i) in self.policy.active}
                     for table in (self.prefill, self.decode) for i, x in table.items()]
             return {"role": "router", "policy": self.cfg.policy.name, "threshold": _finite(self.policy.threshold),

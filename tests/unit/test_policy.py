@@ -86,6 +86,23 @@ def test_a_busy_cache_holder_is_skipped_for_the_least_loaded_instance() -> None:
     assert (d.prefill_instance, d.cached_len) == (1, 0)
 
 
+@pytest.mark.parametrize("name", ["prfaas", "fixed-threshold", "homogeneous-pd"])
+def test_prefill_pick_tokens_avoids_the_instance_with_a_long_prompt_queued(name: str) -> None:
+    """Two requests each in flight on both PrfaaS and both PD-P instances: the count ties (the lower id
+    wins), but instance 0 and 2 hold a 120K-token prompt each, so `prefill_pick: tokens` takes 1 and 3."""
+    loaded = (InstanceState(0, "prfaas", queue_depth=2, tokens_in_flight=120 * K + 900),
+              InstanceState(1, "prfaas", queue_depth=2, tokens_in_flight=30 * K),
+              InstanceState(2, "pd", queue_depth=2, tokens_in_flight=120 * K),
+              InstanceState(3, "pd", queue_depth=2, tokens_in_flight=2 * K))
+    for pick, want in (("requests", {0, 2}), ("tokens", {1, 3})):
+        pol = make(name, threshold="8K", prefill_pick=pick)
+        for n in (40 * K, 2 * K):
+            d = pol.decide(req(n), state(input_len=n, prefill=loaded))
+            assert d.prefill_instance in want, (pick, n, d)
+    with pytest.raises(FieldError, match="prefill_pick"):
+        spec(prefill_pick="work")
+
+
 def test_bandwidth_scarce_decides_per_cluster_and_abundant_uses_the_longest_prefix_anywhere() -> None:
     kv = KVManager({p.instance: p.cluster for p in PREFILL})
     hashes = list(range(1, 41))  # 20K tokens

@@ -41,6 +41,7 @@ class FakeWorkers:
         self.congestion = Congestion()  # what the prefill instances report in /v1/state
         self.probes: list[dict[str, Any]] = []  # POST /v1/probe bodies
         self.probe_answer: dict[str, Any] = {"ok": False, "reason": "this fake does not probe"}
+        self.prefill_gate: threading.Event | None = None  # when set here, a prefill answers only once it is set
         self.servers: list[ThreadingHTTPServer] = []
         self.lock = threading.Lock()
 
@@ -70,6 +71,8 @@ class FakeWorkers:
                 req = PrefillRequest.from_json(body)
                 start = clock.now_s()
                 time.sleep(0.01)
+                if fw.prefill_gate is not None:
+                    fw.prefill_gate.wait(10)
                 uncached = req.input_len - req.cached_len
                 fw.event(req.request_id).set()
                 now = clock.now_s()
@@ -269,6 +272,36 @@ def test_worker_prefix_pools_reported_in_state_steer_requests_to_the_holder(rout
     assert code == 200 and (rec["route"], rec["prefill_instance"], rec["cached_len"]) == ("pd", 1, 36 * B)
 
 
+def test_the_router_counts_each_prefill_instance_s_uncached_tokens_in_flight_until_the_prefill_answers(router, fw) -> None:
+    """What `policy.prefill_pick: tokens` reads: the uncached tokens added at dispatch, taken away when the
+    prefill answers, per instance; a prefix hit counts only the rest."""
+    hashes = list(range(700, 740))
+    fw.prefix_blocks[1] = chain_block_hashes(hashes[:36])  # PD-P instance 1 holds 18K tokens
+    fw.prefill_gate = threading.Event()
+    r = router()
+    deadline = time.monotonic() + 5
+    while r.kv.blocks_held(1) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    done: list[int] = []
+    t = threading.Thread(target=lambda: done.append(post(r, "/v1/completions", {
+        "max_tokens": 1, "prfaas": {"block_hashes": hashes, "input_len": 40 * B}})[0]))
+    t.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not fw.prefill_bodies and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert {i: x.inflight_tokens for i, x in r.prefill.items()} == {0: 0, 1: 4 * B}
+        assert r._states(r.prefill)[1].tokens_in_flight == 4 * B
+    finally:
+        fw.prefill_gate.set()
+        t.join(20)
+    assert done == [200]
+    deadline = time.monotonic() + 5
+    while any(x.inflight for x in r.prefill.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(x.inflight == 0 and x.inflight_tokens == 0 for x in r.prefill.values())
+
+
 def test_a_decode_worker_dying_mid_request_gives_a_failed_record_with_a_reason_and_no_hang(router, fw) -> None:
     fw.decode_mode = {0: "die", 1: "die"}
     r = router()
@@ -284,6 +317,7 @@ def test_a_decode_worker_dying_mid_request_gives_a_failed_record_with_a_reason_a
     while any(x.inflight for x in list(r.prefill.values()) + list(r.decode.values())) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert all(x.inflight == 0 for x in list(r.prefill.values()) + list(r.decode.values()))
+    assert all(x.inflight_tokens == 0 for x in r.prefill.values())
 
 
 def test_a_streaming_client_sees_an_error_when_the_decode_worker_dies(router, fw) -> None:
@@ -334,6 +368,7 @@ def test_metrics_expose_the_threshold_and_it_rises_after_oracle_wan_telemetry_sh
     text = get_text(r, "/metrics")
     assert metric(text, "prfaas_router_threshold_tokens") == 8192
     assert metric(text, "prfaas_router_queue_depth", {"role": "prefill", "cluster": "prfaas", "instance": "0"}) == 0
+    assert metric(text, "prfaas_router_tokens_in_flight", {"role": "prefill", "cluster": "prfaas", "instance": "0"}) == 0
     assert metric(text, "prfaas_router_signals_oracle") == 1
     # wire units: 1 Gbit/s on a 1 Gbit/s wire at scale 10 -> 10 Gbit/s emulated
     for i in range(10):
@@ -449,6 +484,7 @@ def test_an_unreachable_decode_worker_fails_fast_and_leaves_no_request_counted_i
     code, _ = post(r, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
     assert code == 502 and "decode instance" in r.records()[0]["reason"]
     assert all(x.inflight == 0 for x in list(r.prefill.values()) + list(r.decode.values()))
+    assert all(x.inflight_tokens == 0 for x in r.prefill.values())
 
 
 def test_standby_instances_receive_nothing_until_a_role_flip_activates_them(fw) -> None:

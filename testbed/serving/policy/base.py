@@ -29,6 +29,7 @@ class InstanceState(NamedTuple):
     host: str = ""
     queue_depth: int = 0  # requests the router has in flight on it
     healthy: bool = True
+    tokens_in_flight: int = 0  # their uncached prompt tokens (prefill instances; the router's own count)
 
 
 class ClusterState(NamedTuple):
@@ -97,6 +98,7 @@ class TelemetrySample:
 
 
 _LOAD = operator.attrgetter("queue_depth", "instance")
+_TOKEN_LOAD = operator.attrgetter("tokens_in_flight", "queue_depth", "instance")
 _QUEUE = operator.attrgetter("queue_depth")
 
 
@@ -176,15 +178,17 @@ class Policy:
     def pick_prefill(self, state: ClusterState, cluster: str, cached_len: int, holders: tuple[int, ...],
                      cands: list[InstanceState] | None = None) -> tuple[InstanceState, int]:
         """Cache-affine instance of the cluster: the least loaded holder of the prefix, unless it has
-        `cache_affinity_slack` more requests in flight than the least loaded instance (then no hit)."""
+        `cache_affinity_slack` more requests in flight than the least loaded instance (then no hit).
+        Least loaded counts requests in flight, or with `prefill_pick: tokens` their uncached tokens."""
         cands = self.usable(state, cluster) if cands is None else cands
         if not cands:
             raise NoInstanceError(f"no healthy {cluster} prefill instance")
-        least = min(cands, key=_LOAD)
+        load = _TOKEN_LOAD if self.spec.prefill_pick == "tokens" else _LOAD
+        least = min(cands, key=load)
         if cached_len:
             hold = [p for p in cands if p.instance in holders]
             if hold:
-                best = min(hold, key=_LOAD)
+                best = min(hold, key=load)
                 if best.queue_depth <= least.queue_depth + self.spec.cache_affinity_slack:
                     return best, cached_len
         return least, 0

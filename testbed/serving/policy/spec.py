@@ -75,6 +75,7 @@ POLICY_NAMES = ("prfaas", "fixed-threshold", "homogeneous-pd", "naive-heterogene
 # line rate (observed); the nominal rate as the capacity, without estimating (provisioned); emulator
 # ground truth (oracle, for ablation only)
 SIGNAL_MODES = ("observed", "provisioned", "oracle")
+PREFILL_PICKS = ("requests", "tokens")  # the least loaded prefill instance: fewest requests, or fewest tokens, in flight
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class PolicySpec:
     abundant_below: float = 0.5  # egress utilisation under which bandwidth counts as abundant
     cross_cluster_cache: bool = False  # abundant rule may use the other cluster's longer prefix
     cache_affinity_slack: int = 2  # prefer the cache-holding instance unless it has this many more in flight
+    prefill_pick: str = "requests"  # PREFILL_PICKS: what "least loaded" counts (docs/router.md, "Which instance")
     kv_state_bytes: int = 0  # optional prior for S_kv(l) = state + per_token * l (emulated bytes)
     kv_bytes_per_token: int = 0
     control: ControlSpec = field(default_factory=ControlSpec)
@@ -105,6 +107,7 @@ class PolicySpec:
             "abundant_below": self.abundant_below,
             "cross_cluster_cache": self.cross_cluster_cache,
             "cache_affinity_slack": self.cache_affinity_slack,
+            "prefill_pick": self.prefill_pick,
             "kv_state_bytes": f"{self.kv_state_bytes}B",
             "kv_bytes_per_token": f"{self.kv_bytes_per_token}B",
             "control": {
@@ -226,6 +229,7 @@ def parse_policy_section(f: Fields) -> PolicySpec:
         abundant_below=f.get("abundant_below", units.parse_fraction, d.abundant_below),
         cross_cluster_cache=f.get("cross_cluster_cache", boolean, d.cross_cluster_cache),
         cache_affinity_slack=f.get("cache_affinity_slack", positive_int, d.cache_affinity_slack),
+        prefill_pick=f.choice("prefill_pick", PREFILL_PICKS, d.prefill_pick),
         kv_state_bytes=f.get("kv_state_bytes", units.parse_size_bytes, d.kv_state_bytes),
         kv_bytes_per_token=f.get("kv_bytes_per_token", units.parse_size_bytes, d.kv_bytes_per_token),
         control=_parse_control(f.section("control")),
