@@ -54,9 +54,9 @@ DEFAULT_LIMIT_PACKETS = 100_000
 DEFAULT_RT_PRIORITY = 10  # SCHED_FIFO priority of the child; 0 = normal scheduling
 _KERNEL_QUEUE_MARGIN = 4096  # kernel queue maxlen = limit + margin, so our limit (not the kernel's) decides
 _NETEM_TABLE_MAX = 32767 / 8192  # netem's distribution tables are int16 scaled by 8192: |sample| <= ~4 sigma
-_MAX_LEAD_S = 0.001  # the timer's learnt lateness is capped here (so is the wait for an early wake-up)
-_LEAD_STEP_S = 5e-6  # its step per timer wake-up: up when the wake-up came after the head's due time, else down
 COALESCE_S = 150e-6  # release with a due head what is due this soon after now: fewer wake-ups, <= 0.15 ms early
+_MAX_LEAD_S = 0.001  # the timer's learnt lateness (the lead) is capped here
+_LEAD_STEP_S = 5e-6  # its step per aimed wake-up: up when the wake-up came after the head's due time, else down
 _STATS = struct.Struct("=QQqqqqqqqdQ")  # seq, state, 7 counters, updated_at (monotonic s), pid
 STATE_STARTING, STATE_INSTALLING, STATE_RUNNING, STATE_STOPPED = 0, 1, 2, 3
 
@@ -254,9 +254,12 @@ class DelaySchedule:
             for item in self.fifo:
                 heapq.heappush(self.heap, item)
             self.fifo.clear()
-            if not config.reorder:  # in order again: drain the heap into the FIFO by due time
-                while self.heap:
-                    self.fifo.append(heapq.heappop(self.heap))
+            if not config.reorder:  # in order again: the held packets in arrival (id) order, none due before the
+                # one ahead (the batch verdict accepts every id up to the last), and new ones after them
+                for due, pid, length in sorted(self.heap, key=lambda item: item[1]):
+                    self.last_due_s = max(self.last_due_s, due)
+                    self.fifo.append((self.last_due_s, pid, length))
+                self.heap.clear()
         self.config = config
 
     @property
@@ -649,9 +652,12 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
         ctl_pending = b""
         last_stats_s = 0.0
         dirty = False
-        # The timer's median lateness, learnt: wake this much before the head is due. A wake-up that comes
-        # early waits (a short busy loop) for the due time: the head never leaves early (netem's rule).
+        # The timer's median lateness, learnt: aim the wake-up this much before the head is due. An aimed
+        # wake-up that comes early waits for the due time in a busy loop (`early`; at most the lead, once
+        # per aimed wake-up): the head never leaves early (netem's rule). A head due within the lead of now
+        # is slept to (late by the timer's lateness), so busy waits never chain on dense traffic.
         lead_s = 0.0
+        early = False
         watch_all = [qfd, ctl_fd, wake_r]
         watch_ctl = [ctl_fd, wake_r]
         stamped = False  # the last packets carried kernel arrival times
@@ -659,7 +665,15 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
         while not stop:
             due = schedule.next_due_s()
             now = now_fn()
-            timeout = None if due is None else max(0.0, due - lead_s - now)
+            aimed = False
+            if due is None:
+                timeout = None
+            elif early or due <= now:
+                timeout = 0.0
+            elif due - now > lead_s:
+                timeout, aimed = due - now - lead_s, True
+            else:
+                timeout = due - now
             if dirty and (timeout is None or timeout > 0.001 or now - last_stats_s >= 0.001):
                 seq = _write_stats(stats_buf, seq, STATE_RUNNING, schedule)
                 last_stats_s = now
@@ -671,9 +685,9 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                 # arrival: no need to wake for it before the head is due (batching, fewer wake-ups).
                 lazy = due is not None and stamped and not schedule.config.reorder
                 ready = select.select(watch_ctl if lazy else watch_all, [], [], timeout)[0]
-                if not ready and timeout > 0.0002:  # a timer wake-up: was it after the head's due time?
-                    late = now_fn() > due
-                    lead_s = min(_MAX_LEAD_S, max(0.0, lead_s + (_LEAD_STEP_S if late else -_LEAD_STEP_S)))
+                if not ready and aimed:  # an aimed timer wake-up: was it after the head's due time?
+                    early = now_fn() < due
+                    lead_s = min(_MAX_LEAD_S, max(0.0, lead_s + (-_LEAD_STEP_S if early else _LEAD_STEP_S)))
             if qfd in ready or not ready:
                 drops = []
                 backlog = True
@@ -704,6 +718,8 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                 if drops:
                     q.send(b"".join(drops))
                 released = schedule.release(now_fn(), COALESCE_S)
+                if released or schedule.next_due_s() is None:
+                    early = False
                 if released:
                     dirty = True
                     held_segments -= _accept_mixed(q, qs, released, schedule.config.reorder, bool(held_segments))

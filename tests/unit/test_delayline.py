@@ -98,6 +98,28 @@ def test_schedule_without_jitter_releases_exactly_at_arrival_plus_delay() -> Non
     assert s.release(1.0215) == [11]
 
 
+def test_switching_reorder_off_keeps_arrival_order_and_never_makes_a_packet_earlier() -> None:
+    """Held jittered packets leave the heap for the FIFO in id order (the in-order batch verdict accepts
+    every id up to the last), each due no earlier than its own time nor the one ahead's; new packets follow."""
+    s = DelaySchedule(DelayLineConfig(delay_s=0.010, jitter_s=0.005, reorder=True, seed=3))
+    for i in range(200):
+        assert s.admit(i * 1e-4, i, 1500) == ADMITTED
+    own_due = {pid: due for due, pid, _ in s.heap}
+    assert sorted(own_due, key=own_due.get) != sorted(own_due)  # jitter reordered them
+    s.update(DelayLineConfig(delay_s=0.010, jitter_s=0.005, reorder=False, seed=3))
+    assert not s.heap and [pid for _, pid, _ in s.fifo] == list(range(200))
+    dues = [due for due, _, _ in s.fifo]
+    assert dues == sorted(dues) and all(due >= own_due[pid] for due, pid, _ in s.fifo)
+    s.admit(0.0201, 200, 1500)
+    assert s.fifo[-1][1] == 200 and s.fifo[-1][0] >= dues[-1]
+    released = []
+    t = 0.0
+    while s.queued_packets:
+        t += 0.0005
+        released += s.release(t)
+    assert released == list(range(201))
+
+
 @pytest.mark.parametrize("reorder", [False, True])
 def test_coalescing_takes_only_packets_behind_a_due_head(reorder: bool) -> None:
     """The head never leaves before its due time (TCP's min RTT would catch it); once it is due, the

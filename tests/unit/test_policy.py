@@ -103,6 +103,20 @@ def test_prefill_pick_tokens_avoids_the_instance_with_a_long_prompt_queued(name:
         spec(prefill_pick="work")
 
 
+def test_with_prefill_pick_tokens_a_prefix_holder_keeps_the_request_only_while_the_hit_outweighs_its_queue() -> None:
+    """Instance 0 holds 4 blocks of the prompt and has one 120K-token prefill in flight; instance 1 is idle.
+    Counting requests (slack 2) the holder keeps it; counting tokens it does only when the hit saves more
+    tokens than it has queued beyond the idle instance."""
+    kv = KVManager({p.instance: p.cluster for p in PREFILL})
+    hashes = list(range(1, 41))
+    kv.replace_instance(0, chain_block_hashes(hashes[:4]))
+    for queued, pick, want in ((120 * K, "requests", (0, 4 * B)), (120 * K, "tokens", (1, 0)),
+                               (4 * B, "tokens", (0, 4 * B)), (4 * B + 1, "tokens", (1, 0))):
+        busy = (InstanceState(0, "prfaas", queue_depth=1, tokens_in_flight=queued), InstanceState(1, "prfaas")) + PREFILL[2:]
+        d = make(threshold="8K", prefill_pick=pick).decide(req(40 * B), state(kv, hashes, 40 * B, prefill=busy))
+        assert (d.prefill_instance, d.cached_len) == want, (queued, pick)
+
+
 def test_bandwidth_scarce_decides_per_cluster_and_abundant_uses_the_longest_prefix_anywhere() -> None:
     kv = KVManager({p.instance: p.cluster for p in PREFILL})
     hashes = list(range(1, 41))  # 20K tokens

@@ -175,21 +175,27 @@ class Policy:
     def usable(self, state: ClusterState, cluster: str) -> list[InstanceState]:
         return [p for p in state.prefill if p.cluster == cluster and p.healthy and ("prefill", p.instance) in self.active]
 
+    def least_loaded(self, cands: list[InstanceState]) -> InstanceState:
+        """The least loaded of `cands` by `prefill_pick`: fewest requests in flight, or fewest uncached tokens."""
+        return min(cands, key=_TOKEN_LOAD if self.spec.prefill_pick == "tokens" else _LOAD)
+
     def pick_prefill(self, state: ClusterState, cluster: str, cached_len: int, holders: tuple[int, ...],
                      cands: list[InstanceState] | None = None) -> tuple[InstanceState, int]:
-        """Cache-affine instance of the cluster: the least loaded holder of the prefix, unless it has
-        `cache_affinity_slack` more requests in flight than the least loaded instance (then no hit).
-        Least loaded counts requests in flight, or with `prefill_pick: tokens` their uncached tokens."""
+        """Cache-affine instance of the cluster: the least loaded holder of the prefix, unless it is busier
+        than the least loaded instance by more than `cache_affinity_slack` requests or, with `prefill_pick:
+        tokens`, by more tokens in flight than the hit saves (then the least loaded, without the hit)."""
         cands = self.usable(state, cluster) if cands is None else cands
         if not cands:
             raise NoInstanceError(f"no healthy {cluster} prefill instance")
-        load = _TOKEN_LOAD if self.spec.prefill_pick == "tokens" else _LOAD
-        least = min(cands, key=load)
+        least = self.least_loaded(cands)
         if cached_len:
             hold = [p for p in cands if p.instance in holders]
             if hold:
-                best = min(hold, key=load)
-                if best.queue_depth <= least.queue_depth + self.spec.cache_affinity_slack:
+                best = self.least_loaded(hold)
+                if self.spec.prefill_pick == "tokens":
+                    if best.tokens_in_flight - least.tokens_in_flight <= cached_len:
+                        return best, cached_len
+                elif best.queue_depth <= least.queue_depth + self.spec.cache_affinity_slack:
                     return best, cached_len
         return least, 0
 

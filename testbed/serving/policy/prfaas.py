@@ -80,7 +80,7 @@ class PrfaasPolicy(ThresholdPolicy):
         if not idle:
             return "prfaas", cands, why
         times, ctl = self.prefill_times, self.controller
-        pf = min(p.queue_depth for p in cands)
+        pf = self.least_loaded(cands).queue_depth  # the instance pick_prefill takes (requests or tokens)
         t_pf = times.finish_s("prfaas", pf, uncached_prfaas)
         t_pd = times.finish_s("pd", 0, uncached_pd)
         if t_pf is None or t_pd is None:

@@ -88,7 +88,7 @@ class PolicySpec:
     abundant_below: float = 0.5  # egress utilisation under which bandwidth counts as abundant
     cross_cluster_cache: bool = False  # abundant rule may use the other cluster's longer prefix
     cache_affinity_slack: int = 2  # prefer the cache-holding instance unless it has this many more in flight
-    prefill_pick: str = "requests"  # PREFILL_PICKS: what "least loaded" counts (docs/router.md, "Which instance")
+    prefill_pick: str = "requests"  # PREFILL_PICKS: what "least loaded" counts (docs/router.md, "Policies")
     kv_state_bytes: int = 0  # optional prior for S_kv(l) = state + per_token * l (emulated bytes)
     kv_bytes_per_token: int = 0
     control: ControlSpec = field(default_factory=ControlSpec)
