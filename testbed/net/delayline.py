@@ -57,6 +57,8 @@ _NETEM_TABLE_MAX = 32767 / 8192  # netem's distribution tables are int16 scaled 
 COALESCE_S = 150e-6  # release with a due head what is due this soon after now: fewer wake-ups, <= 0.15 ms early
 _MAX_LEAD_S = 0.001  # the timer's learnt lateness (the lead) is capped here
 _LEAD_STEP_S = 5e-6  # its step per aimed wake-up: up when the wake-up came after the head's due time, else down
+_LAZY_MAX_S = 0.5  # longest sleep without reading the queue: packets read later fail the arrival check below
+_CTL_POLL_S = 0.001  # while the loop never sleeps (a backlog, a due head), it polls its control fd this often
 _STATS = struct.Struct("=QQqqqqqqqdQ")  # seq, state, 7 counters, updated_at (monotonic s), pid
 STATE_STARTING, STATE_INSTALLING, STATE_RUNNING, STATE_STOPPED = 0, 1, 2, 3
 
@@ -662,6 +664,7 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
         watch_ctl = [ctl_fd, wake_r]
         stamped = False  # the last packets carried kernel arrival times
         backlog = False  # the last drain stopped at its batch size: more is waiting
+        ctl_polled_s = 0.0
         while not stop:
             due = schedule.next_due_s()
             now = now_fn()
@@ -679,14 +682,20 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                 last_stats_s = now
                 dirty = False
             if backlog or timeout == 0:
-                ready = (qfd,)
+                ready = [qfd]
+                if now - ctl_polled_s >= _CTL_POLL_S:  # an update or stop is not starved by a busy line
+                    ctl_polled_s = now
+                    ready += select.select(watch_ctl, [], [], 0)[0]
             else:
                 # In order, a new packet is never due before the ones held, and the kernel stamped its
                 # arrival: no need to wake for it before the head is due (batching, fewer wake-ups).
                 lazy = due is not None and stamped and not schedule.config.reorder
+                if lazy and timeout is not None and timeout > _LAZY_MAX_S:
+                    timeout, aimed = _LAZY_MAX_S, False
                 ready = select.select(watch_ctl if lazy else watch_all, [], [], timeout)[0]
-                if not ready and aimed:  # an aimed timer wake-up: was it after the head's due time?
-                    early = now_fn() < due
+                woke = now_fn()
+                if aimed and woke >= now + timeout:  # the aimed wake-up's time came: was it after the head's due?
+                    early = woke < due
                     lead_s = min(_MAX_LEAD_S, max(0.0, lead_s + (-_LEAD_STEP_S if early else _LEAD_STEP_S)))
             if qfd in ready or not ready:
                 drops = []
@@ -704,7 +713,7 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                     for pid, length, ts in parse(buf, n):
                         last_id = pid
                         arrival = ts - rt_offset if ts else now
-                        stamped = now - 1.0 < arrival <= now
+                        stamped = bool(ts) and now - 1.0 < arrival <= now
                         if not stamped:
                             arrival = now
                         result = admit(arrival, pid, length)
