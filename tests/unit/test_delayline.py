@@ -72,6 +72,16 @@ def test_jitter_samples_have_netem_moments(dist: str, mean: float, std: float | 
             assert min(xs) >= -2 / 3 - 1e-9
 
 
+def _drain(s: DelaySchedule, step_s: float = 0.0005) -> list[int]:
+    """Every held packet's id, in release order, releasing every `step_s` from t = 0."""
+    released: list[int] = []
+    t = 0.0
+    while s.queued_packets:
+        t += step_s
+        released += s.release(t)
+    return released
+
+
 def test_in_order_schedule_never_releases_a_packet_before_the_one_ahead() -> None:
     s = DelaySchedule(DelayLineConfig(delay_s=0.010, jitter_s=0.005, seed=2))
     for i in range(2000):
@@ -79,12 +89,7 @@ def test_in_order_schedule_never_releases_a_packet_before_the_one_ahead() -> Non
     dues = [due for due, _, _ in s.fifo]
     assert dues == sorted(dues)
     assert all(due >= i * 1e-4 for i, due in enumerate(dues))
-    released = []
-    t = 0.0
-    while s.queued_packets:
-        t += 0.0005
-        released += s.release(t)
-    assert released == list(range(2000))
+    assert _drain(s) == list(range(2000))
     assert s.forwarded_bytes == 2000 * 1500 and s.queued_bytes == 0
 
 
@@ -112,12 +117,7 @@ def test_switching_reorder_off_keeps_arrival_order_and_never_makes_a_packet_earl
     assert dues == sorted(dues) and all(due >= own_due[pid] for due, pid, _ in s.fifo)
     s.admit(0.0201, 200, 1500)
     assert s.fifo[-1][1] == 200 and s.fifo[-1][0] >= dues[-1]
-    released = []
-    t = 0.0
-    while s.queued_packets:
-        t += 0.0005
-        released += s.release(t)
-    assert released == list(range(201))
+    assert _drain(s) == list(range(201))
 
 
 @pytest.mark.parametrize("reorder", [False, True])

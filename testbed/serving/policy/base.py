@@ -193,9 +193,10 @@ class Policy:
             if hold:
                 best = self.least_loaded(hold)
                 if self.spec.prefill_pick == "tokens":
-                    if best.tokens_in_flight - least.tokens_in_flight <= cached_len:
-                        return best, cached_len
-                elif best.queue_depth <= least.queue_depth + self.spec.cache_affinity_slack:
+                    keep = best.tokens_in_flight - least.tokens_in_flight <= cached_len
+                else:
+                    keep = best.queue_depth <= least.queue_depth + self.spec.cache_affinity_slack
+                if keep:
                     return best, cached_len
         return least, 0
 
