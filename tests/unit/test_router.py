@@ -540,9 +540,10 @@ def test_an_idle_observed_router_probes_the_path_and_the_estimate_takes_a_probe_
     """No KV moves: after `probe_after` the router asks the PrfaaS prefill instance for a probe sized to
     5 BDPs at the estimate (the nominal 10 Gbps before any measurement; 10 ms before any RTT: 62.5 MB
     emulated, 6.25 MB on the wire at scale 10); its answer (wire units) reaches the policy as an observed
-    sample, and a probe that carried >= 3x rate x unloaded RTT and got less than half the estimate halves
-    it, alone; the next probe (200 ms later: nothing else was measured) confirms it and sets it."""
-    fw.probe_answer = {"ok": True, "reason": None, "bytes": 6_250_000, "seconds": 0.1, "rate_bps": 0.3e9, "rtt_ms": 14.0,
+    sample, and a probe that carried >= 3x rate x unloaded RTT with a standing queue under it (RTT 20 ms on a
+    10.5-ms path) and got less than half the estimate halves it, alone; the next probe (200 ms later: nothing
+    else was measured) confirms it and sets it."""
+    fw.probe_answer = {"ok": True, "reason": None, "bytes": 6_250_000, "seconds": 0.1, "rate_bps": 0.3e9, "rtt_ms": 20.0,
                        "min_rtt_ms": 10.0, "idle_rtt_ms": 10.5, "connections": 4}
     r = router(policy={"name": "prfaas", "threshold": "8K", "signals": "observed", "estimator": {"probe_after": "200ms"}})
     deadline = time.monotonic() + 5

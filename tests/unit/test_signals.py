@@ -388,3 +388,53 @@ def test_a_lone_saturated_poll_far_below_the_estimate_only_halves_it_and_a_secon
     dip.update(0.0, 74 * G, 50e6, 10.4, 10.2)
     first, second = dip.update(5.0, 6 * G, 50e6, 25.0, 10.2), dip.update(5.5, 6 * G, 50e6, 25.0, 10.2)
     assert first.available_bps == pytest.approx(50 * G) and second.available_bps == pytest.approx(6 * G)
+
+
+def test_a_probe_held_back_by_a_small_window_after_a_dip_is_a_lower_bound_not_a_second_dip() -> None:
+    """Case study, seed 3, 4 s after the dip: the PrfaaS connections' windows were still small from the dip's
+    losses (cwnd 120-208 packets), and a probe of 140 MB got 4.2 Gbps at an RTT of 11.85 ms against 11.9
+    unloaded, on a path with 84 Gbps left. Its bytes are 22 x its rate x RTT, so the size rule alone read it
+    as filling the path and halved the estimate (12.7 -> 6.3 Gbps); no queue stood, so it is a lower bound.
+    The same probe with a standing queue under it is a dip, as before."""
+    def after_dip() -> BandwidthEstimator:
+        est = BandwidthEstimator(100 * G)
+        for t in (66.0, 67.0):  # two probes before the dip: their pings (11.9 ms) are the floor until 77 s
+            est.probe(t, 625e6, 80 * G, 11.9, 11.9, 9.0)
+        for i, t in enumerate((70.0, 70.5, 71.0)):
+            est.update(t, (12.0 + 0.7 * i) * G, 50e6, 20.0, 9.0)  # the dip: saturated polls, ~12.7 Gbps
+        for t in (71.5, 72.0, 72.5, 73.0):
+            est.update(t, 0.0, 0.0, 0.0, 9.0)  # KV drained: the estimate holds
+        return est
+    est = after_dip()
+    before = est.estimate.available_bps
+    assert before == pytest.approx(12.7 * G, rel=0.01) and est.estimate.rtt_floor_ms == pytest.approx(11.9)
+    small_window = est.probe(74.0, 140e6, 4.24 * G, 11.85, 11.9, 9.0)
+    assert small_window.evidence == "headroom" and small_window.available_bps == before
+    est = after_dip()
+    queued = est.probe(74.0, 140e6, 4.24 * G, 11.9 + 8.0, 11.9, 9.0)  # the same burst, 8 ms of queue under it
+    assert queued.evidence == "saturated" and queued.available_bps == pytest.approx(before / 2)
+
+
+def test_one_probe_after_a_long_busy_stretch_does_not_raise_the_floor_alone() -> None:
+    """Case study, seed 2: KV kept the senders busy for longer than `rtt_window` with no probe, then one probe's
+    pings, slowed by the busy host, read 21.7 ms on a 10.3-ms path, 2 s before the dip. Counted alone it set
+    the floor to 21.7 ms for 10 s, the dip's RTTs of 14-30 ms read as headroom, and the dip was found after
+    11.6 s. The probe before it (pings 11.1 ms, 30 s earlier) still counts against it: the floor stays the
+    path's, and the dip's second and third polls (queued) find it. A second probe whose pings agree does
+    move the floor, for the polls after it (`test_an_rtt_step_...`)."""
+    est = BandwidthEstimator(100 * G)
+    est.probe(4.0, 625e6, 90 * G, 13.9, 11.1, 10.3)
+    for i in range(60):  # 30 s of KV: backlogged, no queue, no probe
+        est.update(5.0 + 0.5 * i, 40 * G, 50e6, 10.8, 10.3)
+    est.probe(34.9, 408e6, 27.9 * G, 16.4, 21.7, 10.3)
+    dip = [est.update(37.0 + 0.6 * i, x, 267e6, r, 10.3) for i, (x, r) in enumerate(((3.3 * G, 14.4), (13.3 * G, 29.9),
+                                                                                      (14.4 * G, 23.2)))]
+    # 14.4 ms is 3.3 ms over the floor, under the 40% threshold; the two polls after it queue 12-19 ms
+    assert [e.evidence for e in dip] == ["headroom", "saturated", "saturated"]
+    assert all(e.rtt_floor_ms == pytest.approx(11.1) for e in dip)  # the smaller of the two probes' pings
+    assert dip[2].available_bps == pytest.approx(13.85 * G)
+    # a second probe whose pings agree (and, as a probe is judged on the floor before it, finds this one's
+    # queue) moves the floor for the polls after it: that is how an RTT surge is learnt
+    confirm = est.probe(40.0, 100e6, 12 * G, 22.5, 21.9, 10.3)
+    assert confirm.evidence == "saturated" and confirm.rtt_floor_ms == pytest.approx(11.1)
+    assert est.update(40.5, 12 * G, 267e6, 22.5, 10.3).rtt_floor_ms == pytest.approx(21.7)

@@ -27,16 +27,17 @@ Every poll is one of three kinds of evidence, and the estimate moves only as its
 - **probe** (`probe`: an active probe of our own bytes while no KV moves, docs/router.md "An active
   probe"): its pings (one-byte transfers while nothing of ours is queued) give the path's **unloaded RTT**,
   and its bulk transfer a delivery rate. A probe that carried at least `full_path_ratio` times what a
-  window-limited flow at the rate it got would carry (bytes >= ratio x rate x unloaded RTT), and lost
-  nothing unless a queue stood, filled the path: the estimate *is* its rate (like a saturated poll), and later headroom polls grow the estimate
-  no higher than that rate for `rtt_window_s`. A smaller probe is a lower bound (headroom, no growth),
-  whatever queue its own burst built.
+  window-limited flow at the rate it got would carry (bytes >= ratio x rate x unloaded RTT) and built a
+  standing queue, filled the path: the estimate *is* its rate (like a saturated poll), and later headroom
+  polls grow the estimate no higher than that rate for `rtt_window_s`. A smaller probe, or one under which
+  no queue stood (loss, or a window left small by a dip, held it back), is a lower bound (headroom, no
+  growth).
 
 The RTT floor is the largest of the kernel's min RTT, the minimum RTT polled over `rtt_window_s` (once
 the polls span that window; only polls whose backlog is too small to build a standing queue of its own
-count) and the smaller unloaded RTT of the last two probes (within `rtt_window_s`): a lasting
-change of the path's delay (a reroute, an RTT surge) stops counting as queueing at the first probe after
-it, or after that window without probes. Loss is
+count) and the smaller unloaded RTT of the last two probes (while the latest is within `rtt_window_s`;
+one probe alone sets nothing): a lasting change of the path's delay (a reroute, an RTT surge) stops
+counting as queueing at the second probe after it, or after that window without probes. Loss is
 reported (retransmits per second) but counts as congestion only together with a queue: random loss on
 an unqueued path is not a reason to keep work local.
 
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EstimatorSpec:
-    queue_delay_ms: float = 2.0  # RTT - floor at or above this is a standing queue (0 disables)
+    queue_delay_ms: float = 2.0  # RTT - floor at or above this is a standing queue (0 disables: no poll is saturated, no probe fills)
     queue_delay_fraction: float = 0.4  # ... or this fraction of the floor, whichever is larger
     probe_tau_s: float = 5.0  # headroom polls grow the estimate by e per this much of their time (up to nominal)
     rtt_window_s: float = 10.0  # the RTT floor forgets samples older than this
@@ -62,7 +63,7 @@ class EstimatorSpec:
     probe_bdp: float = 5.0  # a probe's size: this many bandwidth-delay products at the estimate and the path's RTT
     probe_max_bytes: float = 2e9  # ... at most this many (emulated) bytes
     probe_dip_fraction: float = 0.5  # a filled probe lowers the estimate only below this fraction of it (a dip)
-    full_path_ratio: float = 3.0  # a probe of >= ratio x rate x unloaded RTT bytes filled the path (slow start carries ~2)
+    full_path_ratio: float = 3.0  # a probe of >= ratio x rate x unloaded RTT bytes, with a standing queue, filled the path (slow start carries ~2)
     lone_drop_fraction: float = 0.5  # a lone saturated poll or filled probe lowers the estimate at most to this fraction
 
 
@@ -139,10 +140,15 @@ class BandwidthEstimator:
         return 8.0 * backlog_bytes <= self.spec.queue_delay_fraction * base_ms / 1000.0 * self._value
 
     def _unloaded_rtt_ms(self, t_s: float) -> float:
-        """The smaller unloaded RTT of the last two probes within `rtt_window` (0: none): one probe that
-        met a queue of someone else's, or our own KV starting under it, does not raise the floor alone."""
-        fresh = [r for t, r in self._idle_rtts if t_s - t <= self.spec.rtt_window_s]
-        return min(fresh) if fresh else 0.0
+        """The smaller unloaded RTT of the last two probes while the latest is within `rtt_window` (0: none
+        fresh, or only one probe so far): one probe that met a queue of someone else's, our own KV starting
+        under it, or a busy host, does not raise the floor alone, also when the probe before it is older than
+        the window. (Until session 34 only probes within the window counted, so after 10 s of KV without a
+        probe one probe did set it alone: case study seed 2, pings of 21.7 ms 2 s before the dip put the floor
+        at 21.7 ms for 10 s, the dip's 14-30 ms RTTs read as headroom and it was detected after 11.6 s.)"""
+        if len(self._idle_rtts) < 2 or t_s - self._idle_rtts[-1][0] > self.spec.rtt_window_s:
+            return 0.0
+        return min(r for _, r in self._idle_rtts)
 
     def _queue(self, rtt_ms: float, floor: float) -> tuple[float, bool]:
         s = self.spec
@@ -188,19 +194,27 @@ class BandwidthEstimator:
               min_rtt_ms: float = 0.0, retransmits: float = 0.0) -> Estimate:
         """One active probe: `nbytes` sent while no KV moved, delivered at `rate_bps` (TCP's delivery rate of
         the connections that carried it), RTT `rtt_ms` at its end, `retransmits` during it; `idle_rtt_ms` the
-        round trip of its pings. Loss without a standing queue limited TCP, not the path: a lower bound."""
+        round trip of its pings. Without a standing queue under it the path did not push back (loss, or a
+        window still small after a dip's losses, limited TCP): a lower bound."""
         s = self.spec
+        # the queue under it is judged on the floor known before it: its end RTT carries its own burst, and
+        # its pings may have met the very queue it is to find (two probes in a dip would make that queue the
+        # floor); its pings join the floor for the polls after it
+        floor = self._floor(t_s, rtt_ms, min_rtt_ms, False)
+        qdelay, queue = self._queue(rtt_ms, floor)
         if idle_rtt_ms is not None and idle_rtt_ms > 0:
             self._idle_rtts.append((t_s, idle_rtt_ms))
-        floor = self._floor(t_s, rtt_ms, min_rtt_ms, False)  # its end RTT carries its own burst; its pings are the path
-        qdelay, queue = self._queue(rtt_ms, floor)
         x = min(max(rate_bps, 0.0), self.nominal_bps)
         retrans = self.estimate.retransmits_per_s
         if x <= 0 or nbytes <= 0:
             return self._publish(t_s, False, qdelay, retrans, NONE, x, rtt_ms, floor)
         unloaded_s = (idle_rtt_ms if idle_rtt_ms else floor) / 1000.0
-        # the burst's own queue (slow start overshoots) says nothing; its size against its rate does
-        filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s and (retransmits <= 0 or queue)
+        # filled: the path pushed back. The burst's size against its rate says the rate is not slow start's
+        # alone, and a standing queue under it says the window was not the limit either: after a dip's losses
+        # the connections' windows stay small, and a burst in congestion avoidance at that window carries many
+        # times its rate x RTT without queueing (case study, seed 3, 4 s after the dip: 140 MB at 4.2 Gbps,
+        # RTT 11.8 ms against 11.9 unloaded, on 84 Gbps left; read as filled it halved the estimate)
+        filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s and queue
         # a burst's rate is not the remainder (under FIFO cross traffic it gets C x r / (r + X), and one that
         # ends in slow start gets less): believed from above only when it finds a dip (< probe_dip_fraction x A)
         # ... or, below the estimate, when it confirms an upper bound of the last saturated_window_s (a lone
