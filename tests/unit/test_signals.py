@@ -348,18 +348,19 @@ def test_an_rtt_step_without_a_rate_change_is_no_dip_once_a_probe_measured_the_n
 
 def test_a_probe_slowed_by_loss_without_a_queue_is_a_lower_bound_not_a_dip() -> None:
     """Random loss (no standing queue) holds a probe's TCP to 20 Gbps on a path with 84 left: that is TCP's
-    loss response, not the path's capacity, so the estimate is not lowered; with a queue it would be."""
+    loss response, not the path's capacity, so the estimate is not lowered; with a queue it would be. (A
+    probe's retransmits are no input: the queue under it decides.)"""
     est = BandwidthEstimator(100 * G)
     probing_trace(est, 0.0, 10.0, busy=lambda t: False, kv_rate=lambda t: 0.0, rtt_ms=lambda t: 10.3,
                   remainder=lambda t: 84 * G, idle_rtt_ms=lambda t: 10.4, queue_ms=lambda t: 3.0)
     pre = est.estimate.available_bps
-    lossy = est.probe(11.0, est.probe_bytes(), 20 * G, 10.6, 10.4, 10.0, retransmits=40)
+    lossy = est.probe(11.0, est.probe_bytes(), 20 * G, 10.6, 10.4, 10.0)
     assert lossy.evidence == "headroom" and lossy.available_bps == pre and not lossy.congested
     kv = est.update(11.5, 25 * G, 50e6, 10.3, 10.0, retransmits=500.0)
     assert not kv.congested and kv.available_bps == pre
-    overflow = est.probe(12.0, est.probe_bytes(), 20 * G, 16.0, 10.4, 10.0, retransmits=40)  # a queue stood: a dip
+    overflow = est.probe(12.0, est.probe_bytes(), 20 * G, 16.0, 10.4, 10.0)  # a queue stood: a dip
     assert overflow.evidence == "saturated" and overflow.available_bps == 0.5 * pre  # alone: at most halves
-    again = est.probe(12.5, est.probe_bytes(), 20 * G, 16.0, 10.4, 10.0, retransmits=40)
+    again = est.probe(12.5, est.probe_bytes(), 20 * G, 16.0, 10.4, 10.0)
     assert again.evidence == "saturated" and again.available_bps == 20 * G  # confirmed: the mean of the two
 
 

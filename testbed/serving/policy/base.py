@@ -68,7 +68,7 @@ class TelemetrySample:
     A finished offload (router): transfer_uncached_len and transfer_kv_bytes (fit S_kv(l)), prefill_s.
     An active probe (router, observed: our own bytes while no KV moves): probe_bytes, probe_rate_bps (TCP's
     delivery rate of the connections that carried it), probe_rtt_ms (at its end), probe_retransmits (during
-    it), idle_rtt_ms (its pings' round trip while nothing of ours was queued).
+    it; logged, no verdict input), idle_rtt_ms (its pings' round trip while nothing of ours was queued).
     """
 
     t_s: float

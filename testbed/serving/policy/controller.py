@@ -166,7 +166,7 @@ class PrfaasController:
             self._utilization(s.t_s, min(s.kv_goodput_bps / a, 1.5) if a > 0 else 1.5)
         if s.probe_rate_bps is not None and self.estimator is not None:
             self.estimator.probe(s.t_s, s.probe_bytes or 0.0, s.probe_rate_bps, s.probe_rtt_ms or 0.0, s.idle_rtt_ms,
-                                 s.min_rtt_ms or 0.0, s.probe_retransmits or 0.0)
+                                 s.min_rtt_ms or 0.0)
         if s.prefill_s is not None:
             self._prefill_s = self._slow("prefill", s.t_s, self._prefill_s, s.prefill_s)
         if s.kv_goodput_bps is not None:

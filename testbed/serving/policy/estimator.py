@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EstimatorSpec:
-    queue_delay_ms: float = 2.0  # RTT - floor at or above this is a standing queue (0 disables: no poll is saturated, no probe fills)
+    queue_delay_ms: float = 2.0  # RTT - floor at or above this is a standing queue (0: none ever, no probe fills)
     queue_delay_fraction: float = 0.4  # ... or this fraction of the floor, whichever is larger
     probe_tau_s: float = 5.0  # headroom polls grow the estimate by e per this much of their time (up to nominal)
     rtt_window_s: float = 10.0  # the RTT floor forgets samples older than this
@@ -63,7 +63,7 @@ class EstimatorSpec:
     probe_bdp: float = 5.0  # a probe's size: this many bandwidth-delay products at the estimate and the path's RTT
     probe_max_bytes: float = 2e9  # ... at most this many (emulated) bytes
     probe_dip_fraction: float = 0.5  # a filled probe lowers the estimate only below this fraction of it (a dip)
-    full_path_ratio: float = 3.0  # a probe of >= ratio x rate x unloaded RTT bytes, with a standing queue, filled the path (slow start carries ~2)
+    full_path_ratio: float = 3.0  # a probe of >= ratio x rate x RTT bytes (slow start ~2) over a queue filled the path
     lone_drop_fraction: float = 0.5  # a lone saturated poll or filled probe lowers the estimate at most to this fraction
 
 
@@ -143,9 +143,7 @@ class BandwidthEstimator:
         """The smaller unloaded RTT of the last two probes while the latest is within `rtt_window` (0: none
         fresh, or only one probe so far): one probe that met a queue of someone else's, our own KV starting
         under it, or a busy host, does not raise the floor alone, also when the probe before it is older than
-        the window. (Until session 34 only probes within the window counted, so after 10 s of KV without a
-        probe one probe did set it alone: case study seed 2, pings of 21.7 ms 2 s before the dip put the floor
-        at 21.7 ms for 10 s, the dip's 14-30 ms RTTs read as headroom and it was detected after 11.6 s.)"""
+        the window (docs/router.md, "An active probe", *Unloaded RTT*)."""
         if len(self._idle_rtts) < 2 or t_s - self._idle_rtts[-1][0] > self.spec.rtt_window_s:
             return 0.0
         return min(r for _, r in self._idle_rtts)
@@ -191,11 +189,12 @@ class BandwidthEstimator:
         return self._publish(t_s, backlogged, qdelay, rate, evidence, x, rtt_ms, floor)
 
     def probe(self, t_s: float, nbytes: float, rate_bps: float, rtt_ms: float, idle_rtt_ms: float | None = None,
-              min_rtt_ms: float = 0.0, retransmits: float = 0.0) -> Estimate:
+              min_rtt_ms: float = 0.0) -> Estimate:
         """One active probe: `nbytes` sent while no KV moved, delivered at `rate_bps` (TCP's delivery rate of
-        the connections that carried it), RTT `rtt_ms` at its end, `retransmits` during it; `idle_rtt_ms` the
-        round trip of its pings. Without a standing queue under it the path did not push back (loss, or a
-        window still small after a dip's losses, limited TCP): a lower bound."""
+        the connections that carried it), RTT `rtt_ms` at its end; `idle_rtt_ms` the round trip of its pings.
+        Without a standing queue under it the path did not push back (loss, or a window still small after a
+        dip's losses, limited TCP): a lower bound. Its retransmits therefore decide nothing (the router logs
+        them)."""
         s = self.spec
         # the queue under it is judged on the floor known before it: its end RTT carries its own burst, and
         # its pings may have met the very queue it is to find (two probes in a dip would make that queue the
@@ -209,11 +208,9 @@ class BandwidthEstimator:
         if x <= 0 or nbytes <= 0:
             return self._publish(t_s, False, qdelay, retrans, NONE, x, rtt_ms, floor)
         unloaded_s = (idle_rtt_ms if idle_rtt_ms else floor) / 1000.0
-        # filled: the path pushed back. The burst's size against its rate says the rate is not slow start's
-        # alone, and a standing queue under it says the window was not the limit either: after a dip's losses
-        # the connections' windows stay small, and a burst in congestion avoidance at that window carries many
-        # times its rate x RTT without queueing (case study, seed 3, 4 s after the dip: 140 MB at 4.2 Gbps,
-        # RTT 11.8 ms against 11.9 unloaded, on 84 Gbps left; read as filled it halved the estimate)
+        # filled: the path pushed back. Its size against its rate says the rate is not slow start's alone, and
+        # a standing queue under it says the window was not the limit either (a dip's losses leave windows
+        # small: docs/router.md, "An active probe", *Read*)
         filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s and queue
         # a burst's rate is not the remainder (under FIFO cross traffic it gets C x r / (r + X), and one that
         # ends in slow start gets less): believed from above only when it finds a dip (< probe_dip_fraction x A)
