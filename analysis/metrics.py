@@ -38,6 +38,13 @@ def ok_mask(df: pd.DataFrame) -> pd.Series:
     return df["status"].astype(str) == "ok"
 
 
+def cut_mask(df: pd.DataFrame) -> pd.Series:
+    """Requests the client cancelled in the run's drain once its verdict was decided (status ``cut``)."""
+    from testbed.serving.early_stop import CUT
+
+    return df["status"].astype(str) == CUT
+
+
 def offloaded_mask(df: pd.DataFrame) -> pd.Series:
     return df["route"].astype(str).str.startswith(OFFLOAD_ROUTE_PREFIX)
 
@@ -252,18 +259,23 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
               slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict[str, Any]:
     """The ``summary.json`` document of one run (keys of docs/serving.md "Run directory", plus a few more).
 
-    Throughput counts ok requests over `duration_s` (default: first arrival to last finish).
+    Throughput counts ok requests over `duration_s` (default: first arrival to last finish). A request cut
+    in the drain (status ``cut``, ``requests_cut``) is neither ok nor failed: its TTFT counts in the TTFT
+    figures, and it is not good, so ``good_fraction`` is then a lower bound (the cut fired only where the
+    verdict is the same at either bound: docs/experiments.md, "The drain cut").
     ``egress_gbps``: KV of offloaded requests (``kv_bytes`` x `scale`, 1 s bins, `kv_egress_series_bps`);
     ``wan_gbps``: everything the PrfaaS->PD WAN qdisc sent (KV + cross traffic), from link telemetry.
     """
     df = requests
     total = int(len(df))
     ok = ok_mask(df) if total else pd.Series([], dtype=bool)
+    cut = cut_mask(df) if total else pd.Series([], dtype=bool)
     good = df[ok]
+    first = df[ok | cut]  # a request cut in the drain has its first token: its TTFT counts, its TPOT is unknown
     if duration_s is None:
         span = (_num(df["finish_s"].max()) or 0.0) - (_num(df["arrival_s"].min()) or 0.0) if total else 0.0
         duration_s = span if span > 0 else None
-    ttft = ttft_s(good) if len(good) else pd.Series([], dtype=float)
+    ttft = ttft_s(first) if len(first) else pd.Series([], dtype=float)
     tpot = tpot_s(good) if len(good) else pd.Series([], dtype=float)
     off = offloaded_mask(df) if total else pd.Series([], dtype=bool)
     wire = float(df.loc[off, "kv_bytes"].fillna(0).sum()) if total else 0.0
@@ -273,12 +285,13 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
     wan = egress_series_bps(link, scale)
     wan_stats = ({"mean": float(wan.mean()) / 1e9, "p99": float(np.percentile(wan, 99)) / 1e9, "source": "link.parquet tx_bytes x scale"}
                  if wan is not None and len(wan) else {"mean": None, "p99": None, "source": "no link telemetry"})
-    short = good[~offloaded_mask(good)] if len(good) else good
+    short = first[~offloaded_mask(first)] if len(first) else first
     n_good = int(good_mask(df, slo_ttft_s, slo_tpot_s).sum()) if slo_ttft_s is not None and slo_tpot_s is not None and total else None
     return {
         "requests_total": total,
         "requests_ok": int(ok.sum()),
-        "requests_failed": int(total - ok.sum()),
+        "requests_failed": int(total - ok.sum() - cut.sum()),
+        "requests_cut": int(cut.sum()),
         "duration_s": duration_s,
         "throughput_rps": len(good) / duration_s if duration_s else None,
         "output_tokens_per_s": float(good["output_len"].sum()) / duration_s if duration_s and len(good) else None,
@@ -299,15 +312,27 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
         "queue": queue_trend(df),
         "prefix_cache": prefix_cache(df),
         "early_stop": early_stop(df),
+        "drain_cut": drain_cut(df),
     }
+
+
+def _client_stop(df: pd.DataFrame, prefix: str) -> str | None:
+    if "client_reason" not in df or not len(df):
+        return None
+    reasons = df["client_reason"].dropna().astype(str)
+    hit = reasons[reasons.str.startswith(prefix)]
+    return str(hit.iloc[0]).split(" (")[0] if len(hit) else None
 
 
 def early_stop(df: pd.DataFrame) -> str | None:
     """The client's reason when it ended the run early (`testbed.serving.early_stop`), else None."""
     from testbed.serving.early_stop import EARLY_STOP_PREFIX
 
-    if "client_reason" not in df or not len(df):
-        return None
-    reasons = df["client_reason"].dropna().astype(str)
-    hit = reasons[reasons.str.startswith(EARLY_STOP_PREFIX)]
-    return str(hit.iloc[0]).split(" (")[0] if len(hit) else None
+    return _client_stop(df, EARLY_STOP_PREFIX)
+
+
+def drain_cut(df: pd.DataFrame) -> str | None:
+    """The client's reason when it cut the run's drain (`testbed.serving.early_stop.EarlyStop.drain_settled`), else None."""
+    from testbed.serving.early_stop import DRAIN_CUT_PREFIX
+
+    return _client_stop(df, DRAIN_CUT_PREFIX)

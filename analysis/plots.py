@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.metrics import egress_series_bps, kv_egress_series_bps, offloaded_mask, ok_mask, tpot_s, ttft_s  # noqa: E402
+from analysis.metrics import cut_mask, egress_series_bps, kv_egress_series_bps, offloaded_mask, ok_mask, tpot_s, ttft_s  # noqa: E402
 from analysis.rundir import Run  # noqa: E402
 from testbed import units  # noqa: E402
 from testbed.scale import Scale  # noqa: E402
@@ -165,7 +165,7 @@ def congestion_response(run: Run) -> plt.Figure:
     for name, part, c in (("PrfaaS", good[offloaded_mask(good)] if len(good) else good, "tab:blue"), ("PD-P", good[~offloaded_mask(good)] if len(good) else good, "tab:orange")):
         if len(part):
             ax.plot(part["arrival_s"], ttft_s(part), ".", ms=3, alpha=0.6, color=c, label=name)
-    bad = req[~ok_mask(req)] if len(req) else req
+    bad = req[~ok_mask(req) & ~cut_mask(req)] if len(req) else req  # a request cut in the drain did not fail
     if len(bad):
         ax.plot(bad["arrival_s"], np.zeros(len(bad)), "x", color="tab:red", label="failed")
     ax.set_ylabel("TTFT (s)")

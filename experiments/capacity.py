@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from analysis.metrics import queue_trend_inconclusive
+from testbed.serving.early_stop import CONFIDENCE
+from testbed.serving.early_stop import good_fraction_interval as count_interval
 
 GOOD_FRACTION = 0.9
 MIN_REQUESTS = 20
@@ -135,13 +137,10 @@ def judge(summary: dict[str, Any], rate_rps: float, seed: int, run_dir: str = ""
                       is_decisive(passed, good, n, growing, bool(stopped), queue_trend_inconclusive(summary.get("queue"))))
 
 
-def good_fraction_interval(good_fraction: float, requests: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Clopper-Pearson interval of a run's good fraction (its requests as binomial trials)."""
-    from scipy.stats import binomtest
-
-    k = int(round(good_fraction * requests))
-    ci = binomtest(k, requests).proportion_ci(confidence_level=confidence, method="exact")
-    return float(ci.low), float(ci.high)
+def good_fraction_interval(good_fraction: float, requests: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Clopper-Pearson interval of a run's good fraction (its requests as binomial trials); the client's
+    drain cut reads the same interval (`testbed.serving.early_stop.good_tests`)."""
+    return count_interval(int(round(good_fraction * requests)), requests, confidence)
 
 
 def is_decisive(passed: bool, good: float | None, requests: int, growing: bool | None, stopped: bool,

@@ -99,7 +99,8 @@ def _print_summary(out: Path) -> None:
         return fmt.format(x) if isinstance(x, (int, float)) else "-"
 
     print(f"run directory: {out}")
-    print(f"  requests: {s['requests_ok']} ok / {s['requests_failed']} failed of {s['requests_total']}"
+    cut = f" / {s['requests_cut']} cut in the drain" if s.get("requests_cut") else ""
+    print(f"  requests: {s['requests_ok']} ok / {s['requests_failed']} failed{cut} of {s['requests_total']}"
           f"   throughput {f(s.get('throughput_rps'), '{:.2f}')} req/s   offloaded {f(s.get('offload_fraction'), '{:.0%}')}")
     print(f"  TTFT p50/p90/p99: {f(ttft.get('p50'))} / {f(ttft.get('p90'))} / {f(ttft.get('p99'))} s"
           f"   TPOT mean/p90: {f(tpot.get('mean'), '{:.4f}')} / {f(tpot.get('p90'), '{:.4f}')} s")

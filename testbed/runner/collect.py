@@ -17,6 +17,7 @@ from testbed.fidelity import with_compute
 from testbed.kv.tcplog import read_tcp_logs
 from testbed.scenario import Scenario
 from testbed.serving.config import ServingPlan
+from testbed.serving.early_stop import CUT
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -27,7 +28,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def requests_frame(requests: list[Any], router_rows: list[dict[str, Any]], client_rows: list[dict[str, Any]]) -> Any:
     """One row per generated request: the router's record, what the client saw, and a failed row with
-    the reason for a request that never got an answer. Dtypes: `testbed.rundir.REQUEST_DTYPES`."""
+    the reason for a request that never got an answer; a request the client cut in the drain has status
+    ``cut`` (the router saw a client that went away). Dtypes: `testbed.rundir.REQUEST_DTYPES`."""
     import pandas as pd
 
     by_router = {str(r["request_id"]): r for r in router_rows}
@@ -45,6 +47,8 @@ def requests_frame(requests: list[Any], router_rows: list[dict[str, Any]], clien
                 row["arrival_s"] = c["client_arrival_s"]
             if rid not in by_router:
                 row["reason"] = c.get("client_reason") or "the router kept no record"
+            if c.get("client_status") == CUT:  # the client ended it in the drain (early_stop.drain_settled)
+                row["status"], row["reason"] = CUT, c.get("client_reason")
         elif rid not in by_router:
             row["reason"] = "not sent before the run ended"
         row["scheduled_arrival_s"] = req.arrival_s

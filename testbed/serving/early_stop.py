@@ -1,4 +1,4 @@
-"""Early stopping of a run, as MLPerf's loadgen stops a run whose result is already decided.
+"""Early stopping of a run, as MLPerf's loadgen stops a run whose result is already decided, in two forms.
 
 A capacity probe passes only if at least a share ``stop_below`` (90%) of *all* its requests are good
 (within the TTFT and the TPOT SLO). Once more than ``(1 - stop_below)`` of them have certainly missed an
@@ -11,6 +11,14 @@ earlier): a request counts as missed only when its client-side TTFT exceeds the 
 when even finishing this instant would give it a TPOT above the SLO with the margin taken off. So a
 stop never rests on a request the run's own figures would have called good. Nothing here is a model
 or an estimate; a run that is not certain to fail runs to its end. docs/experiments.md, "Early stopping".
+
+The drain cut (`EarlyStop.drain_settled`) ends a run in its drain, after the last arrival, once the
+capacity verdict it feeds (`experiments.capacity.judge`) can no longer change: every request has its
+first token (so the queue trend, which looks only before first tokens, is final), and the good
+fraction's three tests -- at least `stop_below`, its binomial interval wholly above, wholly below
+(`good_tests`) -- come out the same whether the requests still decoding all end good or all end not good.
+The requests still decoding are then cancelled and recorded as ``cut``, not failed. docs/experiments.md,
+"The drain cut".
 """
 
 from __future__ import annotations
@@ -19,6 +27,25 @@ from dataclasses import dataclass
 
 MARGIN_S = 0.5  # client-vs-router clock slack per request (intra-DC hops are ~1 ms; 0.5 s covers a loaded host)
 EARLY_STOP_PREFIX = "stopped early"
+DRAIN_CUT_PREFIX = "drain cut"
+CUT = "cut"  # the status of a request cancelled by the drain cut (client_status, then status in requests.parquet)
+CONFIDENCE = 0.95  # the good fraction's binomial interval (Clopper-Pearson), as `experiments.capacity` judges it
+
+
+def good_fraction_interval(good: int, requests: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Clopper-Pearson interval of a good fraction: `good` of `requests` as binomial trials."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(good, requests).proportion_ci(confidence_level=confidence, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def good_tests(good: int, requests: int, bar: float) -> tuple[bool, bool, bool]:
+    """What a capacity verdict reads from a good count: (at least `bar` good, the binomial interval wholly
+    above `bar`, wholly below it). Each is monotone in `good`, so two counts with the same tests agree on
+    every count between them."""
+    lo, hi = good_fraction_interval(good, requests)
+    return good / requests >= bar, lo > bar, hi < bar
 
 
 @dataclass
@@ -29,6 +56,7 @@ class EarlyStop:
     stop_below: float  # the share of all requests that must be good for the run to pass
     margin_s: float = MARGIN_S
     missed: int = 0  # finished requests that certainly missed an SLO
+    good: int = 0  # finished requests certainly within every SLO (`request_good`)
 
     def request_missed(self, arrival_s: float, first_token_s: float | None, output_len: int, now_s: float,
                        failed: bool = False) -> bool:
@@ -41,9 +69,17 @@ class EarlyStop:
             return True
         return output_len > 1 and (now_s - first_token_s - self.margin_s) / (output_len - 1) > self.tpot_s
 
+    def request_good(self, arrival_s: float, first_token_s: float | None, output_len: int, finish_s: float) -> bool:
+        """Is this request, which finished ok at `finish_s`, certainly within every SLO on the router's clock
+        too? Its client-side TTFT bounds the router's from above; its TPOT gets the margin added."""
+        if first_token_s is None or first_token_s - arrival_s > self.ttft_s:
+            return False
+        return output_len <= 1 or (finish_s - first_token_s + self.margin_s) / (output_len - 1) <= self.tpot_s
+
     def finish(self, arrival_s: float, first_token_s: float | None, output_len: int, finish_s: float, ok: bool) -> None:
         """Count a finished request."""
         self.missed += self.request_missed(arrival_s, first_token_s, output_len, finish_s, failed=not ok)
+        self.good += ok and self.request_good(arrival_s, first_token_s, output_len, finish_s)
 
     def decide(self, in_flight: list[tuple[float, float | None, int]], now_s: float) -> str | None:
         """The reason to stop now, or None: `in_flight` holds (arrival, first token or None, output_len)."""
@@ -53,3 +89,15 @@ class EarlyStop:
             return (f"{EARLY_STOP_PREFIX}: {missed} of {self.total} requests already missed an SLO, so fewer than "
                     f"{self.stop_below:.0%} can be good")
         return None
+
+    def drain_settled(self, in_flight: list[tuple[float, float | None, int]], now_s: float) -> str | None:
+        """The reason to cut the drain now, or None. Call only once every request has been sent: `in_flight`
+        holds the unfinished ones (arrival, first token or None, output_len)."""
+        if not in_flight or any(f is None for _, f, _ in in_flight):
+            return None  # nothing left to cut; or a request without a first token still counts in the queue trend
+        late = sum(self.request_missed(a, f, n, now_s) for a, f, n in in_flight)
+        lo, hi = self.good, self.total - self.missed - late
+        if good_tests(lo, self.total, self.stop_below) != good_tests(hi, self.total, self.stop_below):
+            return None
+        return (f"{DRAIN_CUT_PREFIX}: every request has its first token and {lo} of {self.total} are certainly good, "
+                f"{self.total - hi} certainly not, so the {len(in_flight)} still decoding cannot change the verdict")

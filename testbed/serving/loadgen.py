@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.clock import now_s, run_t0
-from testbed.serving.early_stop import EarlyStop
+from testbed.serving.early_stop import CUT, EarlyStop
 
 
 @dataclass
@@ -58,6 +58,7 @@ class Client:
         self.stop = threading.Event()
         self.early: EarlyStop | None = None
         self.stopped: str | None = None  # the early stop's reason
+        self.cut: str | None = None  # the drain cut's reason (`EarlyStop.drain_settled`)
         self.flight: dict[str, list[Any]] = {}  # request id -> [arrival, first token, output_len, socket or None]
         self.started_ids: set[str] = set()
 
@@ -154,6 +155,8 @@ class Client:
             self.flight.pop(rid, None)
             if self.stopped and row["client_status"] != "ok":
                 row["client_reason"] = f"{self.stopped} ({row['client_reason'] or 'cancelled'})"
+            elif self.cut and row["client_status"] != "ok":
+                row["client_status"], row["client_reason"] = CUT, self.cut
             if self.early is not None:
                 self.early.finish(row["client_arrival_s"], row["client_first_token_s"], int(req["output_len"]),
                                   row["client_finish_s"], row["client_status"] == "ok")
@@ -195,17 +198,22 @@ class Client:
         return threads
 
     def watch_early_stop(self, period_s: float = 0.2) -> None:
-        """Stop the run once it cannot pass any more (`EarlyStop`): no more arrivals, in-flight requests cancelled."""
+        """Stop the run once it cannot pass any more (`EarlyStop.decide`): no more arrivals, in-flight requests
+        cancelled; or, once every request has been sent, cut its drain once the verdict cannot change
+        (`EarlyStop.drain_settled`): the requests still decoding are cancelled and recorded as ``cut``."""
         while not self.stop.wait(period_s):
             with self.lock:
-                reason = self.early.decide([(a, f, n) for a, f, n, _ in self.flight.values()], now_s() - run_t0())
-                if reason is None:
+                flight = [(a, f, n) for a, f, n, _ in self.flight.values()]
+                t = now_s() - run_t0()
+                reason = self.early.decide(flight, t)
+                cut = self.early.drain_settled(flight, t) if reason is None and self.sent == self.early.total else None
+                if reason is None and cut is None:
                     continue
-                self.stopped = reason
+                self.stopped, self.cut = reason, cut
                 for *_, sock in self.flight.values():
                     _abort(sock)
             self.stop.set()
-            _emit({"kind": "early_stop", "reason": reason})
+            _emit({"kind": "early_stop", "reason": reason} if reason else {"kind": "drain_cut", "reason": cut})
             return
 
     def record_unsent(self, requests: list[dict[str, Any]]) -> None:

@@ -24,3 +24,52 @@ def test_the_run_stops_once_fewer_than_the_bar_can_still_be_good():
     assert e.decide([(0.0, None, 2)], now_s=5.0) is None  # 2 of 20 missed: 18 (90%) can still be good
     reason = e.decide([(0.0, None, 2), (1.0, None, 2)], now_s=5.0)
     assert reason == "stopped early: 3 of 20 requests already missed an SLO, so fewer than 90% can be good"
+
+
+def test_a_finished_request_is_certainly_good_only_within_every_slo_with_the_margin():
+    e = EarlyStop(total=10, ttft_s=1.0, tpot_s=0.03, stop_below=0.9)
+    assert e.request_good(0.0, 1.0, 101, finish_s=1.0 + 3.0 - MARGIN_S)  # 30 ms per token with the margin added
+    assert not e.request_good(0.0, 1.0, 101, finish_s=1.0 + 3.0 - MARGIN_S + 0.01)  # within the margin: unknown
+    assert not e.request_good(0.0, 1.01, 101, finish_s=1.5)  # first token after the TTFT SLO
+    assert not e.request_good(0.0, None, 1, finish_s=1.5)
+    e.finish(0.0, 0.5, 101, 2.0, ok=True)
+    e.finish(0.0, 0.5, 101, 2.0, ok=False)  # failed: never good
+    assert (e.good, e.missed) == (1, 1)
+
+
+def test_the_drain_is_cut_only_when_every_request_has_its_first_token_and_the_good_tests_agree():
+    e = EarlyStop(total=20, ttft_s=1.0, tpot_s=1.0, stop_below=0.9, good=18)
+    flight = [(5.0, 5.2, 100), (5.1, 5.3, 100)]
+    assert e.drain_settled(flight, now_s=6.0).startswith("drain cut: every request has its first token and 18 of 20")
+    assert e.drain_settled(flight[:1] + [(5.1, None, 100)], now_s=6.0) is None  # one still waits: the queue is not final
+    assert e.drain_settled([], now_s=6.0) is None  # nothing left to cut
+    e.good = 17  # 85% certain, 100% possible: the decoding requests decide the pass
+    assert e.drain_settled(flight + [(5.2, 5.4, 100)], now_s=6.0) is None
+
+
+def test_a_cut_drain_never_changes_the_capacity_verdict():
+    """Whenever the cut fires, `experiments.capacity.judge` gives the same verdict (pass, decisive) on the
+    run's recorded summary (the cut requests not good) as on any way the cut requests could have ended."""
+    import random
+
+    from experiments.capacity import GOOD_FRACTION, judge
+
+    rng = random.Random(7)
+    fired = held = 0
+    for _ in range(400):
+        n = rng.randint(20, 600)
+        flying = rng.randint(1, max(1, n // 12))
+        missed = rng.randint(0, max(0, (n - flying) // 8))
+        good = rng.randint(max(0, n - flying - missed - n // 20), n - flying - missed)  # the rest: the margin band
+        e = EarlyStop(total=n, ttft_s=30.0, tpot_s=0.03, stop_below=GOOD_FRACTION, good=good, missed=missed)
+        if e.drain_settled([(0.0, 1.0, 1024)] * flying, now_s=2.0) is None:
+            held += 1
+            continue
+        fired += 1
+        for growing in (False, True):
+            queue = {"growing": growing, "p_value": 0.5, "growth": 0.0}
+            recorded = judge({"good_fraction": good / n, "requests_total": n, "queue": queue}, 1.0, 1)
+            for k in range(good, n - missed + 1):  # every final count the cut requests allow
+                final = judge({"good_fraction": k / n, "requests_total": n, "queue": queue}, 1.0, 1)
+                assert (final.passed, final.decisive) == (recorded.passed, recorded.decisive), (n, good, missed, flying, k)
+    assert fired > 50 and held > 50, (fired, held)  # both branches exercised

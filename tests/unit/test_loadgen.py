@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from analysis.metrics import early_stop
+from analysis.metrics import drain_cut, early_stop, summarize
 from testbed.runner.collect import requests_frame
 from testbed.serving import loadgen
 from testbed.serving.early_stop import MARGIN_S
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(60)
 
 class StandIn:
     """Streams `max_tokens` chunks like the router; request ids starting with "fail" end in an error event,
-    ids starting with "stall" wait for `stall` (when set) before answering."""
+    ids starting with "stall" wait for `stall` (when set) before answering, "slow" ones stream a token
+    every 0.1 s."""
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
@@ -66,7 +67,11 @@ class StandIn:
                 for i in range(body["max_tokens"]):
                     chunk = {"id": rid, "choices": [{"text": f" t{i}", "index": 0, "finish_reason": None}]}
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    time.sleep(0.01)
+                    try:
+                        self.wfile.flush()
+                    except OSError:  # the client cancelled the stream
+                        break
+                    time.sleep(0.1 if rid.startswith("slow") else 0.01)
                 if rid.startswith("fail"):
                     last = {"error": {"message": f"request {rid} failed: decode instance 0: gone", "type": "worker_error"}}
                 else:
@@ -191,3 +196,62 @@ def test_the_client_ends_a_run_that_cannot_pass_and_accounts_for_every_request(t
     assert by["r16"]["client_reason"].endswith("(not sent)")
     df = requests_frame([Request(r["request_id"], r["arrival_s"], 600, 4, tuple(r["block_hashes"])) for r in reqs], [], rows)
     assert early_stop(df) == "stopped early: 3 of 20 requests already missed an SLO, so fewer than 90% can be good"
+
+
+def _drive(tmp_path: Path, reqs: list[dict[str, Any]], **cfg: Any) -> tuple[float, dict[str, dict[str, Any]]]:
+    """loadgen.main against a stand-in router: (wall seconds, the client's rows by request id)."""
+    router = StandIn()
+    try:
+        (tmp_path / "req.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reqs))
+        conf = {"router_host": "127.0.0.1", "router_port": router.port, "requests_file": str(tmp_path / "req.jsonl"),
+                "out_file": str(tmp_path / "out.jsonl"), "request_timeout_s": 30, **cfg}
+        (tmp_path / "cfg.json").write_text(json.dumps(conf))
+        t0 = time.monotonic()
+        assert loadgen.main(["--config", str(tmp_path / "cfg.json")]) == 0
+        return time.monotonic() - t0, rows(tmp_path / "out.jsonl")
+    finally:
+        router.server.shutdown()
+        router.server.server_close()
+
+
+def _slow_and_quick(slow: int, total: int = 20) -> list[dict[str, Any]]:
+    """`slow` requests with 30-token answers (3 s of streaming) first, then quick 4-token ones, 50 ms apart."""
+    return [{"request_id": f"slow{i}" if i < slow else f"r{i}", "arrival_s": 0.05 * i, "input_len": 600,
+             "output_len": 30 if i < slow else 4, "block_hashes": [i]} for i in range(total)]
+
+
+def test_the_client_cuts_the_drain_once_the_decoding_requests_cannot_change_the_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    reqs = _slow_and_quick(2)
+    took, out = _drive(tmp_path, reqs, slo_ttft_s=1.0, slo_tpot_s=1.0, stop_below=0.9)
+    # 18 of 20 certainly good (90%) whether or not the 2 still decoding end good: the same verdict either
+    # way, so the run ends once the quick ones are done (~1 s), not after the slow answers' 3 s
+    assert took < 2.6, took
+    assert all(out[f"r{i}"]["client_status"] == "ok" for i in range(2, 20))
+    for i in range(2):
+        assert out[f"slow{i}"]["client_status"] == "cut" and out[f"slow{i}"]["client_first_token_s"] is not None
+        assert out[f"slow{i}"]["client_reason"].startswith("drain cut: every request has its first token and 18 of 20")
+    # the router's records as it keeps them: a cut stream is a client that went away
+    router_rows = [{"request_id": k, "arrival_s": r["client_arrival_s"], "first_token_s": r["client_first_token_s"],
+                    "finish_s": r["client_finish_s"], "status": "ok" if r["client_status"] == "ok" else "failed",
+                    "reason": None if r["client_status"] == "ok" else "client disconnected"} for k, r in out.items()]
+    df = requests_frame([Request(r["request_id"], r["arrival_s"], 600, r["output_len"], tuple(r["block_hashes"])) for r in reqs],
+                        router_rows, list(out.values()))
+    assert list(df.loc[df["status"] == "cut", "request_id"]) == ["slow0", "slow1"]
+    assert df.set_index("request_id").loc["slow0", "reason"].startswith("drain cut")
+    assert drain_cut(df) is not None and early_stop(df) is None
+    s = summarize(df, slo_ttft_s=1.0, slo_tpot_s=1.0)
+    assert (s["requests_ok"], s["requests_failed"], s["requests_cut"]) == (18, 0, 2)
+    assert s["good_fraction"] == 0.9  # a cut request is not good: a lower bound
+    # its TTFT counts: the mean is over all 20 first tokens
+    assert s["ttft_s"]["mean"] == pytest.approx((df["first_token_s"] - df["arrival_s"]).mean())
+    assert s["ttft_s"]["mean"] != pytest.approx((df["first_token_s"] - df["arrival_s"])[df["status"] == "ok"].mean())
+
+
+def test_the_client_does_not_cut_a_drain_whose_decoding_requests_can_still_change_the_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    took, out = _drive(tmp_path, _slow_and_quick(3), slo_ttft_s=1.0, slo_tpot_s=1.0, stop_below=0.9)
+    # 17 certainly good (85%): the 3 still decoding decide whether 90% are good, so nothing is cut before
+    # the first of them has finished (3 s of streaming); then 18 are good and the other two can be cut
+    assert took >= 3.0, took
+    assert out["slow0"]["client_status"] == "ok" and all(out[f"r{i}"]["client_status"] == "ok" for i in range(3, 20))
