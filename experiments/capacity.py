@@ -281,6 +281,10 @@ def check_scenario(scenario: str, overrides: Sequence[str]) -> Any:
     if not isinstance(getattr(wl, "arrivals", None), Poisson) or wl.arrivals.steps:
         raise UserError("workload.arrivals: prfaas capacity needs {process: poisson, rate: ...} without steps "
                         "(the search sets the rate)")
+    stop_below = sc.section("serving").slo.stop_below
+    if stop_below is not None and stop_below != GOOD_FRACTION:  # the early stop and the drain cut keep judge's verdict at its bar only
+        raise UserError(f"serving.slo.stop_below: {stop_below:g}; prfaas capacity judges at {GOOD_FRACTION:g} and sets it "
+                        "itself (leave it unset, or use --no-early-stop)")
     return sc
 
 

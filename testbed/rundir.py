@@ -66,6 +66,7 @@ ROUTER_RECORD_COLUMNS = (
     "cache_transfer_tokens", "prefill_late_s", "decode_late_s",
 )
 # What the client agent saw of a request (work/client.jsonl).
+CLIENT_DISCONNECTED = "client disconnected"  # the router's reason for a request whose client went away mid-stream
 CLIENT_COLUMNS = ("client_arrival_s", "client_first_token_s", "client_finish_s", "tokens_received", "client_status",
                   "client_reason", "text")
 # From the generated workload.

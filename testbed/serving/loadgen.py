@@ -44,6 +44,9 @@ class LoadConfig:
     stop_below: float | None = None  # early stopping (testbed.serving.early_stop); None: never
 
 
+RECORDS_WAIT_S = 10.0  # after a drain cut, how long the client waits for the router's records (`Client.await_records`)
+
+
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -59,6 +62,7 @@ class Client:
         self.early: EarlyStop | None = None
         self.stopped: str | None = None  # the early stop's reason
         self.cut: str | None = None  # the drain cut's reason (`EarlyStop.drain_settled`)
+        self.cut_ids: set[str] = set()  # the requests in flight when the drain was cut
         self.flight: dict[str, list[Any]] = {}  # request id -> [arrival, first token, output_len, socket or None]
         self.started_ids: set[str] = set()
 
@@ -108,6 +112,7 @@ class Client:
             self.flight[rid] = [row["client_arrival_s"], None, int(req["output_len"]), None]
         deadline = now_s() + self.cfg.request_timeout_s
         parts: list[str] = []
+        errored = False  # the router answered with an error event: a failure, whatever stops the run
         try:
             if self.stop.is_set():  # the run was stopped early while this request was starting
                 raise ConnectionAbortedError("cancelled before it was sent")
@@ -132,6 +137,7 @@ class Client:
                     ev = json.loads(payload)
                     if "error" in ev:
                         row["client_reason"] = ev["error"].get("message")
+                        errored = True
                         continue
                     text = ev["choices"][0].get("text") or ""
                     if text:
@@ -155,7 +161,7 @@ class Client:
             self.flight.pop(rid, None)
             if self.stopped and row["client_status"] != "ok":
                 row["client_reason"] = f"{self.stopped} ({row['client_reason'] or 'cancelled'})"
-            elif self.cut and row["client_status"] != "ok":
+            elif rid in self.cut_ids and row["client_status"] != "ok" and not errored:  # its stream was cut, nothing else
                 row["client_status"], row["client_reason"] = CUT, self.cut
             if self.early is not None:
                 self.early.finish(row["client_arrival_s"], row["client_first_token_s"], int(req["output_len"]),
@@ -210,11 +216,28 @@ class Client:
                 if reason is None and cut is None:
                     continue
                 self.stopped, self.cut = reason, cut
+                if cut:
+                    self.cut_ids = set(self.flight)
                 for *_, sock in self.flight.values():
                     _abort(sock)
             self.stop.set()
             _emit({"kind": "early_stop", "reason": reason} if reason else {"kind": "drain_cut", "reason": cut})
             return
+
+    def await_records(self, timeout_s: float = RECORDS_WAIT_S) -> bool:
+        """After a drain cut: wait until the router has stored a record of every request sent (it notices a
+        cancelled stream at its next token and then stores the record with the request's prefill times),
+        so that the run's end, which stops the router, loses none. False when it has not within `timeout_s`."""
+        deadline = now_s() + timeout_s
+        while now_s() < deadline:
+            try:
+                state = self.get("/v1/state")
+            except (OSError, ValueError, http.client.HTTPException):
+                state = None
+            if state and sum(int(r.get("count", 0)) for r in state.get("requests", [])) >= self.sent:
+                return True
+            time.sleep(0.05)
+        return False
 
     def record_unsent(self, requests: list[dict[str, Any]]) -> None:
         """After an early stop, a row for every request never sent, with the stop's reason."""
@@ -279,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     for t in threads:
         t.join(max(0.0, cfg.request_timeout_s + 5))
     client.stop.set()
+    if client.cut and not client.await_records():
+        print(f"drain cut: the router had not stored every request's record within {RECORDS_WAIT_S:g}s", file=sys.stderr)
     if client.stopped:
         with client.lock:
             client.record_unsent(requests)

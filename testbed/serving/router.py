@@ -36,7 +36,7 @@ from typing import Any, Iterator
 from testbed import clock
 from testbed.blocks import BLOCK_TOKENS, prompt_token_ids
 from testbed.errors import FieldError, UserError
-from testbed.rundir import ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
+from testbed.rundir import CLIENT_DISCONNECTED, ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
 from testbed.scale import Scale
 from testbed.validation import Fields, boolean, positive_int, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
@@ -383,8 +383,8 @@ class Router:
             yield from self._run(c, dec, rec, arrival)
         except WorkerFailed as exc:
             rec["reason"] = str(exc)
-        except GeneratorExit:  # the client went away mid-stream
-            rec.update(status="failed", reason="client disconnected")
+        except GeneratorExit:  # the client went away mid-stream (or cut the run's drain: early_stop.drain_settled)
+            rec.update(status="failed", reason=CLIENT_DISCONNECTED)
             self._store(rec)
             raise
         finally:
@@ -396,6 +396,8 @@ class Router:
     def _store(self, rec: dict[str, Any]) -> None:
         if rec["finish_s"] is None:
             rec["finish_s"] = clock.now_s()
+        if rec["kv_bytes"] is not None:
+            rec["kv_bytes_emulated"] = self.scale.emulated_bytes(int(rec["kv_bytes"]))
         for k in ("arrival_s", "prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "first_token_s", "finish_s"):
             if rec[k] is not None:
                 rec[k] = float(rec[k]) - clock.run_t0()
@@ -480,19 +482,12 @@ class Router:
                 raise WorkerFailed(f"{source}: stream ended before its final event")
             if final.ok:  # the KV arrived, so the prefill's answer is (nearly) there
                 prefill_done.wait(timeout=min(5.0, self.cfg.request_timeout_s))
-            pres = prefill_result[0] if prefill_done.is_set() and prefill_result else None
-            if pres is not None:
-                for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "kv_bytes", "wire_bytes",
-                          "prefill_late_s"):
-                    if getattr(pres, k) is not None:
-                        rec[k] = getattr(pres, k)
+            _take_prefill(rec, prefill_result if prefill_done.is_set() else [])
             for k in ("transfer_start_s", "transfer_end_s", "first_token_s", "finish_s", "decode_late_s"):
                 if getattr(final, k) is not None and rec.get(k) is None:
                     rec[k] = getattr(final, k)
             if rec["kv_bytes"] is None and final.kv_bytes:
                 rec["kv_bytes"] = final.kv_bytes
-            if rec["kv_bytes"] is not None:
-                rec["kv_bytes_emulated"] = self.scale.emulated_bytes(int(rec["kv_bytes"]))
             rec["finish_s"] = final.finish_s or clock.now_s()
             if not final.ok:
                 raise WorkerFailed(f"{source}: {final.reason or 'failed'}")
@@ -501,6 +496,12 @@ class Router:
             rec["status"] = "ok"
         finally:
             _abort(conn, dsock)
+            if rec["first_token_s"] is not None and rec["prefill_end_s"] is None:
+                # ended after its first token without the final event (the client went away, the drain cut):
+                # the KV arrived, so the prefill's answer is (nearly) there. Its times keep the request out of
+                # the queue between prefill start and end (analysis.metrics.queued_series), as when it finishes.
+                prefill_done.wait(timeout=min(PREFILL_ANSWER_WAIT_S, self.cfg.request_timeout_s))
+                _take_prefill(rec, prefill_result if prefill_done.is_set() else [])
             with self._lock:
                 self._changed(d, -1)
                 if not prefill_started:
@@ -765,6 +766,19 @@ def _why(exc: BaseException) -> str:
         return "timed out"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
+
+
+PREFILL_ANSWER_WAIT_S = 2.0  # a request that has its first token got its KV: the prefill's answer follows within ms
+
+
+def _take_prefill(rec: dict[str, Any], result: list[PrefillResult]) -> None:
+    """Copy the prefill's answer (its times, KV bytes) into the request's record, once it has come."""
+    pres = result[0] if result else None
+    if pres is None:
+        return
+    for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "kv_bytes", "wire_bytes", "prefill_late_s"):
+        if getattr(pres, k) is not None:
+            rec[k] = getattr(pres, k)
 
 def _abort(conn: http.client.HTTPConnection | None, sock: socket.socket | None = None) -> None:
     """Close a worker connection from any thread (a blocked read returns at once). `sock`: the connection's

@@ -35,6 +35,7 @@ class StandIn:
         self.peak = 0
         self.lock = threading.Lock()
         self.stall: threading.Event | None = None
+        self.stored = 0  # requests answered or abandoned: the router's stored records (`/v1/state`)
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -44,7 +45,8 @@ class StandIn:
                 return
 
             def do_GET(self) -> None:
-                data = b'{"ok": true}'
+                state = {"ok": True, "requests": [{"route": "prfaas", "status": "any", "count": outer.stored}]}
+                data = json.dumps(state).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -58,6 +60,14 @@ class StandIn:
                     outer.active += 1
                     outer.peak = max(outer.peak, outer.active)
                 rid = body["prfaas"]["request_id"]
+                try:
+                    self.stream(body, rid)
+                finally:
+                    with outer.lock:
+                        outer.active -= 1
+                        outer.stored += 1
+
+            def stream(self, body: dict[str, Any], rid: str) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
@@ -66,19 +76,17 @@ class StandIn:
                     outer.stall.wait(30)  # headers sent, no token: a prefill queue that never reaches this request
                 for i in range(body["max_tokens"]):
                     chunk = {"id": rid, "choices": [{"text": f" t{i}", "index": 0, "finish_reason": None}]}
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     try:
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                         self.wfile.flush()
                     except OSError:  # the client cancelled the stream
-                        break
+                        return
                     time.sleep(0.1 if rid.startswith("slow") else 0.01)
                 if rid.startswith("fail"):
                     last = {"error": {"message": f"request {rid} failed: decode instance 0: gone", "type": "worker_error"}}
                 else:
                     last = {"id": rid, "choices": [{"text": "", "index": 0, "finish_reason": "length"}], "prfaas": {"route": "prfaas", "cached_len": 0}}
                 self.wfile.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
-                with outer.lock:
-                    outer.active -= 1
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.server.daemon_threads = True

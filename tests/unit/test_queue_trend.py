@@ -89,3 +89,20 @@ def test_the_sample_step_is_the_median_ttft_and_never_below_1_s() -> None:
 def test_a_run_too_short_for_five_samples_is_undecided() -> None:
     q = queue_trend(fifo_run(rate_rps=2.0, service_s=0.1, decode_s=27.0, duration_s=5.0, seed=6))
     assert q["samples"] < 5 and q["growing"] is None
+
+
+def test_a_drain_cut_leaves_the_queue_trend_as_it_was() -> None:
+    """The drain cut (testbed.serving.early_stop) ends the requests still decoding once every request has its
+    first token: their status becomes ``cut`` and their finish moves up; the router keeps their prefill
+    times. The trend must read none of what changed, or a cut could move a verdict."""
+    for seed, rate in ((1, 2.0), (2, 4.5), (3, 5.5)):  # stable, near the edge, overloaded
+        df = fifo_run(rate, 0.2, 26.0, 150.0, seed).assign(status="ok")
+        cut_at = float(df["first_token_s"].max()) + 1.0
+        decoding = df["finish_s"] > cut_at
+        cut = df.assign(status=np.where(decoding, "cut", "ok"), finish_s=np.where(decoding, cut_at, df["finish_s"]))
+        assert decoding.sum() > 20
+        assert queue_trend(cut) == queue_trend(df)
+        # what the cut must not lose: without the prefill times a cut request counts as queued through its prefill
+        lost = cut.assign(prefill_start_s=np.where(decoding, np.nan, cut["prefill_start_s"]),
+                          prefill_end_s=np.where(decoding, np.nan, cut["prefill_end_s"]))
+        assert queued_series(lost, 1.0)[1].sum() > queued_series(cut, 1.0)[1].sum()

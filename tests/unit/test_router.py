@@ -583,3 +583,21 @@ def test_a_probe_under_which_kv_moved_is_logged_and_not_believed(router, fw) -> 
     row = r.log.rows("probe")[0]
     assert not row["ok"] and row["reason"] == "KV moved during the probe (not an idle measurement)"
     assert r.policy.controller.estimate.available_bps == r.cfg.wan_capacity_bps  # 0.1 Gbps x scale never believed
+
+
+def test_a_stream_cut_after_its_first_token_keeps_its_prefill_times_and_kv_in_the_record(router, fw) -> None:
+    """The drain cut (testbed.serving.early_stop) closes streams after their first token: the record must
+    still carry the prefill's times, or the queue trend would count the prefill as queueing."""
+    from testbed.serving.router import Completion
+
+    r = router()
+    gen = r.serve(Completion("cut1", 9000, 50, [], None, True, "prfaas"))  # 9K > threshold 8K: offloaded
+    assert [type(next(gen)).__name__ for _ in range(2)] == ["TokenEvent", "TokenEvent"]
+    gen.close()  # the client went away mid-stream
+    rec = next(x for x in r.records() if x["request_id"] == "cut1")
+    assert (rec["status"], rec["reason"]) == ("failed", "client disconnected")
+    assert rec["first_token_s"] is not None
+    assert rec["prefill_start_s"] is not None and rec["prefill_end_s"] is not None
+    assert rec["prefill_start_s"] <= rec["prefill_end_s"]
+    assert rec["kv_bytes"] == 9000 * KV_BYTES_PER_TOKEN
+    assert rec["kv_bytes_emulated"] == 9000 * KV_BYTES_PER_TOKEN * 10  # the router's scale, 10
