@@ -47,7 +47,7 @@ def requests_frame(requests: list[Any], router_rows: list[dict[str, Any]], clien
                 row["arrival_s"] = c["client_arrival_s"]
             if rid not in by_router:
                 row["reason"] = c.get("client_reason") or "the router kept no record"
-            if c.get("client_status") == CUT and row.get("reason") in (None, rundir.CLIENT_DISCONNECTED):
+            if c.get("client_status") == CUT and (rid not in by_router or row.get("reason") in (None, rundir.CLIENT_DISCONNECTED)):
                 # the client ended it in the drain (early_stop.drain_settled); a failure the router saw stays one
                 row["status"], row["reason"] = CUT, c.get("client_reason")
         elif rid not in by_router:

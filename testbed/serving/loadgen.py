@@ -58,6 +58,7 @@ class Client:
         self.lock = threading.Lock()
         self.out = open(cfg.out_file, "w")
         self.sent = self.done = self.ok = 0
+        self.accepted = 0  # requests the router answered with 200: each gets a stored record (`await_records`)
         self.stop = threading.Event()
         self.early: EarlyStop | None = None
         self.stopped: str | None = None  # the early stop's reason
@@ -125,6 +126,8 @@ class Client:
             if resp.status != 200:
                 row["client_reason"] = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace')}"
             else:
+                with self.lock:
+                    self.accepted += 1
                 for line in resp:
                     if now_s() > deadline:
                         row["client_reason"] = f"no answer within {self.cfg.request_timeout_s:g}s"
@@ -225,7 +228,7 @@ class Client:
             return
 
     def await_records(self, timeout_s: float = RECORDS_WAIT_S) -> bool:
-        """After a drain cut: wait until the router has stored a record of every request sent (it notices a
+        """After a drain cut: wait until the router has stored a record of every request it accepted (it notices a
         cancelled stream at its next token and then stores the record with the request's prefill times),
         so that the run's end, which stops the router, loses none. False when it has not within `timeout_s`."""
         deadline = now_s() + timeout_s
@@ -234,7 +237,7 @@ class Client:
                 state = self.get("/v1/state")
             except (OSError, ValueError, http.client.HTTPException):
                 state = None
-            if state and sum(int(r.get("count", 0)) for r in state.get("requests", [])) >= self.sent:
+            if state and sum(int(r.get("count", 0)) for r in state.get("requests", [])) >= self.accepted:
                 return True
             time.sleep(0.05)
         return False
@@ -287,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = LoadConfig(**json.loads(Path(args.config).read_text()))
     requests = [json.loads(x) for x in Path(cfg.requests_file).read_text().splitlines() if x.strip()]
     client = Client(cfg)
+    if cfg.stop_below is not None:  # the drain cut's binomial interval: scipy imported now, not under the lock mid-run (~1-3 s)
+        import scipy.stats  # noqa: F401
     if not client.wait_ready():
         _emit({"kind": "error", "message": f"router {cfg.router_host}:{cfg.router_port} not ready within {cfg.startup_timeout_s:g}s"})
         return 1

@@ -481,7 +481,7 @@ class Router:
                 self._mark_unhealthy(d)
                 raise WorkerFailed(f"{source}: stream ended before its final event")
             if final.ok:  # the KV arrived, so the prefill's answer is (nearly) there
-                prefill_done.wait(timeout=min(5.0, self.cfg.request_timeout_s))
+                prefill_done.wait(timeout=min(PREFILL_ANSWER_WAIT_S, self.cfg.request_timeout_s))
             _take_prefill(rec, prefill_result if prefill_done.is_set() else [])
             for k in ("transfer_start_s", "transfer_end_s", "first_token_s", "finish_s", "decode_late_s"):
                 if getattr(final, k) is not None and rec.get(k) is None:
@@ -494,14 +494,17 @@ class Router:
             if prefill_failed():
                 raise WorkerFailed(prefill_failed())
             rec["status"] = "ok"
-        finally:
-            _abort(conn, dsock)
-            if rec["first_token_s"] is not None and rec["prefill_end_s"] is None:
-                # ended after its first token without the final event (the client went away, the drain cut):
-                # the KV arrived, so the prefill's answer is (nearly) there. Its times keep the request out of
-                # the queue between prefill start and end (analysis.metrics.queued_series), as when it finishes.
+        except GeneratorExit:
+            _abort(conn, dsock)  # the decode stops at once; the wait below is for the prefill's answer only
+            if rec["first_token_s"] is not None:
+                # the client went away after its first token (the drain cut): the KV arrived, so the prefill's
+                # answer is (nearly) there, as on the final event. Its times keep the request out of the queue
+                # between prefill start and end (analysis.metrics.queued_series), as when it finishes.
                 prefill_done.wait(timeout=min(PREFILL_ANSWER_WAIT_S, self.cfg.request_timeout_s))
                 _take_prefill(rec, prefill_result if prefill_done.is_set() else [])
+            raise
+        finally:
+            _abort(conn, dsock)
             with self._lock:
                 self._changed(d, -1)
                 if not prefill_started:
@@ -768,7 +771,7 @@ def _why(exc: BaseException) -> str:
 
 
 
-PREFILL_ANSWER_WAIT_S = 2.0  # a request that has its first token got its KV: the prefill's answer follows within ms
+PREFILL_ANSWER_WAIT_S = 5.0  # a request whose KV arrived waits at most this for the prefill's answer (it follows within ms)
 
 
 def _take_prefill(rec: dict[str, Any], result: list[PrefillResult]) -> None:

@@ -208,6 +208,8 @@ def test_the_client_ends_a_run_that_cannot_pass_and_accounts_for_every_request(t
 
 def _drive(tmp_path: Path, reqs: list[dict[str, Any]], **cfg: Any) -> tuple[float, dict[str, dict[str, Any]]]:
     """loadgen.main against a stand-in router: (wall seconds, the client's rows by request id)."""
+    import scipy.stats  # noqa: F401  (main imports it before the workload when stop_below is set: not timed here)
+
     router = StandIn()
     try:
         (tmp_path / "req.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reqs))
