@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from analysis.metrics import queue_trend_inconclusive
-from testbed.serving.early_stop import CONFIDENCE
+from testbed.serving.early_stop import CONFIDENCE, good_tests
 from testbed.serving.early_stop import good_fraction_interval as count_interval
 
 GOOD_FRACTION = 0.9
@@ -156,10 +156,10 @@ def is_decisive(passed: bool, good: float | None, requests: int, growing: bool |
         return True
     if good is None or requests < MIN_REQUESTS:
         return False
-    lo, hi = good_fraction_interval(good, requests)
+    _, above, below = good_tests(int(round(good * requests)), requests, GOOD_FRACTION)  # the tests the drain cut keeps
     if passed:
-        return lo > GOOD_FRACTION and growing is False and not inconclusive
-    return hi < GOOD_FRACTION
+        return above and growing is False and not inconclusive
+    return below
 
 
 Evaluate = Callable[[float, Sequence[int]], list[RunVerdict]]
