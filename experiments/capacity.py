@@ -288,9 +288,11 @@ def check_scenario(scenario: str, overrides: Sequence[str]) -> Any:
     return sc
 
 
-def wire_evaluator(scenario: str, overrides: Sequence[str], out: Path, executor: Any = None, progress: bool = True) -> Evaluate:
+def wire_evaluator(scenario: str, overrides: Sequence[str], out: Path, executor: Any = None, progress: Any = True,
+                   label: str = "capacity") -> Evaluate:
     """`evaluate` that really runs: one run per seed at the rate, through the experiment engine (resumable
-    under ``OUT/probes/``), judged from each run's summary."""
+    under ``OUT/probes/``), judged from each run's summary. `progress`: as `experiments.engine.run_tasks`'s;
+    `label` names the progress row."""
     from experiments.engine import resolve_scenario_ref, run_tasks
     from experiments.executor import RunTask
     from testbed import rundir
@@ -300,7 +302,7 @@ def wire_evaluator(scenario: str, overrides: Sequence[str], out: Path, executor:
     def evaluate(rate: float, seeds: Sequence[int]) -> list[RunVerdict]:
         tasks = [RunTask(f"rate={rate:.4g}/seed{s}", ref, tuple(overrides) + (rate_override(rate), f"seed={s}"),
                          out / "probes" / f"rate={rate:.4g}" / f"seed{s}") for s in seeds]
-        outcomes = run_tasks(tasks, executor, label=f"capacity {rate:.4g} req/s", progress=progress)
+        outcomes = run_tasks(tasks, executor, label=f"{label} {rate:.4g} req/s", progress=progress)
         verdicts = []
         for t, s in zip(tasks, seeds):
             o = outcomes[t.key]
@@ -339,15 +341,17 @@ def capacity_overrides(overrides: Sequence[str], early_stop: bool = True) -> lis
 
 
 def measure_capacity(scenario: str, overrides: Sequence[str], out: str | Path, *, repetitions: int = 3, rel_tol: float = 0.1,
-                     max_probes: int = 8, start_rps: float | None = None, executor: Any = None, progress: bool = True,
-                     early_stop: bool = True) -> dict[str, Any]:
+                     max_probes: int = 8, start_rps: float | None = None, executor: Any = None, progress: Any = True,
+                     early_stop: bool = True, parallel: int | None = None, label: str = "capacity") -> dict[str, Any]:
     """Lambda_max of `scenario` with `overrides`, measured; the --json document of ``prfaas capacity``.
-    `early_stop`: every probe ends as soon as it cannot pass (``serving.slo.stop_below`` = `GOOD_FRACTION`)."""
+    `early_stop`: every probe ends as soon as it cannot pass (``serving.slo.stop_below`` = `GOOD_FRACTION`).
+    `parallel`: the runs of a rate asked for at once (`search`; default: the executor's slots), less where
+    other searches share the executor (`experiments.reproduce`); `progress` and `label` as `wire_evaluator`'s."""
     overrides = capacity_overrides(overrides, early_stop)
     sc = check_scenario(scenario, overrides)
     start = start_rps or model_start_rps(sc)
-    res = search(wire_evaluator(scenario, overrides, Path(out), executor, progress), start, repetitions=repetitions,
-                 rel_tol=rel_tol, max_probes=max_probes, parallel=getattr(executor, "slots", 1))
+    res = search(wire_evaluator(scenario, overrides, Path(out), executor, progress, label), start, repetitions=repetitions,
+                 rel_tol=rel_tol, max_probes=max_probes, parallel=parallel or getattr(executor, "slots", 1))
     slo = sc.section("serving").slo
     return {**res.to_json(), "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "good_fraction": GOOD_FRACTION,
                                      "min_requests": MIN_REQUESTS, "early_stop": slo.stop_below is not None},

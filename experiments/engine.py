@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from experiments.executor import Executor, RunOutcome, RunTask, SequentialExecutor
 from experiments.runs import is_finished
 
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
 SKIPPED = "skipped (finished before)"
+
+
+def progress_bar() -> "Progress":
+    """The live bar of multi-run commands: a row per batch of runs, with its count and time."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
 
 def resolve_scenario_ref(ref: str) -> str:
@@ -25,12 +35,14 @@ def resolve_scenario_ref(ref: str) -> str:
 
 
 def run_tasks(tasks: Sequence[RunTask], executor: Executor | None = None, *, label: str = "runs",
-              progress: bool = True) -> dict[str, RunOutcome]:
+              progress: "bool | Progress" = True) -> dict[str, RunOutcome]:
     """Run every task not finished before; returns the outcome per task key (skipped ones have status
-    `SKIPPED`)."""
+    `SKIPPED`). `progress`: a bar of its own (True), none (False), or a row in a live `rich` Progress that
+    several callers share (callers in other threads: `experiments.reproduce` runs searches at once), removed
+    when these tasks are done."""
     from contextlib import nullcontext
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
     keys = [t.key for t in tasks]
     if len(set(keys)) != len(keys):
@@ -43,8 +55,9 @@ def run_tasks(tasks: Sequence[RunTask], executor: Executor | None = None, *, lab
         else:
             todo.append(t)
     lock = threading.Lock()
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) if progress else None
-    with bar if bar is not None else nullcontext():
+    shared = isinstance(progress, Progress)
+    bar = progress if shared else (progress_bar() if progress else None)
+    with bar if bar is not None and not shared else nullcontext():
         task_id = bar.add_task(label, total=len(tasks), completed=len(tasks) - len(todo)) if bar is not None else None
 
         def on_done(outcome: RunOutcome) -> None:
@@ -53,8 +66,12 @@ def run_tasks(tasks: Sequence[RunTask], executor: Executor | None = None, *, lab
                 if bar is not None:
                     bar.update(task_id, advance=1, description=f"{label}: {outcome.task.key} {outcome.status}")
 
-        if todo:
-            (executor or SequentialExecutor()).run(todo, on_done)
+        try:
+            if todo:
+                (executor or SequentialExecutor()).run(todo, on_done)
+        finally:
+            if shared and task_id is not None:
+                bar.remove_task(task_id)
     missing = [t.key for t in todo if t.key not in outcomes]
     if missing:
         raise RuntimeError(f"the executor returned without an outcome for {', '.join(missing)}")

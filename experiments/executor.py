@@ -13,7 +13,11 @@ The contract, for every implementation:
 - after ``on_done(outcome)`` the task's ``out_dir`` holds the complete run directory on the driver's
   file system (an executor that runs elsewhere copies it back before calling);
 - `experiments.runs.execute(task)` is the one function that runs a task on a host; executors call it in
-  the process (or node) they choose.
+  the process (or node) they choose;
+- ``run`` may be called from several threads at once (`experiments.reproduce` runs a search per
+  configuration side by side): together they never run more than ``slots`` runs at once;
+- ``cancel()`` stops every run in progress (each tears its network down) and makes every later run a
+  failed outcome at once; it is for a caller that gives up (an interrupt, a failed search beside).
 
 Implementations are registered by name in `EXECUTORS` and chosen with ``--executor NAME[:ARG]``:
 ``local`` (one run after another, in this process), ``local:N`` (`experiments.parallel`) and ``ray`` /
@@ -59,6 +63,10 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def run(self, tasks: Sequence[RunTask], on_done: OnDone) -> None:
         ...
+
+    def cancel(self) -> None:
+        """Stop the runs in progress and start none; a no-op where ``run`` is never called from several
+        threads (one slot: an interrupt reaches the one run in this process)."""
 
 
 class SequentialExecutor(Executor):

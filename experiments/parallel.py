@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from experiments.executor import Executor, OnDone, RunOutcome, RunTask
 
 CHILD_STOP_GRACE_S = 30.0  # a SIGTERMed run tears its network down within this
+CANCELLED = "cancelled before it started (the caller gave up: Executor.cancel)"
 
 
 def task_to_dict(task: RunTask) -> dict[str, Any]:
@@ -62,6 +63,14 @@ class ParallelExecutor(Executor):
             print(f"prfaas: warning: {message}", file=sys.stderr)
         self._children: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
+        self._gate: threading.BoundedSemaphore | None = None  # `n` runs at once over every caller of `run`
+        self._cancelled = False
+
+    def _slot(self) -> threading.BoundedSemaphore:
+        with self._lock:
+            if self._gate is None:
+                self._gate = threading.BoundedSemaphore(self.n)
+            return self._gate
 
     def _child_env(self) -> dict[str, str]:
         from testbed.net.emulation import host_capacity_bps
@@ -71,18 +80,22 @@ class ParallelExecutor(Executor):
         return {**os.environ, "PRFAAS_CAPACITY_BPS": repr(cap_bps / self.n),
                 "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
 
-    def _run_one(self, task: RunTask, env: dict[str, str]) -> RunOutcome:
-        with tempfile.TemporaryDirectory(prefix="prfaas-local-") as tmp:
+    def _run_one(self, task: RunTask, env: dict[str, str], mine: set[subprocess.Popen]) -> RunOutcome:
+        with self._slot(), tempfile.TemporaryDirectory(prefix="prfaas-local-") as tmp:
             result = Path(tmp) / "outcome.json"
             argv = [sys.executable, "-m", "experiments.parallel", json.dumps(task_to_dict(task)), str(result)]
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
             with self._lock:
+                if self._cancelled:
+                    return failed(task, CANCELLED)
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
                 self._children.add(p)
+                mine.add(p)
             try:
                 out, _ = p.communicate()
             finally:
                 with self._lock:
                     self._children.discard(p)
+                    mine.discard(p)
             try:
                 return outcome_from_dict(json.loads(result.read_text()))
             except (OSError, ValueError, KeyError):
@@ -91,9 +104,10 @@ class ParallelExecutor(Executor):
 
     def run(self, tasks: Sequence[RunTask], on_done: OnDone) -> None:
         env = self._child_env()
+        mine: set[subprocess.Popen] = set()  # this call's children: another caller's are not ours to stop
         pool = ThreadPoolExecutor(max_workers=self.n, thread_name_prefix="local-run")
         try:
-            futures = {pool.submit(self._run_one, t, env): t for t in tasks}
+            futures = {pool.submit(self._run_one, t, env, mine): t for t in tasks}
             for fut in as_completed(futures):  # as each run finishes
                 task = futures[fut]
                 try:
@@ -102,13 +116,18 @@ class ParallelExecutor(Executor):
                     outcome = failed(task, f"{type(exc).__name__}: {exc}")
                 on_done(outcome)
         finally:
-            self._stop_children()
+            self._stop_children(mine)
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _stop_children(self) -> None:
-        """On an interrupt: SIGTERM every run still going (each tears its network down), then wait."""
+    def cancel(self) -> None:
         with self._lock:
-            live = [p for p in self._children if p.poll() is None]
+            self._cancelled = True
+        self._stop_children(self._children)
+
+    def _stop_children(self, children: set[subprocess.Popen]) -> None:
+        """On an interrupt: SIGTERM every run of `children` still going (each tears its network down), then wait."""
+        with self._lock:
+            live = [p for p in children if p.poll() is None]
         for p in live:
             p.send_signal(signal.SIGTERM)
         for p in live:

@@ -27,17 +27,19 @@ import socket
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
 from experiments.executor import Executor, OnDone, RunOutcome, RunTask
-from experiments.parallel import failed, outcome_from_dict, outcome_to_dict, task_from_dict, task_to_dict
+from experiments.parallel import CANCELLED, failed, outcome_from_dict, outcome_to_dict, task_from_dict, task_to_dict
 from testbed.errors import UserError
 from testbed.fidelity import NODE_ENV
 
 NODE_RESOURCE = "prfaas_node"
+SCRATCH_ENV = "PRFAAS_RAY_SCRATCH"  # where a node keeps a run until it is sent back (default: the system's temp dir)
 MAX_RETRIES = 3  # resubmissions of a run whose node (or worker process) died
 
 
@@ -79,8 +81,8 @@ def run_on_node(task_d: dict[str, Any], scenario_text: str | None) -> tuple[dict
 
     node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
     os.environ[NODE_ENV] = node
-    tmp = Path(tempfile.mkdtemp(prefix="prfaas-ray-"))
-    try:
+    tmp = Path(tempfile.mkdtemp(prefix="prfaas-ray-", dir=os.environ.get(SCRATCH_ENV) or None))
+    try:  # (a node killed mid-run leaves it behind: `LocalRayCluster` points it into its own temp dir)
         task = task_from_dict(task_d)
         scenario = task.scenario
         if scenario_text is not None:
@@ -104,8 +106,34 @@ class RayExecutor(Executor):
         self.max_retries = max_retries
         self.progress = progress
         self.per_node: dict[str, Counter] = {}
+        self._lock = threading.RLock()  # `run` may be called from several threads (the executor contract)
+        self._pending: set[Any] = set()  # every caller's refs not yet returned, for `cancel`
+        self._cancelled = False
+        self._slots: int | None = None
+
+    @property
+    def slots(self) -> int:  # type: ignore[override]
+        """Runs the cluster takes at once: the sum of its nodes' `NODE_RESOURCE` (read when first asked)."""
+        with self._lock:
+            if self._slots is None:
+                ray = self._connect()
+                self._slots = max(1, int(ray.cluster_resources().get(NODE_RESOURCE, 1)))
+            return self._slots
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            pending = list(self._pending)
+        if pending:
+            ray = _import_ray()
+            for ref in pending:  # not force: the task gets KeyboardInterrupt and tears its network down
+                ray.cancel(ref)
 
     def _connect(self) -> Any:
+        with self._lock:
+            return self._connect_once()
+
+    def _connect_once(self) -> Any:
         ray = _import_ray()
         if not ray.is_initialized():
             try:
@@ -119,23 +147,33 @@ class RayExecutor(Executor):
         return ray
 
     def _show(self, outcome: RunOutcome, done: int, total: int) -> None:
-        c = self.per_node.setdefault(outcome.node, Counter())
-        c[outcome.status] += 1
-        if self.progress:
+        with self._lock:
+            c = self.per_node.setdefault(outcome.node, Counter())
+            c[outcome.status] += 1
             nodes = "; ".join(f"{n}: {v['ok']} ok, {v['failed']} failed" for n, v in sorted(self.per_node.items()))
+        if self.progress:
             print(f"ray: {outcome.task.key} {outcome.status} on {outcome.node} ({done}/{total})   per node: {nodes}", file=sys.stderr)
 
     def run(self, tasks: Sequence[RunTask], on_done: OnDone) -> None:
         ray = self._connect()
         remote = ray.remote(num_cpus=0, resources={NODE_RESOURCE: 1}, max_retries=self.max_retries,
                             retry_exceptions=False)(run_on_node)
-        refs = {}
-        for t in tasks:
-            text = Path(t.scenario).read_text() if Path(t.scenario).is_file() else None
-            refs[remote.remote(task_to_dict(t), text)] = t
-        pending, done = list(refs), 0
+        refs, refused = {}, []
+        with self._lock:
+            for t in tasks:
+                if self._cancelled:
+                    refused.append(t)
+                    continue
+                text = Path(t.scenario).read_text() if Path(t.scenario).is_file() else None
+                refs[remote.remote(task_to_dict(t), text)] = t
+            self._pending.update(refs)
+        for done, t in enumerate(refused, 1):
+            on_done(failed(t, CANCELLED))
+        pending, done = list(refs), len(refused)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
+            with self._lock:
+                self._pending.difference_update(ready)
             for ref in ready:
                 task, t0 = refs[ref], time.monotonic()
                 try:

@@ -77,8 +77,10 @@ class LocalRayCluster:
 
     def _env(self) -> dict[str, str]:
         root = str(Path(__file__).resolve().parents[1])
+        from experiments.ray_executor import SCRATCH_ENV
+
         return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
-                "RAY_USAGE_STATS_ENABLED": "0"}
+                "RAY_USAGE_STATS_ENABLED": "0", SCRATCH_ENV: str(self.temp_dir)}  # a killed node's runs are removed with it
 
     def start(self) -> "LocalRayCluster":
         for i in range(1 + self.workers):

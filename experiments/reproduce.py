@@ -16,7 +16,7 @@ paper's published ratio. Gaps are discussed in docs/analysis.md ("Measured again
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 CONFIGURATIONS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
 # The paper's published figure (arXiv 2604.15039, abstract and section 4): PrfaaS-PD serves 1.54x the
@@ -78,18 +78,60 @@ def configuration_overrides(model: dict[str, dict[str, Any]]) -> dict[str, list[
     }
 
 
-def planned_wall_s(sc: Any, quick: bool, configurations: int, repetitions: int = 3) -> dict[str, float]:
+def planned_wall_s(sc: Any, quick: bool, configurations: int, repetitions: int = 3, at_once: int = 1) -> dict[str, float]:
     """What the reproduction should cost, per configuration: 3 runs when the model's Lambda_max is within
     one bracketing step of the edge and every run is decisive (2 rates + 1 bisection); typically
     2 + `repetitions` (of three rates, two marginal ones decided by 1 + (R - 1) / 2 runs on average:
     a marginal pass needs more of its repetitions than a marginal fail); at worst every rate, and the
     interval's outward steps, with all its repetitions. Failing runs stop early, so these are upper
-    figures for them."""
+    figures for them. `at_once`: searches that run side by side (`searches_at_once`), so the wall time
+    is that of ceil(configurations / at_once) searches one after another."""
     from experiments.capacity import INTERVAL_STEPS
 
     run_s = float(sc.duration_s) + RUN_OVERHEAD_S + DECODE_STEP_S * float(sc.section("workload").output.mean())
-    return {"run_s": run_s, "best_s": 3 * configurations * run_s, "typical_s": (2 + repetitions) * configurations * run_s,
-            "worst_s": (SEARCH[quick]["max_probes"] + 2 * INTERVAL_STEPS) * repetitions * configurations * run_s}
+    rounds = -(-configurations // max(1, at_once))
+    return {"run_s": run_s, "best_s": 3 * rounds * run_s, "typical_s": (2 + repetitions) * rounds * run_s,
+            "worst_s": (SEARCH[quick]["max_probes"] + 2 * INTERVAL_STEPS) * repetitions * rounds * run_s}
+
+
+def searches_at_once(executor: Any, configurations: int) -> tuple[int, int]:
+    """(searches run side by side, runs of a rate each may ask for at once) on `executor`. One search per
+    slot first: a slot given to another configuration's search runs a run that is always needed, while a
+    second slot in the same search runs a repetition that the first run's verdict may make needless
+    (`experiments.capacity.search`); slots left over go to the searches' repetitions."""
+    slots = max(1, int(getattr(executor, "slots", 1)))
+    at_once = max(1, min(configurations, slots))
+    return at_once, max(1, slots // at_once)
+
+
+def _measure_side_by_side(names: tuple[str, ...], measure: Callable[[str, Any], dict[str, Any]], at_once: int,
+                          executor: Any, progress: bool) -> dict[str, dict[str, Any]]:
+    """`measure(name, progress)` for every name, `at_once` in threads, with one live progress display that
+    the searches share (a row per rate being run). When one fails or the user interrupts, the executor's
+    runs are cancelled (`Executor.cancel`: every run in progress stops and none starts), so no search
+    goes on alone for an hour; the error is raised once the threads have returned."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+    from contextlib import nullcontext
+
+    from experiments.engine import progress_bar
+
+    bar = progress_bar() if progress else None
+    pool = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="search")
+    futures = {}
+    try:
+        with bar if bar is not None else nullcontext():
+            futures = {name: pool.submit(measure, name, bar if bar is not None else False) for name in names}
+            done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
+            for f in done:
+                if f.exception() is not None:
+                    raise f.exception()  # type: ignore[misc]
+            return {name: f.result() for name, f in futures.items()}
+    except BaseException:
+        if hasattr(executor, "cancel"):
+            executor.cancel()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
@@ -247,19 +289,26 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     base = STEADY + (QUICK if quick else FULL)
     sc, model = model_results(base)
     overrides = configuration_overrides(model["literal"])
-    plan = planned_wall_s(sc, quick, len(only), search["repetitions"])
+    at_once, per_search = searches_at_once(executor, len(only))
+    plan = planned_wall_s(sc, quick, len(only), search["repetitions"], at_once)
     if progress:
-        print(f"plan: {len(only)} configurations x 3-{2 + search['repetitions']} runs of ~{plan['run_s']:.0f} s: about {plan['best_s'] / 60:.0f}-"
-              f"{plan['typical_s'] / 60:.0f} min (at most {plan['worst_s'] / 60:.0f})")
-    measured = {}
-    for name in only:
+        side = f", {at_once} searches side by side" if at_once > 1 else ""
+        print(f"plan: {len(only)} configurations x 3-{2 + search['repetitions']} runs of ~{plan['run_s']:.0f} s{side}: about "
+              f"{plan['best_s'] / 60:.0f}-{plan['typical_s'] / 60:.0f} min (at most {plan['worst_s'] / 60:.0f})")
+
+    def measure(name: str, shown: Any) -> dict[str, Any]:
         t1 = time.monotonic()
         cap = measure_capacity("case-study", base + overrides[name], Path(out) / name,
-                               start_rps=model["literal"][name]["lambda_max"], executor=executor, progress=progress,
-                               early_stop=early_stop, **search)
-        measured[name] = {"lambda_max_rps": cap["lambda_max_rps"], "ci": cap["ci"], "ci_dose_response": cap["ci_dose_response"], "runs": cap["runs"],
-                          "bracketed": cap["bracketed"], "overrides": overrides[name], "probes": cap["probes"],
-                          "wall_s": time.monotonic() - t1}
+                               start_rps=model["literal"][name]["lambda_max"], executor=executor, progress=shown,
+                               early_stop=early_stop, parallel=per_search, label=name if at_once > 1 else "capacity", **search)
+        return {"lambda_max_rps": cap["lambda_max_rps"], "ci": cap["ci"], "ci_dose_response": cap["ci_dose_response"], "runs": cap["runs"],
+                "bracketed": cap["bracketed"], "overrides": overrides[name], "probes": cap["probes"],
+                "wall_s": time.monotonic() - t1}
+
+    if at_once > 1:
+        measured = _measure_side_by_side(only, measure, at_once, executor, progress)
+    else:
+        measured = {name: measure(name, progress) for name in only}
     t2 = time.monotonic()
     paired = paired_orders(measured, base, overrides, out, seeds, executor, progress, early_stop) if paired_seeds else []
     paired_wall_s = time.monotonic() - t2
@@ -269,6 +318,8 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     return {
         "scenario": {"name": sc.name, "overrides": base, "quick": quick, "search": search, "early_stop": early_stop},
         "wall_s": time.monotonic() - t0,
+        "executor": getattr(executor, "name", "local") or "local",
+        "searches_at_once": at_once,
         "plan": plan,
         "measured": measured,
         "measured_ratio_vs_homogeneous": ratios,

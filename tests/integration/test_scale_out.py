@@ -139,8 +139,11 @@ def ray_cluster():
             "`bash scripts/bootstrap.sh test` (or `pip install -e '.[test,ray]'`)",
             pytrace=False,
         )
+    import tempfile
+
     from experiments.ray_local import LocalRayCluster
 
+    scratch = set(Path(tempfile.gettempdir()).glob("prfaas-ray-*"))
     cluster = LocalRayCluster(workers=1)
     try:
         cluster.start()
@@ -152,6 +155,8 @@ def ray_cluster():
             ray.shutdown()
         cluster.stop()
         assert not processes_mentioning(str(cluster.temp_dir)), "Ray processes left behind"
+        # the killed node's run could not remove its scratch directory; it lay in the cluster's, removed with it
+        assert set(Path(tempfile.gettempdir()).glob("prfaas-ray-*")) == scratch, "Ray run directories left in the temp dir"
 
 
 def test_a_two_run_experiment_on_a_real_two_node_ray_cluster(ray_cluster: Any, leftovers_checked: Path):
@@ -159,7 +164,9 @@ def test_a_two_run_experiment_on_a_real_two_node_ray_cluster(ray_cluster: Any, l
     from experiments.ray_executor import RayExecutor
 
     tasks = tasks_for(leftovers_checked, [1, 2])
-    outcomes = run_tasks(tasks, RayExecutor(ray_cluster.address, progress=False), progress=False)
+    ex = RayExecutor(ray_cluster.address, progress=False)
+    assert ex.slots == 2  # one run at a time on each of the two nodes: a capacity search may ask for two at once
+    outcomes = run_tasks(tasks, ex, progress=False)
     assert sorted(outcomes) == ["s1", "s2"]
     for t in tasks:
         fid = assert_complete_run(t, outcomes[t.key])

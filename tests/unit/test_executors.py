@@ -5,8 +5,10 @@ unpacked, and local:N's child processes turning a bad task into a failed outcome
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,83 @@ def test_the_experiment_report_names_runs_whose_timing_fidelity_was_flagged():
     assert "flagged for 1 run(s)" in lines[1]
     assert lines[2:] == ["- runs/a/seed2-rep1 (node n2): sleeps late by 7.0 ms at p99 (tolerance 5 ms)"]
     assert fidelity_lines(results_frame(rows[:1])) == [] and fidelity_lines(results_frame([{"status": "ok"}])) == []
+
+
+class FakeChild:
+    """Stands in for a run's child process (`subprocess.Popen`): it 'runs' for `run_s` unless signalled,
+    and counts how many run at once."""
+
+    lock = threading.Lock()
+    active = 0
+    most = 0
+    signalled: list[str] = []
+    run_s = {"short": 0.05, "long": 1.0}
+
+    def __init__(self, argv, **kw) -> None:
+        self.key = json.loads(argv[-2])["key"]
+        self.ended = threading.Event()
+        self.returncode = None
+        with FakeChild.lock:
+            FakeChild.active += 1
+            FakeChild.most = max(FakeChild.most, FakeChild.active)
+
+    def communicate(self):
+        self.ended.wait(FakeChild.run_s[self.key.split("-")[0]])
+        with FakeChild.lock:
+            FakeChild.active -= 1
+        self.returncode = 0
+        self.ended.set()
+        return "", None
+
+    def poll(self):
+        return self.returncode
+
+    def send_signal(self, sig) -> None:
+        FakeChild.signalled.append(self.key)
+        self.ended.set()
+
+    def wait(self, timeout=None):
+        self.ended.wait(timeout)
+        return 0
+
+
+@pytest.fixture
+def fake_children(monkeypatch: pytest.MonkeyPatch):
+    FakeChild.active = FakeChild.most = 0
+    FakeChild.signalled = []
+    monkeypatch.setattr("experiments.parallel.subprocess.Popen", FakeChild)
+    ex = ParallelExecutor(1, warn=False)
+    ex.n = 2  # two runs at once, whatever this host's cores
+    return ex
+
+
+def _tasks(tmp_path: Path, kind: str, n: int) -> list[RunTask]:
+    return [RunTask(key=f"{kind}-{i}", scenario="micro", overrides=(), out_dir=tmp_path / f"{kind}-{i}") for i in range(n)]
+
+
+def test_callers_of_local_n_at_once_share_its_n_slots_and_each_stops_only_its_own_runs(fake_children, tmp_path: Path):
+    ex, got = fake_children, []
+    callers = [threading.Thread(target=ex.run, args=(_tasks(tmp_path, kind, 3), got.append)) for kind in ("short", "long")]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join(30)
+    assert sorted(o.task.key for o in got) == sorted(f"{k}-{i}" for k in ("short", "long") for i in range(3))
+    assert FakeChild.most == 2  # two callers with two slots each never ran more than the executor's two
+    assert FakeChild.signalled == []  # the caller that finished first did not stop the other's runs
+
+
+def test_cancel_stops_the_runs_in_progress_and_starts_none(fake_children, tmp_path: Path):
+    from experiments.parallel import CANCELLED
+
+    ex, got = fake_children, []
+    caller = threading.Thread(target=ex.run, args=(_tasks(tmp_path, "long", 4), got.append))
+    caller.start()
+    for _ in range(100):
+        if FakeChild.active == 2:
+            break
+        threading.Event().wait(0.01)
+    ex.cancel()
+    caller.join(30)
+    assert sorted(FakeChild.signalled) == ["long-0", "long-1"]
+    assert len(got) == 4 and sum(o.error == CANCELLED for o in got) == 2 and all(o.status == "failed" for o in got)

@@ -123,3 +123,84 @@ def test_an_earlier_file_that_is_not_a_reproduction_is_kept_and_the_new_document
     kept = reproduce.write_document(tmp_path, doc)
     assert kept is not None and kept.read_text() == earlier  # kept as it was
     assert json.loads((tmp_path / "reproduce.json").read_text()) == doc and "wall_s_all_invocations" not in doc
+
+
+class SlotsExecutor:
+    """A stand-in executor for the reproduction's driver: it only has slots and records a cancel."""
+
+    name = "stand-in"
+
+    def __init__(self, slots: int) -> None:
+        self.slots, self.cancelled = slots, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def fake_capacity(doc_rps: float = 1.0):
+    return {"lambda_max_rps": doc_rps, "ci": [doc_rps, doc_rps * 1.1], "runs": 1, "bracketed": True, "probes": [],
+            "ci_dose_response": {"ci": [None, None]}}
+
+
+def test_with_a_slot_per_configuration_the_three_searches_run_side_by_side(monkeypatch, tmp_path):
+    import threading
+
+    barrier = threading.Barrier(3, timeout=10)  # broken (and the test failed) unless all three searches are in at once
+    seen = {}
+
+    def fake_measure(scenario, overrides, out, **kw):
+        barrier.wait()
+        seen[out.name] = kw
+        return fake_capacity()
+
+    monkeypatch.setattr("experiments.capacity.measure_capacity", fake_measure)
+    doc = reproduce.reproduce_case_study(tmp_path, quick=True, executor=SlotsExecutor(3), progress=False)
+    assert set(seen) == set(reproduce.CONFIGURATIONS) and doc["searches_at_once"] == 3
+    assert {kw["parallel"] for kw in seen.values()} == {1}  # each search one run at a time: no speculative repetition
+    assert {kw["label"] for kw in seen.values()} == set(reproduce.CONFIGURATIONS)  # progress rows say whose rate it is
+    one = reproduce.planned_wall_s(reproduce.model_results(reproduce.STEADY + reproduce.QUICK)[0], True, 3,
+                                   reproduce.SEARCH[True]["repetitions"])  # one after another
+    assert doc["plan"]["typical_s"] == pytest.approx(one["typical_s"] / 3)
+
+
+def test_slots_beyond_the_configurations_go_to_each_searchs_repetitions_and_one_slot_keeps_them_in_turn():
+    assert reproduce.searches_at_once(SlotsExecutor(7), 3) == (3, 2)
+    assert reproduce.searches_at_once(SlotsExecutor(2), 3) == (2, 1)
+    assert reproduce.searches_at_once(SlotsExecutor(4), 1) == (1, 4)
+    assert reproduce.searches_at_once(None, 3) == (1, 1)
+
+
+def test_one_slot_runs_the_searches_one_after_another_in_order(monkeypatch, tmp_path):
+    import threading
+
+    order = []
+
+    def fake_measure(scenario, overrides, out, **kw):
+        order.append((out.name, threading.current_thread() is threading.main_thread(), kw["parallel"], kw["label"]))
+        return fake_capacity()
+
+    monkeypatch.setattr("experiments.capacity.measure_capacity", fake_measure)
+    doc = reproduce.reproduce_case_study(tmp_path, quick=True, progress=False)
+    assert order == [(k, True, 1, "capacity") for k in reproduce.CONFIGURATIONS] and doc["searches_at_once"] == 1
+
+
+def test_a_search_that_fails_beside_the_others_cancels_the_executors_runs_and_is_raised(monkeypatch, tmp_path):
+    import threading
+
+    ex = SlotsExecutor(3)
+    stopped = threading.Event()
+
+    def fake_measure(scenario, overrides, out, **kw):
+        if out.name == "homogeneous_pd":
+            raise RuntimeError("the homogeneous search broke")
+        for _ in range(200):  # a long search: it returns once the executor is cancelled
+            if ex.cancelled:
+                stopped.set()
+                return fake_capacity()
+            threading.Event().wait(0.05)
+        return fake_capacity()
+
+    monkeypatch.setattr("experiments.capacity.measure_capacity", fake_measure)
+    with pytest.raises(RuntimeError, match="homogeneous search broke"):
+        reproduce.reproduce_case_study(tmp_path, quick=True, executor=ex, progress=False)
+    assert ex.cancelled and stopped.is_set()
