@@ -104,7 +104,9 @@ def main() -> int:
               f"(target <= {limit / 60:.0f} min): {'met' if wall <= limit else 'NOT MET'}")
         ok &= wall <= limit
     for k, m in doc["measured"].items():
-        print(f"  {k}: measured {m['lambda_max_rps']:.3g} req/s interval {m['ci']} ({m['runs']} runs); "
+        flagged = m.get("flagged_runs")  # absent from documents written before 2026-12-03
+        print(f"  {k}: measured {m['lambda_max_rps']:.3g} req/s interval {m['ci']} ({m['runs']} runs"
+              f"{'' if flagged is None else f', {len(flagged)} flagged for timing fidelity'}); "
               f"model {doc['model'][k]['lambda_max_rps']:.3g} (literal) / {doc['model'][k]['lambda_max_rps_mean_reading']:.3g} (mean)")
     for k in ("prfaas_pd", "naive_heterogeneous"):
         meas, model = doc["measured_ratio_vs_homogeneous"].get(k), doc["model_ratio_vs_homogeneous"]["literal"][k]

@@ -56,6 +56,7 @@ class RunVerdict:
     reason: str  # why it failed ("" when it passed)
     run_dir: str = ""
     decisive: bool = False  # clearly on one side of the boundary: no repetition needed (`is_decisive`)
+    fidelity_flags: str = ""  # why the run's timing fidelity was flagged ("" when it was not): reported, not judged
 
 
 @dataclass
@@ -110,6 +111,8 @@ class CapacityResult:
 
         return {"lambda_max_rps": self.lambda_max_rps, "ci": list(self.ci), "runs": self.runs, "bracketed": self.bracketed,
                 "ci_dose_response": probes_interval(self.probes).to_json(),
+                "flagged_runs": [{"rate_rps": r.rate_rps, "seed": r.seed, "passed": r.passed, "fidelity_flags": r.fidelity_flags}
+                                 for p in self.probes for r in p.runs if r.fidelity_flags],
                 "probes": [{"rate_rps": p.rate_rps, "passed": p.passed, "runs": [asdict(r) for r in p.runs]} for p in self.probes]}
 
 
@@ -133,8 +136,22 @@ def judge(summary: dict[str, Any], rate_rps: float, seed: int, run_dir: str = ""
     elif growing is None and not stopped:
         reasons.append("too short to test the queue's trend (fewer than 5 queue samples after warm-up): run longer")
     passed = not reasons
+    flags = str(summary.get("fidelity_flags") or "unknown") if summary.get("fidelity_ok") is False else ""
     return RunVerdict(rate_rps, seed, passed, good, growing, n, "; ".join(reasons), run_dir,
-                      is_decisive(passed, good, n, growing, bool(stopped), queue_trend_inconclusive(summary.get("queue"))))
+                      is_decisive(passed, good, n, growing, bool(stopped), queue_trend_inconclusive(summary.get("queue"))),
+                      fidelity_flags=flags)
+
+
+def flagged_lines(flagged: Sequence[dict[str, Any]], name: str = "") -> list[str]:
+    """Lines that name a search's runs whose timing fidelity was flagged (``flagged_runs``): their verdicts
+    stand (a flag is reported, not judged), but they may carry the host's interference (docs/scale-out.md,
+    "Timing fidelity"), as in `prfaas experiment`'s report."""
+    if not flagged:
+        return []
+    who = f"{name}: " if name else ""
+    return [f"{who}timing fidelity flagged for {len(flagged)} run(s); their verdicts may include this host's interference "
+            "(docs/scale-out.md):"] + [f"  {r['rate_rps']:.4g} req/s seed {r['seed']} ({'pass' if r['passed'] else 'fail'}): "
+                                       f"{r['fidelity_flags']}" for r in flagged]
 
 
 def good_fraction_interval(good_fraction: float, requests: int, confidence: float = CONFIDENCE) -> tuple[float, float]:

@@ -184,7 +184,7 @@ def _positive(name: str, v: float) -> None:
 def cmd_capacity(args: argparse.Namespace) -> int:
     import json
 
-    from experiments.capacity import measure_capacity
+    from experiments.capacity import flagged_lines, measure_capacity
     from experiments.executor import make_executor
     from testbed.atomic import write_json
 
@@ -197,7 +197,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                            progress=not args.json, early_stop=not args.no_early_stop)
     write_json(out / "capacity.json", doc, indent=1)
     if args.json:
-        print(json.dumps({k: doc[k] for k in ("lambda_max_rps", "ci", "ci_dose_response", "runs", "slo", "scenario")}))
+        print(json.dumps({k: doc[k] for k in ("lambda_max_rps", "ci", "ci_dose_response", "runs", "flagged_runs", "slo", "scenario")}))
         return 0
     lo, hi = doc["ci"]
     print(f"Lambda_max {doc['lambda_max_rps']:.3g} req/s (every repetition passed at {lo:.3g}, "
@@ -210,6 +210,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     for p in doc["probes"]:
         print(f"  {p['rate_rps']:.4g} req/s: {'pass' if p['passed'] else 'fail'}  "
               + "; ".join(f"seed {r['seed']}: {'ok' if r['passed'] else r['reason']}" for r in p["runs"]))
+    for line in flagged_lines(doc["flagged_runs"]):
+        print(line)
     print(f"wrote {out / 'capacity.json'}")
     return 0 if doc["bracketed"] else 1
 
@@ -227,6 +229,7 @@ def _p_text(p: Any) -> str:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import json
 
+    from experiments.capacity import flagged_lines
     from experiments.capacity_paired import ALPHA, PairedOrder
     from experiments.executor import make_executor
     from experiments.reproduce import CONFIGURATIONS, earlier_looks, reproduce_case_study, write_document
@@ -279,6 +282,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"{k:20} {m['lambda_max_rps'] if m else nan:8.3g} {ci:>15} {dr:>15} {m['runs'] if m else 0:4d} {md['lambda_max_rps']:10.3g} "
               f"{md['lambda_max_rps_mean_reading']:10.3g} {r if r is not None else nan:11.3g} {rci:>15} "
               f"{mr['literal'][k]:10.3g} {mr['mean'][k]:10.3g} {paper if paper is not None else nan:5.3g}")
+    for k, m in doc["measured"].items():
+        for line in flagged_lines(m.get("flagged_runs") or [], k):  # (documents written before 2026-12-03 have none)
+            print(line)
     for k, x in doc["above_model"].items():
         print(f"note: {k} measured {x:.2f}x the model's fluid bound, where its queues grow without end: the runs were too "
               f"short to show it{' (quick variant: run the full one)' if args.quick else ''}, or drew a lighter workload than "

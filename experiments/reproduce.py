@@ -303,7 +303,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
                                early_stop=early_stop, parallel=per_search, label=name if at_once > 1 else "capacity", **search)
         return {"lambda_max_rps": cap["lambda_max_rps"], "ci": cap["ci"], "ci_dose_response": cap["ci_dose_response"], "runs": cap["runs"],
                 "bracketed": cap["bracketed"], "overrides": overrides[name], "probes": cap["probes"],
-                "wall_s": time.monotonic() - t1}
+                "flagged_runs": cap["flagged_runs"], "wall_s": time.monotonic() - t1}
 
     if at_once > 1:
         measured = _measure_side_by_side(only, measure, at_once, executor, progress)

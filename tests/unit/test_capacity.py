@@ -247,3 +247,18 @@ def test_a_pass_whose_queue_trend_is_inconclusive_is_not_decisive():
     assert capacity.judge({**base, "queue": {**hint, "growth": 0.5}}, 3.328, 1).decisive  # less than one request
     assert capacity.judge({**base, "queue": {"growing": False}}, 3.328, 1).decisive  # a flat queue has no p-value
     assert not queue_trend_inconclusive({**hint, "growing": True})  # growing is a fail, not a hint
+
+
+def test_a_run_flagged_for_timing_fidelity_keeps_its_verdict_and_is_named_in_the_result():
+    ok = {"good_fraction": 0.99, "queue": {"growing": False}, "requests_total": 400}
+    flagged = {**ok, "fidelity_ok": False, "fidelity_flags": "WAN goodput 0.84 of the configured rate (tolerance >= 0.85)"}
+    a, b = capacity.judge(ok, 2.0, 1), capacity.judge(flagged, 2.0, 2)
+    assert (a.passed, a.decisive, a.fidelity_flags) == (True, True, "")
+    assert (b.passed, b.decisive) == (True, True) and b.fidelity_flags.startswith("WAN goodput 0.84")
+    assert capacity.judge({**ok, "fidelity_ok": None}, 2.0, 1).fidelity_flags == ""  # not measured is not flagged
+    res = capacity.CapacityResult(2.0, (2.0, None), 2, [capacity.Probe(2.0, [a, b])], bracketed=False)
+    doc = res.to_json()
+    assert doc["flagged_runs"] == [{"rate_rps": 2.0, "seed": 2, "passed": True, "fidelity_flags": b.fidelity_flags}]
+    lines = capacity.flagged_lines(doc["flagged_runs"], "prfaas_pd")
+    assert lines[0].startswith("prfaas_pd: timing fidelity flagged for 1 run(s)") and "2 req/s seed 2 (pass): WAN goodput 0.84" in lines[1]
+    assert capacity.flagged_lines([]) == []

@@ -185,7 +185,7 @@ def test_reproduce_runs_the_test_on_the_seeds_after_its_searches_and_refuses_too
     def fake_measure(scenario, overrides, out, **kw):
         searched.append(kw["repetitions"])
         return {"lambda_max_rps": 2.0, "ci": [2.0, 2.2], "runs": 1, "bracketed": True, "probes": [],
-                "ci_dose_response": {"ci": [None, None]}}
+                "ci_dose_response": {"ci": [None, None]}, "flagged_runs": []}
 
     monkeypatch.setattr("experiments.capacity.measure_capacity", fake_measure)
     monkeypatch.setattr(reproduce, "paired_orders", lambda measured, base, ov, out, seeds, *a: seen.append(seeds) or [])

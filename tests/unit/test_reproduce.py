@@ -35,7 +35,7 @@ def test_quick_decides_a_marginal_end_by_2_runs_and_full_by_a_majority_of_3(monk
     def fake_measure(scenario, overrides, out, **kw):
         seen.append(kw)
         return {"lambda_max_rps": 1.0, "ci": [1.0, 1.1], "runs": 1, "bracketed": True, "probes": [],
-                "ci_dose_response": {"ci": [None, None]}}
+                "ci_dose_response": {"ci": [None, None]}, "flagged_runs": []}
 
     monkeypatch.setattr("experiments.capacity.measure_capacity", fake_measure)
     for quick, reps in ((True, 2), (False, 3)):
@@ -76,6 +76,11 @@ def test_the_report_names_a_configuration_measured_above_the_model(monkeypatch, 
     out = capsys.readouterr().out
     assert "note: naive_heterogeneous measured 1.32x the model's fluid bound" in out and "run the full one" in out
     assert "note: prfaas_pd" not in out and "note: homogeneous_pd" not in out
+    assert "timing fidelity flagged" not in out  # (this document has no flagged runs: written before they were recorded)
+    doc["measured"]["homogeneous_pd"]["flagged_runs"] = [{"rate_rps": 2.577, "seed": 2, "passed": False, "fidelity_flags": "late sleeps"}]
+    assert commands.cmd_reproduce(args) == 0
+    out = capsys.readouterr().out
+    assert "homogeneous_pd: timing fidelity flagged for 1 run(s)" in out and "2.577 req/s seed 2 (fail): late sleeps" in out
 
 
 def test_a_second_document_in_the_same_directory_keeps_the_first_beside_it(tmp_path):
@@ -139,7 +144,7 @@ class SlotsExecutor:
 
 def fake_capacity(doc_rps: float = 1.0):
     return {"lambda_max_rps": doc_rps, "ci": [doc_rps, doc_rps * 1.1], "runs": 1, "bracketed": True, "probes": [],
-            "ci_dose_response": {"ci": [None, None]}}
+            "ci_dose_response": {"ci": [None, None]}, "flagged_runs": []}
 
 
 def test_with_a_slot_per_configuration_the_three_searches_run_side_by_side(monkeypatch, tmp_path):
