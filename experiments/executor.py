@@ -17,7 +17,8 @@ The contract, for every implementation:
 - ``run`` may be called from several threads at once (`experiments.reproduce` runs a search per
   configuration side by side): together they never run more than ``slots`` runs at once;
 - ``cancel()`` stops every run in progress (each tears its network down) and makes every later run a
-  failed outcome at once; it is for a caller that gives up (an interrupt, a failed search beside).
+  failed outcome at once, for the rest of the executor's life; it is for a caller that gives up (an
+  interrupt, a failed search beside), not a pause.
 
 Implementations are registered by name in `EXECUTORS` and chosen with ``--executor NAME[:ARG]``:
 ``local`` (one run after another, in this process), ``local:N`` (`experiments.parallel`) and ``ray`` /

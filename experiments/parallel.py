@@ -58,6 +58,7 @@ class ParallelExecutor(Executor):
         from testbed.fidelity import check_parallelism
 
         self.n = self.slots = n
+        self.name = f"local:{n}"
         message = check_parallelism(n, os.cpu_count() or 1)  # raises UserError beyond the cores
         if message and warn:
             print(f"prfaas: warning: {message}", file=sys.stderr)

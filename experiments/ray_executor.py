@@ -20,6 +20,7 @@ Progress is shown per node (runs done and failed on each) as outcomes come in; e
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -170,6 +171,16 @@ class RayExecutor(Executor):
         for done, t in enumerate(refused, 1):
             on_done(failed(t, CANCELLED))
         pending, done = list(refs), len(refused)
+        try:
+            self._collect(ray, refs, pending, done, len(tasks), on_done)
+        except BaseException:  # an interrupt while waiting: this call's runs get KeyboardInterrupt and tear down
+            for ref in list(refs):
+                with contextlib.suppress(Exception):  # (a finished one, or a lost connection: the interrupt goes on)
+                    ray.cancel(ref)
+            raise
+
+    def _collect(self, ray: Any, refs: dict[Any, RunTask], pending: list[Any], done: int, total: int, on_done: OnDone) -> None:
+        """Hand each task's outcome to `on_done` as its Ray task returns."""
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             with self._lock:
@@ -187,5 +198,5 @@ class RayExecutor(Executor):
                 except Exception as exc:  # lost after every retry, or the directory could not be unpacked
                     outcome = failed(task, f"{type(exc).__name__}: {exc}".splitlines()[0], time.monotonic() - t0, "?")
                 done += 1
-                self._show(outcome, done, len(tasks))
+                self._show(outcome, done, total)
                 on_done(outcome)

@@ -15,6 +15,7 @@ paper's published ratio. Gaps are discussed in docs/analysis.md ("Measured again
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -127,8 +128,11 @@ def _measure_side_by_side(names: tuple[str, ...], measure: Callable[[str, Any], 
                     raise f.exception()  # type: ignore[misc]
             return {name: f.result() for name, f in futures.items()}
     except BaseException:
-        if hasattr(executor, "cancel"):
-            executor.cancel()
+        try:
+            if hasattr(executor, "cancel"):
+                executor.cancel()
+        except Exception as exc:  # the searches' error is the one to raise; this one only explains a slow exit
+            print(f"prfaas: cancelling the runs in progress failed ({type(exc).__name__}: {exc}); waiting for them", file=sys.stderr)
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -279,6 +283,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
 
     from experiments.capacity import measure_capacity
 
+    only = tuple(dict.fromkeys(only))  # a configuration named twice is measured once (two searches would share its runs)
     search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
     if paired_from is not None and not paired_seeds:
         raise ValueError(f"paired_from {paired_from}: the first seed of a paired test, but no paired test is asked for")
@@ -319,6 +324,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
         "scenario": {"name": sc.name, "overrides": base, "quick": quick, "search": search, "early_stop": early_stop},
         "wall_s": time.monotonic() - t0,
         "executor": getattr(executor, "name", "local") or "local",
+        "executor_slots": max(1, int(getattr(executor, "slots", 1))),
         "searches_at_once": at_once,
         "plan": plan,
         "measured": measured,

@@ -171,3 +171,22 @@ def test_cancel_stops_the_runs_in_progress_and_starts_none(fake_children, tmp_pa
     caller.join(30)
     assert sorted(FakeChild.signalled) == ["long-0", "long-1"]
     assert len(got) == 4 and sum(o.error == CANCELLED for o in got) == 2 and all(o.status == "failed" for o in got)
+
+
+def test_a_shared_progress_display_gets_a_row_per_batch_of_runs_and_loses_it_when_they_are_done(tmp_path: Path):
+    from rich.progress import Progress
+
+    from experiments.engine import run_tasks
+
+    class Recording(SequentialExecutor):
+        def run(self, tasks, on_done):
+            rows.append([t.description for t in bar.tasks])
+            for t in tasks:
+                on_done(RunOutcome(task=t, status="ok", error=None, wall_s=0.0, node="here"))
+
+    rows: list[list[str]] = []
+    bar = Progress(disable=True)
+    tasks = [RunTask(key=f"s{i}", scenario="micro", overrides=(), out_dir=tmp_path / f"s{i}") for i in range(2)]
+    out = run_tasks(tasks, Recording(), label="prfaas_pd 2.8 req/s", progress=bar)
+    assert rows == [["prfaas_pd 2.8 req/s"]] and sorted(out) == ["s0", "s1"]
+    assert bar.tasks == []  # the row is gone: the next rate of the search gets its own

@@ -209,3 +209,15 @@ def test_a_search_that_fails_beside_the_others_cancels_the_executors_runs_and_is
     with pytest.raises(RuntimeError, match="homogeneous search broke"):
         reproduce.reproduce_case_study(tmp_path, quick=True, executor=ex, progress=False)
     assert ex.cancelled and stopped.is_set()
+
+
+def test_a_configuration_named_twice_is_measured_once(monkeypatch, tmp_path):
+    seen = []
+
+    def fake_measure(scenario, overrides, out, **kw):
+        seen.append(out.name)
+        return fake_capacity()
+
+    monkeypatch.setattr("experiments.capacity.measure_capacity", fake_measure)
+    doc = reproduce.reproduce_case_study(tmp_path, quick=True, only=("prfaas_pd", "prfaas_pd"), executor=SlotsExecutor(3), progress=False)
+    assert seen == ["prfaas_pd"] and list(doc["measured"]) == ["prfaas_pd"] and doc["executor_slots"] == 3
