@@ -64,14 +64,8 @@ class ParallelExecutor(Executor):
             print(f"prfaas: warning: {message}", file=sys.stderr)
         self._children: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
-        self._gate: threading.BoundedSemaphore | None = None  # `n` runs at once over every caller of `run`
+        self._gate = threading.BoundedSemaphore(n)  # `n` runs at once over every caller of `run`
         self._cancelled = False
-
-    def _slot(self) -> threading.BoundedSemaphore:
-        with self._lock:
-            if self._gate is None:
-                self._gate = threading.BoundedSemaphore(self.n)
-            return self._gate
 
     def _child_env(self) -> dict[str, str]:
         from testbed.net.emulation import host_capacity_bps
@@ -82,7 +76,7 @@ class ParallelExecutor(Executor):
                 "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
 
     def _run_one(self, task: RunTask, env: dict[str, str], mine: set[subprocess.Popen]) -> RunOutcome:
-        with self._slot(), tempfile.TemporaryDirectory(prefix="prfaas-local-") as tmp:
+        with self._gate, tempfile.TemporaryDirectory(prefix="prfaas-local-") as tmp:
             result = Path(tmp) / "outcome.json"
             argv = [sys.executable, "-m", "experiments.parallel", json.dumps(task_to_dict(task)), str(result)]
             with self._lock:

@@ -97,6 +97,17 @@ def run_on_node(task_d: dict[str, Any], scenario_text: str | None) -> tuple[dict
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _cancel_refs(refs: Sequence[Any]) -> None:
+    """Cancel Ray tasks, not by force: each gets KeyboardInterrupt and tears its network down. A ref that
+    has finished, or a lost connection, does not stop the others from being cancelled."""
+    if not refs:
+        return
+    ray = _import_ray()
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref)
+
+
 class RayExecutor(Executor):
     """Runs on the Ray cluster at `address` (``auto``: the one `ray start` made on this host, or RAY_ADDRESS)."""
 
@@ -125,23 +136,17 @@ class RayExecutor(Executor):
         with self._lock:
             self._cancelled = True
             pending = list(self._pending)
-        if pending:
-            ray = _import_ray()
-            for ref in pending:  # not force: the task gets KeyboardInterrupt and tears its network down
-                ray.cancel(ref)
+        _cancel_refs(pending)
 
     def _connect(self) -> Any:
-        with self._lock:
-            return self._connect_once()
-
-    def _connect_once(self) -> Any:
         ray = _import_ray()
-        if not ray.is_initialized():
-            try:
-                ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
-            except ConnectionError as exc:
-                raise UserError(f"--executor ray: no Ray cluster at {self.address!r} ({exc}); start one with "
-                                "`ray start --head --resources '{\"prfaas_node\": 1}'` (docs/scale-out.md)") from None
+        with self._lock:
+            if not ray.is_initialized():
+                try:
+                    ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+                except ConnectionError as exc:
+                    raise UserError(f"--executor ray: no Ray cluster at {self.address!r} ({exc}); start one with "
+                                    "`ray start --head --resources '{\"prfaas_node\": 1}'` (docs/scale-out.md)") from None
         if ray.cluster_resources().get(NODE_RESOURCE, 0) < 1:
             raise UserError(f"--executor ray: no node of the cluster offers the resource {NODE_RESOURCE!r}; start nodes with "
                             f"`ray start ... --resources '{{\"{NODE_RESOURCE}\": 1}}'` (docs/scale-out.md)")
@@ -168,15 +173,12 @@ class RayExecutor(Executor):
                 text = Path(t.scenario).read_text() if Path(t.scenario).is_file() else None
                 refs[remote.remote(task_to_dict(t), text)] = t
             self._pending.update(refs)
-        for done, t in enumerate(refused, 1):
+        for t in refused:
             on_done(failed(t, CANCELLED))
-        pending, done = list(refs), len(refused)
         try:
-            self._collect(ray, refs, pending, done, len(tasks), on_done)
+            self._collect(ray, refs, list(refs), len(refused), len(tasks), on_done)
         except BaseException:  # an interrupt while waiting: this call's runs get KeyboardInterrupt and tear down
-            for ref in list(refs):
-                with contextlib.suppress(Exception):  # (a finished one, or a lost connection: the interrupt goes on)
-                    ray.cancel(ref)
+            _cancel_refs(list(refs))
             raise
 
     def _collect(self, ray: Any, refs: dict[Any, RunTask], pending: list[Any], done: int, total: int, on_done: OnDone) -> None:

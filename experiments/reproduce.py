@@ -124,8 +124,7 @@ def _measure_side_by_side(names: tuple[str, ...], measure: Callable[[str, Any], 
             futures = {name: pool.submit(measure, name, bar if bar is not None else False) for name in names}
             done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
             for f in done:
-                if f.exception() is not None:
-                    raise f.exception()  # type: ignore[misc]
+                f.result()  # the first search that failed raises here, before the others are waited for
             return {name: f.result() for name, f in futures.items()}
     except BaseException:
         try:

@@ -69,9 +69,9 @@ def test_a_run_directory_round_trips_as_files_and_a_hostile_archive_is_refused(t
     assert not (tmp_path / "escaped.txt").exists()
 
 
-def test_local_n_runs_each_task_in_its_own_process_and_reports_failures_as_outcomes(tmp_path: Path):
-    ex = ParallelExecutor(1)
-    ex.n = 2  # two child processes at once, whatever this host's cores
+def test_local_n_runs_each_task_in_its_own_process_and_reports_failures_as_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)  # two child processes at once, whatever this host's cores
+    ex = ParallelExecutor(2, warn=False)
     tasks = [RunTask(key=f"t{i}", scenario=f"no-such-scenario-{i}", overrides=(), out_dir=tmp_path / f"t{i}") for i in range(2)]
     got: list[RunOutcome] = []
     ex.run(tasks, got.append)
@@ -136,9 +136,8 @@ def fake_children(monkeypatch: pytest.MonkeyPatch):
     FakeChild.active = FakeChild.most = 0
     FakeChild.signalled = []
     monkeypatch.setattr("experiments.parallel.subprocess.Popen", FakeChild)
-    ex = ParallelExecutor(1, warn=False)
-    ex.n = 2  # two runs at once, whatever this host's cores
-    return ex
+    monkeypatch.setattr("os.cpu_count", lambda: 8)  # two runs at once, whatever this host's cores
+    return ParallelExecutor(2, warn=False)
 
 
 def _tasks(tmp_path: Path, kind: str, n: int) -> list[RunTask]:
