@@ -106,6 +106,10 @@ def _print_summary(out: Path) -> None:
           f"   TPOT mean/p90: {f(tpot.get('mean'), '{:.4f}')} / {f(tpot.get('p90'), '{:.4f}')} s")
     print(f"  WAN egress mean/p99: {f(eg.get('mean'), '{:.2f}')} / {f(eg.get('p99'), '{:.2f}')} Gbps (emulated; scale {s.get('scale')},"
           f" {s.get('compute', '?')} compute, policy {s.get('policy')})")
+    for reason, n in (s.get("failure_reasons") or {}).items():
+        print(f"  failed x{n}: {reason}")
+    if s.get(rundir.RUN_ERROR):
+        print(f"  the run ended early: {s[rundir.RUN_ERROR]}")
 
 
 def _run_report(out: Path) -> None:
@@ -126,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_once(scenario, out, progress=not args.no_progress)
     _print_summary(out)
     _run_report(out)
-    return 0
+    return 1 if rundir.read_summary(out).get(rundir.RUN_ERROR) else 0
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
@@ -149,7 +153,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         _run_report(out)
         outs.append(out)
     print(f"report: {write_report(outs, parent / 'report')}")
-    return 0
+    return 1 if any(rundir.read_summary(o).get(rundir.RUN_ERROR) for o in outs) else 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -28,6 +28,13 @@ def summarize_run_dir(path: str | Path) -> dict[str, Any]:
                         slo_ttft_s=slo[0] if slo else None, slo_tpot_s=slo[1] if slo else None)
     summary["signals"] = policy.get("signals") or PolicySpec.signals  # "oracle" runs were told the emulator's ground truth
     summary["compute"] = data.environment.compute.get("mode")
+    if data.environment.extra.get(rundir.RUN_ERROR):
+        summary[rundir.RUN_ERROR] = data.environment.extra[rundir.RUN_ERROR]
+    req = data.requests
+    failed = req.loc[req["status"] == "failed", "reason"] if "reason" in req else req.iloc[:0]
+    if len(failed):  # the commonest first, so a run that failed says why at a glance
+        summary["failure_reasons"] = {str(k): int(v) for k, v in failed.astype("string").fillna("no reason recorded")
+                                      .value_counts().head(5).items()}
     record = load_record(Path(path))
     if record is not None:  # the run's timing fidelity: flagged runs say so in every report
         summary.update(summary_fields(record))

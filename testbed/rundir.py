@@ -172,6 +172,7 @@ def cross_traffic_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------- environment.json
 
 ENVIRONMENT_VERSION = 1
+RUN_ERROR = "run_error"  # in environment.json's extra and summary.json: why the run ended early (the router exited, its deadline)
 T0_NOTE = "all times are seconds after the network's start (PRFAAS_T0); the WAN schedule and faults count from workload_start_s"
 
 

@@ -58,6 +58,7 @@ COALESCE_S = 150e-6  # release with a due head what is due this soon after now: 
 _MAX_LEAD_S = 0.001  # the timer's learnt lateness (the lead) is capped here
 _LEAD_STEP_S = 5e-6  # its step per aimed wake-up: up when the wake-up came after the head's due time, else down
 _LAZY_MAX_S = 0.5  # longest sleep without reading the queue: packets read later fail the arrival check below
+_STAMP_WINDOW_S = 1.0  # kernel stamps older than this are not used; the clocks' offset is the smallest of 1-2 s
 _CTL_POLL_S = 0.001  # while the loop never sleeps (a backlog, a due head), it polls its control fd this often
 _STATS = struct.Struct("=QQqqqqqqqdQ")  # seq, state, 7 counters, updated_at (monotonic s), pid
 STATE_STARTING, STATE_INSTALLING, STATE_RUNNING, STATE_STOPPED = 0, 1, 2, 3
@@ -363,6 +364,43 @@ class DelaySchedule:
                               self.forwarded_bytes, self.dropped_loss, self.dropped_overflow, self.split_packets)
 
 
+class StampClock:
+    """The kernel's receive stamps (CLOCK_REALTIME) on the monotonic clock the schedule runs on.
+
+    The offset between the clocks is read after every receive, but a packet may have been stamped before
+    a realtime step (NTP, a VM's clock sync) and read after it: converted with the new offset, a forward
+    step of d would make it due d early, and TCP's min RTT would keep that. So the offset used is the
+    smallest read over the last `window_s` to `2 * window_s`: after a step a packet can be late by at
+    most the step, for at most that long, and never early. A reading only errs upwards (realtime is read
+    after monotonic), so the smallest is also the closest, and one taken across a preemption between the
+    two reads (which made its batch early by the preemption) is outvoted; stamps older than the window
+    are not used (`arrival_s`)."""
+
+    def __init__(self, window_s: float = _STAMP_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._bucket_start_s = -math.inf
+        self._previous_s = math.inf  # the smallest offset of the previous bucket
+        self._current_s = math.inf  # ... and of this one
+
+    def offset_s(self, mono_s: float, realtime_s: float) -> float:
+        """Record one reading of both clocks (monotonic first); the offset to subtract from a stamp."""
+        off = realtime_s - mono_s
+        if mono_s - self._bucket_start_s >= self.window_s:
+            self._previous_s, self._current_s, self._bucket_start_s = self._current_s, off, mono_s
+        elif off < self._current_s:
+            self._current_s = off
+        return min(self._previous_s, self._current_s)
+
+    def arrival_s(self, stamp_s: float, offset_s: float, now_s: float) -> tuple[float, bool]:
+        """(arrival on the monotonic clock, stamped?): the stamp converted when it is in (now - window, now],
+        else now (no stamp, or one the clocks cannot place)."""
+        if stamp_s:
+            arrival = stamp_s - offset_s
+            if now_s - self.window_s < arrival <= now_s:
+                return arrival, True
+        return now_s, False
+
+
 # --------------------------------------------------------------------------------- iptables rules
 
 
@@ -651,6 +689,8 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
         verdict = nfqueue.verdict
         admit = schedule.admit
         now_fn = time.monotonic
+        stamps = StampClock()
+        stamp_offset, stamp_arrival = stamps.offset_s, stamps.arrival_s
         ctl_pending = b""
         last_stats_s = 0.0
         dirty = False
@@ -709,13 +749,10 @@ def serve(out_ifname: str, queue_num: int, config: DelayLineConfig, ctl_dir: Pat
                     except OSError as e:  # ENOBUFS is off; anything else is fatal
                         raise HostError(f"delay line: netlink receive failed: {e}") from e
                     now = now_fn()
-                    rt_offset = time.time() - now
+                    rt_offset = stamp_offset(now, time.time())
                     for pid, length, ts in parse(buf, n):
                         last_id = pid
-                        arrival = ts - rt_offset if ts else now
-                        stamped = bool(ts) and now - 1.0 < arrival <= now
-                        if not stamped:
-                            arrival = now
+                        arrival, stamped = stamp_arrival(ts, rt_offset, now)
                         result = admit(arrival, pid, length)
                         if result == SPLIT:
                             seg_drops = split(pid)

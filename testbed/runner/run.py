@@ -99,7 +99,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True, ru
             procs.stop(["timing-probe"], grace_s=2.0)
             fidelity.workload_ended()
             env_info = {"network": net.describe(), "workload_start_s": live.start_s, "rtt": calibration,
-                        "run_id": run_id, "fidelity": fidelity.record()}
+                        "run_id": run_id, "fidelity": fidelity.record(), "error": live.error}
         finally:
             relay.close()
             for c in cross:

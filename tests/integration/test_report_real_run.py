@@ -39,8 +39,9 @@ def test_real_run_summary_matches_figures_computed_by_hand_from_its_files(quick_
     scale = yaml.safe_load((quick_run / "scenario.yaml").read_text())["scale"]
     span_s = req["finish_s"].max() - req["arrival_s"].min()
     kv_bits = req.loc[req["route"].astype(str).str.startswith("prfaas"), "kv_bytes"].fillna(0).sum() * 8 * scale
+    why = {k: run.summary.get(k) for k in ("failure_reasons", "run_error")}  # what a failed run said about itself
     for figures in (run.summary, run.metrics):  # written by the run, and recomputed by the loader
-        assert figures["requests_total"] == len(req) > 0 and figures["requests_ok"] == len(ok) > 0
+        assert figures["requests_total"] == len(req) > 0 and figures["requests_ok"] == len(ok) > 0, why
         assert figures["ttft_s"]["mean"] == pytest.approx(ttft.mean())
         assert figures["ttft_s"]["p90"] == pytest.approx(np.percentile(ttft, 90))
         assert figures["egress_gbps"]["mean"] == pytest.approx(kv_bits / span_s / 1e9)

@@ -17,6 +17,7 @@ from testbed.net.delayline import (
     SEGMENT_KEY,
     SPLIT,
     DelayLineConfig,
+    StampClock,
     DelaySchedule,
     LossModel,
     build_config,
@@ -342,6 +343,42 @@ def test_parse_packets_reads_the_kernel_arrival_timestamp() -> None:
     buf = nfqueue.message(nfqueue.TYPE_PACKET, 0, attrs)
     [(pid, length, ts)] = nfqueue.parse_packets(buf, len(buf))
     assert (pid, length) == (5, 1500) and ts == pytest.approx(1_700_000_000.25)
+
+
+@pytest.mark.parametrize("step_s", [0.0005, -0.0005, 0.3, -0.3])
+def test_kernel_stamps_never_make_a_packet_early_across_a_realtime_step(step_s: float) -> None:
+    # realtime = monotonic + 1000 s, stepped by step_s at t = 10 s (NTP, a VM's clock sync); the offset is
+    # read after every receive (every 100 us), realtime up to 2 us after monotonic, as the line does. Each
+    # packet is stamped (realtime) when it arrives and read 0-3 ms later: its arrival on the monotonic
+    # clock is never before the true one by more than a reading's error, and is late only across the
+    # step, by at most the step, for at most two windows. Converted with the offset read with it (the
+    # line's first version), a forward step made packets early by the whole step.
+    clock = StampClock(window_s=1.0)
+    rng = random.Random(1)
+    worst_early_s = naive_early_s = 0.0
+    late_at_s = []
+
+    def realtime(mono: float) -> float:
+        return mono + 1000.0 + (step_s if mono >= 10.0 else 0.0)
+
+    t = 5.0
+    while t < 14.0:
+        t += 1e-4
+        true_arrival = t - rng.uniform(0, 0.003)
+        rt = realtime(t) + rng.uniform(0, 2e-6)
+        arrival, stamped = clock.arrival_s(realtime(true_arrival), clock.offset_s(t, rt), t)
+        worst_early_s = max(worst_early_s, true_arrival - arrival)
+        naive_early_s = max(naive_early_s, true_arrival - (realtime(true_arrival) - (rt - t)))
+        if arrival - true_arrival > 1e-5:
+            assert not stamped or arrival - true_arrival <= abs(step_s) + 3e-6
+            late_at_s.append(t)
+    assert worst_early_s <= 2e-6
+    assert late_at_s and 10.0 <= min(late_at_s) and max(late_at_s) <= 10.0 + 2.0 + 0.003
+    if step_s > 0:
+        assert naive_early_s >= step_s - 3e-6
+    # a stamp older than the window, or none, is not used: the packet arrives now
+    assert clock.arrival_s(0.0, clock.offset_s(t, realtime(t)), t) == (t, False)
+    assert clock.arrival_s(realtime(t - 1.5), clock.offset_s(t, realtime(t)), t) == (t, False)
 
 
 def test_config_params_without_ack_for_runtime_changes() -> None:

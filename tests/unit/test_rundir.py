@@ -4,6 +4,7 @@ the declared dtypes; a wrong environment.json schema is refused with one line.""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -84,3 +85,39 @@ def test_a_write_that_fails_midway_leaves_the_old_file_whole_and_no_temporary(tm
     assert (d / rundir.SCHEDULER_FILE).read_bytes() == before and (d / rundir.SUMMARY_FILE).read_text() == summary
     assert not [p.name for p in d.iterdir() if p.name.endswith(".tmp")]
     assert rundir.load_run_dir(d).summary is not None
+
+
+def test_a_run_that_ended_early_says_why_in_its_summary_and_exits_non_zero(tmp_path, monkeypatch, capsys):
+    from dataclasses import replace
+
+    from experiments import commands
+    from experiments.runs import summarize_run_dir
+
+    d = write_run_dir(tmp_path / "r", seed=4)
+    data = rundir.load_run_dir(d)
+    req = data.requests.copy()
+    req["status"] = ["failed"] * 3 + ["ok"] * (len(req) - 3)
+    req["reason"] = ["decode failed: x", "decode failed: x", None] + [None] * (len(req) - 3)
+    w = rundir.RunDirWriter(d)
+    w.requests(req)
+    w.environment(replace(data.environment, extra={rundir.RUN_ERROR: "the router exited (status 1): boom"}))
+    summary = summarize_run_dir(d)
+    assert summary[rundir.RUN_ERROR] == "the router exited (status 1): boom"
+    assert summary["failure_reasons"] == {"decode failed: x": 2, "no reason recorded": 1}
+    assert rundir.read_summary(d)["failure_reasons"] == summary["failure_reasons"]
+
+    def fake_run_once(scenario, out, progress=True):  # the run itself needs root and namespaces
+        shutil.copytree(d, out)
+        return out
+
+    monkeypatch.setattr("experiments.runs.run_once", fake_run_once)
+    monkeypatch.setattr(commands, "_run_report", lambda out: None)
+    capsys.readouterr()
+    args = commands.argparse.Namespace(scenario="quick", overrides=[], out=str(tmp_path / "new"), no_progress=True)
+    assert commands.cmd_run(args) == 1
+    out = capsys.readouterr().out
+    assert "failed x2: decode failed: x" in out and "the run ended early: the router exited (status 1): boom" in out
+    w.environment(data.environment)  # the same run without the error: exit 0
+    summarize_run_dir(d)
+    args.out = str(tmp_path / "again")
+    assert commands.cmd_run(args) == 0
