@@ -278,6 +278,7 @@ class Congestion:
     by_destination: dict[str, Any] = field(default_factory=dict)
     path_rate_bps: float = 0.0  # the kernel's delivery rate while a sender has work (the bandwidth estimator's input)
     queue_rtt_ms: float = 0.0  # RTT of the connections with work whose RTT is current (the estimator's; 0: none)
+    probing: float = 0.0  # destinations running a probe, whose own bytes are left out of the KV figures above
 
     def numbers(self) -> dict[str, float]:
         """The summed signals by name (everything but the per-destination detail)."""
@@ -292,7 +293,7 @@ class Congestion:
 
 
 NUMBERS = ("retransmits", "rtt_ms", "min_rtt_ms", "cwnd", "send_queue_bytes", "inflight_bytes", "delivery_rate_bps", "goodput_bps",
-           "path_rate_bps", "queue_rtt_ms")
+           "path_rate_bps", "queue_rtt_ms", "probing")
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,9 @@ class PrefillJob:
             self.done.set()
 
 
+PROBE_HIDDEN = ("send_queue_bytes", "inflight_bytes", "path_rate_bps", "queue_rtt_ms")  # KV figures a probe's own bytes would fake
+
+
 class Destination:
     """One decode worker seen from a prefill worker: a `KVSender` (N TCP connections) fed by a bounded
     queue of layers, so a slow WAN blocks the compute loop once the queue is full (the bandwidth wall).
@@ -147,6 +150,7 @@ class Destination:
         self.failed: dict[str, str] = {}
         self.started: dict[str, float] = {}  # request id -> when its first layer was handed to the sender
         self.connect_lock = threading.Lock()
+        self.probing = False  # a probe runs on this destination's connections (`probe`)
         threading.Thread(target=self._loop, daemon=True, name=f"kv->{host}:{kv_port}").start()
 
     def _connect(self) -> Any:
@@ -169,7 +173,11 @@ class Destination:
         sender = self._connect()
         if not hasattr(sender, "probe"):
             return {"ok": False, "reason": f"the {self.connector} connector cannot probe"}
-        return dict(sender.probe(req.bytes, req.pings, req.timeout_s))
+        self.probing = True
+        try:
+            return dict(sender.probe(req.bytes, req.pings, req.timeout_s))
+        finally:
+            self.probing = False
 
     def _drop_sender(self) -> None:
         sender, self.sender = self.sender, None
@@ -247,10 +255,17 @@ class Destination:
         self.on_done(job)
 
     def congestion(self) -> dict[str, Any]:
+        """The sender's signal (`KVSender.congestion`). While a probe runs here and no KV is started or queued
+        for this destination, the bytes queued and in flight are the probe's own, not KV: its KV figures are
+        zero and ``probing`` is 1, so a state poll neither reads the probe as KV backlog nor makes the router
+        discard the probe as one under which KV moved (the probe's answer is its measurement)."""
         try:
-            return dict(self.sender.congestion()) if self.sender is not None else {}
+            c = dict(self.sender.congestion()) if self.sender is not None else {}
         except Exception:
             return {}
+        if c and self.probing and not self.started and self.items.empty():
+            c.update({k: 0.0 for k in PROBE_HIDDEN}, probing=1.0)
+        return c
 
 
 class PrefillWorker:
@@ -444,7 +459,8 @@ def _merge_congestion(per_dest: dict[str, dict[str, Any]]) -> Congestion:
     return Congestion(retransmits=total("retransmits"), rtt_ms=peak("rtt_ms"), min_rtt_ms=floor, cwnd=total("cwnd"),
                       send_queue_bytes=total("send_queue_bytes"), inflight_bytes=total("inflight_bytes"),
                       delivery_rate_bps=total("delivery_rate_bps"), goodput_bps=total("goodput_bps"),
-                      path_rate_bps=total("path_rate_bps"), queue_rtt_ms=peak("queue_rtt_ms"), by_destination=per_dest)
+                      path_rate_bps=total("path_rate_bps"), queue_rtt_ms=peak("queue_rtt_ms"), probing=total("probing"),
+                      by_destination=per_dest)
 
 
 # ------------------------------------------------------------------------------------------------ decode

@@ -510,3 +510,45 @@ def test_a_cache_that_cannot_be_placed_fails_alone_and_caches_are_placed_only_as
                                        "Tried to allocate 2.00 GiB")
     assert sorted(order) == [("first", 0), ("last", 0), ("oom", 0)]  # none placed while another still decodes
     assert all(depth >= 1 and busy for depth, busy in seen), seen
+
+
+def test_a_probe_s_own_bytes_are_not_reported_as_kv_and_kv_queued_under_it_is() -> None:
+    """While a probe runs on a destination with no KV of its own, the bytes queued and in flight there are
+    the probe's: a state poll must read no KV (else the router discards every probe a poll lands in, 10 of
+    17 discards in six quick runs, 2026-12-04) and no backlog. KV queued under the probe shows again."""
+    from testbed.serving.protocol import Congestion, KVDestination, ProbeRequest
+    from testbed.serving.worker import Destination, _merge_congestion
+
+    release, inside = threading.Event(), threading.Event()
+    kv = {"send_queue_bytes": 5e6, "inflight_bytes": 1e6, "path_rate_bps": 2e9, "queue_rtt_ms": 14.0, "rtt_ms": 14.0,
+          "min_rtt_ms": 10.0, "retransmits": 3.0, "cwnd": 40.0, "delivery_rate_bps": 2e9, "goodput_bps": 1e9}
+
+    class Sender:  # the TCP sender's two calls the destination makes here
+        def congestion(self) -> dict[str, float]:
+            return dict(kv)
+
+        def probe(self, nbytes: int, pings: int, timeout_s: float) -> dict[str, Any]:
+            inside.set()
+            release.wait(5)
+            return {"ok": True, "bytes": nbytes}
+
+    dest = Destination("127.0.0.1", 1, 2, lambda j: None, "m", kv_timeout_s=1.0)
+    dest.sender = Sender()
+    assert dest.congestion() == kv  # no probe: the sender's figures as they are
+    answer: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: answer.update(dest.probe(ProbeRequest(KVDestination("127.0.0.1", 1, 0), bytes=10))))
+    t.start()
+    try:
+        assert inside.wait(5)
+        seen = dest.congestion()
+        assert seen["probing"] == 1.0 and all(seen[k] == 0.0 for k in ("send_queue_bytes", "inflight_bytes", "path_rate_bps", "queue_rtt_ms"))
+        assert (seen["retransmits"], seen["min_rtt_ms"], seen["cwnd"]) == (3.0, 10.0, 40.0)  # TCP's own counters stay
+        merged = _merge_congestion({"a": seen, "b": dict(kv)})
+        assert isinstance(merged, Congestion) and merged.probing == 1.0 and merged.send_queue_bytes == 5e6
+        dest.started["r1"] = 0.0  # KV handed to this destination's sender under the probe: it shows
+        assert dest.congestion()["send_queue_bytes"] == 5e6 and "probing" not in dest.congestion()
+        del dest.started["r1"]
+    finally:
+        release.set()
+        t.join(5)
+    assert answer == {"ok": True, "bytes": 10} and dest.probing is False and dest.congestion() == kv
