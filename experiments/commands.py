@@ -91,7 +91,8 @@ def _default_out(name: str) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _print_summary(out: Path) -> None:
+def _print_summary(out: Path) -> bool:
+    """Print the run's summary; True when the run ended early (`rundir.RUN_ERROR`)."""
     s = rundir.read_summary(out)
     ttft, tpot, eg = s.get("ttft_s") or {}, s.get("tpot_s") or {}, s.get("egress_gbps") or {}
 
@@ -110,6 +111,7 @@ def _print_summary(out: Path) -> None:
         print(f"  failed x{n}: {reason}")
     if s.get(rundir.RUN_ERROR):
         print(f"  the run ended early: {s[rundir.RUN_ERROR]}")
+    return bool(s.get(rundir.RUN_ERROR))
 
 
 def _run_report(out: Path) -> None:
@@ -128,9 +130,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if out.exists() and (out / rundir.SUMMARY_FILE).exists():
         raise UserError(f"--out {out}: already holds a run ({rundir.SUMMARY_FILE}); choose another directory")
     run_once(scenario, out, progress=not args.no_progress)
-    _print_summary(out)
+    ended_early = _print_summary(out)
     _run_report(out)
-    return 1 if rundir.read_summary(out).get(rundir.RUN_ERROR) else 0
+    return 1 if ended_early else 0
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
@@ -144,16 +146,16 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         raise UserError("--policies: name at least one policy, e.g. prfaas,fixed-threshold")
     scenarios = [load_scenario("quick", [f"policy.name={p}"]) for p in policies]  # all checked before any runs
     parent = Path(args.out) if args.out else _default_out("quick")
-    outs = []
+    outs, ended_early = [], False
     for policy, scenario in zip(policies, scenarios):
         out = parent / policy
         print(f"== quick scenario, policy {policy}")
         run_once(scenario, out, progress=not args.no_progress)
-        _print_summary(out)
+        ended_early |= _print_summary(out)
         _run_report(out)
         outs.append(out)
     print(f"report: {write_report(outs, parent / 'report')}")
-    return 1 if any(rundir.read_summary(o).get(rundir.RUN_ERROR) for o in outs) else 0
+    return 1 if ended_early else 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

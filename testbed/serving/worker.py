@@ -168,7 +168,7 @@ class Destination:
     def probe(self, req: ProbeRequest) -> dict[str, Any]:
         """An active probe on this destination's connections (`KVSender.probe`), refused while KV of this
         worker is queued for it (the KV is the measurement then, and a probe would compete with it)."""
-        if self.started or not self.items.empty():
+        if self.kv_pending():
             return {"ok": False, "reason": "KV is being sent to this destination"}
         sender = self._connect()
         if not hasattr(sender, "probe"):
@@ -178,6 +178,10 @@ class Destination:
             return dict(sender.probe(req.bytes, req.pings, req.timeout_s))
         finally:
             self.probing = False
+
+    def kv_pending(self) -> bool:
+        """KV of this worker is started or queued for this destination."""
+        return bool(self.started) or not self.items.empty()
 
     def _drop_sender(self) -> None:
         sender, self.sender = self.sender, None
@@ -263,7 +267,7 @@ class Destination:
             c = dict(self.sender.congestion()) if self.sender is not None else {}
         except Exception:
             return {}
-        if c and self.probing and not self.started and self.items.empty():
+        if c and self.probing and not self.kv_pending():
             c.update({k: 0.0 for k in PROBE_HIDDEN}, probing=1.0)
         return c
 
