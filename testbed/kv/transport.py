@@ -42,7 +42,7 @@ from testbed.kv.wire import (
 log = logging.getLogger(__name__)
 
 PROBE_PREFIX = "~probe-"  # request ids of active probes (`KVSender.probe`); a decode worker drops their bytes
-PROBE_SAMPLE_S = 0.001  # a probe samples its acknowledged bytes this often
+PROBE_SAMPLE_S = 0.001  # a probe samples its delivered bytes this often
 PROBE_MIN_WINDOW_S = 0.005  # ... and takes their rate over spans of at least this (2 unloaded RTTs when longer)
 FRESH_ACKED_BYTES = 64 << 10  # a connection's smoothed RTT is current once this much was acknowledged in the last second
 DEFAULT_CONNECTIONS = 4  # measured: docs/kv.md "Choosing N"
@@ -76,6 +76,10 @@ class TcpSample:
     ca_state: int = 0  # congestion-avoidance state: 0 open, 1 disorder, 2 CWR, 3 recovery, 4 loss (after an RTO)
     backoff: int = 0  # RTO back-offs of the segment now timing out (0: none)
     lost_segments: int = 0  # segments the kernel counts as lost and not yet retransmitted
+    # bytes that reached the receiver: acknowledged cumulatively, plus the segments SACKed beyond the
+    # cumulative ACK (x MSS). `bytes_acked` alone counts a segment only when the cumulative ACK passes it,
+    # so a repaired hole releases a whole window of SACKed data at once (docs/router.md, "An active probe")
+    delivered_bytes: int = 0
 
 
 def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
@@ -96,8 +100,10 @@ def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
     (bytes_acked,) = struct.unpack_from("<Q", raw, 120)
     notsent, min_rtt_us = struct.unpack_from("<II", raw, 144)
     (delivery_rate,) = struct.unpack_from("<Q", raw, 160)
+    (sacked,) = struct.unpack_from("<I", raw, 28)  # tcpi_sacked: segments SACKed beyond the cumulative ACK
+    delivered = bytes_acked + sacked * snd_mss
     return TcpSample(now_s(), connection, rtt_us, cwnd, total_retrans, bytes_acked, notsent, 8.0 * delivery_rate,
-                     min_rtt_us, unacked * snd_mss, app_limited, ca_state, backoff, lost)
+                     min_rtt_us, unacked * snd_mss, app_limited, ca_state, backoff, lost, delivered)
 
 
 def ack_rate_bps(series: list[tuple[float, int]], window_s: float) -> float:
@@ -338,8 +344,9 @@ class KVSender(KVSendConnector):
         """Measure the path with our own bytes (docs/router.md, "An active probe"): `pings` one-byte
         transfers, whose round trip (first byte queued to the receiver's verdict) while nothing else of ours
         is queued is the path's unloaded RTT (plus both ends' processing), then one transfer of `nbytes`
-        whose acknowledged bytes are sampled every millisecond: `rate_bps` is the highest rate at which they
-        grew over two unloaded RTTs (at least 5 ms) starting two unloaded RTTs after the first (`ack_rate_bps`). Request ids start with `PROBE_PREFIX` and a random tag (senders of other workers probe the
+        whose delivered bytes (`TcpSample.delivered_bytes`: acknowledged or SACKed, counted when they arrived)
+        are sampled every millisecond: `rate_bps` is the highest rate at which they grew over two unloaded
+        RTTs (at least 5 ms) starting two unloaded RTTs after the first (`ack_rate_bps`). Request ids start with `PROBE_PREFIX` and a random tag (senders of other workers probe the
         same receiver); a decode worker drops what arrives under them. Call it only while no KV is queued."""
         tag = uuid.uuid4().hex[:12]
         rtts = []
@@ -358,7 +365,7 @@ class KVSender(KVSendConnector):
             bulk.start()
             while bulk.is_alive():
                 now = self.tcp_infos()
-                series.append((now_s(), sum(s.bytes_acked - infos0[s.connection].bytes_acked for s in now if s.connection in infos0)))
+                series.append((now_s(), sum(s.delivered_bytes - infos0[s.connection].delivered_bytes for s in now if s.connection in infos0)))
                 bulk.join(PROBE_SAMPLE_S)
         took = now_s() - t0
         stats = done.get("stats")
