@@ -346,7 +346,8 @@ class KVSender(KVSendConnector):
         is queued is the path's unloaded RTT (plus both ends' processing), then one transfer of `nbytes`
         whose delivered bytes (`TcpSample.delivered_bytes`: acknowledged or SACKed, counted when they arrived)
         are sampled every millisecond: `rate_bps` is the highest rate at which they grew over two unloaded
-        RTTs (at least 5 ms) starting two unloaded RTTs after the first (`ack_rate_bps`). Request ids start with `PROBE_PREFIX` and a random tag (senders of other workers probe the
+        RTTs (at least 5 ms) starting two unloaded RTTs after the first (`ack_rate_bps`); `acked_rate_bps`, the
+        same rule over the cumulatively acknowledged bytes, is beside it for comparison. Request ids start with `PROBE_PREFIX` and a random tag (senders of other workers probe the
         same receiver); a decode worker drops what arrives under them. Call it only while no KV is queued."""
         tag = uuid.uuid4().hex[:12]
         rtts = []
@@ -361,11 +362,13 @@ class KVSender(KVSendConnector):
                                 name="kv-probe", daemon=True)
         t0 = now_s()
         series: list[tuple[float, int]] = [(t0, 0)]  # from the start: a burst acknowledged within one sample still has a rate
+        acked: list[tuple[float, int]] = [(t0, 0)]  # the cumulative ACK's count, reported beside (before 2026-12-04 the rate)
         if nbytes > 0:
             bulk.start()
             while bulk.is_alive():
-                now = self.tcp_infos()
-                series.append((now_s(), sum(s.delivered_bytes - infos0[s.connection].delivered_bytes for s in now if s.connection in infos0)))
+                now, t = self.tcp_infos(), now_s()
+                series.append((t, sum(s.delivered_bytes - infos0[s.connection].delivered_bytes for s in now if s.connection in infos0)))
+                acked.append((t, sum(s.bytes_acked - infos0[s.connection].bytes_acked for s in now if s.connection in infos0)))
                 bulk.join(PROBE_SAMPLE_S)
         took = now_s() - t0
         stats = done.get("stats")
@@ -374,7 +377,7 @@ class KVSender(KVSendConnector):
         window_s = max(2 * min(rtts) / 1000.0 if rtts else 0.0, PROBE_MIN_WINDOW_S)
         return {"ok": stats is not None and stats.ok, "reason": stats.reason if stats is not None else None,
                 "bytes": nbytes if stats is not None else 0, "seconds": took,
-                "rate_bps": ack_rate_bps(series, window_s),
+                "rate_bps": ack_rate_bps(series, window_s), "acked_rate_bps": ack_rate_bps(acked, window_s),
                 "delivery_rate_bps": sum(s.delivery_rate_bps for s in infos),
                 "rtt_ms": max((s.rtt_us for s in infos), default=0) / 1000.0,
                 "min_rtt_ms": min((s.min_rtt_us for s in infos), default=0) / 1000.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from testbed.kv.cache import KVCache, LayerKV
-from testbed.kv.transport import PROBE_PREFIX, KVReceiver, ack_rate_bps, KVSender, ReceivedKV, TransportError
+from testbed.kv.transport import PROBE_PREFIX, KVReceiver, ack_rate_bps, KVSender, ReceivedKV, TransportError, tcp_info
 from testbed.kv.wire import encode_data_header, DataHeader
 
 torch.set_num_threads(1)
@@ -158,9 +159,44 @@ def test_a_probe_measures_the_unloaded_rtt_and_the_delivery_rate_of_the_connecti
     # retransmits under load, 1-9 in 15% of 600 probes at load average 17, all of them also in total_retrans)
     assert 0 <= ans["retransmits"] <= retransmits_total
     assert 0 < ans["idle_rtt_ms"] < 1000  # two one-byte transfers, round trip to the receiver's verdict
+    if ans["retransmits"] == 0:  # nothing lost, nothing SACKed: delivered bytes are the acknowledged bytes
+        assert ans["acked_rate_bps"] == ans["rate_bps"]
     probes = [rid for rid in results.items if rid.startswith(PROBE_PREFIX)]
     assert len(probes) == 3 * tries and all(results.items[r].ok for r in probes)  # checked like KV: the pings and the bulk
     assert after["send_queue_bytes"] == 0 and after["queue_rtt_ms"] == 0  # idle: no current RTT of a connection with work
+
+
+def test_tcp_info_counts_the_segments_sacked_beyond_the_cumulative_ack_as_delivered() -> None:
+    """`delivered_bytes` = tcpi_bytes_acked + tcpi_sacked x tcpi_snd_mss (offsets of Linux's struct tcp_info)."""
+    raw = bytearray(232)
+    struct.pack_into("<I", raw, 16, 1448)  # snd_mss
+    struct.pack_into("<I", raw, 28, 10)  # sacked
+    struct.pack_into("<Q", raw, 120, 1_000_000)  # bytes_acked
+
+    class Sock:
+        def getsockopt(self, *_: object) -> bytes:
+            return bytes(raw)
+
+    s = tcp_info(Sock())  # type: ignore[arg-type]
+    assert s is not None and s.bytes_acked == 1_000_000 and s.delivered_bytes == 1_000_000 + 10 * 1448
+    struct.pack_into("<I", raw, 28, 0)
+    s = tcp_info(Sock())  # type: ignore[arg-type]
+    assert s is not None and s.delivered_bytes == s.bytes_acked == 1_000_000
+
+
+def test_a_repaired_loss_bunches_acknowledged_bytes_but_not_delivered_ones() -> None:
+    """Why a probe reads delivered bytes: a path delivers 0.8 MB per ms (6.4 Gbps); a segment lost at 30 ms
+    is repaired at 45 ms. The cumulative ACK stands still meanwhile and then jumps by everything SACKed behind
+    the hole, so its fastest 20-ms span reads ~1.6x the path; the delivered count grows with the path."""
+    delivered, acked, t, d, hole_from = [(0.0, 0)], [(0.0, 0)], 0.0, 0, None
+    for ms in range(1, 80):
+        t, d = ms / 1000, d + 800_000
+        delivered.append((t, d))
+        if ms == 30:
+            hole_from = acked[-1][1]
+        acked.append((t, hole_from if 30 <= ms < 45 else d))
+    assert ack_rate_bps(delivered, 0.020) == pytest.approx(6.4e9, rel=0.01)
+    assert ack_rate_bps(acked, 0.020) > 1.5 * 6.4e9
 
 
 def test_the_probe_rate_leaves_out_a_token_buckets_burst_and_the_last_rounds_stragglers() -> None:

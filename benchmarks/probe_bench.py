@@ -1,0 +1,163 @@
+"""Probe benchmark: what the router's active probe reads on a steady WAN shared with inelastic neighbours.
+
+    sudo python benchmarks/probe_bench.py [--quick] [--scenario val-dip] [--probes 30] [--json PATH]
+
+Brings up the scenario's network with its WAN events taken out (`wan.schedule=[]`), starts its cross
+traffic (val-dip: 16 Gbps of UDP neighbours on a 100 Gbps line, scale 50), runs a KV receiver on `pd-d0`
+and probes from `prfaas-p0` as the router does (`KVSender.probe` over 4 connections: two one-byte pings,
+then a burst of 5 bandwidth-delay products at the rate the neighbours leave), one probe a second. Each
+probe reports two readings of the same burst (docs/router.md, "An active probe"):
+
+- `rate_bps`, the probe's rate: the fastest growth of the bytes *delivered* (acknowledged, plus the
+  segments SACKed beyond the cumulative ACK) over two unloaded RTTs;
+- `acked_rate_bps`, the same rule over the cumulatively acknowledged bytes alone (the rate until
+  2026-12-04): when the burst's slow start overruns the queue, a repaired loss releases a window of
+  SACKed bytes at once and this reading can exceed the line itself.
+
+Printed side by side, as ratios to the rate left to KV (the line less the neighbours' configured rate,
+the ground truth the runs' estimator error is judged against): median, P10, P90, the largest, and how
+many probes read more than the line. Target: the probe's median within +-10% of what is left and no
+probe above the line rate (exit status 1 otherwise). Needs root (namespaces, qdiscs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import Progress  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+KV_PORT = 9000
+PROBE_BDP = 5  # the router's probe size (policy estimator `probe_bdp`)
+MEDIAN_TOL = 0.10  # the probe's median within this of the rate left
+console = Console(width=max(120, Console().width))
+
+
+def run_sender(host: str, probes: int, nbytes: int, gap_s: float) -> int:
+    """Probe `probes` times, one JSON line per probe on stdout."""
+    from testbed.kv.transport import KVSender
+
+    with KVSender(host, KV_PORT, connections=4) as tx:
+        for _ in range(probes):
+            ans = tx.probe(nbytes, pings=2, timeout_s=5.0)
+            print(json.dumps({k: ans[k] for k in ("ok", "bytes", "seconds", "rate_bps", "acked_rate_bps", "retransmits",
+                                                  "idle_rtt_ms", "rtt_ms")}), flush=True)
+            time.sleep(gap_s)
+    return 0
+
+
+def summarize(values_bps: list[float], left_bps: float, line_bps: float) -> dict[str, float]:
+    """Ratios of the readings to the rate left: median, P10, P90, max; and how many exceed the line."""
+    r = np.asarray(values_bps, float) / left_bps
+    return {"median": float(np.median(r)), "p10": float(np.percentile(r, 10)), "p90": float(np.percentile(r, 90)),
+            "max": float(r.max()), "above_line": int((np.asarray(values_bps) > line_bps).sum()), "n": int(r.size)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scenario", default="val-dip", help="a scenario with a WAN line and inelastic cross traffic")
+    ap.add_argument("--probes", type=int, default=30)
+    ap.add_argument("--quick", action="store_true", help="10 probes")
+    ap.add_argument("--gap", type=float, default=1.0, help="seconds between probes")
+    ap.add_argument("--json", type=Path, help="write the per-probe readings and the summary here")
+    ap.add_argument("--role", default="driver", help=argparse.SUPPRESS)
+    ap.add_argument("--host", help=argparse.SUPPRESS)
+    ap.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.role == "sender":
+        return run_sender(a.host, a.probes, a.bytes, a.gap)
+    if a.quick:
+        a.probes = 10
+
+    import os
+
+    if os.geteuid() != 0:
+        console.print("probe_bench needs root (network namespaces, qdiscs): run it with sudo")
+        return 2
+    from testbed.net.emulation import Network
+    from testbed.sections import load_scenario
+    from traffic.cross import CrossTraffic
+
+    sc = load_scenario(a.scenario, ["wan.schedule=[]"])
+    cross_spec = sc.section("cross_traffic")
+    line_bps = float(sc.wan.prfaas_to_pd.rate_bps)
+    flows = cross_spec.flows if cross_spec is not None else ()
+    steady = [f for f in flows if f.protocol == "udp" and f.pattern == "constant" and f.start_s == 0 and f.stop_s is None]
+    if len(steady) != len(flows):
+        console.print(f"{a.scenario}: probe_bench needs cross traffic of steady UDP flows only (the rate they leave is then known)")
+        return 2
+    neighbours_bps = sum(f.rate_bps or 0.0 for f in steady if f.src.startswith("prfaas-"))
+    left_bps = line_bps - neighbours_bps
+    rows: list[dict] = []
+    with Network(sc) as net:
+        scale = net.scale
+        rtt_s = sc.wan.rtt_s
+        nbytes = int(scale.wire_bytes(PROBE_BDP * left_bps / 8 * rtt_s))
+        cross = CrossTraffic(cross_spec.scaled(scale), net.popen, net.host_ip) if cross_spec is not None else None
+        me = [sys.executable, str(Path(__file__).resolve())]
+        rx = net.popen("pd-d0", [sys.executable, str(Path(__file__).resolve().parent / "transport_bench.py"), "--role", "receiver",
+                                 "--port", str(KV_PORT)], stdout=subprocess.PIPE, text=True)
+        tx = None
+        try:
+            assert rx.stdout is not None and rx.stdout.readline().strip() == "ready", "KV receiver did not start"
+            if cross is not None:
+                cross.start()
+                time.sleep(2.0)  # the neighbours' first second
+            tx = net.popen("prfaas-p0", me + ["--role", "sender", "--host", net.host_ip("pd-d0"), "--probes", str(a.probes),
+                                              "--bytes", str(nbytes), "--gap", str(a.gap)], stdout=subprocess.PIPE, text=True)
+            assert tx.stdout is not None
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task(f"probes on {a.scenario}'s steady WAN", total=a.probes)
+                for line in tx.stdout:
+                    row = json.loads(line)
+                    rows.append({**row, "rate_bps": scale.emulated_bps(row["rate_bps"]),
+                                 "acked_rate_bps": scale.emulated_bps(row["acked_rate_bps"])})
+                    progress.advance(task)
+            tx.wait(timeout=30)
+        finally:
+            if tx is not None and tx.poll() is None:
+                tx.kill()
+            if cross is not None:
+                cross.stop()
+            rx.send_signal(signal.SIGTERM)
+            try:
+                rx.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                rx.kill()
+    ok = [r for r in rows if r["ok"] and r["rate_bps"] > 0]
+    if not ok:
+        console.print(f"no probe measured a rate ({len(rows)} answered)")
+        return 1
+    res = {"delivered": summarize([r["rate_bps"] for r in ok], left_bps, line_bps),
+           "acked": summarize([r["acked_rate_bps"] for r in ok], left_bps, line_bps)}
+    t = Table(title=f"{len(ok)} probes of {nbytes * float(scale.factor) / 1e6:.0f} MB (emulated) on {a.scenario}: line "
+                    f"{line_bps / 1e9:g} Gbps, neighbours {neighbours_bps / 1e9:g} Gbps, left {left_bps / 1e9:g} Gbps; "
+                    "readings / left")
+    for c in ("reading", "median", "P10", "P90", "max", "above the line"):
+        t.add_column(c)
+    for name, s in (("delivered bytes (the probe's rate)", res["delivered"]), ("acknowledged bytes (until 2026-12-04)", res["acked"])):
+        t.add_row(name, f"{s['median']:.3f}", f"{s['p10']:.3f}", f"{s['p90']:.3f}", f"{s['max']:.3f}", f"{s['above_line']} of {s['n']}")
+    console.print(t)
+    d = res["delivered"]
+    passed = abs(d["median"] - 1.0) <= MEDIAN_TOL and d["above_line"] == 0
+    console.print(f"target: median within +-{MEDIAN_TOL:.0%} of the rate left and no probe above the line: "
+                  f"{'met' if passed else 'NOT met'}")
+    if a.json:
+        a.json.write_text(json.dumps({"scenario": a.scenario, "line_bps": line_bps, "neighbours_bps": neighbours_bps,
+                                      "left_bps": left_bps, "probe_bytes_wire": nbytes, "scale": float(scale.factor),
+                                      "summary": res, "probes": rows, "passed": passed}, indent=1))
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
