@@ -62,7 +62,7 @@ class EstimatorSpec:
     probe_after_s: float = 1.0  # the router probes after this long without KV evidence and nothing committed (0: never)
     probe_bdp: float = 5.0  # a probe's size: this many bandwidth-delay products at the estimate and the path's RTT
     probe_max_bytes: float = 2e9  # ... at most this many (emulated) bytes
-    probe_dip_fraction: float = 0.5  # a filled probe lowers the estimate only below this fraction of it (a dip)
+    probe_dip_fraction: float = 1.0  # a lone filled probe lowers the estimate only below this fraction of it (0.5 until 2026-12-04)
     full_path_ratio: float = 3.0  # a probe of >= ratio x rate x RTT bytes (slow start ~2) over a queue filled the path
     lone_drop_fraction: float = 0.5  # a lone saturated poll or filled probe lowers the estimate at most to this fraction
 
@@ -212,12 +212,17 @@ class BandwidthEstimator:
         # a standing queue under it says the window was not the limit either (a dip's losses leave windows
         # small: docs/router.md, "An active probe", *Read*)
         filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s and queue
-        # a burst's rate is not the remainder (under FIFO cross traffic it gets C x r / (r + X), and one that
-        # ends in slow start gets less): believed from above only when it finds a dip (< probe_dip_fraction x A)
-        # ... or, below the estimate, when it confirms an upper bound of the last saturated_window_s (a lone
-        # one only halved the estimate: `_from_above`)
+        # a filled probe below the estimate is an upper bound (`_from_above`: a lone one lowers the estimate
+        # at most to half) when below probe_dip_fraction of it (1: always; 0.5, a dip only, until 2026-12-04,
+        # when its rate read the acknowledged bytes: docs/router.md, "Delivered, not acknowledged") or when it
+        # confirms another upper bound of the last saturated_window_s; one at or above the estimate is the
+        # estimate, and it caps the headroom polls' growth for rtt_window as well
         if filled and (x < s.probe_dip_fraction * self._value or (self._bounds(t_s) and x < self._value)):
             self._value, self._saturated_t, self._full = self._from_above(t_s, x), t_s, (t_s, x)
+            evidence = SATURATED
+        elif filled and x >= self._value:
+            self._saturated.append((t_s, x))
+            self._value, self._saturated_t, self._full = x, t_s, (t_s, x)
             evidence = SATURATED
         else:
             self._value, evidence = max(self._value, x), HEADROOM
