@@ -367,8 +367,9 @@ class KVSender(KVSendConnector):
             bulk.start()
             while bulk.is_alive():
                 now, t = self.tcp_infos(), now_s()
-                series.append((t, sum(s.delivered_bytes - infos0[s.connection].delivered_bytes for s in now if s.connection in infos0)))
-                acked.append((t, sum(s.bytes_acked - infos0[s.connection].bytes_acked for s in now if s.connection in infos0)))
+                pairs = [(s, infos0[s.connection]) for s in now if s.connection in infos0]
+                series.append((t, sum(s.delivered_bytes - s0.delivered_bytes for s, s0 in pairs)))
+                acked.append((t, sum(s.bytes_acked - s0.bytes_acked for s, s0 in pairs)))
                 bulk.join(PROBE_SAMPLE_S)
         took = now_s() - t0
         stats = done.get("stats")

@@ -217,12 +217,13 @@ class BandwidthEstimator:
         # when its rate read the acknowledged bytes: docs/router.md, "Delivered, not acknowledged") or when it
         # confirms another upper bound of the last saturated_window_s; one at or above the estimate is the
         # estimate, and it caps the headroom polls' growth for rtt_window as well
-        if filled and (x < s.probe_dip_fraction * self._value or (self._bounds(t_s) and x < self._value)):
-            self._value, self._saturated_t, self._full = self._from_above(t_s, x), t_s, (t_s, x)
-            evidence = SATURATED
-        elif filled and x >= self._value:
-            self._saturated.append((t_s, x))
-            self._value, self._saturated_t, self._full = x, t_s, (t_s, x)
+        if filled and (x >= self._value or x < s.probe_dip_fraction * self._value or self._bounds(t_s)):
+            if x < self._value:
+                value = self._from_above(t_s, x)
+            else:
+                self._saturated.append((t_s, x))
+                value = x
+            self._value, self._saturated_t, self._full = value, t_s, (t_s, x)
             evidence = SATURATED
         else:
             self._value, evidence = max(self._value, x), HEADROOM
