@@ -262,11 +262,13 @@ def test_provisioned_mode_takes_the_nominal_rate_as_the_capacity_and_ignores_the
 
 
 def probing_trace(est: BandwidthEstimator, t0: float, t1: float, busy, kv_rate, rtt_ms, remainder, idle_rtt_ms,
-                  queue_ms=lambda t: 0.0, sizes=None):
+                  queue_ms=lambda t: 0.0, sizes=None, sized_reach=False):
     """Polls every 0.5 s; while `busy(t)` the KV senders are backlogged at `kv_rate(t)` with RTT `rtt_ms(t)`;
     while idle for `probe_after`, a probe as the router sends it: `est.probe_bytes()` delivered at the path's
     `remainder(t)` when that many bytes fill it (>= 3 BDPs at the remainder), else at what slow start reaches
-    (bytes / 2 per unloaded RTT), its pings measuring `idle_rtt_ms(t)` and its end the RTT plus `queue_ms(t)`."""
+    (bytes / 2 per unloaded RTT; with `sized_reach`, as measured by `benchmarks/probe_bench.py --size-at`:
+    the rate its `probe_bdp` BDPs were counted at), its pings measuring `idle_rtt_ms(t)` and its end the RTT
+    plus `queue_ms(t)`."""
     out, t = [], t0
     while t <= t1 + 1e-9:
         if busy(t):
@@ -276,7 +278,8 @@ def probing_trace(est: BandwidthEstimator, t0: float, t1: float, busy, kv_rate, 
             if sizes is not None:
                 sizes.append((t, n))
             rtt_s = idle_rtt_ms(t) / 1000.0
-            rate = remainder(t) if 8 * n >= 3 * remainder(t) * rtt_s else 8 * n / 2 / rtt_s
+            reach = 8 * n / est.spec.probe_bdp / rtt_s if sized_reach else 8 * n / 2 / rtt_s
+            rate = remainder(t) if 8 * n >= 3 * remainder(t) * rtt_s and not sized_reach else min(reach, remainder(t))
             out.append(est.probe(t, n, rate, idle_rtt_ms(t) + queue_ms(t), idle_rtt_ms(t), 10.0))
         else:
             out.append(est.update(t, 0.0, 0.0, rtt_ms(t), 10.0))
@@ -326,13 +329,34 @@ def test_after_a_dip_probes_grow_back_to_the_remainder_without_flooding_the_dipp
     assert all(e.available_bps <= 1.2 * 4 * G for e in out if 1 <= e.t_s < 10)
     # the first probe: 5 BDPs at the nominal rate and, before any RTT is known, 10 ms (625 MB); in the dip 5 x 4 Gbps x 10.4 ms
     assert sizes[0][1] == pytest.approx(5 * 100 * G / 8 * 0.010, rel=0.01)
-    # (the second probe is sized at half the nominal rate: a lone filled probe only halves the estimate)
-    assert sizes[1][1] == pytest.approx(5 * 50 * G / 8 * 0.0104, rel=0.01)
-    assert all(n == pytest.approx(5 * 4 * G / 8 * 0.0104, rel=0.01) for t, n in sizes[2:] if t < 10)
+    # (the second probe, after a lone filled probe halved the estimate, at twice that: the nominal rate)
+    assert sizes[1][1] == pytest.approx(5 * 100 * G / 8 * 0.0104, rel=0.01)
+    assert all(n == pytest.approx(5 * 2 * 4 * G / 8 * 0.0104, rel=0.01) for t, n in sizes[2:] if t < 10)
     later = [e for e in out if e.t_s >= 10]
     assert any(e.evidence == "headroom" for e in later)  # slow-start-limited probes: lower bounds
     assert min(e.t_s for e in later if e.available_bps >= 0.8 * 84 * G) - 10 <= 12.0
     assert abs(out[-1].available_bps - 84 * G) <= 0.1 * 84 * G
+
+
+def test_a_probe_sized_above_the_estimate_corrects_an_estimate_below_the_truth() -> None:
+    """val-rtt-surge seed 1 (2026-12-04): a KV poll met a probe's queue and halved the estimate (88 -> 44 with
+    84 left); a burst reads at most about the rate it was sized for, and slow start's last rounds queue even
+    then, so probes sized to the estimate (`probe_headroom` 1) counted as filled and held it there. Sized at
+    twice the estimate, the next probe reads the remainder and the estimate is back within 10%."""
+    args = dict(busy=lambda t: False, kv_rate=lambda t: 0.0, rtt_ms=lambda t: 10.3, remainder=lambda t: 84 * G,
+                idle_rtt_ms=lambda t: 10.4, queue_ms=lambda t: 4.0, sized_reach=True)
+    runs = {}
+    for headroom in (2.0, 1.0):
+        est = BandwidthEstimator(100 * G, EstimatorSpec(probe_headroom=headroom))
+        probing_trace(est, 0.0, 5.0, **args)
+        assert abs(est.estimate.available_bps - 84 * G) <= 0.1 * 84 * G  # sized at the nominal rate: right
+        low = est.update(5.5, 20 * G, 50e6, 25.0, 10.0)  # the poll that met a probe's queue
+        assert low.evidence == "saturated" and low.available_bps == pytest.approx(0.5 * 84 * G, rel=0.1)
+        runs[headroom] = probing_trace(est, 6.0, 20.0, **args)
+    first = next(e for e in runs[2.0] if e.evidence != "none")
+    assert abs(first.available_bps - 84 * G) <= 0.1 * 84 * G
+    assert first.t_s <= 6.5 and all(abs(e.available_bps - 84 * G) <= 0.1 * 84 * G for e in runs[2.0] if e.t_s >= first.t_s)
+    assert all(e.available_bps <= 0.55 * 84 * G for e in runs[1.0])  # the failure: confirmed, not corrected
 
 
 def test_an_rtt_step_without_a_rate_change_is_no_dip_once_a_probe_measured_the_new_unloaded_rtt() -> None:

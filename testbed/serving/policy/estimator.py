@@ -60,7 +60,8 @@ class EstimatorSpec:
     min_backlog_bytes: float = 0.0  # backlog above this counts as backlogged
     saturated_window_s: float = 2.0  # a saturated poll sets the estimate to the median of the last 3 within this
     probe_after_s: float = 1.0  # the router probes after this long without KV evidence and nothing committed (0: never)
-    probe_bdp: float = 5.0  # a probe's size: this many bandwidth-delay products at the estimate and the path's RTT
+    probe_bdp: float = 5.0  # a probe's size: this many bandwidth-delay products at the probe's rate and the path's RTT
+    probe_headroom: float = 2.0  # ... the probe's rate: this multiple of the estimate, at most nominal (1 until 2026-12-04)
     probe_max_bytes: float = 2e9  # ... at most this many (emulated) bytes
     probe_dip_fraction: float = 1.0  # a lone filled probe lowers the estimate only below this fraction of it (0.5 until 2026-12-04)
     full_path_ratio: float = 3.0  # a probe of >= ratio x rate x RTT bytes (slow start ~2) over a queue filled the path
@@ -250,11 +251,16 @@ class BandwidthEstimator:
         return [v for t, v in self._saturated if t_s - t <= self.spec.saturated_window_s]
 
     def probe_bytes(self) -> float:
-        """The next probe's size (emulated bytes): `probe_bdp` bandwidth-delay products at the estimate and
-        the path's RTT (the latest unloaded RTT, else the floor), at most `probe_max_bytes`."""
+        """The next probe's size (emulated bytes): `probe_bdp` bandwidth-delay products at `probe_headroom`
+        times the estimate (at most the nominal rate) and the path's RTT (the latest unloaded RTT, else the
+        floor), at most `probe_max_bytes`. A burst reads at most about the rate it was sized for (slow start
+        has not reached more when it ends), so a probe sized to the estimate can only confirm an estimate
+        below the truth (docs/router.md, "An active probe", *Size*); at twice the estimate one probe undoes
+        a lone halving."""
         s = self.spec
         rtt_ms = max(self.estimate.rtt_floor_ms, self._idle_rtts[-1][1] if self._idle_rtts else 0.0) or 10.0
-        return min(s.probe_max_bytes, s.probe_bdp * self._value / 8.0 * rtt_ms / 1000.0)
+        rate_bps = min(s.probe_headroom * self._value, max(self._value, self.nominal_bps))
+        return min(s.probe_max_bytes, s.probe_bdp * rate_bps / 8.0 * rtt_ms / 1000.0)
 
     def _publish(self, t_s: float, backlogged: bool, qdelay: float, retrans: float, evidence: str, x: float,
                  rtt_ms: float, floor: float) -> Estimate:

@@ -125,7 +125,8 @@ class PolicySpec:
             "estimator": {
                 "queue_delay": f"{e.queue_delay_ms}ms", "queue_delay_fraction": e.queue_delay_fraction,
                 "probe_tau": f"{e.probe_tau_s}s", "rtt_window": f"{e.rtt_window_s}s",
-                "saturated_window": f"{e.saturated_window_s}s", "probe_after": f"{e.probe_after_s}s", "probe_bdp": e.probe_bdp, "probe_max": f"{int(e.probe_max_bytes)}B",
+                "saturated_window": f"{e.saturated_window_s}s", "probe_after": f"{e.probe_after_s}s", "probe_bdp": e.probe_bdp,
+                "probe_headroom": e.probe_headroom, "probe_max": f"{int(e.probe_max_bytes)}B",
                 "full_path_ratio": e.full_path_ratio, "probe_dip_fraction": e.probe_dip_fraction,
                 "lone_drop_fraction": e.lone_drop_fraction,
             },
@@ -203,11 +204,14 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
         saturated_window_s=f.get("saturated_window", _duration, d.saturated_window_s),
         probe_after_s=f.get("probe_after", lambda v: units.parse_duration_s(v, allow_zero=True), d.probe_after_s),
         probe_bdp=f.get("probe_bdp", positive_number, d.probe_bdp),
+        probe_headroom=f.get("probe_headroom", positive_number, d.probe_headroom),
         probe_max_bytes=f.get("probe_max", units.parse_size_bytes, d.probe_max_bytes),
         full_path_ratio=f.get("full_path_ratio", positive_number, d.full_path_ratio),
         probe_dip_fraction=f.get("probe_dip_fraction", units.parse_fraction, d.probe_dip_fraction),
         lone_drop_fraction=f.get("lone_drop_fraction", units.parse_fraction, d.lone_drop_fraction),
     )
+    if e.probe_headroom < 1:
+        raise f.error("probe_headroom", f"{e.probe_headroom:g} must be >= 1 (a probe sized below the estimate cannot read it)")
     f.done()
     return e
 
