@@ -1,12 +1,16 @@
 """Probe benchmark: what the router's active probe reads on a steady WAN shared with inelastic neighbours.
 
-    sudo python benchmarks/probe_bench.py [--quick] [--scenario val-dip] [--probes 30] [--json PATH]
+    sudo python benchmarks/probe_bench.py [--quick] [--scenario val-dip] [--probes 30] [--size-at 0.5,1,2] [--json PATH]
 
 Brings up the scenario's network with its WAN events taken out (`wan.schedule=[]`), starts its cross
 traffic (val-dip: 16 Gbps of UDP neighbours on a 100 Gbps line, scale 50), runs a KV receiver on `pd-d0`
 and probes from `prfaas-p0` as the router does (`KVSender.probe` over 4 connections: two one-byte pings,
-then a burst of 5 bandwidth-delay products at the rate the neighbours leave), one probe a second. Each
-probe reports two readings of the same burst (docs/router.md, "An active probe"):
+then a burst of 5 bandwidth-delay products at the rate the neighbours leave), one probe a second.
+`--size-at` counts the 5 BDPs at other multiples of the rate left, the sizes taken in turn probe by probe
+(`--probes` of each): the router sizes its probe at twice its estimate (`probe_headroom`), and a probe
+sized below the rate left reads about the rate it was sized for, not more (a slow start that has not
+reached the path's rate when the burst ends), which is why. Each probe reports two readings of the same
+burst (docs/router.md, "An active probe"):
 
 - `rate_bps`, the probe's rate: the fastest growth of the bytes *delivered* (acknowledged, plus the
   segments SACKed beyond the cumulative ACK) over two unloaded RTTs;
@@ -16,8 +20,9 @@ probe reports two readings of the same burst (docs/router.md, "An active probe")
 
 Printed side by side, as ratios to the rate left to KV (the line less the neighbours' configured rate,
 the ground truth the runs' estimator error is judged against): median, P10, P90, the largest, and how
-many probes read more than the line. Target: the probe's median within +-10% of what is left and no
-probe above the line rate (exit status 1 otherwise). Needs root (namespaces, qdiscs).
+many probes read more than the line, per size. Target, for every size at or above the rate left: the
+probe's median within +-10% of what is left, and no probe of any size above the line rate (exit status 1
+otherwise); a size below it is reported, not judged. Needs root (namespaces, qdiscs).
 """
 
 from __future__ import annotations
@@ -43,13 +48,13 @@ MEDIAN_TOL = 0.10  # the probe's median within this of the rate left
 console = Console(width=max(120, Console().width))
 
 
-def run_sender(host: str, probes: int, nbytes: int, gap_s: float) -> int:
-    """Probe `probes` times, one JSON line per probe on stdout."""
+def run_sender(host: str, probes: int, sizes_bytes: list[int], gap_s: float) -> int:
+    """Probe `probes` times, cycling through `sizes_bytes`, one JSON line per probe on stdout."""
     from testbed.kv.transport import KVSender
 
     with KVSender(host, KV_PORT, connections=4) as tx:
-        for _ in range(probes):
-            ans = tx.probe(nbytes, pings=2, timeout_s=5.0)
+        for i in range(probes):
+            ans = tx.probe(sizes_bytes[i % len(sizes_bytes)], pings=2, timeout_s=5.0)
             print(json.dumps({k: ans[k] for k in ("ok", "bytes", "seconds", "rate_bps", "acked_rate_bps", "retransmits",
                                                   "idle_rtt_ms", "rtt_ms")}), flush=True)
             time.sleep(gap_s)
@@ -67,17 +72,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scenario", default="val-dip", help="a scenario with a WAN line and inelastic cross traffic")
     ap.add_argument("--probes", type=int, default=30)
-    ap.add_argument("--quick", action="store_true", help="10 probes")
+    ap.add_argument("--quick", action="store_true", help="10 probes of each size")
+    ap.add_argument("--size-at", default="1", help="comma-separated multiples of the rate left at which a probe's "
+                    "5 BDPs are counted, taken in turn (default 1)")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between probes")
     ap.add_argument("--json", type=Path, help="write the per-probe readings and the summary here")
     ap.add_argument("--role", default="driver", help=argparse.SUPPRESS)
     ap.add_argument("--host", help=argparse.SUPPRESS)
-    ap.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--bytes", default="0", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.role == "sender":
-        return run_sender(a.host, a.probes, a.bytes, a.gap)
+        return run_sender(a.host, a.probes, [int(b) for b in a.bytes.split(",")], a.gap)
     if a.quick:
         a.probes = 10
+    try:
+        size_at = [float(v) for v in a.size_at.split(",")]
+    except ValueError:
+        size_at = []
+    if not size_at or any(not 0 < v <= 10 for v in size_at) or len(set(size_at)) != len(size_at):
+        console.print(f"--size-at {a.size_at!r}: distinct multiples of the rate left in (0, 10], e.g. 0.5,1,2")
+        return 2
 
     import os
 
@@ -102,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     with Network(sc) as net:
         scale = net.scale
         rtt_s = sc.wan.rtt_s
-        nbytes = int(scale.wire_bytes(PROBE_BDP * left_bps / 8 * rtt_s))
+        sizes = [int(scale.wire_bytes(PROBE_BDP * m * left_bps / 8 * rtt_s)) for m in size_at]
         cross = CrossTraffic(cross_spec.scaled(scale), net.popen, net.host_ip) if cross_spec is not None else None
         me = [sys.executable, str(Path(__file__).resolve())]
         rx = net.popen("pd-d0", [sys.executable, str(Path(__file__).resolve().parent / "transport_bench.py"), "--role", "receiver",
@@ -113,17 +127,19 @@ def main(argv: list[str] | None = None) -> int:
             if cross is not None:
                 cross.start()
                 time.sleep(2.0)  # the neighbours' first second
-            tx = net.popen("prfaas-p0", me + ["--role", "sender", "--host", net.host_ip("pd-d0"), "--probes", str(a.probes),
-                                              "--bytes", str(nbytes), "--gap", str(a.gap)], stdout=subprocess.PIPE, text=True)
+            total = a.probes * len(sizes)
+            tx = net.popen("prfaas-p0", me + ["--role", "sender", "--host", net.host_ip("pd-d0"), "--probes", str(total),
+                                              "--bytes", ",".join(map(str, sizes)), "--gap", str(a.gap)],
+                           stdout=subprocess.PIPE, text=True)
             assert tx.stdout is not None
             with Progress(console=console, transient=True) as progress:
-                task = progress.add_task(f"probes on {a.scenario}'s steady WAN", total=a.probes)
-                for line in tx.stdout:
+                task = progress.add_task(f"probes on {a.scenario}'s steady WAN", total=total)
+                for i, line in enumerate(tx.stdout):
                     row = json.loads(line)
-                    rows.append({**row, "rate_bps": scale.emulated_bps(row["rate_bps"]),
+                    rows.append({**row, "size_at": size_at[i % len(sizes)], "rate_bps": scale.emulated_bps(row["rate_bps"]),
                                  "acked_rate_bps": scale.emulated_bps(row["acked_rate_bps"])})
                     progress.advance(task)
-            tx.wait(timeout=30)
+            tx.wait(timeout=30 + 5 * total)
         finally:
             if tx is not None and tx.poll() is None:
                 tx.kill()
@@ -138,25 +154,35 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         console.print(f"no probe measured a rate ({len(rows)} answered)")
         return 1
-    res = {"delivered": summarize([r["rate_bps"] for r in ok], left_bps, line_bps),
-           "acked": summarize([r["acked_rate_bps"] for r in ok], left_bps, line_bps)}
-    t = Table(title=f"{len(ok)} probes of {nbytes * float(scale.factor) / 1e6:.0f} MB (emulated) on {a.scenario}: line "
-                    f"{line_bps / 1e9:g} Gbps, neighbours {neighbours_bps / 1e9:g} Gbps, left {left_bps / 1e9:g} Gbps; "
-                    "readings / left")
-    for c in ("reading", "median", "P10", "P90", "max", "above the line"):
+    res = {m: {"delivered": summarize([r["rate_bps"] for r in ok if r["size_at"] == m], left_bps, line_bps),
+               "acked": summarize([r["acked_rate_bps"] for r in ok if r["size_at"] == m], left_bps, line_bps)}
+           for m in size_at if any(r["size_at"] == m for r in ok)}
+    t = Table(title=f"probes on {a.scenario}: line {line_bps / 1e9:g} Gbps, neighbours {neighbours_bps / 1e9:g} Gbps, "
+                    f"left {left_bps / 1e9:g} Gbps; readings / left")
+    for c in ("size (5 BDPs at)", "emulated MB", "reading", "median", "P10", "P90", "max", "above the line"):
         t.add_column(c)
-    for name, s in (("delivered bytes (the probe's rate)", res["delivered"]), ("acknowledged bytes (until 2026-12-04)", res["acked"])):
-        t.add_row(name, f"{s['median']:.3f}", f"{s['p10']:.3f}", f"{s['p90']:.3f}", f"{s['max']:.3f}", f"{s['above_line']} of {s['n']}")
+    for m, r in res.items():
+        mb = sizes[size_at.index(m)] * float(scale.factor) / 1e6
+        for name, s in (("delivered bytes (the probe's rate)", r["delivered"]), ("acknowledged bytes (until 2026-12-04)", r["acked"])):
+            t.add_row(f"{m:g} x left", f"{mb:.0f}", name, f"{s['median']:.3f}", f"{s['p10']:.3f}", f"{s['p90']:.3f}",
+                      f"{s['max']:.3f}", f"{s['above_line']} of {s['n']}")
     console.print(t)
-    d = res["delivered"]
-    passed = abs(d["median"] - 1.0) <= MEDIAN_TOL and d["above_line"] == 0
-    console.print(f"target: median within +-{MEDIAN_TOL:.0%} of the rate left and no probe above the line: "
-                  f"{'met' if passed else 'NOT met'}")
+    passed = judge({m: r["delivered"] for m, r in res.items()})
+    console.print(f"target: for sizes at or above the rate left, median within +-{MEDIAN_TOL:.0%} of it; no probe above "
+                  f"the line: {'met' if passed else 'NOT met'}")
     if a.json:
         a.json.write_text(json.dumps({"scenario": a.scenario, "line_bps": line_bps, "neighbours_bps": neighbours_bps,
-                                      "left_bps": left_bps, "probe_bytes_wire": nbytes, "scale": float(scale.factor),
-                                      "summary": res, "probes": rows, "passed": passed}, indent=1))
+                                      "left_bps": left_bps, "size_at": size_at, "probe_bytes_wire": sizes,
+                                      "scale": float(scale.factor), "summary": {f"{m:g}": r for m, r in res.items()},
+                                      "probes": rows, "passed": passed}, indent=1))
     return 0 if passed else 1
+
+
+def judge(delivered: dict[float, dict[str, float]]) -> bool:
+    """The target over the sizes' summaries of delivered readings (keyed by the multiple of the rate left):
+    no probe above the line, and for each size at or above the rate left the median within MEDIAN_TOL."""
+    return (all(s["above_line"] == 0 for s in delivered.values())
+            and all(abs(s["median"] - 1.0) <= MEDIAN_TOL for m, s in delivered.items() if m >= 1))
 
 
 if __name__ == "__main__":

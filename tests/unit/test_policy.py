@@ -331,6 +331,7 @@ def test_a_pd_host_flips_from_decode_to_prefill_when_prefill_is_the_bottleneck()
         ({"control": {"hold": 3}}, "policy.control.hold"),
         ({"control": {"speed": 1}}, "policy.control.speed"),
         ({"role_flip": {"enabled": "yes"}}, "policy.role_flip.enabled"),
+        ({"estimator": {"probe_headroom": 0.5}}, "policy.estimator.probe_headroom"),
         ({"thresold": "8K"}, "policy.thresold"),
     ],
 )
