@@ -1,4 +1,4 @@
-"""Subcommands of the analysis area: ``model``, ``report``, ``wall``."""
+"""Subcommands of the analysis area: ``model``, ``report``, ``wall``, ``replay-estimator``."""
 
 from __future__ import annotations
 
@@ -40,6 +40,14 @@ def register(sub: "argparse._SubParsersAction") -> None:
     w.add_argument("--measured", nargs="+", metavar="PROFILE", help="profiles written by `prfaas profile`: their measured "
                    "Phi_kv beside the published Table 3 values")
     w.set_defaults(func=cmd_wall)
+
+    e = sub.add_parser("replay-estimator", help="replay recorded runs' observed signals through the bandwidth estimator "
+                       "with other settings (open loop: a design aid, not a measurement)")
+    e.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    e.add_argument("--set", action="append", default=[], metavar="policy.estimator.KEY=VALUE",
+                   help="estimator setting to replay with (repeatable); none: the run's own, to check the replay's fidelity")
+    e.add_argument("--json", action="store_true", help="print JSON")
+    e.set_defaults(func=cmd_replay_estimator)
 
 
 def _print_json(doc: Any) -> None:
@@ -171,4 +179,35 @@ def cmd_wall(args: argparse.Namespace) -> int:
         print(bw.format_measured_table(pd.DataFrame(doc["measured_profiles"])))
     for p in doc.get("plots", []):
         print(f"wrote {p}")
+    return 0
+
+
+def cmd_replay_estimator(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from analysis.replay import replay_run
+
+    res = [replay_run(Path(d), args.set) for d in args.run_dirs]
+    med = lambda e: e["median_abs_error"]  # noqa: E731
+    doc = {"set": args.set, "runs": [{"run_dir": str(r.run_dir), "recorded": r.recorded, "replayed": r.replayed} for r in res]}
+    both = [(med(r.recorded), med(r.replayed)) for r in res if med(r.recorded) is not None and med(r.replayed) is not None]
+    if both:
+        doc["mean_median_abs_error"] = {"recorded": sum(a for a, _ in both) / len(both), "replayed": sum(b for _, b in both) / len(both)}
+    if args.json:
+        _print_json(doc)
+        return 0
+    t = Table(title="estimator error in steady periods (median |estimate - truth| / truth), recorded and replayed"
+                    + (f" with {' '.join(args.set)}" if args.set else " (the runs' own settings)"))
+    for c in ("run", "steady samples", "recorded", "replayed", "replayed P90"):
+        t.add_column(c)
+    f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    for r in res:
+        t.add_row(str(Path(*r.run_dir.parts[-3:])), str(r.replayed["steady_samples"]), f(med(r.recorded)), f(med(r.replayed)), f(r.replayed["p90_abs_error"]))
+    if "mean_median_abs_error" in doc:
+        m = doc["mean_median_abs_error"]
+        t.add_row(f"mean of {len(both)}", "", f(m["recorded"]), f(m["replayed"]), "")
+    Console().print(t)
+    print("open loop: the recorded probes and decisions are replayed as they were; judge a rule by live runs "
+          "(benchmarks/signals_bench.py)")
     return 0

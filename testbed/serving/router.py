@@ -728,7 +728,8 @@ class Router:
                      committed_bytes=st.get("committed_bytes"), backlogged=st.get("backlogged"),
                      estimate_evidence=st.get("estimate_evidence"), estimate_age_s=st.get("estimate_age_s"),
                      estimate_sample_bps=st.get("estimate_sample_bps"), rtt_ms=st.get("rtt_ms"),
-                     rtt_floor_ms=st.get("rtt_floor_ms"))
+                     rtt_floor_ms=st.get("rtt_floor_ms"), estimate_t_s=st.get("estimate_t_s"),
+                     estimate_backlog_bytes=st.get("estimate_backlog_bytes"), min_rtt_ms=st.get("min_rtt_ms"))
 
     # -- views
     def state(self) -> dict[str, Any]:

@@ -84,6 +84,8 @@ class Estimate:
     sample_bps: float = 0.0  # this poll's input rate (logged, so recorded runs can be replayed)
     rtt_ms: float = 0.0
     rtt_floor_ms: float = 0.0
+    backlog_bytes: float = 0.0  # this poll's backlog and the kernel's min RTT (inputs, logged for replay:
+    min_rtt_ms: float = 0.0  # analysis/replay.py)
 
 
 class BandwidthEstimator:
@@ -187,7 +189,7 @@ class BandwidthEstimator:
             evidence = NONE
         if evidence != NONE:
             self.evidence_t = t_s
-        return self._publish(t_s, backlogged, qdelay, rate, evidence, x, rtt_ms, floor)
+        return self._publish(t_s, backlogged, qdelay, rate, evidence, x, rtt_ms, floor, backlog_bytes, min_rtt_ms)
 
     def probe(self, t_s: float, nbytes: float, rate_bps: float, rtt_ms: float, idle_rtt_ms: float | None = None,
               min_rtt_ms: float = 0.0) -> Estimate:
@@ -207,7 +209,7 @@ class BandwidthEstimator:
         x = min(max(rate_bps, 0.0), self.nominal_bps)
         retrans = self.estimate.retransmits_per_s
         if x <= 0 or nbytes <= 0:
-            return self._publish(t_s, False, qdelay, retrans, NONE, x, rtt_ms, floor)
+            return self._publish(t_s, False, qdelay, retrans, NONE, x, rtt_ms, floor, 0.0, min_rtt_ms)
         unloaded_s = (idle_rtt_ms if idle_rtt_ms else floor) / 1000.0
         # filled: the path pushed back. Its size against its rate says the rate is not slow start's alone, and
         # a standing queue under it says the window was not the limit either (a dip's losses leave windows
@@ -229,7 +231,7 @@ class BandwidthEstimator:
         else:
             self._value, evidence = max(self._value, x), HEADROOM
         self.evidence_t = t_s
-        return self._publish(t_s, True, qdelay, retrans, evidence, x, rtt_ms, floor)
+        return self._publish(t_s, True, qdelay, retrans, evidence, x, rtt_ms, floor, 0.0, min_rtt_ms)
 
     def _from_above(self, t_s: float, x: float) -> float:
         """The estimate after an upper bound `x` (a saturated poll or a filled probe), from the upper bounds
@@ -263,8 +265,8 @@ class BandwidthEstimator:
         return min(s.probe_max_bytes, s.probe_bdp * rate_bps / 8.0 * rtt_ms / 1000.0)
 
     def _publish(self, t_s: float, backlogged: bool, qdelay: float, retrans: float, evidence: str, x: float,
-                 rtt_ms: float, floor: float) -> Estimate:
+                 rtt_ms: float, floor: float, backlog_bytes: float, min_rtt_ms: float) -> Estimate:
         age = t_s - self._saturated_t if self._saturated_t is not None else math.inf
         self.estimate = Estimate(t_s, self._value, backlogged, qdelay, retrans, evidence == SATURATED, evidence, age, x,
-                                 rtt_ms, floor)
+                                 rtt_ms, floor, backlog_bytes, min_rtt_ms)
         return self.estimate

@@ -1,0 +1,116 @@
+"""Replay a recorded run's observed signals through the bandwidth estimator, with other settings.
+
+``prfaas replay-estimator RUN_DIR... [--set policy.estimator.KEY=VALUE ...] [--json]``
+
+Every ``signals`` row of a run's ``scheduler.parquet`` carries the estimator's inputs of that control tick
+(`estimate_sample_bps`, `rtt_ms`; since 2026-12-04 also `estimate_t_s`, `estimate_backlog_bytes` and
+`min_rtt_ms`, the poll's own time, backlog and kernel min RTT), and every ``probe`` row
+a probe's answer (`probe_bytes`, `probe_rate_bps`, `probe_rtt_ms`, `idle_rtt_ms`). Fed in time order to
+a fresh `BandwidthEstimator` built from the run's own scenario (plus the overrides), they give the
+estimate the run would have had, which is scored against the emulator's ground truth like the run's
+summary (`analysis.metrics.estimator_error`: median relative error in steady periods).
+
+The replay is **open loop**: the probes' sizes and readings, when they ran, and every decision of the
+policy are those recorded; a change that would have sized a probe differently, or routed other work
+over the WAN, is not replayed. So it is a design aid, to try a rule on many recorded runs in seconds,
+not a measurement: a rule is judged by live runs (`benchmarks/signals_bench.py`, paired seeds). Its
+fidelity shows in the replay with no overrides, which should give back the recorded error. Runs
+recorded before 2026-12-04 lack the poll's own time, backlog and min RTT: a signals row (every control
+tick) repeats the latest poll's inputs, so consecutive rows with the same inputs count as one poll,
+the committed bytes of the row stand for the backlog and the lowest polled RTT so far for the kernel's
+minimum.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.metrics import estimator_error
+from testbed.errors import UserError
+from testbed.serving.policy.estimator import BandwidthEstimator, EstimatorSpec
+
+
+@dataclass(frozen=True)
+class Replay:
+    run_dir: Path
+    frame: pd.DataFrame  # t_s, truth_kv_available_bps, recorded_bps, replayed_bps (the signals rows)
+    recorded: dict[str, Any]  # estimator_error of the recorded estimate
+    replayed: dict[str, Any]  # ... of the replayed one
+
+
+def replay_frame(scheduler: pd.DataFrame, nominal_bps: float, spec: EstimatorSpec) -> pd.DataFrame:
+    """The signals rows of `scheduler` with the estimate a fresh estimator (`spec`) gives on their inputs
+    and those of the successful probe rows, in time order (`replayed_bps` beside `recorded_bps`)."""
+    need = {"kind", "t_s", "estimate_sample_bps", "committed_bytes", "rtt_ms", "kv_available_bps", "truth_kv_available_bps"}
+    missing = sorted(need - set(scheduler.columns))
+    if missing:
+        raise UserError(f"scheduler.parquet has no {', '.join(missing)}: not a run of the observed estimator "
+                        "(policy.signals: observed, recorded since 2026-12-01)")
+    rows = scheduler[scheduler["kind"].isin(["signals", "probe"])].sort_values("t_s", kind="stable")
+    exact = "estimate_t_s" in rows.columns and rows["estimate_t_s"].notna().any()
+    probe_t = set(rows.loc[rows["kind"] == "probe", "t_s"].astype(float))
+    est = BandwidthEstimator(nominal_bps, spec)
+    kernel_min = math.inf
+    last: tuple | None = None
+    probed: float | None = None  # the rate of a probe since the last signals row
+    out: list[dict[str, float]] = []
+    for r in rows.itertuples(index=False):
+        rtt = _num(r.rtt_ms)
+        if exact:
+            min_rtt = _num(getattr(r, "min_rtt_ms", 0.0))
+        else:  # recorded before 2026-12-04: the kernel's minimum approximated by the lowest polled RTT so far
+            kernel_min = min(kernel_min, rtt) if rtt > 0 else kernel_min
+            min_rtt = kernel_min if math.isfinite(kernel_min) else 0.0
+        if r.kind == "signals":
+            if exact:  # one update per estimate the run published (a signals row repeats it until the next poll)
+                t_e = _num(r.estimate_t_s)
+                key: tuple = (t_e,)
+                inputs = (t_e, _num(r.estimate_sample_bps), _num(r.estimate_backlog_bytes))
+            else:  # before: consecutive rows with the same inputs are one poll
+                key = (r.estimate_sample_bps, r.rtt_ms, r.committed_bytes, r.estimate_evidence)
+                inputs = (float(r.t_s), _num(r.estimate_sample_bps), _num(r.committed_bytes))
+            # (a row that repeats what a probe published is no poll: exactly, by its time; before, by its rate)
+            from_probe = inputs[0] in probe_t if exact else probed is not None and inputs[1] == min(probed, nominal_bps)
+            if key != last and not from_probe and r.estimate_evidence is not None:
+                est.update(inputs[0], inputs[1], inputs[2], rtt, min_rtt)
+            last, probed = key, None
+            out.append({"t_s": float(r.t_s), "truth_kv_available_bps": _num(r.truth_kv_available_bps),
+                        "recorded_bps": _num(r.kv_available_bps), "replayed_bps": est.estimate.available_bps})
+        elif bool(getattr(r, "ok", False)):
+            probed = _num(r.probe_rate_bps)
+            est.probe(float(r.t_s), _num(r.probe_bytes), _num(r.probe_rate_bps), _num(r.probe_rtt_ms),
+                      _num(r.idle_rtt_ms) or None, min_rtt)
+    return pd.DataFrame(out, columns=["t_s", "truth_kv_available_bps", "recorded_bps", "replayed_bps"])
+
+
+def _num(v: Any) -> float:
+    return float(v) if v is not None and pd.notna(v) else 0.0
+
+
+def _score(frame: pd.DataFrame, column: str) -> dict[str, Any]:
+    f = frame.rename(columns={column: "kv_available_bps"})[["t_s", "kv_available_bps", "truth_kv_available_bps"]]
+    return estimator_error(f.assign(kind="signals"))
+
+
+def replay_run(run_dir: Path, overrides: list[str]) -> Replay:
+    """Replay one run directory with `overrides` (``policy.estimator.KEY=VALUE``) on its own scenario."""
+    from testbed.sections import load_scenario
+
+    run_dir = Path(run_dir)
+    for f in ("scenario.yaml", "scheduler.parquet"):
+        if not (run_dir / f).is_file():
+            raise UserError(f"{run_dir}: no {f} (a run directory written by `prfaas run` is needed)")
+    bad = [o for o in overrides if not o.startswith("policy.estimator.")]
+    if bad:
+        raise UserError(f"--set {bad[0]!r}: only policy.estimator.KEY=VALUE can be replayed (the rest of the run is recorded)")
+    sc = load_scenario(str(run_dir / "scenario.yaml"), overrides)
+    spec = sc.section("policy").estimator
+    frame = replay_frame(pd.read_parquet(run_dir / "scheduler.parquet"), float(sc.wan.prfaas_to_pd.rate_bps), spec)
+    if frame.empty:
+        raise UserError(f"{run_dir}: no signals rows (not a run of the observed estimator)")
+    return Replay(run_dir, frame, _score(frame, "recorded_bps"), _score(frame, "replayed_bps"))
