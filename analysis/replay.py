@@ -44,48 +44,81 @@ class Replay:
 
 
 def replay_frame(scheduler: pd.DataFrame, nominal_bps: float, spec: EstimatorSpec) -> pd.DataFrame:
-    """The signals rows of `scheduler` with the estimate a fresh estimator (`spec`) gives on their inputs
-    and those of the successful probe rows, in time order (`replayed_bps` beside `recorded_bps`)."""
+    """The signals rows of `scheduler` with the estimate a fresh estimator (`spec`) gives on the recorded
+    polls and probes, replayed in the order of their own times (`replayed_bps` beside `recorded_bps`)."""
     need = {"kind", "t_s", "estimate_sample_bps", "committed_bytes", "rtt_ms", "kv_available_bps", "truth_kv_available_bps"}
     missing = sorted(need - set(scheduler.columns))
     if missing:
         raise UserError(f"scheduler.parquet has no {', '.join(missing)}: not a run of the observed estimator "
                         "(policy.signals: observed, recorded since 2026-12-01)")
     rows = scheduler[scheduler["kind"].isin(["signals", "probe"])].sort_values("t_s", kind="stable")
+    signals = rows[rows["kind"] == "signals"]
+    events = sorted(_polls(rows, nominal_bps) + _probes(rows), key=lambda e: e[0])
+    est, k, out = BandwidthEstimator(nominal_bps, spec), 0, []
+    for r in signals.itertuples(index=False):
+        while k < len(events) and events[k][0] <= r.t_s:
+            t, kind, args = events[k]
+            (est.update if kind == "poll" else est.probe)(t, *args)
+            k += 1
+        out.append({"t_s": float(r.t_s), "truth_kv_available_bps": _num(r.truth_kv_available_bps),
+                    "recorded_bps": _num(r.kv_available_bps), "replayed_bps": est.estimate.available_bps})
+    return pd.DataFrame(out, columns=["t_s", "truth_kv_available_bps", "recorded_bps", "replayed_bps"])
+
+
+def _polls(rows: pd.DataFrame, nominal_bps: float) -> list[tuple[float, str, tuple]]:
+    """(time, "poll", update's arguments after the time) of each KV poll. Since 2026-12-04 a signals row
+    names its poll (`estimate_t_s`; one whose time is a probe's repeats what the probe published).
+    Before, a signals row (every control tick) repeats the latest poll's inputs, so consecutive rows with
+    the same inputs are one poll at the first row's time, a row whose rate is the probe's just before it
+    is that probe, the row's committed bytes stand for the backlog and the lowest polled RTT so far for
+    the kernel's minimum."""
     exact = "estimate_t_s" in rows.columns and rows["estimate_t_s"].notna().any()
     probe_t = set(rows.loc[rows["kind"] == "probe", "t_s"].astype(float))
-    est = BandwidthEstimator(nominal_bps, spec)
-    kernel_min = math.inf
+    out: list[tuple[float, str, tuple]] = []
     last: tuple | None = None
     probed: float | None = None  # the rate of a probe since the last signals row
-    out: list[dict[str, float]] = []
+    kernel_min = math.inf
     for r in rows.itertuples(index=False):
+        if r.kind == "probe":
+            probed = _num(r.probe_rate_bps) if _measured(r) else probed
+            continue
         rtt = _num(r.rtt_ms)
         if exact:
-            min_rtt = _num(getattr(r, "min_rtt_ms", 0.0))
-        else:  # recorded before 2026-12-04: the kernel's minimum approximated by the lowest polled RTT so far
+            t, backlog, min_rtt = _num(r.estimate_t_s), _num(r.estimate_backlog_bytes), _num(r.min_rtt_ms)
+            key: tuple = (t,)
+            from_probe = t in probe_t
+        else:
             kernel_min = min(kernel_min, rtt) if rtt > 0 else kernel_min
-            min_rtt = kernel_min if math.isfinite(kernel_min) else 0.0
+            t, backlog, min_rtt = float(r.t_s), _num(r.committed_bytes), kernel_min if math.isfinite(kernel_min) else 0.0
+            key = (r.estimate_sample_bps, r.rtt_ms, r.committed_bytes, r.estimate_evidence)
+            from_probe = probed is not None and _num(r.estimate_sample_bps) == min(probed, nominal_bps)
+        if key != last and not from_probe and r.estimate_evidence is not None:
+            out.append((t, "poll", (_num(r.estimate_sample_bps), backlog, rtt, min_rtt)))
+        last, probed = key, None
+    return out
+
+
+def _probes(rows: pd.DataFrame) -> list[tuple[float, str, tuple]]:
+    """(time, "probe", probe's arguments after the time) of each probe the policy was given: one that
+    measured a rate with no KV moving under it (`measured` since 2026-12-04; before, read from its row)."""
+    out: list[tuple[float, str, tuple]] = []
+    min_rtt = 0.0
+    for r in rows.itertuples(index=False):
         if r.kind == "signals":
-            if exact:  # one update per estimate the run published (a signals row repeats it until the next poll)
-                t_e = _num(r.estimate_t_s)
-                key: tuple = (t_e,)
-                inputs = (t_e, _num(r.estimate_sample_bps), _num(r.estimate_backlog_bytes))
-            else:  # before: consecutive rows with the same inputs are one poll
-                key = (r.estimate_sample_bps, r.rtt_ms, r.committed_bytes, r.estimate_evidence)
-                inputs = (float(r.t_s), _num(r.estimate_sample_bps), _num(r.committed_bytes))
-            # (a row that repeats what a probe published is no poll: exactly, by its time; before, by its rate)
-            from_probe = inputs[0] in probe_t if exact else probed is not None and inputs[1] == min(probed, nominal_bps)
-            if key != last and not from_probe and r.estimate_evidence is not None:
-                est.update(inputs[0], inputs[1], inputs[2], rtt, min_rtt)
-            last, probed = key, None
-            out.append({"t_s": float(r.t_s), "truth_kv_available_bps": _num(r.truth_kv_available_bps),
-                        "recorded_bps": _num(r.kv_available_bps), "replayed_bps": est.estimate.available_bps})
-        elif bool(getattr(r, "ok", False)):
-            probed = _num(r.probe_rate_bps)
-            est.probe(float(r.t_s), _num(r.probe_bytes), _num(r.probe_rate_bps), _num(r.probe_rtt_ms),
-                      _num(r.idle_rtt_ms) or None, min_rtt)
-    return pd.DataFrame(out, columns=["t_s", "truth_kv_available_bps", "recorded_bps", "replayed_bps"])
+            min_rtt = _num(getattr(r, "min_rtt_ms", 0.0)) or min_rtt
+        elif _measured(r):
+            out.append((float(r.t_s), "probe", (_num(r.probe_bytes), _num(r.probe_rate_bps), _num(r.probe_rtt_ms),
+                                                _num(r.idle_rtt_ms) or None, _num(getattr(r, "min_rtt_ms", 0.0)) or min_rtt)))
+    return out
+
+
+def _measured(r: Any) -> bool:
+    m = getattr(r, "measured", None)
+    if m is not None and pd.notna(m):
+        return bool(m)
+    reason = getattr(r, "reason", None)
+    return (_num(r.probe_rate_bps) > 0 and _num(r.probe_bytes) > 0
+            and not (isinstance(reason, str) and reason.startswith("KV moved")))
 
 
 def _num(v: Any) -> float:

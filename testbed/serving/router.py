@@ -694,8 +694,9 @@ class Router:
                 "idle_rtt_ms": num("idle_rtt_ms"), "probe_retransmits": num("retransmits")}  # emulated units
         if measured:  # the policy first: whoever sees the log row sees the estimate it led to
             self.policy.on_telemetry(TelemetrySample(now, min_rtt_ms=num("min_rtt_ms"), **seen))
-        self.log.add("probe", now, instance=inst.cfg.instance, decode_instance=d.instance, ok=ok,
+        self.log.add("probe", now, instance=inst.cfg.instance, decode_instance=d.instance, ok=ok, measured=measured,
                      reason=None if ok else str((ans or {}).get("reason") or "no answer"), seconds=now - t0,
+                     min_rtt_ms=num("min_rtt_ms"),
                      probe_acked_rate_bps=self.scale.emulated_bps(num("acked_rate_bps") or 0.0), **seen)
         return ans if isinstance(ans, dict) else None
 

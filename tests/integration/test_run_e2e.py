@@ -277,3 +277,12 @@ def test_a_prfaas_run_with_observed_signals_records_its_mode_its_estimate_and_th
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["signals"] == "observed" and summary["estimator"]["signals"] == "observed"
     assert summary["estimator"]["samples"] > 10
+    # each poll's own time, backlog and min RTT are logged, so the run replays through the estimator with its
+    # own settings to the estimate it had (prfaas replay-estimator, analysis/replay.py)
+    from analysis.replay import replay_run
+
+    rep = replay_run(run_dir, [])
+    assert sig["estimate_t_s"].notna().any() and probes["measured"].notna().all()
+    close = (rep.frame["replayed_bps"] - rep.frame["recorded_bps"]).abs() <= 1e-6 * rep.frame["recorded_bps"]
+    # (exact on the runs tried; the control loop logs while telemetry threads update, so allow a few rows)
+    assert close.mean() >= 0.95, rep.frame[~close].head(10).to_string()

@@ -61,3 +61,16 @@ def test_runs_recorded_before_the_poll_inputs_were_logged_replay_one_poll_per_re
 def test_a_log_without_the_estimators_inputs_is_a_user_error() -> None:
     with pytest.raises(UserError, match="estimate_sample_bps"):
         replay_frame(pd.DataFrame({"kind": ["signals"], "t_s": [0.0]}), 100 * G, EstimatorSpec())
+
+
+def test_the_scheduler_log_puts_a_signals_rows_poll_time_on_the_runs_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    from testbed import clock
+    from testbed.serving.policy.log import SchedulerLog
+
+    monkeypatch.setenv(clock.T0_ENV, "1000.0")
+    log = SchedulerLog()
+    log.add("signals", 1003.5, estimate_t_s=1003.25, kv_available_bps=1.0)
+    log.add("signals", 1003.7, estimate_t_s=None, kv_available_bps=1.0)
+    f = log.to_frame()
+    assert f["t_s"].tolist() == pytest.approx([3.5, 3.7])
+    assert f["estimate_t_s"].iloc[0] == pytest.approx(3.25) and pd.isna(f["estimate_t_s"].iloc[1])
