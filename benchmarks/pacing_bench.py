@@ -80,7 +80,7 @@ def main() -> int:
             stop.set()
             if spinning:
                 spinner.join()
-    Console().print(table)
+    Console(width=max(140, Console().width)).print(table)
     return 0 if ok else 1
 
 

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         agree += b == naive
     stats = {k: percentiles(v) for k, v in timings.items()}
     stats["router decision, thread CPU time"] = percentiles(cpu)
-    con = Console()
+    con = Console(width=max(140, Console().width))
     table = Table(title=f"Router decision latency: {args.prefixes:,} cached prefixes ({keys_total:,} block keys), 12 prefill instances, {n:,} requests")
     table.add_column("path")
     for col in ("mean", "p50", "p90", "p99", "max"):

@@ -238,7 +238,7 @@ def main() -> int:
     ap.add_argument("--executor", default="local", help="experiments executor: local, local:N, ray:ADDR (docs/experiments.md)")
     ap.add_argument("--quick", action="store_true", help="val-dip, seeds 1-2, prfaas-observed/prfaas-oracle/fixed-threshold")
     a = ap.parse_args()
-    console = Console()
+    console = Console(width=max(140, Console().width))  # a file or pipe gets 80 columns, which cut the arm and metric names
     if a.quick:
         a.shapes, a.seeds, a.arms = "val-dip", "1,2", "prfaas-observed,prfaas-oracle,fixed-threshold"
     shapes, arms = a.shapes.split(","), a.arms.split(",")

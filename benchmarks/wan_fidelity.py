@@ -306,7 +306,7 @@ def main() -> int:
     args = ap.parse_args()
     q = args.quick
     dur = 3.0 if q else 6.0
-    con = Console()
+    con = Console(width=max(140, Console().width))
     t0 = time.monotonic()
     with con.status("wan fidelity") as status:
         with Network(scenario("1Gbps", "10ms")) as net:
