@@ -207,7 +207,7 @@ def cmd_replay_estimator(args: argparse.Namespace) -> int:
     if "mean_median_abs_error" in doc:
         m = doc["mean_median_abs_error"]
         t.add_row(f"mean of {len(both)}", "", f(m["recorded"]), f(m["replayed"]), "")
-    Console().print(t)
+    Console(width=max(140, Console().width)).print(t)
     print("open loop: the recorded probes and decisions are replayed as they were; judge a rule by live runs "
           "(benchmarks/signals_bench.py)")
     return 0
