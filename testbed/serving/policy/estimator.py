@@ -261,7 +261,7 @@ class BandwidthEstimator:
         a lone halving."""
         s = self.spec
         rtt_ms = max(self.estimate.rtt_floor_ms, self._idle_rtts[-1][1] if self._idle_rtts else 0.0) or 10.0
-        rate_bps = min(s.probe_headroom * self._value, max(self._value, self.nominal_bps))
+        rate_bps = min(s.probe_headroom * self._value, self.nominal_bps)  # (the estimate never exceeds nominal)
         return min(s.probe_max_bytes, s.probe_bdp * rate_bps / 8.0 * rtt_ms / 1000.0)
 
     def _publish(self, t_s: float, backlogged: bool, qdelay: float, retrans: float, evidence: str, x: float,

@@ -30,8 +30,8 @@ class SchedulerLog:
             return [dict(r) for r in self._rows if kind is None or r["kind"] == kind]
 
     def to_frame(self) -> "Any":
-        """A pandas DataFrame, `t_s` (and a signals row's `estimate_t_s`, the time of the poll it shows)
-        relative to the run's start (`clock.run_t0()`)."""
+        """A pandas DataFrame with every time (`t_s`, and any field named ``*_t_s``, such as a signals row's
+        `estimate_t_s`, the time of the poll it shows) relative to the run's start (`clock.run_t0()`)."""
         t0 = clock.run_t0()
-        shift = lambda r: {"estimate_t_s": float(r["estimate_t_s"]) - t0} if r.get("estimate_t_s") is not None else {}  # noqa: E731
-        return scheduler_frame([{**r, "t_s": float(r["t_s"]) - t0, **shift(r)} for r in self.rows()])
+        return scheduler_frame([{**r, **{k: float(v) - t0 for k, v in r.items() if (k == "t_s" or k.endswith("_t_s")) and v is not None}}
+                                for r in self.rows()])
