@@ -470,3 +470,26 @@ def test_one_probe_after_a_long_busy_stretch_does_not_raise_the_floor_alone() ->
     confirm = est.probe(40.0, 100e6, 12 * G, 22.5, 21.9, 10.3)
     assert confirm.evidence == "saturated" and confirm.rtt_floor_ms == pytest.approx(11.1)
     assert est.update(40.5, 12 * G, 267e6, 22.5, 10.3).rtt_floor_ms == pytest.approx(21.7)
+
+
+def test_one_clean_poll_alone_in_the_rtt_window_does_not_become_the_floor() -> None:
+    """val-thin-line seed 3 (2026-12-04): KV kept the senders queued for 10 s but for one poll whose small
+    backlog (3.7 MB) passed as clean while its RTT (19.2 ms) still carried a queue (the kernel's minimum: 9.0 ms).
+    Once the clean polls before it left the window it was the window's minimum alone: the floor rose to 19.2 ms,
+    a 5x dip's 21-ms RTTs read as headroom, and the dip was found after 3.9 s instead of 0.9 s. A windowed
+    minimum counts over `rtt_window_polls` (2) clean polls, as one probe's pings alone set nothing."""
+
+    def run(spec: EstimatorSpec) -> list:
+        est = BandwidthEstimator(10 * G, spec)
+        for i in range(25):  # 0-12 s: transfers with gaps, clean polls at the path's delay
+            est.update(0.5 * i, 8 * G, 1e6, 10.1, 9.0)
+        for i in range(26):  # 12.5-25 s: queued KV, one clean poll (18 s) still carrying a queue
+            t = 12.5 + 0.5 * i
+            est.update(t, 8 * G, 3.7e6 if t == 18.0 else 200e6, 19.2 if t == 18.0 else 16.0, 9.0)
+        return [est.update(25.5 + 0.5 * i, 1 * G, 300e6, 21.0, 9.0) for i in range(4)]  # a 5x dip
+
+    dip = run(EstimatorSpec())
+    assert all(e.rtt_floor_ms == pytest.approx(9.0) for e in dip)  # one clean poll in the window: the kernel's
+    assert [e.evidence for e in dip] == ["saturated"] * 4 and dip[1].available_bps < 0.5 * 8 * G
+    old = run(EstimatorSpec(rtt_window_polls=1))  # the rule before: the lone poll is the floor
+    assert all(e.rtt_floor_ms == pytest.approx(19.2) and e.evidence == "headroom" for e in old)

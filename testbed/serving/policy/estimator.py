@@ -57,6 +57,7 @@ class EstimatorSpec:
     queue_delay_fraction: float = 0.4  # ... or this fraction of the floor, whichever is larger
     probe_tau_s: float = 5.0  # headroom polls grow the estimate by e per this much of their time (up to nominal)
     rtt_window_s: float = 10.0  # the RTT floor forgets samples older than this
+    rtt_window_polls: int = 2  # ... and counts the polled minimum only over at least this many clean polls (1 until 2026-12-04)
     min_backlog_bytes: float = 0.0  # backlog above this counts as backlogged
     saturated_window_s: float = 2.0  # a saturated poll sets the estimate to the median of the last 3 within this
     probe_after_s: float = 1.0  # the router probes after this long without KV evidence and nothing committed (0: never)
@@ -103,6 +104,7 @@ class BandwidthEstimator:
         self._min_rtt_ms = math.inf  # the kernel's (lifetime) min RTT
         self._rtts: deque[tuple[float, float]] = deque()  # (t_s, polled RTT) for the windowed floor
         self._first_rtt_t: float | None = None
+        self._clean_ts: deque[float] = deque()  # times of the clean polls in the window (`rtt_window_polls`)
         self._saturated: deque[tuple[float, float]] = deque(maxlen=3)  # the latest saturated polls' samples
         self._idle_rtts: deque[tuple[float, float]] = deque(maxlen=2)  # (t_s, unloaded RTT ms) of the latest probes
         self._full: tuple[float, float] | None = None  # (t_s, rate) of the latest probe that filled the path
@@ -119,13 +121,19 @@ class BandwidthEstimator:
             while self._rtts and self._rtts[-1][1] >= rtt_ms:  # monotone deque: the window's minimum first
                 self._rtts.pop()
             self._rtts.append((t_s, rtt_ms))
+            self._clean_ts.append(t_s)
             self._first_rtt_t = t_s if self._first_rtt_t is None else self._first_rtt_t
         while self._rtts and self._rtts[0][0] < t_s - s.rtt_window_s:
             self._rtts.popleft()
+        while self._clean_ts and self._clean_ts[0] < t_s - s.rtt_window_s:
+            self._clean_ts.popleft()
         kernel = self._min_rtt_ms if math.isfinite(self._min_rtt_ms) else 0.0
-        # the polled minimum replaces the kernel's only once it covers a whole window: a queue that already
-        # stands at the first poll is still a queue
-        full = self._first_rtt_t is not None and t_s - self._first_rtt_t >= s.rtt_window_s
+        # the polled minimum replaces the kernel's only once it covers a whole window (a queue that already
+        # stands at the first poll is still a queue), and only over `rtt_window_polls` clean polls: one alone
+        # may carry a queue of someone else's (val-thin-line seed 3: a lone 19.2-ms poll, the kernel's minimum
+        # 9.0, became the floor for 5 s and hid a 5x dip's queue for 3.3 s), as one probe alone sets nothing
+        full = (self._first_rtt_t is not None and t_s - self._first_rtt_t >= s.rtt_window_s
+                and len(self._clean_ts) >= s.rtt_window_polls)
         floor = max(kernel, self._rtts[0][1]) if self._rtts and full else kernel
         idle = self._unloaded_rtt_ms(t_s)
         return max(floor, idle) if idle else floor  # measured with nothing of ours queued: no queue of ours in it

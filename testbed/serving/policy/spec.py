@@ -124,7 +124,7 @@ class PolicySpec:
             },
             "estimator": {
                 "queue_delay": f"{e.queue_delay_ms}ms", "queue_delay_fraction": e.queue_delay_fraction,
-                "probe_tau": f"{e.probe_tau_s}s", "rtt_window": f"{e.rtt_window_s}s",
+                "probe_tau": f"{e.probe_tau_s}s", "rtt_window": f"{e.rtt_window_s}s", "rtt_window_polls": e.rtt_window_polls,
                 "saturated_window": f"{e.saturated_window_s}s", "probe_after": f"{e.probe_after_s}s", "probe_bdp": e.probe_bdp,
                 "probe_headroom": e.probe_headroom, "probe_max": f"{int(e.probe_max_bytes)}B",
                 "full_path_ratio": e.full_path_ratio, "probe_dip_fraction": e.probe_dip_fraction,
@@ -201,6 +201,7 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
         queue_delay_fraction=f.get("queue_delay_fraction", units.parse_fraction, d.queue_delay_fraction),
         probe_tau_s=f.get("probe_tau", _duration, d.probe_tau_s),
         rtt_window_s=f.get("rtt_window", _duration, d.rtt_window_s),
+        rtt_window_polls=f.get("rtt_window_polls", positive_int, d.rtt_window_polls),
         saturated_window_s=f.get("saturated_window", _duration, d.saturated_window_s),
         probe_after_s=f.get("probe_after", lambda v: units.parse_duration_s(v, allow_zero=True), d.probe_after_s),
         probe_bdp=f.get("probe_bdp", positive_number, d.probe_bdp),
