@@ -186,5 +186,8 @@ def test_netem_loses_wire_packets_not_gso_super_packets(net):
         retransmits = data["end"]["sum_sent"]["retransmits"]
         assert skb_bytes <= 1514, f"netem must be handed wire packets: {skb_bytes:.0f} B per skb"
         assert 0.01 < lost / skbs < 0.03, (lost, skbs, tail_drops)  # netem's drops per wire packet handed to it
-        assert 0.8 * lost <= retransmits < 1.5 * lost + 10, (retransmits, lost)
+        # a tail drop at the bfifo behind netem is retransmitted too (the loss-free run of the same stream
+        # tail-drops ~300 segments): before 2026-12-04 the bound counted netem's drops alone, and CI failed once
+        # on 122 retransmits against 63 of them (tail drops not printed); super-packet loss gave 3.8x netem's
+        assert 0.8 * lost <= retransmits < 1.5 * (lost + tail_drops) + 10, (retransmits, lost, tail_drops)
     assert not lossy.teardown_errors
