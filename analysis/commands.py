@@ -183,10 +183,10 @@ def cmd_wall(args: argparse.Namespace) -> int:
 
 
 def cmd_replay_estimator(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from analysis.replay import replay_run
+    from testbed.console import wide_console
 
     res = [replay_run(Path(d), args.set) for d in args.run_dirs]
     med = lambda e: e["median_abs_error"]  # noqa: E731
@@ -207,7 +207,7 @@ def cmd_replay_estimator(args: argparse.Namespace) -> int:
     if "mean_median_abs_error" in doc:
         m = doc["mean_median_abs_error"]
         t.add_row(f"mean of {len(both)}", "", f(m["recorded"]), f(m["replayed"]), "")
-    Console(width=max(140, Console().width)).print(t)
+    wide_console().print(t)
     print("open loop: the recorded probes and decisions are replayed as they were; judge a rule by live runs "
           "(benchmarks/signals_bench.py)")
     return 0

@@ -44,7 +44,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 import yaml  # noqa: E402
-from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,9 +53,10 @@ from testbed.models.spec import PRESETS_DIR, load_model_spec  # noqa: E402
 from testbed.models.torch_model import build_model  # noqa: E402
 from testbed.serving.protocol import DecodeRequest, FinalEvent  # noqa: E402
 from testbed.serving.worker import DecodeWorker, WorkerConfig  # noqa: E402
+from testbed.console import wide_console  # noqa: E402
 
 BLOCK = 512
-console = Console(width=max(140, Console().width))
+console = wide_console()
 CPU_AGREE_LOGITS = 1e-3  # max |logit difference| CPU vs device, float32 caches (as tests/unit/test_torch_model.py's CUDA test)
 # Checks 4 and 5 run the workers and the local model with float32 caches (`float32_spec`), as check 3 does: with the
 # preset's bf16 caches the worker's path (prefill, the wire, batched decode) and the local one (prefill, recurrent decode)

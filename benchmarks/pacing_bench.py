@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from testbed.serving.compute import PrefillPlan, ProfileCompute  # noqa: E402
 from testbed.serving.worker import WorkerConfig  # noqa: E402
+from testbed.console import wide_console  # noqa: E402
 
 TARGET = 1.05
 LENGTHS = (8192, 32768)
@@ -80,7 +80,7 @@ def main() -> int:
             stop.set()
             if spinning:
                 spinner.join()
-    Console(width=max(140, Console().width)).print(table)
+    wide_console().print(table)
     return 0 if ok else 1
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rich.console import Console  # noqa: E402
 from rich.progress import track  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -31,6 +30,7 @@ from testbed.serving.kvmanager import reusable_blocks  # noqa: E402
 from testbed.serving.policy import PolicySpec  # noqa: E402
 from testbed.serving.router import Completion, DecodeInstanceConfig, PrefillInstanceConfig, Router, RouterConfig  # noqa: E402
 from testbed.blocks import BLOCK_TOKENS  # noqa: E402
+from testbed.console import wide_console  # noqa: E402
 
 TARGET_P99_US = 200.0
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         agree += b == naive
     stats = {k: percentiles(v) for k, v in timings.items()}
     stats["router decision, thread CPU time"] = percentiles(cpu)
-    con = Console(width=max(140, Console().width))
+    con = wide_console()
     table = Table(title=f"Router decision latency: {args.prefixes:,} cached prefixes ({keys_total:,} block keys), 12 prefill instances, {n:,} requests")
     table.add_column("path")
     for col in ("mean", "p50", "p90", "p99", "max"):

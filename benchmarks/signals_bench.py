@@ -51,6 +51,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from testbed.rundir import SUMMARY_FILE  # noqa: E402
+from testbed.console import wide_console  # noqa: E402
 
 SHAPES = ("val-dip", "val-staircase", "val-rtt-surge", "val-cross-surge", "val-loss-burst",
           # held out, added after the law's last change (session 25): a slow ramp down and back, a flapping line
@@ -238,7 +239,7 @@ def main() -> int:
     ap.add_argument("--executor", default="local", help="experiments executor: local, local:N, ray:ADDR (docs/experiments.md)")
     ap.add_argument("--quick", action="store_true", help="val-dip, seeds 1-2, prfaas-observed/prfaas-oracle/fixed-threshold")
     a = ap.parse_args()
-    console = Console(width=max(140, Console().width))  # a file or pipe gets 80 columns, which cut the arm and metric names
+    console = wide_console()
     if a.quick:
         a.shapes, a.seeds, a.arms = "val-dip", "1,2", "prfaas-observed,prfaas-oracle,fixed-threshold"
     shapes, arms = a.shapes.split(","), a.arms.split(",")

@@ -43,7 +43,6 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -51,11 +50,12 @@ from testbed.kv.cache import KVCache  # noqa: E402
 from testbed.kv.pool import HybridPrefixPool  # noqa: E402
 from testbed.serving.compute import PrefillPlan, TorchCompute, join_prefix  # noqa: E402
 from testbed.serving.worker import WorkerConfig  # noqa: E402
+from testbed.console import wide_console  # noqa: E402
 
 HITS = (0.25, 0.50, 0.75)
 TOLERANCE = 0.20
 BATCH_TARGET = 4.0
-console = Console(width=max(140, Console().width))
+console = wide_console()
 
 
 def compute_for(model: str, variant: str) -> TorchCompute:

@@ -35,10 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from testbed.clock import now_s  # noqa: E402
+from testbed.console import wide_console  # noqa: E402
 
 TARGET_RATIO = 0.9  # issue 9: lower end of the 95% interval over >= 5 repetitions
 KV_PORT, IPERF_PORT = 9000, 5201
@@ -47,7 +47,7 @@ MIN_TRANSFER_BYTES = 2 << 20
 TRANSFER_S = 0.5  # a transfer carries about this long of the current rate
 LAYERS = 16
 WARMUP_S = 2.0  # both tools: the first seconds (slow start, its first losses) are not measured
-console = Console(width=max(140, Console().width))
+console = wide_console()
 
 
 # ------------------------------------------------------------------------------------------ roles

@@ -29,13 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss  # noqa: E402
 from testbed.net.emulation import Network  # noqa: E402
 from testbed.scenario import DIRECTIONS, LossSpec  # noqa: E402
 from testbed.sections import parse_scenario  # noqa: E402
+from testbed.console import wide_console  # noqa: E402
 
 SRC, DST = "prfaas-p0", "pd-d0"
 rows: list[dict] = []
@@ -306,7 +306,7 @@ def main() -> int:
     args = ap.parse_args()
     q = args.quick
     dur = 3.0 if q else 6.0
-    con = Console(width=max(140, Console().width))
+    con = wide_console()
     t0 = time.monotonic()
     with con.status("wan fidelity") as status:
         with Network(scenario("1Gbps", "10ms")) as net:
