@@ -1,6 +1,7 @@
 """Probe benchmark: what the router's active probe reads on a steady WAN shared with inelastic neighbours.
 
-    sudo python benchmarks/probe_bench.py [--quick] [--scenario val-dip] [--probes 30] [--size-at 0.5,1,2] [--json PATH]
+    sudo python benchmarks/probe_bench.py [--quick] [--scenario val-dip] [--set K=V ...] [--probes 30] [--size-at 0.5,1,2]
+                                          [--stop size,filled] [--json PATH]
 
 Brings up the scenario's network with its WAN events taken out (`wan.schedule=[]`), starts its cross
 traffic (val-dip: 16 Gbps of UDP neighbours on a 100 Gbps line, scale 50), runs a KV receiver on `pd-d0`
@@ -9,8 +10,12 @@ then a burst of 5 bandwidth-delay products at the rate the neighbours leave), on
 `--size-at` counts the 5 BDPs at other multiples of the rate left, the sizes taken in turn probe by probe
 (`--probes` of each): the router sizes its probe at twice its estimate (`probe_headroom`), and a probe
 sized below the rate left reads about the rate it was sized for, not more (a slow start that has not
-reached the path's rate when the burst ends), which is why. Each probe reports two readings of the same
-burst (docs/router.md, "An active probe"):
+reached the path's rate when the burst ends), which is why. `--stop` takes the probe's ends in turn too:
+`size` sends every byte (the router's probe until 2026-12-04), `filled` ends it once it has filled the
+path (`KVSender.probe(stop=FillStop)`, the estimator's defaults: a standing queue of 2 ms and 40% of the
+unloaded RTT, 3 x rate x RTT delivered; `probe_until_filled`). `--set wan.rate=20Gbps --size-at 25` probes a
+line in a 5x dip with the probe the router sizes before it (5 BDPs at the nominal 100 Gbps). Each probe
+reports two readings of the same burst (docs/router.md, "An active probe"):
 
 - `rate_bps`, the probe's rate: the fastest growth of the bytes *delivered* (acknowledged, plus the
   segments SACKed beyond the cumulative ACK) over two unloaded RTTs;
@@ -20,7 +25,8 @@ burst (docs/router.md, "An active probe"):
 
 Printed side by side, as ratios to the rate left to KV (the line less the neighbours' configured rate,
 the ground truth the runs' estimator error is judged against): median, P10, P90, the largest, and how
-many probes read more than the line, per size. Target, for every size at or above the rate left: the
+many probes read more than the line, per size and end, and each end's median seconds and bytes. Target,
+for every size at or above the rate left and every end: the
 probe's median within +-10% of what is left, and no probe of any size above the line rate (exit status 1
 otherwise); a size below it is reported, not judged. Needs root (namespaces, qdiscs).
 """
@@ -45,18 +51,23 @@ from rich.table import Table  # noqa: E402
 KV_PORT = 9000
 PROBE_BDP = 5  # the router's probe size (policy estimator `probe_bdp`)
 MEDIAN_TOL = 0.10  # the probe's median within this of the rate left
+STOPS = ("size", "filled")  # a probe's end: every byte sent, or once it has filled the path
 console = Console(width=max(120, Console().width))
 
 
-def run_sender(host: str, probes: int, sizes_bytes: list[int], gap_s: float) -> int:
-    """Probe `probes` times, cycling through `sizes_bytes`, one JSON line per probe on stdout."""
-    from testbed.kv.transport import KVSender
+def run_sender(host: str, probes: int, sizes_bytes: list[int], stops: list[str], gap_s: float) -> int:
+    """Probe `probes` times, cycling through `sizes_bytes` x `stops`, one JSON line per probe on stdout."""
+    from testbed.kv.transport import FillStop, KVSender
+    from testbed.serving.policy.estimator import EstimatorSpec
 
+    e = EstimatorSpec()
+    fill = FillStop(e.queue_delay_ms, e.queue_delay_fraction, e.full_path_ratio)
     with KVSender(host, KV_PORT, connections=4) as tx:
         for i in range(probes):
-            ans = tx.probe(sizes_bytes[i % len(sizes_bytes)], pings=2, timeout_s=5.0)
-            print(json.dumps({k: ans[k] for k in ("ok", "bytes", "seconds", "rate_bps", "acked_rate_bps", "retransmits",
-                                                  "idle_rtt_ms", "rtt_ms")}), flush=True)
+            stop = stops[(i // len(sizes_bytes)) % len(stops)]
+            ans = tx.probe(sizes_bytes[i % len(sizes_bytes)], pings=2, timeout_s=5.0, stop=fill if stop == "filled" else None)
+            print(json.dumps({"stop": stop, **{k: ans[k] for k in ("ok", "bytes", "seconds", "rate_bps", "acked_rate_bps",
+                                                                   "retransmits", "idle_rtt_ms", "rtt_ms", "stopped")}}), flush=True)
             time.sleep(gap_s)
     return 0
 
@@ -75,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="10 probes of each size")
     ap.add_argument("--size-at", default="1", help="comma-separated multiples of the rate left at which a probe's "
                     "5 BDPs are counted, taken in turn (default 1)")
+    ap.add_argument("--stop", default="size", help="comma-separated ends of a probe, taken in turn: size (every "
+                    "byte), filled (once it has filled the path)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
+                    help="a scenario override, as for prfaas run (e.g. wan.rate=20Gbps)")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between probes")
     ap.add_argument("--json", type=Path, help="write the per-probe readings and the summary here")
     ap.add_argument("--role", default="driver", help=argparse.SUPPRESS)
@@ -82,15 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bytes", default="0", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.role == "sender":
-        return run_sender(a.host, a.probes, [int(b) for b in a.bytes.split(",")], a.gap)
+        return run_sender(a.host, a.probes, [int(b) for b in a.bytes.split(",")], a.stop.split(","), a.gap)
     if a.quick:
         a.probes = 10
     try:
         size_at = [float(v) for v in a.size_at.split(",")]
     except ValueError:
         size_at = []
-    if not size_at or any(not 0 < v <= 10 for v in size_at) or len(set(size_at)) != len(size_at):
-        console.print(f"--size-at {a.size_at!r}: distinct multiples of the rate left in (0, 10], e.g. 0.5,1,2")
+    if not size_at or any(not 0 < v <= 50 for v in size_at) or len(set(size_at)) != len(size_at):
+        console.print(f"--size-at {a.size_at!r}: distinct multiples of the rate left in (0, 50], e.g. 0.5,1,2")
+        return 2
+    stops = a.stop.split(",")
+    if not stops or any(v not in STOPS for v in stops) or len(set(stops)) != len(stops):
+        console.print(f"--stop {a.stop!r}: distinct ends of a probe from {', '.join(STOPS)}, e.g. size,filled")
         return 2
 
     import os
@@ -102,7 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     from testbed.sections import load_scenario
     from traffic.cross import CrossTraffic
 
-    sc = load_scenario(a.scenario, ["wan.schedule=[]"])
+    from testbed.errors import UserError
+
+    try:
+        sc = load_scenario(a.scenario, ["wan.schedule=[]", *a.overrides])
+    except UserError as e:
+        console.print(f"probe_bench: {e}")
+        return 2
     cross_spec = sc.section("cross_traffic")
     line_bps = float(sc.wan.prfaas_to_pd.rate_bps)
     flows = cross_spec.flows if cross_spec is not None else ()
@@ -127,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             if cross is not None:
                 cross.start()
                 time.sleep(2.0)  # the neighbours' first second
-            total = a.probes * len(sizes)
+            total = a.probes * len(sizes) * len(stops)
             tx = net.popen("prfaas-p0", me + ["--role", "sender", "--host", net.host_ip("pd-d0"), "--probes", str(total),
-                                              "--bytes", ",".join(map(str, sizes)), "--gap", str(a.gap)],
+                                              "--bytes", ",".join(map(str, sizes)), "--stop", ",".join(stops), "--gap", str(a.gap)],
                            stdout=subprocess.PIPE, text=True)
             assert tx.stdout is not None
             with Progress(console=console, transient=True) as progress:
@@ -154,35 +179,47 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         console.print(f"no probe measured a rate ({len(rows)} answered)")
         return 1
-    res = {m: {"delivered": summarize([r["rate_bps"] for r in ok if r["size_at"] == m], left_bps, line_bps),
-               "acked": summarize([r["acked_rate_bps"] for r in ok if r["size_at"] == m], left_bps, line_bps)}
-           for m in size_at if any(r["size_at"] == m for r in ok)}
+    res = {}
+    for m in size_at:
+        for stop in stops:
+            mine = [r for r in ok if r["size_at"] == m and r["stop"] == stop]
+            if mine:
+                res[f"{m:g}/{stop}"] = {
+                    "size_at": m, "stop": stop, "delivered": summarize([r["rate_bps"] for r in mine], left_bps, line_bps),
+                    "acked": summarize([r["acked_rate_bps"] for r in mine], left_bps, line_bps),
+                    "median_seconds": float(np.median([r["seconds"] for r in mine])),
+                    "median_emulated_bytes": float(np.median([r["bytes"] for r in mine])) * float(scale.factor),
+                    "stopped": sum(bool(r.get("stopped")) for r in mine)}
     t = Table(title=f"probes on {a.scenario}: line {line_bps / 1e9:g} Gbps, neighbours {neighbours_bps / 1e9:g} Gbps, "
                     f"left {left_bps / 1e9:g} Gbps; readings / left")
-    for c in ("size (5 BDPs at)", "emulated MB", "reading", "median", "P10", "P90", "max", "above the line"):
+    for c in ("size (5 BDPs at)", "end", "emulated MB sized / sent", "median s", "reading", "median", "P10", "P90", "max",
+              "above the line"):
         t.add_column(c)
-    for m, r in res.items():
-        mb = sizes[size_at.index(m)] * float(scale.factor) / 1e6
+    for r in res.values():
+        mb = sizes[size_at.index(r["size_at"])] * float(scale.factor) / 1e6
+        end = f"{r['stop']} ({r['stopped']} ended early)" if r["stop"] == "filled" else r["stop"]
         for name, s in (("delivered bytes (the probe's rate)", r["delivered"]), ("acknowledged bytes (until 2026-12-04)", r["acked"])):
-            t.add_row(f"{m:g} x left", f"{mb:.0f}", name, f"{s['median']:.3f}", f"{s['p10']:.3f}", f"{s['p90']:.3f}",
+            t.add_row(f"{r['size_at']:g} x left", end, f"{mb:.0f} / {r['median_emulated_bytes'] / 1e6:.0f}",
+                      f"{r['median_seconds']:.3f}", name, f"{s['median']:.3f}", f"{s['p10']:.3f}", f"{s['p90']:.3f}",
                       f"{s['max']:.3f}", f"{s['above_line']} of {s['n']}")
     console.print(t)
-    passed = judge({m: r["delivered"] for m, r in res.items()})
+    passed = judge([(r["size_at"], r["delivered"]) for r in res.values()])
     console.print(f"target: for sizes at or above the rate left, median within +-{MEDIAN_TOL:.0%} of it; no probe above "
                   f"the line: {'met' if passed else 'NOT met'}")
     if a.json:
         a.json.write_text(json.dumps({"scenario": a.scenario, "line_bps": line_bps, "neighbours_bps": neighbours_bps,
-                                      "left_bps": left_bps, "size_at": size_at, "probe_bytes_wire": sizes,
-                                      "scale": float(scale.factor), "summary": {f"{m:g}": r for m, r in res.items()},
+                                      "left_bps": left_bps, "size_at": size_at, "stops": stops, "overrides": a.overrides,
+                                      "probe_bytes_wire": sizes,
+                                      "scale": float(scale.factor), "summary": res,
                                       "probes": rows, "passed": passed}, indent=1))
     return 0 if passed else 1
 
 
-def judge(delivered: dict[float, dict[str, float]]) -> bool:
-    """The target over the sizes' summaries of delivered readings (keyed by the multiple of the rate left):
-    no probe above the line, and for each size at or above the rate left the median within MEDIAN_TOL."""
-    return (all(s["above_line"] == 0 for s in delivered.values())
-            and all(abs(s["median"] - 1.0) <= MEDIAN_TOL for m, s in delivered.items() if m >= 1))
+def judge(delivered: list[tuple[float, dict[str, float]]]) -> bool:
+    """The target over the summaries of delivered readings, each with its size (a multiple of the rate
+    left): no probe above the line, and for each size at or above the rate left the median within MEDIAN_TOL."""
+    return (all(s["above_line"] == 0 for _, s in delivered)
+            and all(abs(s["median"] - 1.0) <= MEDIAN_TOL for m, s in delivered if m >= 1))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 PROBE_PREFIX = "~probe-"  # request ids of active probes (`KVSender.probe`); a decode worker drops their bytes
 PROBE_SAMPLE_S = 0.001  # a probe samples its delivered bytes this often
 PROBE_MIN_WINDOW_S = 0.005  # ... and takes their rate over spans of at least this (2 unloaded RTTs when longer)
+PROBE_FILLED_WINDOWS = 4  # a probe with `FillStop` ends this many rate windows after its standing queue was first seen
 FRESH_ACKED_BYTES = 64 << 10  # a connection's smoothed RTT is current once this much was acknowledged in the last second
 DEFAULT_CONNECTIONS = 4  # measured: docs/kv.md "Choosing N"
 DEFAULT_MAX_QUEUED_BYTES = 32 << 20
@@ -135,6 +136,40 @@ def rate_is_current(acked_last_s_bytes: int, delivery_rate_bps: float) -> bool:
     least FRESH_ACKED_BYTES, or a quarter of a second at that rate (a slow connection's rate is current too; a
     stalled one that got a segment or two through does not vouch for its pre-stall rate)."""
     return acked_last_s_bytes >= min(FRESH_ACKED_BYTES, delivery_rate_bps / 8.0 * 0.25)
+
+
+@dataclass(frozen=True)
+class FillStop:
+    """When an active probe may end before its size (docs/router.md, "An active probe", *Stop*): once it has
+    filled the path as the estimator judges a filled probe. A standing queue (the largest RTT of the
+    connections carrying it at least `queue_ms`, and `queue_fraction` of the unloaded RTT, above the
+    unloaded RTT) stands now and was first seen `PROBE_FILLED_WINDOWS` rate windows ago, and the bytes
+    delivered are at least `path_ratio` x rate x unloaded RTT. (Two windows read 0.77-0.79 of the rate
+    left in 3 of 10 steady-line probes, four as the whole probe does: docs/router.md, "An active probe", *Stop*.)"""
+
+    queue_ms: float
+    queue_fraction: float
+    path_ratio: float
+
+
+class _FillWatch:
+    """`FillStop` applied to one probe's samples: `done(t, rtt_s, delivered)` says whether it may end now."""
+
+    def __init__(self, stop: FillStop, unloaded_s: float, window_s: float) -> None:
+        self.stop, self.unloaded_s, self.window_s = stop, unloaded_s, window_s
+        self.queue_from: float | None = None
+        self.next_check = 0.0
+
+    def done(self, t_s: float, rtt_s: float, delivered: list[tuple[float, int]]) -> bool:
+        s = self.stop
+        if rtt_s - self.unloaded_s < max(s.queue_ms / 1000.0, s.queue_fraction * self.unloaded_s):
+            return False
+        self.queue_from = t_s if self.queue_from is None else self.queue_from
+        if t_s < max(self.queue_from + PROBE_FILLED_WINDOWS * self.window_s, self.next_check):
+            return False
+        self.next_check = t_s + self.window_s  # the rate is read over every sample: at most once a window
+        rate = ack_rate_bps(delivered, self.window_s)
+        return rate > 0 and 8.0 * delivered[-1][1] >= s.path_ratio * rate * self.unloaded_s
 
 
 def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
@@ -340,7 +375,7 @@ class KVSender(KVSendConnector):
             "broken": self._broken,
         }
 
-    def probe(self, nbytes: int, pings: int = 2, timeout_s: float = 2.0) -> dict[str, Any]:
+    def probe(self, nbytes: int, pings: int = 2, timeout_s: float = 2.0, stop: FillStop | None = None) -> dict[str, Any]:
         """Measure the path with our own bytes (docs/router.md, "An active probe"): `pings` one-byte
         transfers, whose round trip (first byte queued to the receiver's verdict) while nothing else of ours
         is queued is the path's unloaded RTT (plus both ends' processing), then one transfer of `nbytes`
@@ -348,21 +383,29 @@ class KVSender(KVSendConnector):
         are sampled every millisecond: `rate_bps` is the highest rate at which they grew over two unloaded
         RTTs (at least 5 ms) starting two unloaded RTTs after the first (`ack_rate_bps`); `acked_rate_bps`, the
         same rule over the cumulatively acknowledged bytes, is beside it for comparison. Request ids start with `PROBE_PREFIX` and a random tag (senders of other workers probe the
-        same receiver); a decode worker drops what arrives under them. Call it only while no KV is queued."""
+        same receiver); a decode worker drops what arrives under them. Call it only while no KV is queued.
+        With `stop`, the burst ends as soon as it has filled the path (`FillStop`): the rest of its bytes are
+        dropped from the queue, the receiver is told to forget it, and `bytes` is what had been delivered
+        (`stopped: True`)."""
         tag = uuid.uuid4().hex[:12]
         rtts = []
         for i in range(pings):
             t0 = now_s()
-            if self._probe_one(f"{PROBE_PREFIX}{tag}.{i}", 1, timeout_s).ok:
+            ping = self._probe_one(f"{PROBE_PREFIX}{tag}.{i}", 1, timeout_s)
+            if ping is not None and ping.ok:
                 rtts.append(1000.0 * (now_s() - t0))
         before = self.sent_bytes_by_connection()
         infos0 = {s.connection: s for s in self.tcp_infos()}
         done: dict[str, TransferStats] = {}
-        bulk = threading.Thread(target=lambda: done.update(stats=self._probe_one(f"{PROBE_PREFIX}{tag}", nbytes, timeout_s)),
+        rid = f"{PROBE_PREFIX}{tag}"
+        bulk = threading.Thread(target=lambda: done.update(stats=self._probe_one(rid, nbytes, timeout_s)),
                                 name="kv-probe", daemon=True)
+        window_s = max(2 * min(rtts) / 1000.0 if rtts else 0.0, PROBE_MIN_WINDOW_S)
+        filled = _FillWatch(stop, min(rtts) / 1000.0, window_s) if stop is not None and rtts else None
         t0 = now_s()
         series: list[tuple[float, int]] = [(t0, 0)]  # from the start: a burst acknowledged within one sample still has a rate
         acked: list[tuple[float, int]] = [(t0, 0)]  # the cumulative ACK's count, reported beside (before 2026-12-04 the rate)
+        stopped = False
         if nbytes > 0:
             bulk.start()
             while bulk.is_alive():
@@ -370,14 +413,22 @@ class KVSender(KVSendConnector):
                 pairs = [(s, infos0[s.connection]) for s in now if s.connection in infos0]
                 series.append((t, sum(s.delivered_bytes - s0.delivered_bytes for s, s0 in pairs)))
                 acked.append((t, sum(s.bytes_acked - s0.bytes_acked for s, s0 in pairs)))
+                busy = [s.rtt_us for s, s0 in pairs if s.bytes_acked > s0.bytes_acked or s.unacked_bytes > 0]
+                if filled is not None and filled.done(t, max(busy, default=0) / 1e6, series):
+                    stopped = True
+                    self.abort(rid, "probe ended: it filled the path")
+                    bulk.join(timeout_s)
+                    break
                 bulk.join(PROBE_SAMPLE_S)
         took = now_s() - t0
         stats = done.get("stats")
         used = [c for c, b, a in zip(self._conns, before, self.sent_bytes_by_connection()) if a > b]
         infos = self.tcp_infos(used)
-        window_s = max(2 * min(rtts) / 1000.0 if rtts else 0.0, PROBE_MIN_WINDOW_S)
-        return {"ok": stats is not None and stats.ok, "reason": stats.reason if stats is not None else None,
-                "bytes": nbytes if stats is not None else 0, "seconds": took,
+        if stopped:
+            ok, reason, sent = True, None, series[-1][1]
+        else:
+            ok, reason, sent = stats is not None and stats.ok, stats.reason if stats is not None else None, nbytes if stats is not None else 0
+        return {"ok": ok, "reason": reason, "bytes": sent, "seconds": took, "stopped": stopped,
                 "rate_bps": ack_rate_bps(series, window_s), "acked_rate_bps": ack_rate_bps(acked, window_s),
                 "delivery_rate_bps": sum(s.delivery_rate_bps for s in infos),
                 "rtt_ms": max((s.rtt_us for s in infos), default=0) / 1000.0,
@@ -385,8 +436,11 @@ class KVSender(KVSendConnector):
                 "idle_rtt_ms": min(rtts) if rtts else None, "connections": len(infos), "samples": len(series),
                 "retransmits": sum(s.total_retrans - infos0[s.connection].total_retrans for s in infos if s.connection in infos0)}
 
-    def _probe_one(self, request_id: str, nbytes: int, timeout_s: float) -> TransferStats:
+    def _probe_one(self, request_id: str, nbytes: int, timeout_s: float) -> TransferStats | None:
         self.send_bytes(request_id, 0, LAYER_KINDS[0], nbytes)
+        with self._cond:
+            if request_id not in self._requests:  # aborted while queueing (the probe filled the path): no trailer
+                return None
         stats = self.finish(request_id, timeout_s=timeout_s)
         if not stats.ok:
             self.abort(request_id, stats.reason or "probe failed")
@@ -443,6 +497,8 @@ class KVSender(KVSendConnector):
         req = self._request(request_id)
         req.layers.add(layer_index)
         for f in frames:
+            if req.aborted:  # `abort` dropped the rest (a probe that filled the path ends so)
+                return
             req.records.append(f.record)
             req.kv_bytes += f.payload.nbytes
             req.wire_bytes += f.wire_bytes

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, TypeVar
 
+from testbed.kv.transport import FillStop
 from testbed.validation import (
     Fields, at_least_one, boolean, integers, mapping, non_negative, positive_int, positive_number, string, text,
 )
@@ -145,12 +146,18 @@ class DecodeRequest:
 @dataclass(frozen=True)
 class ProbeRequest:
     """Router -> PrfaaS prefill worker, `POST /v1/probe` (docs/router.md, "An active probe"): `pings`
-    one-byte transfers, then `bytes` (wire) of filler to `decode`'s KV receiver, each ended within `timeout_s`."""
+    one-byte transfers, then `bytes` (wire) of filler to `decode`'s KV receiver, each ended within `timeout_s`.
+    With `stop_path_ratio` > 0 the filler ends once it has filled the path (`testbed.kv.transport.FillStop`:
+    a standing queue of `stop_queue_ms` and `stop_queue_fraction` of the unloaded RTT, and
+    `stop_path_ratio` x rate x unloaded RTT delivered); 0, the default, sends all of it."""
 
     decode: KVDestination
     bytes: int = 0
     pings: int = 2
     timeout_s: float = 2.0
+    stop_queue_ms: float = 0.0
+    stop_queue_fraction: float = 0.0
+    stop_path_ratio: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -159,7 +166,16 @@ class ProbeRequest:
     def from_json(cls, data: Any, source: str = "POST /v1/probe") -> "ProbeRequest":
         return _read(cls, data, source, "", lambda f: {
             "decode": KVDestination.read(f.section("decode")), "bytes": f.get("bytes", positive_int, 0),
-            "pings": f.get("pings", positive_int, 2), "timeout_s": f.get("timeout_s", positive_number, 2.0)})
+            "pings": f.get("pings", positive_int, 2), "timeout_s": f.get("timeout_s", positive_number, 2.0),
+            "stop_queue_ms": f.get("stop_queue_ms", non_negative, 0.0),
+            "stop_queue_fraction": f.get("stop_queue_fraction", non_negative, 0.0),
+            "stop_path_ratio": f.get("stop_path_ratio", non_negative, 0.0)})
+
+    def fill_stop(self) -> FillStop | None:
+        """The burst's early end, or None (send every byte)."""
+        if self.stop_path_ratio <= 0:
+            return None
+        return FillStop(self.stop_queue_ms, self.stop_queue_fraction, self.stop_path_ratio)
 
 
 # ---------------------------------------------------------------------------------------- answers

@@ -666,7 +666,11 @@ class Router:
         """One probe from `inst` to `dest`'s KV receiver; its answer (wire units) or None."""
         d = dest.cfg
         assert isinstance(d, DecodeInstanceConfig)
-        req = ProbeRequest(KVDestination(d.host, d.kv_port, d.instance), bytes=max(1, int(self.scale.wire_bytes(nbytes_emulated))))
+        e = self.cfg.policy.estimator  # a probe ends once the estimator would count it as filled (`probe_until_filled`)
+        stop = ({"stop_queue_ms": e.queue_delay_ms, "stop_queue_fraction": e.queue_delay_fraction, "stop_path_ratio": e.full_path_ratio}
+                if e.probe_until_filled and e.queue_delay_ms > 0 else {})
+        req = ProbeRequest(KVDestination(d.host, d.kv_port, d.instance), bytes=max(1, int(self.scale.wire_bytes(nbytes_emulated))),
+                           **stop)
         t0 = clock.now_s()
         with self._lock:
             started = self._offloads_started
@@ -697,7 +701,8 @@ class Router:
         self.log.add("probe", now, instance=inst.cfg.instance, decode_instance=d.instance, ok=ok, measured=measured,
                      reason=None if ok else str((ans or {}).get("reason") or "no answer"), seconds=now - t0,
                      min_rtt_ms=num("min_rtt_ms"),
-                     probe_acked_rate_bps=self.scale.emulated_bps(num("acked_rate_bps") or 0.0), **seen)
+                     probe_acked_rate_bps=self.scale.emulated_bps(num("acked_rate_bps") or 0.0),
+                     probe_stopped=bool(isinstance(ans, dict) and ans.get("stopped")), **seen)
         return ans if isinstance(ans, dict) else None
 
     def queue_sample(self) -> TelemetrySample:

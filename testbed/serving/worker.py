@@ -175,7 +175,7 @@ class Destination:
             return {"ok": False, "reason": f"the {self.connector} connector cannot probe"}
         self.probing = True
         try:
-            return dict(sender.probe(req.bytes, req.pings, req.timeout_s))
+            return dict(sender.probe(req.bytes, req.pings, req.timeout_s, stop=req.fill_stop()))
         finally:
             self.probing = False
 

@@ -24,6 +24,6 @@ def test_readings_are_summarised_as_ratios_to_the_rate_left_and_counted_above_th
 
 def test_the_target_judges_sizes_at_or_above_the_rate_left_and_the_line_for_every_size() -> None:
     good, low = {"median": 0.97, "above_line": 0}, {"median": 0.55, "above_line": 0}
-    assert probe_bench.judge({1.0: good, 2.0: good, 0.5: low})  # a probe sized below the rate left: reported only
-    assert not probe_bench.judge({1.0: good, 2.0: low})
-    assert not probe_bench.judge({1.0: good, 0.5: {"median": 0.5, "above_line": 1}})
+    assert probe_bench.judge([(1.0, good), (2.0, good), (0.5, low)])  # a probe sized below the rate left: reported only
+    assert not probe_bench.judge([(1.0, good), (2.0, low)])
+    assert not probe_bench.judge([(1.0, good), (0.5, {"median": 0.5, "above_line": 1})])

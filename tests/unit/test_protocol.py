@@ -9,8 +9,8 @@ import pytest
 
 from testbed.errors import FieldError
 from testbed.serving.protocol import (
-    Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, TokenEvent, WorkerState,
-    decode_event,
+    Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, ProbeRequest, TokenEvent,
+    WorkerState, decode_event,
 )
 
 MESSAGES = [
@@ -25,6 +25,7 @@ MESSAGES = [
                 congestion=Congestion(4.0, 30.5, 10.0, 20.0, 1e6, 5e5, 3e9, 2e9, {"10.2.0.5:9001": {"cwnd": 20}})),
     WorkerState("decode", 0, "pd", queue_depth=1, batch=8),
     Health(True, "decode", 0),
+    ProbeRequest(KVDestination("10.2.0.5", 9001, 1), bytes=6_250_000, stop_queue_ms=2.0, stop_queue_fraction=0.4, stop_path_ratio=3.0),
 ]
 
 
@@ -55,6 +56,8 @@ def test_the_final_event_carries_done_and_token_events_do_not() -> None:
     (DecodeRequest, {"request_id": "a", "input_len": 3, "request_timeout_s": -1},
      "POST /v1/decode: request_timeout_s: -1 must be > 0"),
     (PrefillResult, {"request_id": "a", "status": "maybe"}, "prefill result: status: 'maybe' is not allowed; use one of: ok, failed"),
+    (ProbeRequest, {"decode": {"host": "h", "kv_port": 1, "instance": 0}, "bytes": 10, "stop_path_ratio": -3},
+     "POST /v1/probe: stop_path_ratio: -3 must be >= 0"),
     (WorkerState, {"role": "decode", "instance": 0, "cluster": "pd", "congestion": {"rtt_ms": "slow"}},
      "GET /v1/state: congestion.rtt_ms: 'slow' is not a number"),
 ])
@@ -69,3 +72,10 @@ def test_a_token_event_with_a_missing_field_and_a_final_event_without_done_are_r
         decode_event({"token_id": 1, "index": 0})
     with pytest.raises(FieldError, match="final event: done: must be true"):
         FinalEvent.from_json({"done": False, "status": "ok"})
+
+
+def test_a_probe_request_ends_its_burst_early_only_with_a_path_ratio() -> None:
+    d = KVDestination("h", 1, 0)
+    assert ProbeRequest(d, bytes=10).fill_stop() is None  # the default: every byte
+    stop = ProbeRequest(d, bytes=10, stop_queue_ms=2.0, stop_queue_fraction=0.4, stop_path_ratio=3.0).fill_stop()
+    assert stop is not None and (stop.queue_ms, stop.queue_fraction, stop.path_ratio) == (2.0, 0.4, 3.0)

@@ -493,3 +493,51 @@ def test_one_clean_poll_alone_in_the_rtt_window_does_not_become_the_floor() -> N
     assert [e.evidence for e in dip] == ["saturated"] * 4 and dip[1].available_bps < 0.5 * 8 * G
     old = run(EstimatorSpec(rtt_window_polls=1))  # the rule before: the lone poll is the floor
     assert all(e.rtt_floor_ms == pytest.approx(19.2) and e.evidence == "headroom" for e in old)
+
+
+def test_a_lone_filled_probe_held_at_half_asks_for_a_confirming_probe_at_once() -> None:
+    """A 5x dip met by one filled probe: the lone bound may only halve the estimate (exactly the detection
+    bar), so the policy asks for the next probe at the next look instead of after `probe_after`; the second
+    bound settles the dip. With `probe_confirm: false` (the rule before 2026-12-04) it waits `probe_after`."""
+    def probe(pol, t: float, rate_bps: float) -> None:
+        pol.on_telemetry(TelemetrySample(t, probe_bytes=500e6, probe_rate_bps=rate_bps, probe_rtt_ms=20.0, idle_rtt_ms=10.5,
+                                         min_rtt_ms=10.0))
+
+    for confirm in (True, False):
+        pol = observed_policy(estimator={"probe_confirm": confirm})
+        est = pol.controller.estimator
+        probe(pol, 1.0, 19 * G)  # the line as it was: 19 of the nominal 20 left
+        probe(pol, 10.0, 19 * G)
+        assert est.estimate.available_bps == pytest.approx(19 * G) and not est.unconfirmed
+        assert pol.probe_bytes(10.5) == 0.0  # fresh evidence, nothing to confirm: wait probe_after
+        probe(pol, 13.0, 4 * G)  # the dip: a filled probe at a fifth
+        assert est.estimate.available_bps == pytest.approx(9.5 * G) and est.unconfirmed
+        asked = pol.probe_bytes(13.5)
+        assert (asked > 0) is confirm
+        if confirm:
+            assert asked == pytest.approx(est.probe_bytes())  # sized at twice the halved estimate
+            probe(pol, 13.5, 4 * G)
+            assert est.estimate.available_bps == pytest.approx(4 * G) and not est.unconfirmed  # two bounds: the mean
+            assert pol.probe_bytes(14.0) == 0.0
+        else:
+            assert pol.probe_bytes(14.0) > 0  # probe_after (1 s) since the last probe
+
+
+def test_a_bound_that_does_not_reach_the_lone_cap_needs_no_confirmation() -> None:
+    """A filled probe a little below the estimate lowers it all the way (within `lone_drop_fraction`): nothing
+    is held back, so nothing asks for a second probe; neither does a probe that read more than the estimate."""
+    est = BandwidthEstimator(100 * G)
+    est.probe(1.0, 700e6, 84 * G, 16.0, 10.5, 10.0)
+    assert est.estimate.available_bps == pytest.approx(84 * G) and not est.unconfirmed
+    est.probe(4.0, 700e6, 30 * G, 16.0, 10.5, 10.0)  # a lone bound below half of 84: held at 42
+    assert est.estimate.available_bps == pytest.approx(42 * G) and est.unconfirmed
+    est.probe(4.5, 700e6, 80 * G, 16.0, 10.5, 10.0)  # the next one read more: the path has it
+    assert not est.unconfirmed
+
+
+def test_the_probe_settings_are_parsed_and_a_bad_one_is_named() -> None:
+    spec = parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_until_filled": False, "probe_confirm": False}}, "policy"))
+    assert spec.estimator.probe_until_filled is False and spec.estimator.probe_confirm is False
+    assert EstimatorSpec().probe_until_filled and EstimatorSpec().probe_confirm
+    with pytest.raises(Exception, match=r"policy\.estimator\.probe_until_filled"):
+        parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_until_filled": "sometimes"}}, "policy"))

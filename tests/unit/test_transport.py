@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from testbed.kv.cache import KVCache, LayerKV
-from testbed.kv.transport import PROBE_PREFIX, KVReceiver, ack_rate_bps, KVSender, ReceivedKV, TransportError, tcp_info
+from testbed.kv.transport import (
+    PROBE_PREFIX, FillStop, KVReceiver, KVSender, ReceivedKV, TransportError, _FillWatch, ack_rate_bps, tcp_info,
+)
 from testbed.kv.wire import encode_data_header, DataHeader
 
 torch.set_num_threads(1)
@@ -506,3 +508,27 @@ def test_the_rate_scaled_unsent_budget_is_on_by_default_and_can_be_turned_off(re
             c0 = tx._conns[0]
             tx._rescale_lowat(c0, TcpSample(0.0, 0, 20000, 10, 0, 0, 0, 8e6))  # a connection held to 8 Mbps
             assert c0.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == slow_budget
+
+
+def test_a_probe_may_end_once_a_queue_has_stood_for_four_rate_windows_and_it_carried_three_bdps() -> None:
+    """`FillStop` on a synthetic burst over a 10-ms path (windows of 20 ms): slow start doubles what it
+    delivers each RTT up to 0.8 MB per ms (6.4 Gbps), and the RTT rises 8 ms above the unloaded 10 once
+    the rate is reached (t = 40 ms). The burst may end at the first look `PROBE_FILLED_WINDOWS` (4) windows
+    after the queue was first seen; with no queue it never ends early; with a size rule it cannot meet
+    (3 x 6.4 Gbps x 10 ms = 24 MB, asked at 1000x) it never ends either."""
+    stop = FillStop(queue_ms=2.0, queue_fraction=0.4, path_ratio=3.0)
+
+    def run(queue_ms: float, ratio_stop: FillStop = stop) -> float | None:
+        watch, series, d = _FillWatch(ratio_stop, 0.010, 0.020), [(0.0, 0)], 0
+        for ms in range(1, 200):
+            t = ms / 1000
+            d += int(min(0.8e6, 0.05e6 * 2 ** (ms / 10)))
+            series.append((t, d))
+            if watch.done(t, 0.010 + (queue_ms / 1000 if ms >= 40 else 0.0), series):
+                return t
+        return None
+
+    ended = run(8.0)
+    assert ended is not None and 0.120 <= ended <= 0.122  # queue first seen at 40 ms, + 4 windows
+    assert run(3.0) is None  # below max(2 ms, 40% of the 10-ms unloaded RTT): no standing queue, every byte is sent
+    assert run(8.0, FillStop(2.0, 0.4, 3000.0)) is None

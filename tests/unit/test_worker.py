@@ -527,7 +527,7 @@ def test_a_probe_s_own_bytes_are_not_reported_as_kv_and_kv_queued_under_it_is() 
         def congestion(self) -> dict[str, float]:
             return dict(kv)
 
-        def probe(self, nbytes: int, pings: int, timeout_s: float) -> dict[str, Any]:
+        def probe(self, nbytes: int, pings: int, timeout_s: float, stop: Any = None) -> dict[str, Any]:
             inside.set()
             release.wait(5)
             return {"ok": True, "bytes": nbytes}

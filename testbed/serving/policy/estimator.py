@@ -67,6 +67,8 @@ class EstimatorSpec:
     probe_dip_fraction: float = 1.0  # a lone filled probe lowers the estimate only below this fraction of it (0.5 until 2026-12-04)
     full_path_ratio: float = 3.0  # a probe of >= ratio x rate x RTT bytes (slow start ~2) over a queue filled the path
     lone_drop_fraction: float = 0.5  # a lone saturated poll or filled probe lowers the estimate at most to this fraction
+    probe_until_filled: bool = True  # a probe ends once it has filled the path (False: it sends its whole size; until 2026-12-04)
+    probe_confirm: bool = True  # after a lone upper bound the router probes again at once (False: after probe_after)
 
 
 SATURATED, HEADROOM, NONE = "saturated", "headroom", "none"
@@ -109,6 +111,7 @@ class BandwidthEstimator:
         self._idle_rtts: deque[tuple[float, float]] = deque(maxlen=2)  # (t_s, unloaded RTT ms) of the latest probes
         self._full: tuple[float, float] | None = None  # (t_s, rate) of the latest probe that filled the path
         self.evidence_t: float | None = None  # time of the latest saturated or headroom poll or probe
+        self.unconfirmed = False  # the latest upper bound was a lone one, held at `lone_drop_fraction` (`probe_confirm`)
         self.estimate = Estimate(0.0, self._value, False, 0.0, 0.0, False)
 
     def _floor(self, t_s: float, rtt_ms: float, min_rtt_ms: float, clean: bool) -> float:
@@ -189,7 +192,7 @@ class BandwidthEstimator:
         if backlogged and queue:
             evidence, self._value, self._saturated_t = SATURATED, self._from_above(t_s, x), t_s
         elif backlogged:
-            evidence = HEADROOM
+            evidence, self.unconfirmed = HEADROOM, False
             grown = self._value * math.exp(dt / s.probe_tau_s) if dt > 0 else self._value
             grown = max(self._value, min(grown, self._ceiling(t_s)))
             self._value = min(max(grown, x), self.nominal_bps)
@@ -233,11 +236,11 @@ class BandwidthEstimator:
                 value = self._from_above(t_s, x)
             else:
                 self._saturated.append((t_s, x))
-                value = x
+                value, self.unconfirmed = x, False
             self._value, self._saturated_t, self._full = value, t_s, (t_s, x)
             evidence = SATURATED
         else:
-            self._value, evidence = max(self._value, x), HEADROOM
+            self._value, evidence, self.unconfirmed = max(self._value, x), HEADROOM, False
         self.evidence_t = t_s
         return self._publish(t_s, True, qdelay, retrans, evidence, x, rtt_ms, floor, 0.0, min_rtt_ms)
 
@@ -250,11 +253,14 @@ class BandwidthEstimator:
         the next poll, and two low bounds move the estimate all the way."""
         self._saturated.append((t_s, x))
         recent = sorted(self._bounds(t_s))
+        self.unconfirmed = False
         if len(recent) >= 3:
             return recent[len(recent) // 2]
         if len(recent) == 2:
             return (recent[0] + recent[1]) / 2.0
-        return max(x, min(self._value, self.spec.lone_drop_fraction * self._value))
+        held = self.spec.lone_drop_fraction * self._value
+        self.unconfirmed = x < held  # the bound says less than the estimate may fall to: a second one settles it
+        return max(x, min(self._value, held))
 
     def _bounds(self, t_s: float) -> list[float]:
         """The upper bounds (saturated polls, filled probes) of the last `saturated_window_s`, at most three."""

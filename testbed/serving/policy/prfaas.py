@@ -53,12 +53,15 @@ class PrfaasPolicy(ThresholdPolicy):
                     "estimate_backlog_bytes": e.backlog_bytes if e else None, "min_rtt_ms": e.min_rtt_ms if e else None}
 
     def probe_bytes(self, now_s: float) -> float:
-        """A probe when the estimator has heard nothing from KV for `probe_after` and nothing is committed."""
+        """A probe when nothing is committed and the estimator has heard nothing from KV for `probe_after`, or
+        (`probe_confirm`) its latest upper bound was a lone one held at `lone_drop_fraction`: a second bound
+        settles a dip at once, instead of after `probe_after` (docs/router.md, "An active probe", *Confirm*)."""
         with self._lock:
-            est, after = self.controller.estimator, self.spec.estimator.probe_after_s
-            if est is None or after <= 0 or self.controller.committed_bytes > 0:
+            est, spec = self.controller.estimator, self.spec.estimator
+            if est is None or spec.probe_after_s <= 0 or self.controller.committed_bytes > 0:
                 return 0.0
-            if est.evidence_t is not None and now_s - est.evidence_t < after:
+            confirm = spec.probe_confirm and est.unconfirmed
+            if not confirm and est.evidence_t is not None and now_s - est.evidence_t < spec.probe_after_s:
                 return 0.0
             return est.probe_bytes()
 

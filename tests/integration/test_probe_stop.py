@@ -1,0 +1,68 @@
+"""An active probe that ends once it has filled the path (`KVSender.probe(stop=FillStop)`), on a real shaped
+WAN between namespaces: the router's probe sized for a line 5x faster than the one it meets (a dip), sent
+whole and ended early, side by side (docs/router.md, "An active probe", *Stop*). Needs root."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.net.emulation import Network
+from testbed.sections import parse_scenario
+
+REPO = Path(__file__).resolve().parents[2]
+KV_PORT = 9000
+SENDER = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from testbed.kv.transport import FillStop, KVSender
+host, nbytes = sys.argv[1], int(sys.argv[2])
+with KVSender(host, {port}, connections=4) as tx:
+    for stop in [None, FillStop(2.0, 0.4, 3.0)] * 3:
+        ans = tx.probe(nbytes, pings=2, timeout_s=10.0, stop=stop)
+        print(json.dumps({{"filled": stop is not None, **ans}}), flush=True)
+""".format(port=KV_PORT, repo=str(REPO))
+
+
+@pytest.fixture(scope="module")
+def net():
+    n = Network(parse_scenario({"name": "it-probe-stop", "scale": 10, "duration": "120s",
+                                "topology": {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 0, "decode": 1, "cross": 0}},
+                                "wan": {"rate": "10Gbps", "delay": "10ms", "queue": "1bdp"}}))
+    try:
+        n.start()
+        yield n
+    finally:
+        n.stop()
+    assert not n.teardown_errors
+
+
+def test_a_probe_ends_once_it_filled_the_path_and_reads_what_the_whole_probe_reads(net) -> None:
+    rx = net.popen("pd-d0", [sys.executable, str(REPO / "benchmarks" / "transport_bench.py"), "--role", "receiver",
+                             "--port", str(KV_PORT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+        # 1 Gbps on the wire, 20-ms RTT: a BDP is 2.5 MB; 5 BDPs at a line 5x faster is 62.5 MB, ~0.5 s here
+        out = net.run("prfaas-p0", [sys.executable, "-c", SENDER, net.host_ip("pd-d0"), str(62_500_000)], timeout_s=120)
+    finally:
+        rx.send_signal(signal.SIGTERM)
+        try:
+            rx.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            rx.kill()
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    whole = [r for r in rows if not r["filled"]]
+    early = [r for r in rows if r["filled"]]
+    assert len(whole) == len(early) == 3 and all(r["ok"] for r in rows)
+    assert not any(r["stopped"] for r in whole) and all(r["bytes"] == 62_500_000 for r in whole)
+    assert all(r["stopped"] and r["bytes"] < 62_500_000 for r in early)  # ended with bytes left unsent
+    mid = lambda rs, k: sorted(r[k] for r in rs)[1]  # noqa: E731  (the median of three)
+    assert mid(early, "seconds") < 0.7 * mid(whole, "seconds"), rows
+    # both read the shaped line (1 Gbps on the wire, less headers): the early end costs no accuracy
+    assert 0.7e9 <= mid(early, "rate_bps") <= 1.1e9 and 0.7e9 <= mid(whole, "rate_bps") <= 1.1e9, rows
