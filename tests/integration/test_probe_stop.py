@@ -5,7 +5,6 @@ whole and ended early, side by side (docs/router.md, "An active probe", *Stop*).
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,15 +30,10 @@ with KVSender(host, {port}, connections=4) as tx:
 
 @pytest.fixture(scope="module")
 def net():
-    n = Network(parse_scenario({"name": "it-probe-stop", "scale": 10, "duration": "120s",
-                                "topology": {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 0, "decode": 1, "cross": 0}},
-                                "wan": {"rate": "10Gbps", "delay": "10ms", "queue": "1bdp"}}))
-    try:
-        n.start()
+    with Network(parse_scenario({"name": "it-probe-stop", "scale": 10, "duration": "120s",
+                                 "topology": {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 0, "decode": 1, "cross": 0}},
+                                 "wan": {"rate": "10Gbps", "delay": "10ms", "queue": "1bdp"}})) as n:  # stops on every way out
         yield n
-    finally:
-        n.stop()
-    assert not n.teardown_errors
 
 
 def test_a_probe_ends_once_it_filled_the_path_and_reads_what_the_whole_probe_reads(net) -> None:
@@ -50,11 +44,7 @@ def test_a_probe_ends_once_it_filled_the_path_and_reads_what_the_whole_probe_rea
         # 1 Gbps on the wire, 20-ms RTT: a BDP is 2.5 MB; 5 BDPs at a line 5x faster is 62.5 MB, ~0.5 s here
         out = net.run("prfaas-p0", [sys.executable, "-c", SENDER, net.host_ip("pd-d0"), str(62_500_000)], timeout_s=120)
     finally:
-        rx.send_signal(signal.SIGTERM)
-        try:
-            rx.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            rx.kill()
+        rx.terminate()  # the network's stop() reaps it, and kills it if it lingers
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     whole = [r for r in rows if not r["filled"]]
