@@ -44,24 +44,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
+
+from testbed.console import wide_console  # noqa: E402
 
 KV_PORT = 9000
 PROBE_BDP = 5  # the router's probe size (policy estimator `probe_bdp`)
 MEDIAN_TOL = 0.10  # the probe's median within this of the rate left
 STOPS = ("size", "filled")  # a probe's end: every byte sent, or once it has filled the path
-console = Console(width=max(120, Console().width))
+console = wide_console()
 
 
 def run_sender(host: str, probes: int, sizes_bytes: list[int], stops: list[str], gap_s: float) -> int:
     """Probe `probes` times, cycling through `sizes_bytes` x `stops`, one JSON line per probe on stdout."""
-    from testbed.kv.transport import FillStop, KVSender
+    from testbed.kv.transport import KVSender
     from testbed.serving.policy.estimator import EstimatorSpec
 
-    e = EstimatorSpec()
-    fill = FillStop(e.queue_delay_ms, e.queue_delay_fraction, e.full_path_ratio)
+    fill = EstimatorSpec().fill_stop()  # the router's, with the estimator's defaults
     with KVSender(host, KV_PORT, connections=4) as tx:
         for i in range(probes):
             stop = stops[(i // len(sizes_bytes)) % len(stops)]

@@ -171,6 +171,13 @@ class ProbeRequest:
             "stop_queue_fraction": f.get("stop_queue_fraction", non_negative, 0.0),
             "stop_path_ratio": f.get("stop_path_ratio", non_negative, 0.0)})
 
+    @staticmethod
+    def stop_fields(stop: FillStop | None) -> dict[str, float]:
+        """`stop` as this request's fields (none for None: every byte is sent); `fill_stop` reads them back."""
+        if stop is None:
+            return {}
+        return {"stop_queue_ms": stop.queue_ms, "stop_queue_fraction": stop.queue_fraction, "stop_path_ratio": stop.path_ratio}
+
     def fill_stop(self) -> FillStop | None:
         """The burst's early end, or None (send every byte)."""
         if self.stop_path_ratio <= 0:

@@ -666,11 +666,9 @@ class Router:
         """One probe from `inst` to `dest`'s KV receiver; its answer (wire units) or None."""
         d = dest.cfg
         assert isinstance(d, DecodeInstanceConfig)
-        e = self.cfg.policy.estimator  # a probe ends once the estimator would count it as filled (`probe_until_filled`)
-        stop = ({"stop_queue_ms": e.queue_delay_ms, "stop_queue_fraction": e.queue_delay_fraction, "stop_path_ratio": e.full_path_ratio}
-                if e.probe_until_filled and e.queue_delay_ms > 0 else {})
+        stop = self.cfg.policy.estimator.fill_stop()  # it ends once the estimator would count it as filled
         req = ProbeRequest(KVDestination(d.host, d.kv_port, d.instance), bytes=max(1, int(self.scale.wire_bytes(nbytes_emulated))),
-                           **stop)
+                           **ProbeRequest.stop_fields(stop))
         t0 = clock.now_s()
         with self._lock:
             started = self._offloads_started

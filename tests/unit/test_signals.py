@@ -539,5 +539,9 @@ def test_the_probe_settings_are_parsed_and_a_bad_one_is_named() -> None:
     spec = parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_until_filled": False, "probe_confirm": False}}, "policy"))
     assert spec.estimator.probe_until_filled is False and spec.estimator.probe_confirm is False
     assert EstimatorSpec().probe_until_filled and EstimatorSpec().probe_confirm
+    stop = EstimatorSpec().fill_stop()  # the estimator's own test of a filled probe, sent with every probe
+    assert stop is not None and (stop.queue_ms, stop.queue_fraction, stop.path_ratio) == (2.0, 0.4, 3.0)
+    assert EstimatorSpec(probe_until_filled=False).fill_stop() is None
+    assert EstimatorSpec(queue_delay_ms=0.0).fill_stop() is None  # no standing queue ever: no probe fills the path
     with pytest.raises(Exception, match=r"policy\.estimator\.probe_until_filled"):
         parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_until_filled": "sometimes"}}, "policy"))

@@ -50,6 +50,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from testbed.kv.transport import FillStop
+
 
 @dataclass(frozen=True)
 class EstimatorSpec:
@@ -69,6 +71,14 @@ class EstimatorSpec:
     lone_drop_fraction: float = 0.5  # a lone saturated poll or filled probe lowers the estimate at most to this fraction
     probe_until_filled: bool = True  # a probe ends once it has filled the path (False: it sends its whole size; until 2026-12-04)
     probe_confirm: bool = True  # after a lone upper bound the router probes again at once (False: after probe_after)
+
+    def fill_stop(self) -> FillStop | None:
+        """When a probe may end before its size: once it has filled the path as `BandwidthEstimator.probe`
+        judges a filled probe (`probe_until_filled`); None, it sends every byte (off, or `queue_delay` 0:
+        then no probe ever fills the path)."""
+        if not self.probe_until_filled or self.queue_delay_ms <= 0:
+            return None
+        return FillStop(self.queue_delay_ms, self.queue_delay_fraction, self.full_path_ratio)
 
 
 SATURATED, HEADROOM, NONE = "saturated", "headroom", "none"
