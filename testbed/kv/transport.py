@@ -46,6 +46,10 @@ PROBE_SAMPLE_S = 0.001  # a probe samples its delivered bytes this often
 PROBE_MIN_WINDOW_S = 0.005  # ... and takes their rate over spans of at least this (2 unloaded RTTs when longer)
 PROBE_FILLED_WINDOWS = 4  # a probe with `FillStop` ends this many rate windows after its standing queue was first seen
 FRESH_ACKED_BYTES = 64 << 10  # a connection's smoothed RTT is current once this much was acknowledged in the last second
+# A standing queue: RTT - floor at or above max(STANDING_QUEUE_MS, STANDING_QUEUE_FRACTION x floor) (the
+# estimator's default `queue_delay` and `queue_delay_fraction`; a sender's poll judges its connections with it)
+STANDING_QUEUE_MS = 2.0
+STANDING_QUEUE_FRACTION = 0.4
 DEFAULT_CONNECTIONS = 4  # measured: docs/kv.md "Choosing N"
 DEFAULT_MAX_QUEUED_BYTES = 32 << 20
 DEFAULT_NOTSENT_LOWAT_BYTES = 4 << 20  # per connection: unsent bytes the kernel may hold (docs/kv.md)
@@ -136,6 +140,23 @@ def rate_is_current(acked_last_s_bytes: int, delivery_rate_bps: float) -> bool:
     least FRESH_ACKED_BYTES, or a quarter of a second at that rate (a slow connection's rate is current too; a
     stalled one that got a segment or two through does not vouch for its pre-stall rate)."""
     return acked_last_s_bytes >= min(FRESH_ACKED_BYTES, delivery_rate_bps / 8.0 * 0.25)
+
+
+def standing_queue_us(rtts_us: list[int], floor_us: int) -> int:
+    """The standing queue (us) the largest of `rtts_us` carries above `floor_us`, or 0 when it is less than a
+    standing queue (`STANDING_QUEUE_MS`, `STANDING_QUEUE_FRACTION`)."""
+    if not rtts_us or floor_us <= 0:
+        return 0
+    q = max(rtts_us) - floor_us
+    return q if q >= max(1000.0 * STANDING_QUEUE_MS, STANDING_QUEUE_FRACTION * floor_us) else 0
+
+
+def predates_queue(rtt_us: int, queue_us: int, floor_us: int) -> bool:
+    """Whether a connection's smoothed RTT (and with it the delivery rate taken on the same acknowledgements)
+    predates the standing queue `queue_us` that its sender's current connections see: it carries less than
+    half of it. The connections of one sender share the bottleneck, so a rate measured through the queue
+    comes with an RTT that has it (docs/router.md, "Polls at a dip's start")."""
+    return queue_us > 0 and rtt_us - floor_us < queue_us / 2
 
 
 @dataclass(frozen=True)
@@ -347,6 +368,11 @@ class KVSender(KVSendConnector):
         # the last second): an idle connection's RTT is its last one, and a connection that just resumed
         # still carries the queue of its previous burst (or of a probe)
         busy = [s for s in now if acked.get(s.connection, -1) >= FRESH_ACKED_BYTES]
+        # a connection whose RTT predates the queue the others see now was last measured before it: at a dip's
+        # start its rate is the pre-dip one (val-dip seed 4: 10.2-ms RTTs with 19-Gbps rates beside 15-21 ms)
+        floor_us = min((s.min_rtt_us for s in now if s.min_rtt_us > 0), default=0)
+        queue_us = standing_queue_us([s.rtt_us for s in busy], floor_us)
+        busy = [s for s in busy if not predates_queue(s.rtt_us, queue_us, floor_us)]
         goodput = 0.0
         if now and window:
             total = sum(s.bytes_acked - first[s.connection].bytes_acked for s in now if s.connection in first)
@@ -369,8 +395,10 @@ class KVSender(KVSendConnector):
             # so are those with work whose rate its own deliveries of the last second do not support (`current`):
             # a connection stalled in a deep dip (retransmission timeouts) keeps its pre-dip rate (val-thin-line
             # seed 5: polls summed to the full 10 Gbps for 8 s while 0.7 Gbps were left)
+            # and so are those whose RTT predates the queue the busy ones see (`predates_queue`)
             "path_rate_bps": sum(s.delivery_rate_bps for s in now
-                                 if s.connection in acked and rate_is_current(acked[s.connection], s.delivery_rate_bps)),
+                                 if s.connection in acked and rate_is_current(acked[s.connection], s.delivery_rate_bps)
+                                 and not predates_queue(s.rtt_us, queue_us, floor_us)),
             "connections": len(self._conns),
             "broken": self._broken,
         }

@@ -50,13 +50,13 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from testbed.kv.transport import FillStop
+from testbed.kv.transport import STANDING_QUEUE_FRACTION, STANDING_QUEUE_MS, FillStop
 
 
 @dataclass(frozen=True)
 class EstimatorSpec:
-    queue_delay_ms: float = 2.0  # RTT - floor at or above this is a standing queue (0: none ever, no probe fills)
-    queue_delay_fraction: float = 0.4  # ... or this fraction of the floor, whichever is larger
+    queue_delay_ms: float = STANDING_QUEUE_MS  # RTT - floor at or above this is a standing queue (0: none ever, no probe fills)
+    queue_delay_fraction: float = STANDING_QUEUE_FRACTION  # ... or this fraction of the floor, whichever is larger
     probe_tau_s: float = 5.0  # headroom polls grow the estimate by e per this much of their time (up to nominal)
     rtt_window_s: float = 10.0  # the RTT floor forgets samples older than this
     rtt_window_polls: int = 2  # ... and counts the polled minimum only over at least this many clean polls (1 until 2026-12-04)
