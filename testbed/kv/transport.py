@@ -142,13 +142,21 @@ def rate_is_current(acked_last_s_bytes: int, delivery_rate_bps: float) -> bool:
     return acked_last_s_bytes >= min(FRESH_ACKED_BYTES, delivery_rate_bps / 8.0 * 0.25)
 
 
+def is_standing_queue(excess_ms: float, floor_ms: float, queue_ms: float = STANDING_QUEUE_MS,
+                      fraction: float = STANDING_QUEUE_FRACTION) -> bool:
+    """Whether an RTT `excess_ms` above the floor `floor_ms` is a standing queue: at least `queue_ms` and
+    `fraction` of the floor. The one test of the estimator's polls and probes, a probe's early end and a
+    sender's poll (with the estimator's settings, or its defaults)."""
+    return excess_ms >= max(queue_ms, fraction * floor_ms)
+
+
 def standing_queue_us(rtts_us: list[int], floor_us: int) -> int:
     """The standing queue (us) the largest of `rtts_us` carries above `floor_us`, or 0 when it is less than a
-    standing queue (`STANDING_QUEUE_MS`, `STANDING_QUEUE_FRACTION`)."""
+    standing queue (`is_standing_queue` with its defaults)."""
     if not rtts_us or floor_us <= 0:
         return 0
     q = max(rtts_us) - floor_us
-    return q if q >= max(1000.0 * STANDING_QUEUE_MS, STANDING_QUEUE_FRACTION * floor_us) else 0
+    return q if is_standing_queue(q / 1000.0, floor_us / 1000.0) else 0
 
 
 def predates_queue(rtt_us: int, queue_us: int, floor_us: int) -> bool:
@@ -183,7 +191,7 @@ class _FillWatch:
 
     def done(self, t_s: float, rtt_s: float, delivered: list[tuple[float, int]]) -> bool:
         s = self.stop
-        if rtt_s - self.unloaded_s < max(s.queue_ms / 1000.0, s.queue_fraction * self.unloaded_s):
+        if not is_standing_queue(1000.0 * (rtt_s - self.unloaded_s), 1000.0 * self.unloaded_s, s.queue_ms, s.queue_fraction):
             return False
         self.queue_from = t_s if self.queue_from is None else self.queue_from
         if t_s < max(self.queue_from + PROBE_FILLED_WINDOWS * self.window_s, self.next_check):
@@ -372,7 +380,8 @@ class KVSender(KVSendConnector):
         # start its rate is the pre-dip one (val-dip seed 4: 10.2-ms RTTs with 19-Gbps rates beside 15-21 ms)
         floor_us = min((s.min_rtt_us for s in now if s.min_rtt_us > 0), default=0)
         queue_us = standing_queue_us([s.rtt_us for s in busy], floor_us)
-        busy = [s for s in busy if not predates_queue(s.rtt_us, queue_us, floor_us)]
+        stale = {s.connection for s in now if predates_queue(s.rtt_us, queue_us, floor_us)}
+        busy = [s for s in busy if s.connection not in stale]
         goodput = 0.0
         if now and window:
             total = sum(s.bytes_acked - first[s.connection].bytes_acked for s in now if s.connection in first)
@@ -397,8 +406,8 @@ class KVSender(KVSendConnector):
             # seed 5: polls summed to the full 10 Gbps for 8 s while 0.7 Gbps were left)
             # and so are those whose RTT predates the queue the busy ones see (`predates_queue`)
             "path_rate_bps": sum(s.delivery_rate_bps for s in now
-                                 if s.connection in acked and rate_is_current(acked[s.connection], s.delivery_rate_bps)
-                                 and not predates_queue(s.rtt_us, queue_us, floor_us)),
+                                 if s.connection in acked and s.connection not in stale
+                                 and rate_is_current(acked[s.connection], s.delivery_rate_bps)),
             "connections": len(self._conns),
             "broken": self._broken,
         }

@@ -50,7 +50,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from testbed.kv.transport import STANDING_QUEUE_FRACTION, STANDING_QUEUE_MS, FillStop
+from testbed.kv.transport import STANDING_QUEUE_FRACTION, STANDING_QUEUE_MS, FillStop, is_standing_queue
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ class BandwidthEstimator:
     def _queue(self, rtt_ms: float, floor: float) -> tuple[float, bool]:
         s = self.spec
         qdelay = max(rtt_ms - floor, 0.0) if rtt_ms > 0 and floor > 0 else 0.0
-        return qdelay, s.queue_delay_ms > 0 and qdelay >= max(s.queue_delay_ms, s.queue_delay_fraction * floor)
+        return qdelay, s.queue_delay_ms > 0 and is_standing_queue(qdelay, floor, s.queue_delay_ms, s.queue_delay_fraction)
 
     def _ceiling(self, t_s: float) -> float:
         """How far headroom polls may grow the estimate: the rate of a recent probe that filled the path,
