@@ -24,7 +24,7 @@ from testbed.errors import UserError
 def predict(run: Run) -> dict[str, Any]:
     """The throughput model (literal reading) for the run's scenario and policy, or ``{"error": why}``.
 
-    ``prfaas``: the optimum over t; ``fixed-threshold``: the scenario's t; ``homogeneous-pd`` / ``all-local``:
+    ``prfaas``: the optimum over t; ``fixed-threshold`` and ``oracle-step``: the scenario's t; ``homogeneous-pd`` / ``all-local``:
     the run's PD instances alone; ``naive-heterogeneous``: p = 1. The N_p / N_d split is the model's best.
     """
     from dataclasses import replace
@@ -37,7 +37,7 @@ def predict(run: Run) -> dict[str, Any]:
         cm, _, dist, _ = tm.cluster_model_from_scenario(sc)
         policy = sc.section("policy")
         name = getattr(policy, "name", "prfaas")
-        if name == "fixed-threshold":
+        if name in ("fixed-threshold", "oracle-step"):  # oracle-step: its threshold on the steady line
             res = tm.at_threshold(cm, dist, policy.threshold_tokens)
         elif name in ("homogeneous-pd", "all-local"):
             res = tm.homogeneous_pd(replace(cm, prfaas_profile=None, n_prfaas=0), dist)

@@ -21,7 +21,7 @@ from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS, Scenario
 
 FAR_BELOW_CAPACITY = 0.10  # offered KV under 10% of the WAN at every moment: the WAN never matters
-OFFLOAD_POLICIES = ("prfaas", "fixed-threshold", "naive-heterogeneous")
+OFFLOAD_POLICIES = ("prfaas", "fixed-threshold", "oracle-step", "naive-heterogeneous")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ Arms (the same scenario, workload and seed; only the policy differs):
   fixed-no-event   fixed-threshold with the shape's event taken out (NO_EVENT): the event's own cost. Its
                    long P90 / fixed-threshold's is the ratio a congestion response would reach if it undid
                    the event completely and changed nothing else (reported as "no-event ceiling", not judged)
+  oracle-step-Nk   (only when named in --arms) fixed-threshold whose t is N K tokens while the shaper's rate is
+                   below the line's (policy oracle-step, oracle only): one raise timed perfectly, reported, not judged
 Shapes: topologies/val-*.yaml (docs/router.md, "Validation set"; which were used for design is said there).
 
 Per run (`measure`), with the event window = arrivals in [event start, event end) on the schedule clock
@@ -75,6 +77,13 @@ ARMS = {
     "all-local": ["policy.name=all-local"],
     "fixed-no-event": ["policy.name=fixed-threshold"],  # + NO_EVENT's overrides for the shape
 }
+# The clairvoyant single raise (policy `oracle-step`, oracle only): fixed-threshold whose t is T while the
+# shaper's rate is below the line's. Swept over T on a rate drop, how far one raise timed perfectly can go
+# (docs/router.md, "How far one raise can go"); reported beside, never judged, not in the default matrix.
+STEP_ARMS = {f"oracle-step-{k}k": ["policy.name=oracle-step", "policy.signals=oracle", f"policy.event_threshold={k}K"]
+             for k in (24, 32, 48, 64)}
+DEFAULT_ARMS = tuple(ARMS)
+ARMS.update(STEP_ARMS)
 # What takes each shape's event out: its WAN schedule, or (val-cross-surge) the surging flow, keeping the
 # neighbours that run all along.
 NO_EVENT = {"val-cross-surge": ["cross_traffic.flows=[{name: vpc-neighbours, protocol: udp, rate: 16Gbps, direction: prfaas_to_pd}]"]}
@@ -180,7 +189,7 @@ def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
             t.add_column(c)
         fixed = g[g["arm"] == "fixed-threshold"].set_index("seed")
         local = g[g["arm"] == "all-local"].set_index("seed")
-        for arm in ("prfaas-observed", "prfaas-oracle", "fixed-no-event"):
+        for arm in ("prfaas-observed", "prfaas-oracle", "fixed-no-event", *STEP_ARMS):
             judge = arm == "prfaas-observed"  # the others are reported, not judged
             a = g[g["arm"] == arm].set_index("seed")
             seeds = sorted(set(a.index) & set(fixed.index))
@@ -234,7 +243,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--seeds", default="1,2,3,4,5")
-    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join(ARMS)}")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override every run's scenario")
     ap.add_argument("--out", default="runs/signals-bench")
     ap.add_argument("--measure", metavar="DIR", help="only re-read the run directories under DIR")

@@ -286,6 +286,39 @@ def test_fixed_threshold_never_moves_t_under_pressure() -> None:
     assert pol.threshold == 8 * K and pol.log.rows("threshold") == []
 
 
+def test_oracle_step_switches_t_with_the_shaper_rate_and_back_and_logs_each_switch() -> None:
+    pol = make("oracle-step", threshold="16K", event_threshold="48K")
+    t0 = clock.now_s()
+    at = lambda n: pol.decide(req(n), state(input_len=n)).route  # noqa: E731
+    pol.on_telemetry(TelemetrySample(t0, capacity_bps=CAP, egress_bps=0.5 * CAP))
+    assert pol.threshold == 16 * K and at(32 * K) == "prfaas"
+    pol.on_telemetry(TelemetrySample(t0 + 1, retransmits=5.0))  # no rate in the sample: t holds
+    pol.on_telemetry(TelemetrySample(t0 + 2, capacity_bps=0.2 * CAP))
+    assert pol.threshold == 48 * K and at(32 * K) == "pd" and at(48 * K + 1) == "prfaas"
+    pol.on_telemetry(TelemetrySample(t0 + 3, capacity_bps=0.995 * CAP))  # the shaper's rounding of the line's rate
+    assert pol.threshold == 16 * K
+    rows = pol.log.rows("threshold")
+    assert [(r["old_threshold"], r["threshold"]) for r in rows] == [(16 * K, 48 * K), (48 * K, 16 * K)]
+    assert "oracle-step: shaper rate 20 Gbps < line rate 100 Gbps" in rows[0]["reason"]
+
+
+def test_oracle_step_sees_no_rate_outside_oracle_mode_and_refuses_to_run_there() -> None:
+    with pytest.raises(FieldError) as err:
+        spec(name="oracle-step", signals="observed", event_threshold="48K")
+    assert err.value.field == "policy.signals" and "oracle" in str(err.value)
+    with pytest.raises(FieldError) as err:
+        spec(name="oracle-step", signals="oracle")
+    assert err.value.field == "policy.event_threshold" and "required" in str(err.value)
+    with pytest.raises(FieldError) as err:
+        spec(name="fixed-threshold", event_threshold="48K")
+    assert err.value.field == "policy.event_threshold" and "oracle-step" in str(err.value)
+    with pytest.raises(FieldError) as err:
+        spec(name="oracle-step", signals="oracle", event_threshold="512")
+    assert err.value.field == "policy.event_threshold"
+    s = spec(name="oracle-step", signals="oracle", threshold="16K", event_threshold="32K")
+    assert parse_policy_section(Fields(s.to_mapping(), "policy")) == s and s.event_threshold_tokens == 32 * K
+
+
 def test_homogeneous_pd_and_all_local_never_offload_and_naive_heterogeneous_always_does() -> None:
     for name in ("homogeneous-pd", "all-local"):
         d = make(name).decide(req(128 * K), state(input_len=128 * K))

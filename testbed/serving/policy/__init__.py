@@ -5,7 +5,7 @@ One small interface (`Policy`, in `base`): `decide(request, state) -> Decision` 
 
 - `spec`: the scenario's ``policy:`` section (`PolicySpec`, `parse_policy_section`);
 - `base`: what a policy sees and returns, the interface, instance choice;
-- `baselines`: fixed-threshold, homogeneous-pd, all-local, naive-heterogeneous;
+- `baselines`: fixed-threshold, oracle-step (its clairvoyant step), homogeneous-pd, all-local, naive-heterogeneous;
 - `controller`: the PrfaaS controller (the control law of t and what it measures);
 - `prfaas`: the `prfaas` policy (length routing + the controller + role flips);
 - `log`: the `SchedulerLog` (-> scheduler.parquet).
@@ -21,7 +21,7 @@ from testbed.serving.policy.base import (
     ClusterState, Decision, InstanceState, NoInstanceError, Policy, RequestView, TelemetrySample,
 )
 from testbed.serving.policy.baselines import (
-    AllLocalPolicy, HomogeneousPDPolicy, NaiveHeterogeneousPolicy, ThresholdPolicy,
+    AllLocalPolicy, HomogeneousPDPolicy, NaiveHeterogeneousPolicy, OracleStepPolicy, ThresholdPolicy,
 )
 from testbed.serving.policy.controller import PrfaasController
 from testbed.serving.policy.log import SchedulerLog
@@ -32,7 +32,7 @@ from testbed.serving.policy.spec import (
 
 __all__ = [
     "AllLocalPolicy", "ClusterState", "ControlSpec", "Decision", "HomogeneousPDPolicy", "InstanceState", "MAX_TOKENS",
-    "NaiveHeterogeneousPolicy", "NoInstanceError", "POLICIES", "POLICY_NAMES", "Policy", "SIGNAL_MODES", "PolicySpec", "PrfaasController",
+    "NaiveHeterogeneousPolicy", "NoInstanceError", "OracleStepPolicy", "POLICIES", "POLICY_NAMES", "Policy", "SIGNAL_MODES", "PolicySpec", "PrfaasController",
     "PrfaasPolicy", "RequestView", "RoleFlipSpec", "SchedulerLog", "TelemetrySample", "ThresholdPolicy", "build_policy",
     "parse_policy_section",
 ]
@@ -43,6 +43,7 @@ POLICIES: dict[str, type[Policy]] = {
     "homogeneous-pd": HomogeneousPDPolicy,
     "naive-heterogeneous": NaiveHeterogeneousPolicy,
     "all-local": AllLocalPolicy,
+    "oracle-step": OracleStepPolicy,
 }
 assert set(POLICIES) == set(POLICY_NAMES)
 

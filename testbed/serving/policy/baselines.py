@@ -1,11 +1,14 @@
-"""The comparison policies: a fixed threshold t, and the three without length routing."""
+"""The comparison policies: a fixed threshold t, its clairvoyant step (oracle only), and the three without
+length routing."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from testbed.serving.policy.base import ClusterState, Decision, InstanceState, Policy, RequestView, other_cluster
+from testbed.serving.policy.base import (
+    ClusterState, Decision, InstanceState, Policy, RequestView, TelemetrySample, other_cluster,
+)
 
 
 class ThresholdPolicy(Policy):
@@ -74,6 +77,32 @@ class ThresholdPolicy(Policy):
                  why: str) -> tuple[str, list[InstanceState], str]:
         """A last look at an offload (the `prfaas` policy's latency-aware rule); here: offload it."""
         return "prfaas", cands, why
+
+
+STEP_BELOW = 0.99  # a rate counts as "below the line's" under 99% of it (the shaper and the scale round rates)
+
+
+class OracleStepPolicy(ThresholdPolicy):
+    """Comparison, oracle only (`oracle-step`, `signals: oracle`): fixed-threshold plus one clairvoyant step.
+    t is `event_threshold` while the shaper's configured PrfaaS -> PD rate (the emulator's WAN sample) is
+    below the provisioned line rate, the scenario's threshold otherwise; it switches at the first sample
+    that carries the change (one telemetry period). No deployment knows that rate; swept over
+    `event_threshold`, these runs show how far one raise, sized and timed perfectly, can go on a rate drop
+    (docs/router.md, "How far one raise can go")."""
+
+    name = "oracle-step"
+
+    def on_telemetry(self, sample: TelemetrySample) -> None:
+        if sample.capacity_bps is None or self.spec.event_threshold_tokens is None:
+            return
+        with self._lock:
+            below = sample.capacity_bps < STEP_BELOW * self.capacity_bps
+            t = float(self.spec.event_threshold_tokens if below else self.spec.threshold_tokens)
+            if t != self._t:
+                self.log.add("threshold", sample.t_s, threshold=t, old_threshold=self._t, egress_utilization=0.0,
+                             bandwidth_scarce=True, reason=f"oracle-step: shaper rate {sample.capacity_bps / 1e9:.3g} Gbps "
+                                                           f"{'<' if below else '>='} line rate {self.capacity_bps / 1e9:.3g} Gbps")
+                self._t = t
 
 
 

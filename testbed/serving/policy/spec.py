@@ -70,7 +70,7 @@ class RoleFlipSpec:
     min_decode: int = 1
 
 
-POLICY_NAMES = ("prfaas", "fixed-threshold", "homogeneous-pd", "naive-heterogeneous", "all-local")
+POLICY_NAMES = ("prfaas", "fixed-threshold", "homogeneous-pd", "naive-heterogeneous", "all-local", "oracle-step")
 # what the policy may measure (docs/router.md, "Signals"): its own side's measurements and the nominal
 # line rate (observed); the nominal rate as the capacity, without estimating (provisioned); emulator
 # ground truth (oracle, for ablation only)
@@ -91,6 +91,7 @@ class PolicySpec:
     prefill_pick: str = "requests"  # PREFILL_PICKS: what "least loaded" counts (docs/router.md, "Policies")
     kv_state_bytes: int = 0  # optional prior for S_kv(l) = state + per_token * l (emulated bytes)
     kv_bytes_per_token: int = 0
+    event_threshold_tokens: int | None = None  # `oracle-step` only: t while the shaper's rate is below the line's
     control: ControlSpec = field(default_factory=ControlSpec)
     role_flip: RoleFlipSpec = field(default_factory=RoleFlipSpec)
     estimator: EstimatorSpec = field(default_factory=EstimatorSpec)
@@ -110,6 +111,7 @@ class PolicySpec:
             "prefill_pick": self.prefill_pick,
             "kv_state_bytes": f"{self.kv_state_bytes}B",
             "kv_bytes_per_token": f"{self.kv_bytes_per_token}B",
+            **({"event_threshold": self.event_threshold_tokens} if self.event_threshold_tokens is not None else {}),
             "control": {
                 "interval": f"{c.interval_s}s", "high_utilization": c.high_utilization,
                 "low_utilization": c.low_utilization, "target_utilization": c.target_utilization,
@@ -240,6 +242,7 @@ def parse_policy_section(f: Fields) -> PolicySpec:
         prefill_pick=f.choice("prefill_pick", PREFILL_PICKS, d.prefill_pick),
         kv_state_bytes=f.get("kv_state_bytes", units.parse_size_bytes, d.kv_state_bytes),
         kv_bytes_per_token=f.get("kv_bytes_per_token", units.parse_size_bytes, d.kv_bytes_per_token),
+        event_threshold_tokens=f.get("event_threshold", units.parse_tokens, None),
         control=_parse_control(f.section("control")),
         role_flip=_parse_role_flip(f.section("role_flip")),
         estimator=_parse_estimator(f.section("estimator")),
@@ -251,4 +254,15 @@ def parse_policy_section(f: Fields) -> PolicySpec:
             f"{spec.threshold_tokens} tokens must lie between min_threshold ({spec.min_threshold_tokens}) "
             f"and max_threshold ({spec.max_threshold_tokens})",
         )
+    if spec.name == "oracle-step":
+        if spec.signals != "oracle":
+            raise f.error("signals", f"'{spec.signals}' is not allowed with oracle-step: it reads the shaper's configured rate, "
+                                     "which only 'oracle' lets a policy see (an explicit ablation)")
+        if spec.event_threshold_tokens is None:
+            raise f.error("event_threshold", "is required by oracle-step: the threshold (tokens) while the line runs below its rate")
+        if not spec.min_threshold_tokens <= spec.event_threshold_tokens <= spec.max_threshold_tokens:
+            raise f.error("event_threshold", f"{spec.event_threshold_tokens} tokens must lie between min_threshold "
+                                             f"({spec.min_threshold_tokens}) and max_threshold ({spec.max_threshold_tokens})")
+    elif spec.event_threshold_tokens is not None:
+        raise f.error("event_threshold", f"only the oracle-step policy reads it (policy.name is '{spec.name}')")
     return spec
