@@ -81,7 +81,7 @@ ARMS = {
 # shaper's rate is below the line's. Swept over T on a rate drop, how far one raise timed perfectly can go
 # (docs/router.md, "How far one raise can go"); reported beside, never judged, not in the default matrix.
 STEP_ARMS = {f"oracle-step-{k}k": ["policy.name=oracle-step", "policy.signals=oracle", f"policy.event_threshold={k}K"]
-             for k in (24, 32, 48, 64)}
+             for k in (24, 32, 40, 48, 64)}
 DEFAULT_ARMS = tuple(ARMS)
 ARMS.update(STEP_ARMS)
 # What takes each shape's event out: its WAN schedule, or (val-cross-surge) the surging flow, keeping the
@@ -239,6 +239,51 @@ def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
     return ok, judged
 
 
+def plot_steps(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """Per shape with oracle-step arms, ``steps-<shape>.png``: each arm's mean ratio to fixed-threshold of
+    long against short requests' P90 TTFT in the event window (95% bootstrap CIs over seeds), the
+    single-raise sweep joined in order of its T, beside the prfaas arms and the issue's target corner."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df, written = pd.DataFrame(rows), []
+    for shape, g in df.groupby("shape"):
+        if not set(g["arm"]) & set(STEP_ARMS):
+            continue
+        fixed = g[g["arm"] == "fixed-threshold"].set_index("seed")
+        fig, ax = plt.subplots(figsize=(6.4, 4.8))
+        sweep = []
+        for arm in (*STEP_ARMS, "prfaas-observed", "prfaas-oracle", "fixed-no-event"):
+            a = g[g["arm"] == arm].set_index("seed")
+            pts = []
+            for key in ("short_p90_s", "long_p90_s"):
+                r = [a.at[s, key] / fixed.at[s, key] for s in sorted(set(a.index) & set(fixed.index)) if a.at[s, key] and fixed.at[s, key]]
+                pts.append(bootstrap_ci(r) if r else None)
+            if None in pts:
+                continue
+            (sx, sl, sh), (lx, ll, lh) = pts
+            ax.errorbar(sx, lx, xerr=[[sx - sl], [sh - sx]], yerr=[[lx - ll], [lh - lx]], fmt="o" if arm in STEP_ARMS else "s",
+                        capsize=3, label=f"{arm} (n={len(a)})")
+            if arm in STEP_ARMS:
+                sweep.append((sx, lx))
+        if len(sweep) > 1:
+            ax.plot(*zip(*sweep), color="grey", lw=0.8, zorder=0)
+        ax.axhline(TARGETS["long_p90"], color="red", ls="--", lw=0.8)
+        ax.axvline(TARGETS["short_p90"], color="red", ls="--", lw=0.8)
+        ax.axhline(1.0, color="black", lw=0.5)
+        ax.axvline(1.0, color="black", lw=0.5)
+        ax.set(xlabel="short requests' P90 TTFT / fixed-threshold's", ylabel="long requests' P90 TTFT / fixed-threshold's",
+               title=f"{shape}: one raise timed by the oracle, swept over t (event window)")
+        ax.legend(fontsize=7)
+        path = out / f"steps-{shape}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -280,6 +325,8 @@ def main() -> int:
                   str(r["failed"]), f(r["est_mae"]), f(r["detect_s"]), r["signals"])
     console.print(t)
     ok, judged = compare(rows, console)
+    for path in plot_steps(rows, out):
+        console.print(f"single-raise sweep: {path}")
     if not judged:  # e.g. --arms prfaas-oracle,all-local: a report, not a verdict
         console.print("no target judged: targets are judged on the prfaas-observed arm against fixed-threshold of the same seeds")
         return 0

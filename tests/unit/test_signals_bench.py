@@ -68,3 +68,15 @@ def test_results_cover_every_finished_run_under_the_directory_whichever_invocati
     found = [(shape, arm, seed) for shape, arm, seed, _ in bench["completed"](tmp_path)]
     assert found == [("val-dip", "prfaas-observed", 2), ("val-thin-line", "fixed-no-event", 12),
                      ("val-thin-line", "fixed-threshold", 1), ("val-thin-line", "prfaas-observed", 1)]
+
+
+def test_the_single_raise_arms_are_reported_not_judged_and_plotted_with_their_intervals(tmp_path: Path) -> None:
+    todo = {t.key: t for t in bench["tasks"](["val-40g-dip"], [2], ["oracle-step-48k"], tmp_path, [])}
+    assert ("policy.name=oracle-step", "policy.signals=oracle", "policy.event_threshold=48K") == todo["val-40g-dip/oracle-step-48k-s2"].overrides[:3]
+    assert "oracle-step-48k" not in bench["DEFAULT_ARMS"]  # not in the default matrix
+    rows = [row(arm, s, long_s) | {"shape": "val-40g-dip"}
+            for arm, long_s in (("fixed-threshold", 10.0), ("oracle-step-24k", 8.0), ("oracle-step-48k", 6.0)) for s in (1, 2, 3)]
+    assert compare(rows, Console(quiet=True)) == (True, 0)
+    (path,) = bench["plot_steps"](rows, tmp_path)
+    assert path.name == "steps-val-40g-dip.png" and path.stat().st_size > 10_000
+    assert bench["plot_steps"]([r for r in rows if "step" not in r["arm"]], tmp_path) == []
