@@ -270,7 +270,8 @@ def plot_steps(rows: list[dict[str, Any]], out: Path) -> list[Path]:
                 sweep.append((sx, lx))
         if len(sweep) > 1:
             ax.plot(*zip(*sweep), color="grey", lw=0.8, zorder=0)
-        ax.axhline(TARGETS["long_p90"], color="red", ls="--", lw=0.8)
+        ax.plot(1.0, 1.0, "k*", ms=10, label="fixed-threshold (1, 1)")
+        ax.axhline(TARGETS["long_p90"], color="red", ls="--", lw=0.8, label="issue 9's targets (long 0.7, short 1.3)")
         ax.axvline(TARGETS["short_p90"], color="red", ls="--", lw=0.8)
         ax.axhline(1.0, color="black", lw=0.5)
         ax.axvline(1.0, color="black", lw=0.5)
