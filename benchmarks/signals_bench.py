@@ -81,7 +81,7 @@ ARMS = {
 # shaper's rate is below the line's. Swept over T on a rate drop, how far one raise timed perfectly can go
 # (docs/router.md, "How far one raise can go"); reported beside, never judged, not in the default matrix.
 STEP_ARMS = {f"oracle-step-{k}k": ["policy.name=oracle-step", "policy.signals=oracle", f"policy.event_threshold={k}K"]
-             for k in (24, 32, 40, 48, 64)}
+             for k in (24, 28, 32, 40, 48, 64)}
 DEFAULT_ARMS = tuple(ARMS)
 ARMS.update(STEP_ARMS)
 # What takes each shape's event out: its WAN schedule, or (val-cross-surge) the surging flow, keeping the
