@@ -177,6 +177,11 @@ def completed(out: Path) -> list[tuple[str, str, int, Path]]:
     return found
 
 
+def seed_ratios(arm: pd.DataFrame, fixed: pd.DataFrame, key: str) -> list[float]:
+    """`key` of `arm` over fixed-threshold's, per seed both ran (both frames indexed by seed), where both have it."""
+    return [arm.at[s, key] / fixed.at[s, key] for s in sorted(set(arm.index) & set(fixed.index)) if arm.at[s, key] and fixed.at[s, key]]
+
+
 def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
     """(every judged target met, how many targets were judged): only the prfaas-observed arm is judged,
     against fixed-threshold (and all-local) of the same seeds; the oracle and no-event arms are reported
@@ -198,7 +203,7 @@ def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
             for metric, key, target in (("long P90 TTFT", "long_p90_s", TARGETS["long_p90"]),
                                         ("KV transfer P90", "xfer_p90_s", TARGETS["xfer_p90"]),
                                         ("short P90 TTFT", "short_p90_s", TARGETS["short_p90"])):
-                r = [a.at[s, key] / fixed.at[s, key] for s in seeds if a.at[s, key] and fixed.at[s, key]]
+                r = seed_ratios(a, fixed, key)
                 if not r:
                     continue
                 m, lo, hi = bootstrap_ci(r)
@@ -259,7 +264,7 @@ def plot_steps(rows: list[dict[str, Any]], out: Path) -> list[Path]:
             a = g[g["arm"] == arm].set_index("seed")
             pts = []
             for key in ("short_p90_s", "long_p90_s"):
-                r = [a.at[s, key] / fixed.at[s, key] for s in sorted(set(a.index) & set(fixed.index)) if a.at[s, key] and fixed.at[s, key]]
+                r = seed_ratios(a, fixed, key)
                 pts.append(bootstrap_ci(r) if r else None)
             if None in pts:
                 continue

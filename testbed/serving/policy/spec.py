@@ -222,6 +222,12 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
     return e
 
 
+def _check_between_bounds(f: Fields, key: str, tokens: int, spec: PolicySpec) -> None:
+    if not spec.min_threshold_tokens <= tokens <= spec.max_threshold_tokens:
+        raise f.error(key, f"{tokens} tokens must lie between min_threshold ({spec.min_threshold_tokens}) "
+                           f"and max_threshold ({spec.max_threshold_tokens})")
+
+
 def parse_policy_section(f: Fields) -> PolicySpec:
     """The scenario's ``policy:`` section. Example::
 
@@ -248,21 +254,14 @@ def parse_policy_section(f: Fields) -> PolicySpec:
         estimator=_parse_estimator(f.section("estimator")),
     )
     f.done()
-    if not spec.min_threshold_tokens <= spec.threshold_tokens <= spec.max_threshold_tokens:
-        raise f.error(
-            "threshold",
-            f"{spec.threshold_tokens} tokens must lie between min_threshold ({spec.min_threshold_tokens}) "
-            f"and max_threshold ({spec.max_threshold_tokens})",
-        )
+    _check_between_bounds(f, "threshold", spec.threshold_tokens, spec)
     if spec.name == "oracle-step":
         if spec.signals != "oracle":
             raise f.error("signals", f"'{spec.signals}' is not allowed with oracle-step: it reads the shaper's configured rate, "
                                      "which only 'oracle' lets a policy see (an explicit ablation)")
         if spec.event_threshold_tokens is None:
             raise f.error("event_threshold", "is required by oracle-step: the threshold (tokens) while the line runs below its rate")
-        if not spec.min_threshold_tokens <= spec.event_threshold_tokens <= spec.max_threshold_tokens:
-            raise f.error("event_threshold", f"{spec.event_threshold_tokens} tokens must lie between min_threshold "
-                                             f"({spec.min_threshold_tokens}) and max_threshold ({spec.max_threshold_tokens})")
+        _check_between_bounds(f, "event_threshold", spec.event_threshold_tokens, spec)
     elif spec.event_threshold_tokens is not None:
         raise f.error("event_threshold", f"only the oracle-step policy reads it (policy.name is '{spec.name}')")
     return spec
