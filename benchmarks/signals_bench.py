@@ -82,8 +82,14 @@ ARMS = {
 # (docs/router.md, "How far one raise can go"); reported beside, never judged, not in the default matrix.
 STEP_ARMS = {f"oracle-step-{k}k": ["policy.name=oracle-step", "policy.signals=oracle", f"policy.event_threshold={k}K"]
              for k in (24, 28, 32, 40, 48, 64)}
+# The same with `policy.pd_queue: natives-first` (PD-P takes what the base threshold keeps local before what a
+# raise moved there: docs/router.md, "Where the dip's excess waits"); reported beside, not in the default matrix.
+QUEUE_ARMS = {f"{arm}-natives-first": [*over, "policy.pd_queue=natives-first"]
+              for arm, over in (("prfaas-observed", ARMS["prfaas-observed"]), ("oracle-step-32k", STEP_ARMS["oracle-step-32k"]))}
 DEFAULT_ARMS = tuple(ARMS)
 ARMS.update(STEP_ARMS)
+ARMS.update(QUEUE_ARMS)
+REPORTED_ARMS = ("prfaas-observed", "prfaas-oracle", "fixed-no-event", *STEP_ARMS, *QUEUE_ARMS)  # compared with fixed-threshold
 # What takes each shape's event out: its WAN schedule, or (val-cross-surge) the surging flow, keeping the
 # neighbours that run all along.
 NO_EVENT = {"val-cross-surge": ["cross_traffic.flows=[{name: vpc-neighbours, protocol: udp, rate: 16Gbps, direction: prfaas_to_pd}]"]}
@@ -194,7 +200,7 @@ def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
             t.add_column(c)
         fixed = g[g["arm"] == "fixed-threshold"].set_index("seed")
         local = g[g["arm"] == "all-local"].set_index("seed")
-        for arm in ("prfaas-observed", "prfaas-oracle", "fixed-no-event", *STEP_ARMS):
+        for arm in REPORTED_ARMS:
             judge = arm == "prfaas-observed"  # the others are reported, not judged
             a = g[g["arm"] == arm].set_index("seed")
             seeds = sorted(set(a.index) & set(fixed.index))
@@ -260,7 +266,7 @@ def plot_steps(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         fixed = g[g["arm"] == "fixed-threshold"].set_index("seed")
         fig, ax = plt.subplots(figsize=(6.4, 4.8))
         sweep = []
-        for arm in (*STEP_ARMS, "prfaas-observed", "prfaas-oracle", "fixed-no-event"):
+        for arm in (*STEP_ARMS, *(a for a in REPORTED_ARMS if a not in STEP_ARMS)):
             a = g[g["arm"] == arm].set_index("seed")
             pts = []
             for key in ("short_p90_s", "long_p90_s"):

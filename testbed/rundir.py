@@ -98,7 +98,7 @@ SCHEDULER_COLUMNS = (
     "cached_len", "uncached_len", "cached_pd", "cached_prfaas", "threshold", "old_threshold",
     "egress_utilization", "bandwidth_scarce", "demand_ratio", "kv_capacity_bps", "pdp_cap_threshold",
     "congestion_events_per_s", "prfaas_queue",
-    "pdp_queue", "decode_queue", "reason",
+    "pdp_queue", "decode_queue", "reason", "priority",
     # signals rows (one per control tick): the policy's belief beside the emulator's ground truth
     "signals", "kv_available_bps", "truth_kv_available_bps", "wan_capacity_bps", "queueing_delay_ms",
     "committed_bytes", "backlogged", "excess_committed_bits",

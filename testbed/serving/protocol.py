@@ -98,6 +98,7 @@ class PrefillRequest:
     arrival_s: float | None = None
     request_timeout_s: float | None = None
     shed_ttft_s: float | None = None
+    priority: int = 0  # the worker's queue serves the lowest first, FCFS among equals (vLLM's priority scheduling)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -110,7 +111,8 @@ class PrefillRequest:
                    "cached_len": f.get("cached_len", positive_int, 0), "decode_prefix_len": f.get("decode_prefix_len", positive_int, 0),
                    "block_hashes": f.get("block_hashes", integers, ()),
                    "prompt_token_ids": f.get("prompt_token_ids", integers, None), "route": f.choice("route", ROUTES, "prfaas"),
-                   "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), **_deadline(f, None)}
+                   "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), "priority": f.get("priority", positive_int, 0),
+                   **_deadline(f, None)}
             for key in ("cached_len", "decode_prefix_len"):
                 if out[key] >= out["input_len"]:
                     raise f.error(key, f"{out[key]} must be below input_len ({out['input_len']})")

@@ -519,7 +519,7 @@ class Router:
                              cached_len=plan.first_token, decode_prefix_len=min(decode_prefix_len, c.input_len - 1),
                              block_hashes=tuple(c.block_hashes), prompt_token_ids=token_ids,
                              route=dec.route, arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s,
-                             shed_ttft_s=self.cfg.shed_ttft_s)
+                             shed_ttft_s=self.cfg.shed_ttft_s, priority=dec.priority)
         source = f"prefill instance {p.cfg.instance}"
         try:
             conn = self._open(p, "/v1/prefill", req.to_json())

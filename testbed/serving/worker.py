@@ -11,6 +11,7 @@ API's messages are `testbed.serving.protocol`'s (docs/protocol.md); compute and 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import queue
@@ -281,7 +282,10 @@ class PrefillWorker:
         self.cfg = cfg
         self.compute = make_compute(cfg)
         self.pool = make_pool(cfg, self.compute.section.spec)
-        self.jobs: queue.Queue[PrefillJob] = queue.Queue()
+        # vLLM's `--scheduling-policy priority`: the lowest `priority` first, first come first served among
+        # equals (a sequence number breaks ties); every request at priority 0 is plain FCFS
+        self.jobs: queue.PriorityQueue[tuple[int, int, PrefillJob]] = queue.PriorityQueue()
+        self._seq = itertools.count()
         self.s_per_token = 0.0  # measured prefill seconds per computed token (EWMA), for early shedding
         self.busy = False
         self.dests: dict[tuple[str, int], Destination] = {}
@@ -303,7 +307,7 @@ class PrefillWorker:
         request timeout, less its own expected prefill time, has run out fails with a reason naming this
         queue: past that point its prefill could not end within the request's budget."""
         job = PrefillJob(req)
-        self.jobs.put(job)
+        self.jobs.put((req.priority, next(self._seq), job))
         timeout_s = req.request_timeout_s or self.cfg.request_timeout_s
         deadline_s = (req.arrival_s if req.arrival_s is not None else job.queued_s) + timeout_s
         while True:  # the expected prefill time is re-read: in torch mode it is measured as prefills finish
@@ -375,7 +379,7 @@ class PrefillWorker:
 
     def _loop(self) -> None:
         while True:
-            job = self.jobs.get()
+            _, _, job = self.jobs.get()
             with self.lock:
                 if job.started:  # failed in the queue already
                     continue

@@ -319,6 +319,24 @@ def test_oracle_step_sees_no_rate_outside_oracle_mode_and_refuses_to_run_there()
     assert parse_policy_section(Fields(s.to_mapping(), "policy")) == s and s.event_threshold_tokens == 32 * K
 
 
+def test_natives_first_puts_what_a_raise_moved_to_pd_p_behind_what_the_base_threshold_keeps_there() -> None:
+    for queue, moved_priority in (("natives-first", 1), ("fcfs", 0)):
+        pol = make("oracle-step", threshold="16K", event_threshold="48K", pd_queue=queue)
+        pol.on_telemetry(TelemetrySample(clock.now_s(), capacity_bps=0.2 * CAP))  # the dip: t = 48K
+        native, moved, offloaded = (pol.decide(req(n), state(input_len=n)) for n in (8 * K, 32 * K, 64 * K))
+        assert [d.route for d in (native, moved, offloaded)] == ["pd", "pd", "prfaas"]
+        assert (native.priority, moved.priority, offloaded.priority) == (0, moved_priority, 0)
+        rows = pol.log.rows("decision")
+        assert [r["priority"] for r in rows] == [0, moved_priority, 0] and "above the base t=16384" in rows[1]["reason"]
+    d = make("fixed-threshold", threshold="16K", pd_queue="natives-first").decide(req(8 * K), state(input_len=8 * K))
+    assert (d.route, d.priority) == ("pd", 0)
+    with pytest.raises(FieldError) as err:
+        spec(pd_queue="sjf")
+    assert err.value.field == "policy.pd_queue" and "natives-first" in str(err.value)
+    s = spec(pd_queue="natives-first")
+    assert parse_policy_section(Fields(s.to_mapping(), "policy")) == s
+
+
 def test_homogeneous_pd_and_all_local_never_offload_and_naive_heterogeneous_always_does() -> None:
     for name in ("homogeneous-pd", "all-local"):
         d = make(name).decide(req(128 * K), state(input_len=128 * K))

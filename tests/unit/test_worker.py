@@ -252,6 +252,29 @@ def test_a_request_queued_past_its_budget_fails_naming_the_prefill_queue_and_she
     assert out["shed"]["reason"].startswith("shed: predicted TTFT 0.7 s") and out["shed"]["reason"].endswith("exceeds 0.5 s")
 
 
+def test_the_prefill_queue_serves_the_lowest_priority_first_and_arrival_order_among_equals(workers):
+    dec, pre = workers
+    dest = {"host": "127.0.0.1", "kv_port": dec.kv_port, "instance": 0}
+    out: dict[str, dict[str, Any]] = {}
+
+    def post(rid: str, priority: int) -> None:
+        body = {"request_id": rid, "input_len": 4096, "decode": dest, "priority": priority}
+        out[rid] = json.loads(request(pre.port, "POST", "/v1/prefill", body)[1])
+
+    threads = []
+    for rid, priority in (("busy", 0), ("moved-1", 1), ("moved-2", 1), ("native-1", 0), ("native-2", 0)):
+        threads.append(threading.Thread(target=post, args=(rid, priority)))
+        threads[-1].start()
+        time.sleep(0.1)  # each queued behind the first, in this order (its prefill takes ~0.4 s)
+    for t in threads:
+        t.join(60)
+    assert all(o["status"] == "ok" for o in out.values()), out
+    order = sorted(out, key=lambda rid: out[rid]["prefill_start_s"])
+    assert order == ["busy", "native-1", "native-2", "moved-1", "moved-2"]
+    status, raw = request(pre.port, "POST", "/v1/prefill", {"request_id": "bad", "input_len": 10, "decode": dest, "priority": -1})
+    assert status == 400 and b"priority" in raw and b"whole number >= 0" in raw
+
+
 def test_the_kv_timeout_runs_from_the_first_layer_sent_not_from_the_queue() -> None:
     """A receiver that reads every byte but never answers: the transfer fails kv_timeout after its start."""
     from testbed.kv.cache import LayerKV

@@ -49,6 +49,7 @@ class Decision(NamedTuple):
     reason: str
     cache_transfer_tokens: int = 0  # abundant rule: prefix tokens that would come from the other cluster
     bandwidth_scarce: bool = True
+    priority: int = 0  # the prefill queue's order: lowest first, FCFS among equals (`policy.pd_queue`)
 
 
 @dataclass(frozen=True)
@@ -214,15 +215,15 @@ class Policy:
         return self._finish(req, state, cluster, p, cached, threshold, reason)
 
     def _finish(self, req: RequestView, state: ClusterState, cluster: str, p: InstanceState, cached: int,
-                threshold: float, reason: str, transfer: int = 0, scarce: bool = True) -> Decision:
+                threshold: float, reason: str, transfer: int = 0, scarce: bool = True, priority: int = 0) -> Decision:
         d = self.pick_decode(state)
-        dec = Decision(cluster, p.instance, d.instance, req.input_len - cached, cached, threshold, reason, transfer, scarce)
+        dec = Decision(cluster, p.instance, d.instance, req.input_len - cached, cached, threshold, reason, transfer, scarce, priority)
         self.log.add(
             "decision", state.now_s, request_id=req.request_id, route=dec.route, prefill_instance=dec.prefill_instance,
             decode_instance=dec.decode_instance, input_len=req.input_len, cached_len=dec.cached_len,
             uncached_len=dec.uncached_len, cached_pd=state.match.cached_len("pd"),
             cached_prfaas=state.match.cached_len("prfaas"), threshold=threshold,
-            egress_utilization=self.egress_utilization, bandwidth_scarce=scarce, reason=reason,
+            egress_utilization=self.egress_utilization, bandwidth_scarce=scarce, reason=reason, priority=priority,
         )
         return dec
 

@@ -68,7 +68,12 @@ class ThresholdPolicy(Policy):
                 cached = other
                 why += f"; prefix {transfer} tokens from {other_cluster(cluster)} cluster"
         self._note_arrival(state.now_s, l_total - l_pf, l_total - cached if cluster == "pd" else 0)
-        return self._finish(req, state, cluster, p, cached, t, why, transfer, scarce)
+        # moved to PD-P by a raise of t (or a fallback or the latency-aware rule): above the base threshold
+        moved = cluster == "pd" and l_total - l_pd > self.spec.threshold_tokens
+        if moved:
+            why += f"; above the base t={self.spec.threshold_tokens}"
+        priority = int(moved and self.spec.pd_queue == "natives-first")
+        return self._finish(req, state, cluster, p, cached, t, why, transfer, scarce, priority)
 
     def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
         return None

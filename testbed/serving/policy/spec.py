@@ -76,6 +76,9 @@ POLICY_NAMES = ("prfaas", "fixed-threshold", "homogeneous-pd", "naive-heterogene
 # ground truth (oracle, for ablation only)
 SIGNAL_MODES = ("observed", "provisioned", "oracle")
 PREFILL_PICKS = ("requests", "tokens")  # the least loaded prefill instance: fewest requests, or fewest tokens, in flight
+# the order of a PD-P prefill queue: arrival (fcfs), or the requests the base threshold keeps local before those
+# a raise of t (or a fallback) moved there (natives-first: docs/router.md, "Where the dip's excess waits")
+PD_QUEUES = ("fcfs", "natives-first")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class PolicySpec:
     cross_cluster_cache: bool = False  # abundant rule may use the other cluster's longer prefix
     cache_affinity_slack: int = 2  # prefer the cache-holding instance unless it has this many more in flight
     prefill_pick: str = "requests"  # PREFILL_PICKS: what "least loaded" counts (docs/router.md, "Policies")
+    pd_queue: str = "fcfs"  # PD_QUEUES: the order in which a PD-P instance takes its queued prefills
     kv_state_bytes: int = 0  # optional prior for S_kv(l) = state + per_token * l (emulated bytes)
     kv_bytes_per_token: int = 0
     event_threshold_tokens: int | None = None  # `oracle-step` only: t while the shaper's rate is below the line's
@@ -109,6 +113,7 @@ class PolicySpec:
             "cross_cluster_cache": self.cross_cluster_cache,
             "cache_affinity_slack": self.cache_affinity_slack,
             "prefill_pick": self.prefill_pick,
+            "pd_queue": self.pd_queue,
             "kv_state_bytes": f"{self.kv_state_bytes}B",
             "kv_bytes_per_token": f"{self.kv_bytes_per_token}B",
             **({"event_threshold": self.event_threshold_tokens} if self.event_threshold_tokens is not None else {}),
@@ -246,6 +251,7 @@ def parse_policy_section(f: Fields) -> PolicySpec:
         cross_cluster_cache=f.get("cross_cluster_cache", boolean, d.cross_cluster_cache),
         cache_affinity_slack=f.get("cache_affinity_slack", positive_int, d.cache_affinity_slack),
         prefill_pick=f.choice("prefill_pick", PREFILL_PICKS, d.prefill_pick),
+        pd_queue=f.choice("pd_queue", PD_QUEUES, d.pd_queue),
         kv_state_bytes=f.get("kv_state_bytes", units.parse_size_bytes, d.kv_state_bytes),
         kv_bytes_per_token=f.get("kv_bytes_per_token", units.parse_size_bytes, d.kv_bytes_per_token),
         event_threshold_tokens=f.get("event_threshold", units.parse_tokens, None),
