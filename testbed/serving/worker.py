@@ -286,6 +286,9 @@ class PrefillWorker:
         # equals (a sequence number breaks ties); every request at priority 0 is plain FCFS
         self.jobs: queue.PriorityQueue[tuple[int, int, PrefillJob]] = queue.PriorityQueue()
         self._seq = itertools.count()
+        # a queued job of a lower priority value preempts a running one at its next layer (`_preempt`); paced
+        # (profile) compute only: a torch prefill runs to its end (its forward pass is not re-entrant)
+        self.preemptive = hasattr(self.compute, "prefill_time_s")
         self.s_per_token = 0.0  # measured prefill seconds per computed token (EWMA), for early shedding
         self.busy = False
         self.dests: dict[tuple[str, int], Destination] = {}
@@ -380,23 +383,42 @@ class PrefillWorker:
     def _loop(self) -> None:
         while True:
             _, _, job = self.jobs.get()
-            with self.lock:
-                if job.started:  # failed in the queue already
-                    continue
-                job.started = True
-            shed = self._shed(job)
-            if shed is not None:
-                job.fail(shed)
-                continue
-            self.busy = True
-            try:
-                self._run(job)
-            except Exception as exc:  # a bad request must not stop the worker
-                _log(f"prefill {job.request_id} failed: {type(exc).__name__}: {exc}")
-                self._release(job)
-                job.fail(f"prefill failed: {type(exc).__name__}: {exc}")
-            finally:
-                self.busy = False
+            self._take(job)
+            self.busy = False
+
+    def _take(self, job: PrefillJob) -> None:
+        """Start one job taken off the queue, unless it failed there already or is shed."""
+        with self.lock:
+            if job.started:  # failed in the queue already
+                return
+            job.started = True
+        shed = self._shed(job)
+        if shed is not None:
+            job.fail(shed)
+            return
+        self.busy = True
+        try:
+            self._run(job)
+        except Exception as exc:  # a bad request must not stop the worker
+            _log(f"prefill {job.request_id} failed: {type(exc).__name__}: {exc}")
+            self._release(job)
+            job.fail(f"prefill failed: {type(exc).__name__}: {exc}")
+
+    def _preempt(self, running: PrefillJob) -> None:
+        """At a layer boundary of `running` (profile compute only): run to their end the queued jobs of a
+        lower `priority` value first, then let `running` go on (vLLM's priority scheduling preempts a running
+        request of a lower priority; its chunked prefill lets a short prompt start within a step, which a
+        layer of a paced prefill stands in for). The pause is real time: its later layers are not repaid."""
+        while True:
+            with self.jobs.mutex:
+                head = self.jobs.queue[0] if self.jobs.queue else None
+            if head is None or head[0] >= running.req.priority:
+                return
+            try:  # only this thread takes from the queue: it gets that head, or one of a lower value put since
+                _, _, job = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            self._take(job)
 
     def plan(self, job: PrefillJob) -> Any:
         """What to compute and send: resume from this pool's longest usable prefix (observed here, not the
@@ -427,6 +449,8 @@ class PrefillWorker:
             computed()
             dest.items.put(("layer", job, layer))  # blocks while the path is full: that time is the transfer's
             handed.append(now_s())
+            if self.preemptive and req.priority > 0:
+                self._preempt(job)  # counted as this job's compute (from the hand-over): its KV clock pauses meanwhile
 
         try:
             plan = self.plan(job)

@@ -275,6 +275,30 @@ def test_the_prefill_queue_serves_the_lowest_priority_first_and_arrival_order_am
     assert status == 400 and b"priority" in raw and b"whole number >= 0" in raw
 
 
+def test_a_queued_request_of_a_lower_priority_value_preempts_a_running_one_at_its_next_layer(workers):
+    dec, pre = workers
+    dest = {"host": "127.0.0.1", "kv_port": dec.kv_port, "instance": 0}
+    out: dict[str, dict[str, Any]] = {}
+    posted: dict[str, float] = {}
+
+    def post(rid: str, n: int, priority: int) -> None:
+        posted[rid] = time.monotonic()
+        out[rid] = json.loads(request(pre.port, "POST", "/v1/prefill", {"request_id": rid, "input_len": n, "decode": dest, "priority": priority})[1])
+
+    moved = threading.Thread(target=post, args=("moved", 16384, 1))
+    moved.start()  # ~1.5 s of H200 prefill in 61 layers
+    time.sleep(0.4)
+    post("native", 4096, 0)
+    moved.join(60)
+    m, n = out["moved"], out["native"]
+    assert m["status"] == n["status"] == "ok", out
+    assert m["prefill_start_s"] < n["prefill_start_s"] < n["prefill_end_s"] < m["prefill_end_s"]
+    assert n["prefill_start_s"] - posted["native"] < 0.3  # one layer of the running prefill (~25 ms), on a loaded host more
+    own_s = {rid: out[rid]["prefill_end_s"] - out[rid]["prefill_start_s"] for rid in out}
+    # the moved prefill's time is its own plus the native's (paused, not repaid); the native ran alone
+    assert own_s["moved"] > own_s["native"] + 1.0
+
+
 def test_the_kv_timeout_runs_from_the_first_layer_sent_not_from_the_queue() -> None:
     """A receiver that reads every byte but never answers: the transfer fails kv_timeout after its start."""
     from testbed.kv.cache import LayerKV
