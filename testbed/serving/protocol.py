@@ -99,6 +99,7 @@ class PrefillRequest:
     request_timeout_s: float | None = None
     shed_ttft_s: float | None = None
     priority: int = 0  # the worker's queue serves the lowest first, FCFS among equals (vLLM's priority scheduling)
+    slo_ttft_s: float | None = None  # the request's TTFT objective: what bounds a preemption of its prefill
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -112,6 +113,7 @@ class PrefillRequest:
                    "block_hashes": f.get("block_hashes", integers, ()),
                    "prompt_token_ids": f.get("prompt_token_ids", integers, None), "route": f.choice("route", ROUTES, "prfaas"),
                    "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), "priority": f.get("priority", positive_int, 0),
+                   "slo_ttft_s": f.get("slo_ttft_s", positive_number, None),
                    **_deadline(f, None)}
             for key in ("cached_len", "decode_prefix_len"):
                 if out[key] >= out["input_len"]:

@@ -92,6 +92,7 @@ class RouterConfig:
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 300.0  # a request's whole budget; also the longest silence from a worker
     shed_ttft_s: float | None = None  # early shedding: prefill workers shed a request predicted past this TTFT
+    slo_ttft_s: float | None = None  # the TTFT objective (serving.slo.ttft): a preemption may spend only a prefill's slack to it
     state_poll_s: float = 0.5
     state_timeout_s: float = 2.0
     max_blocks_per_instance: int = 1 << 20
@@ -144,6 +145,7 @@ class RouterConfig:
             connect_timeout_s=f.get("connect_timeout_s", pos, d.connect_timeout_s),
             request_timeout_s=f.get("request_timeout_s", pos, d.request_timeout_s),
             shed_ttft_s=f.get("shed_ttft_s", pos, d.shed_ttft_s),
+            slo_ttft_s=f.get("slo_ttft_s", pos, d.slo_ttft_s),
             state_poll_s=f.get("state_poll_s", pos, d.state_poll_s),
             state_timeout_s=f.get("state_timeout_s", pos, d.state_timeout_s),
             max_blocks_per_instance=f.get("max_blocks_per_instance", positive_int, d.max_blocks_per_instance),
@@ -519,7 +521,8 @@ class Router:
                              cached_len=plan.first_token, decode_prefix_len=min(decode_prefix_len, c.input_len - 1),
                              block_hashes=tuple(c.block_hashes), prompt_token_ids=token_ids,
                              route=dec.route, arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s,
-                             shed_ttft_s=self.cfg.shed_ttft_s, priority=dec.priority)
+                             shed_ttft_s=self.cfg.shed_ttft_s, priority=dec.priority,
+                             slo_ttft_s=self.cfg.slo_ttft_s)
         source = f"prefill instance {p.cfg.instance}"
         try:
             conn = self._open(p, "/v1/prefill", req.to_json())

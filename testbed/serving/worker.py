@@ -404,21 +404,35 @@ class PrefillWorker:
             self._release(job)
             job.fail(f"prefill failed: {type(exc).__name__}: {exc}")
 
-    def _preempt(self, running: PrefillJob) -> None:
-        """At a layer boundary of `running` (profile compute only): run to their end the queued jobs of a
-        lower `priority` value first, then let `running` go on (vLLM's priority scheduling preempts a running
-        request of a lower priority; its chunked prefill lets a short prompt start within a step, which a
-        layer of a paced prefill stands in for). The pause is real time: its later layers are not repaid."""
+    def _preempt(self, running: PrefillJob, left_s: float) -> None:
+        """At a layer boundary of `running` (profile compute only; `left_s`: its expected compute still to
+        do): run to their end the queued jobs of a lower `priority` value first, then let `running` go on
+        (vLLM's priority scheduling preempts a running request of a lower priority; its chunked prefill
+        lets a short prompt start within a step, which a layer of a paced prefill stands in for). Only with
+        time `running` can spare: when it carries a TTFT objective, a job is run first only if `running`
+        still ends its prefill within that objective after it (a prefill that would miss it anyway is not
+        made later). The pause is real time: its later layers are not repaid."""
+        req = running.req
+        deadline_s = None
+        if req.slo_ttft_s is not None:
+            deadline_s = (req.arrival_s if req.arrival_s is not None else running.queued_s) + req.slo_ttft_s
         while True:
             with self.jobs.mutex:
                 head = self.jobs.queue[0] if self.jobs.queue else None
-            if head is None or head[0] >= running.req.priority:
+            if head is None or head[0] >= req.priority:
                 return
+            if deadline_s is not None:
+                other = head[2].req
+                if now_s() + left_s + self.expected_prefill_s(other.input_len, min(other.cached_len, other.input_len - 1)) > deadline_s:
+                    return
             try:  # only this thread takes from the queue: it gets that head, or one of a lower value put since
-                _, _, job = self.jobs.get_nowait()
+                item = self.jobs.get_nowait()
             except queue.Empty:
                 return
-            self._take(job)
+            if item is not head:  # not the one checked: back in its place (its sequence number), look again
+                self.jobs.put(item)
+                continue
+            self._take(item[2])
 
     def plan(self, job: PrefillJob) -> Any:
         """What to compute and send: resume from this pool's longest usable prefix (observed here, not the
@@ -450,7 +464,9 @@ class PrefillWorker:
             dest.items.put(("layer", job, layer))  # blocks while the path is full: that time is the transfer's
             handed.append(now_s())
             if self.preemptive and req.priority > 0:
-                self._preempt(job)  # counted as this job's compute (from the hand-over): its KV clock pauses meanwhile
+                left = 1.0 - (layer.layer_index + 1) / len(self.compute.section.spec.layers)
+                self._preempt(job, left * self.expected_prefill_s(req.input_len, plan.cached_len))
+                # the pause counts as this job's compute (from the hand-over): its KV clock pauses meanwhile
 
         try:
             plan = self.plan(job)

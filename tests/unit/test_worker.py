@@ -281,22 +281,29 @@ def test_a_queued_request_of_a_lower_priority_value_preempts_a_running_one_at_it
     out: dict[str, dict[str, Any]] = {}
     posted: dict[str, float] = {}
 
-    def post(rid: str, n: int, priority: int) -> None:
+    def post(rid: str, n: int, priority: int, **extra: Any) -> None:
         posted[rid] = time.monotonic()
-        out[rid] = json.loads(request(pre.port, "POST", "/v1/prefill", {"request_id": rid, "input_len": n, "decode": dest, "priority": priority})[1])
+        body = {"request_id": rid, "input_len": n, "decode": dest, "priority": priority, **extra}
+        out[rid] = json.loads(request(pre.port, "POST", "/v1/prefill", body)[1])
 
-    moved = threading.Thread(target=post, args=("moved", 16384, 1))
-    moved.start()  # ~1.5 s of H200 prefill in 61 layers
-    time.sleep(0.4)
-    post("native", 4096, 0)
-    moved.join(60)
-    m, n = out["moved"], out["native"]
-    assert m["status"] == n["status"] == "ok", out
+    def pair(slo_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        m, n = f"moved-{slo_s:g}", f"native-{slo_s:g}"  # a request id is a transfer's id: one each
+        moved = threading.Thread(target=post, args=(m, 16384, 1), kwargs={"arrival_s": time.monotonic(), "slo_ttft_s": slo_s})
+        moved.start()  # ~1.1 s of H200 prefill in 60 layers
+        time.sleep(0.4)
+        post(n, 4096, 0)  # ~0.4 s
+        moved.join(60)
+        assert out[m]["status"] == out[n]["status"] == "ok", out
+        posted["native"] = posted[n]
+        return out[m], out[n]
+
+    m, n = pair(slo_s=10.0)  # time to spare: the native runs at the moved one's next layer
     assert m["prefill_start_s"] < n["prefill_start_s"] < n["prefill_end_s"] < m["prefill_end_s"]
     assert n["prefill_start_s"] - posted["native"] < 0.3  # one layer of the running prefill (~25 ms), on a loaded host more
-    own_s = {rid: out[rid]["prefill_end_s"] - out[rid]["prefill_start_s"] for rid in out}
     # the moved prefill's time is its own plus the native's (paused, not repaid); the native ran alone
-    assert own_s["moved"] > own_s["native"] + 1.0
+    assert m["prefill_end_s"] - m["prefill_start_s"] > n["prefill_end_s"] - n["prefill_start_s"] + 1.0
+    m, n = pair(slo_s=1.3)  # none: after the native (~0.4 s) the moved one would end past its 1.3 s
+    assert m["prefill_end_s"] <= n["prefill_start_s"]
 
 
 def test_the_kv_timeout_runs_from_the_first_layer_sent_not_from_the_queue() -> None:
