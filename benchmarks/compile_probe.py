@@ -128,4 +128,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from testbed.cli import guarded
+
+    sys.exit(guarded(Path(__file__).name, main))

@@ -379,4 +379,6 @@ def finish(rep: Report, args: argparse.Namespace, summary: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from testbed.cli import guarded
+
+    sys.exit(guarded(Path(__file__).name, main))

@@ -223,4 +223,6 @@ def judge(delivered: list[tuple[float, dict[str, float]]]) -> bool:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from testbed.cli import guarded
+
+    sys.exit(guarded(Path(__file__).name, main))

@@ -137,4 +137,6 @@ def _print(rows: list[tuple[str, str, str, bool | None]]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from testbed.cli import guarded
+
+    sys.exit(guarded(Path(__file__).name, main))

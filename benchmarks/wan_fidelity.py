@@ -341,4 +341,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from testbed.cli import guarded
+
+    sys.exit(guarded(Path(__file__).name, main))

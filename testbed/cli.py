@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Callable
 
 from testbed import __version__
 from testbed.errors import UserError
@@ -57,6 +58,13 @@ def _dispatch(argv: list[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    return guarded("prfaas", lambda: args.func(args))
+
+
+def guarded(prog: str, body: Callable[[], int | None]) -> int:
+    """Run a command's body as every `prfaas` subcommand runs: a `UserError` is one line on stderr (exit 2),
+    Ctrl-C one line after cleanup (exit 130). The benchmarks' entry points run through it too, so
+    stopping a long benchmark prints one line, not a traceback."""
     from testbed.interrupts import raise_keyboard_interrupt
 
     # SIGTERM and SIGHUP end a command as Ctrl-C does, so its `finally` blocks run: a multi-run command
@@ -64,12 +72,12 @@ def _dispatch(argv: list[str] | None) -> int:
     # `kill` of the parent did before (2026-12-02)
     raise_keyboard_interrupt()
     try:
-        return int(args.func(args) or 0)
+        return int(body() or 0)
     except UserError as exc:
-        print(f"prfaas: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("prfaas: interrupted; cleaned up", file=sys.stderr)
+        print(f"{prog}: interrupted; cleaned up", file=sys.stderr)
         return 130
 
 

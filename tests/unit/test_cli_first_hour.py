@@ -90,3 +90,25 @@ def test_a_command_stopped_from_outside_runs_its_cleanup_as_on_ctrl_c(sig: str) 
             p.wait()
     assert out == "stopping my runs\n"
     assert err == "prfaas: interrupted; cleaned up\n" and p.returncode == 130
+
+
+def test_every_benchmark_ends_as_a_command_does_one_line_for_a_user_error_or_ctrl_c(capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C on a long benchmark (session 45: signals_bench) printed a 30-line traceback; a `prfaas`
+    command prints one line. Each benchmark's entry point now runs through the same `cli.guarded`."""
+    from testbed import cli
+    from testbed.errors import UserError
+
+    def stopped() -> int:
+        raise KeyboardInterrupt
+
+    def wrong() -> int:
+        raise UserError("--shapes: 'val-nope' is not one of val-dip, ...")
+
+    assert cli.guarded("signals_bench.py", stopped) == 130
+    assert cli.guarded("signals_bench.py", wrong) == 2
+    assert cli.guarded("signals_bench.py", lambda: None) == 0
+    assert capsys.readouterr().err == ("signals_bench.py: interrupted; cleaned up\n"
+                                       "signals_bench.py: error: --shapes: 'val-nope' is not one of val-dip, ...\n")
+    unguarded = [p.name for p in sorted((ROOT / "benchmarks").glob("*.py"))
+                 if "sys.exit(guarded(Path(__file__).name, main))" not in p.read_text()]
+    assert unguarded == []
