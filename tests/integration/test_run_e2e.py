@@ -261,6 +261,7 @@ def test_a_prfaas_run_with_observed_signals_records_its_mode_its_estimate_and_th
     router_cfg = json.loads((run_dir / "work" / "router.json").read_text())
     assert router_cfg["wan_capacity_bps"] == sc.wan.prfaas_to_pd.rate_bps  # the nominal rate, nothing else
     assert router_cfg["policy"]["signals"] == "observed"
+    assert router_cfg["slo_ttft_s"] == sc.section("serving").slo.ttft_s  # what bounds a preemption (natives-first)
     df = pd.read_parquet(run_dir / "requests.parquet")
     assert (df["status"] == "ok").all(), df.loc[df["status"] != "ok", ["request_id", "reason"]].to_string()
     sched = pd.read_parquet(run_dir / "scheduler.parquet")

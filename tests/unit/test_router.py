@@ -260,6 +260,18 @@ def test_long_hashed_prompts_are_offloaded_and_a_prefix_hit_cuts_the_kv_bytes(ro
     assert sent["decode"]["kv_port"] == 9000 + sent["decode"]["instance"]
 
 
+def test_the_prefill_request_carries_the_decision_s_priority_and_the_ttft_objective(router, fw) -> None:
+    r = router(slo_ttft_s=7.0)
+    code, _ = post(r, "/v1/completions", {"max_tokens": 1, "prfaas": {"block_hashes": list(range(900, 904)), "input_len": 4 * B}})
+    assert code == 200 and (fw.prefill_bodies[-1]["priority"], fw.prefill_bodies[-1]["slo_ttft_s"]) == (0, 7.0)
+    decide = r.policy.decide
+    r.policy.decide = lambda req, state: decide(req, state)._replace(priority=1)  # as natives-first marks a moved request
+    code, _ = post(r, "/v1/completions", {"max_tokens": 1, "prfaas": {"block_hashes": list(range(910, 914)), "input_len": 4 * B}})
+    assert code == 200 and fw.prefill_bodies[-1]["priority"] == 1
+    assert [rec["route"] for rec in r.records()] == ["pd", "pd"]
+    assert RouterConfig.from_mapping(r.cfg.to_mapping()).slo_ttft_s == 7.0
+
+
 def test_worker_prefix_pools_reported_in_state_steer_requests_to_the_holder(router, fw) -> None:
     hashes = list(range(500, 540))
     fw.prefix_blocks[1] = chain_block_hashes(hashes[:36])  # PD-P instance 1 holds 18K tokens

@@ -80,3 +80,17 @@ def test_the_single_raise_arms_are_reported_not_judged_and_plotted_with_their_in
     (path,) = bench["plot_steps"](rows, tmp_path)
     assert path.name == "steps-val-40g-dip.png" and path.stat().st_size > 10_000
     assert bench["plot_steps"]([r for r in rows if "step" not in r["arm"]], tmp_path) == []
+
+
+def test_the_natives_first_arms_add_the_pd_queue_to_their_arm_and_are_reported_not_judged(tmp_path: Path) -> None:
+    todo = {t.key: t for t in bench["tasks"](["val-40g-dip"], [4], list(bench["QUEUE_ARMS"]), tmp_path, [])}
+    assert todo["val-40g-dip/prfaas-observed-natives-first-s4"].overrides[:3] == (
+        "policy.name=prfaas", "policy.signals=observed", "policy.pd_queue=natives-first")
+    assert todo["val-40g-dip/oracle-step-32k-natives-first-s4"].overrides[:4] == (
+        "policy.name=oracle-step", "policy.signals=oracle", "policy.event_threshold=32K", "policy.pd_queue=natives-first")
+    assert not set(bench["QUEUE_ARMS"]) & set(bench["DEFAULT_ARMS"])
+    (tmp_path / "val-40g-dip/prfaas-observed-natives-first-s4").mkdir(parents=True)  # the arm's name parses back from its directory
+    (tmp_path / "val-40g-dip/prfaas-observed-natives-first-s4/summary.json").write_text("{}")
+    assert [(arm, seed) for _, arm, seed, _ in bench["completed"](tmp_path)] == [("prfaas-observed-natives-first", 4)]
+    rows = [row(arm, s, 5.0) for arm in ("fixed-threshold", "prfaas-observed-natives-first") for s in (1, 2, 3)]
+    assert compare(rows, Console(quiet=True)) == (True, 0)
