@@ -266,7 +266,7 @@ def plot_steps(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         fixed = g[g["arm"] == "fixed-threshold"].set_index("seed")
         fig, ax = plt.subplots(figsize=(6.4, 4.8))
         sweep = []
-        for arm in (*STEP_ARMS, *(a for a in REPORTED_ARMS if a not in STEP_ARMS)):
+        for arm in REPORTED_ARMS:
             a = g[g["arm"] == arm].set_index("seed")
             pts = []
             for key in ("short_p90_s", "long_p90_s"):

@@ -11,6 +11,7 @@ API's messages are `testbed.serving.protocol`'s (docs/protocol.md); compute and 
 from __future__ import annotations
 
 import argparse
+import heapq
 import itertools
 import json
 import os
@@ -115,6 +116,11 @@ class PrefillJob:
     @property
     def request_id(self) -> str:
         return self.req.request_id
+
+    @property
+    def arrival_s(self) -> float:
+        """When the request reached the router (its budgets run from there), else when it was queued here."""
+        return self.req.arrival_s if self.req.arrival_s is not None else self.queued_s
 
     def answer(self) -> PrefillResult:
         return PrefillResult(request_id=self.request_id, **{"status": "failed", **self.result})
@@ -312,9 +318,9 @@ class PrefillWorker:
         job = PrefillJob(req)
         self.jobs.put((req.priority, next(self._seq), job))
         timeout_s = req.request_timeout_s or self.cfg.request_timeout_s
-        deadline_s = (req.arrival_s if req.arrival_s is not None else job.queued_s) + timeout_s
+        deadline_s = job.arrival_s + timeout_s
         while True:  # the expected prefill time is re-read: in torch mode it is measured as prefills finish
-            reserve_s = self.expected_prefill_s(req.input_len, min(req.cached_len, req.input_len - 1))
+            reserve_s = self.expected_job_s(req)
             left_s = deadline_s - reserve_s - now_s()
             if job.done.wait(max(0.0, min(left_s, self.QUEUE_RECHECK_S))):
                 break
@@ -337,11 +343,15 @@ class PrefillWorker:
         req = job.req
         if req.shed_ttft_s is None:
             return None
-        waited = now_s() - (req.arrival_s if req.arrival_s is not None else job.queued_s)
-        expected = self.expected_prefill_s(req.input_len, min(req.cached_len, req.input_len - 1))
+        waited = now_s() - job.arrival_s
+        expected = self.expected_job_s(req)
         if waited + expected <= req.shed_ttft_s:
             return None
         return f"shed: predicted TTFT {waited + expected:.1f} s ({waited:.1f} s waited + {expected:.1f} s prefill) exceeds {req.shed_ttft_s:g} s"
+
+    def expected_job_s(self, req: PrefillRequest) -> float:
+        """`expected_prefill_s` of a queued request, from the router's view of its prefix hit."""
+        return self.expected_prefill_s(req.input_len, min(req.cached_len, req.input_len - 1))
 
     def expected_prefill_s(self, input_len: int, cached_len: int) -> float:
         """The profile's prefill time; in torch mode, the measured seconds per computed token so far."""
@@ -413,26 +423,16 @@ class PrefillWorker:
         still ends its prefill within that objective after it (a prefill that would miss it anyway is not
         made later). The pause is real time: its later layers are not repaid."""
         req = running.req
-        deadline_s = None
-        if req.slo_ttft_s is not None:
-            deadline_s = (req.arrival_s if req.arrival_s is not None else running.queued_s) + req.slo_ttft_s
+        deadline_s = None if req.slo_ttft_s is None else running.arrival_s + req.slo_ttft_s
         while True:
-            with self.jobs.mutex:
-                head = self.jobs.queue[0] if self.jobs.queue else None
-            if head is None or head[0] >= req.priority:
-                return
-            if deadline_s is not None:
-                other = head[2].req
-                if now_s() + left_s + self.expected_prefill_s(other.input_len, min(other.cached_len, other.input_len - 1)) > deadline_s:
+            with self.jobs.mutex:  # the head is checked and taken at once (from the queue's heap, as its `get` takes it)
+                heap = self.jobs.queue
+                if not heap or heap[0][0] >= req.priority:
                     return
-            try:  # only this thread takes from the queue: it gets that head, or one of a lower value put since
-                item = self.jobs.get_nowait()
-            except queue.Empty:
-                return
-            if item is not head:  # not the one checked: back in its place (its sequence number), look again
-                self.jobs.put(item)
-                continue
-            self._take(item[2])
+                if deadline_s is not None and now_s() + left_s + self.expected_job_s(heap[0][2].req) > deadline_s:
+                    return
+                _, _, job = heapq.heappop(heap)
+            self._take(job)
 
     def plan(self, job: PrefillJob) -> Any:
         """What to compute and send: resume from this pool's longest usable prefix (observed here, not the
