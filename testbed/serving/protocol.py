@@ -209,6 +209,7 @@ class PrefillResult:
     prefill_cached_len: int | None = None  # positions the prefill resumed from (its own pool's hit)
     decode_prefix_len: int | None = None  # positions not sent: the decode already held them
     prefill_late_s: float | None = None  # profile mode: how far the emulated prefill ran past its time (clock.Pacer)
+    prefill_paused_s: float | None = None  # of prefill_end_s - prefill_start_s, the time it stood paused, preempted
 
     @property
     def ok(self) -> bool:
@@ -223,7 +224,7 @@ class PrefillResult:
             "request_id": f.get("request_id", text), "status": f.choice("status", STATUSES),
             "reason": f.get("reason", string, None),
             **{k: f.get(k, non_negative, None) for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s",
-                                                          "transfer_end_s", "queue_s", "prefill_late_s")},
+                                                          "transfer_end_s", "queue_s", "prefill_late_s", "prefill_paused_s")},
             **{k: f.get(k, positive_int, None) for k in ("kv_bytes", "wire_bytes", "prefill_cached_len", "decode_prefix_len")}})
 
 

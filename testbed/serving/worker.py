@@ -110,6 +110,7 @@ class PrefillJob:
     done: threading.Event = field(default_factory=threading.Event)
     result: dict[str, Any] = field(default_factory=dict)  # PrefillResult's fields, filled in as the job goes
     compute_after_first_s: float = 0.0  # compute time after the first layer was handed over (not blocked time)
+    paused_s: float = 0.0  # time this prefill stood paused while preempting jobs ran (`PrefillWorker._preempt`)
     hit: Any = None  # the pool's prefix hit, referenced until the job ends
     checkpoint: Any = None  # torch: the cache at the last block boundary, stored in the pool on success
 
@@ -432,7 +433,9 @@ class PrefillWorker:
                 if deadline_s is not None and now_s() + left_s + self.expected_job_s(heap[0][2].req) > deadline_s:
                     return
                 _, _, job = heapq.heappop(heap)
+            t_s = now_s()
             self._take(job)
+            running.paused_s += now_s() - t_s
 
     def plan(self, job: PrefillJob) -> Any:
         """What to compute and send: resume from this pool's longest usable prefix (observed here, not the
@@ -481,7 +484,10 @@ class PrefillWorker:
         job.result["prefill_end_s"] = now_s()
         if out.late_s is not None:
             job.result["prefill_late_s"] = out.late_s
-        took_s = (job.result["prefill_end_s"] - job.result["prefill_start_s"]) / max(1, req.input_len - plan.cached_len)
+        if job.paused_s:
+            job.result["prefill_paused_s"] = job.paused_s
+        # this prefill's own pace: the time other jobs ran while it stood paused is theirs, not its own
+        took_s = (job.result["prefill_end_s"] - job.result["prefill_start_s"] - job.paused_s) / max(1, req.input_len - plan.cached_len)
         self.s_per_token = took_s if self.s_per_token == 0 else 0.8 * self.s_per_token + 0.2 * took_s
         dest.items.put(("finish", job, out.tokens))
 

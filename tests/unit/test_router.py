@@ -42,6 +42,7 @@ class FakeWorkers:
         self.probes: list[dict[str, Any]] = []  # POST /v1/probe bodies
         self.probe_answer: dict[str, Any] = {"ok": False, "reason": "this fake does not probe"}
         self.prefill_gate: threading.Event | None = None  # when set here, a prefill answers only once it is set
+        self.prefill_paused_s: float | None = None  # a prefill reports this pause (preempted), inside its start..end
         self.servers: list[ThreadingHTTPServer] = []
         self.lock = threading.Lock()
 
@@ -76,8 +77,10 @@ class FakeWorkers:
                 uncached = req.input_len - req.cached_len
                 fw.event(req.request_id).set()
                 now = clock.now_s()
+                paused = fw.prefill_paused_s
+                start -= paused or 0.0  # as if it had stood paused that long inside its prefill
                 self.json(PrefillResult(req.request_id, "ok", None, start, now, start, now, uncached * KV_BYTES_PER_TOKEN,
-                                        uncached * KV_BYTES_PER_TOKEN + 64).to_json())
+                                        uncached * KV_BYTES_PER_TOKEN + 64, prefill_paused_s=paused).to_json())
 
             def state(self) -> dict[str, Any]:
                 return WorkerState("prefill", instance, "prfaas", prefix_blocks=tuple(fw.prefix_blocks.get(instance, [])),
@@ -270,6 +273,18 @@ def test_the_prefill_request_carries_the_decision_s_priority_and_the_ttft_object
     assert code == 200 and fw.prefill_bodies[-1]["priority"] == 1
     assert [rec["route"] for rec in r.records()] == ["pd", "pd"]
     assert RouterConfig.from_mapping(r.cfg.to_mapping()).slo_ttft_s == 7.0
+
+
+def test_the_policy_learns_a_prefill_s_own_time_without_the_pause_it_stood_preempted(router, fw) -> None:
+    r = router()
+    seen: list[tuple[str, int, float]] = []
+    r.policy.on_prefill = lambda route, computed, seconds: seen.append((route, computed, seconds))
+    fw.prefill_paused_s = 2.0  # PD-P ran two seconds of other prefills first (natives-first preemption)
+    code, _ = post(r, "/v1/completions", {"max_tokens": 1, "prfaas": {"block_hashes": list(range(920, 924)), "input_len": 4 * B}})
+    assert code == 200 and [(route, n) for route, n, _ in seen] == [("pd", 4 * B)]
+    rec = r.records()[-1]
+    assert rec["prefill_end_s"] - rec["prefill_start_s"] > 2.0  # the record keeps the span, pause included
+    assert 0.0 < seen[0][2] < 1.0  # the policy's PD-P cost is the prefill's own ~0.01 s
 
 
 def test_worker_prefix_pools_reported_in_state_steer_requests_to_the_holder(router, fw) -> None:

@@ -302,8 +302,14 @@ def test_a_queued_request_of_a_lower_priority_value_preempts_a_running_one_at_it
     assert n["prefill_start_s"] - posted["native"] < 0.3  # one layer of the running prefill (~25 ms), on a loaded host more
     # the moved prefill's time is its own plus the native's (paused, not repaid); the native ran alone
     assert m["prefill_end_s"] - m["prefill_start_s"] > n["prefill_end_s"] - n["prefill_start_s"] + 1.0
+    # ... and it reports the pause, which is the native's prefill (the router's PD-P cost leaves it out)
+    native_s = n["prefill_end_s"] - n["prefill_start_s"]
+    assert native_s <= m["prefill_paused_s"] < native_s + 0.2
+    own_s = m["prefill_end_s"] - m["prefill_start_s"] - m["prefill_paused_s"]
+    assert own_s > 1.0 and own_s < m["prefill_end_s"] - m["prefill_start_s"] - 0.3
     m, n = pair(slo_s=1.3)  # none: after the native (~0.4 s) the moved one would end past its 1.3 s
     assert m["prefill_end_s"] <= n["prefill_start_s"]
+    assert m["prefill_paused_s"] is None and n["prefill_paused_s"] is None  # never paused: null, as a field not reached
 
 
 def test_the_kv_timeout_runs_from_the_first_layer_sent_not_from_the_queue() -> None:
