@@ -275,7 +275,8 @@ COMPUTE_PARTS = {"prefill": ("prefill_late_s", "prefill_start_s", "prefill_end_s
 def compute_timing(requests: Any) -> dict[str, Any]:
     """How far profile-mode compute ran past its profile's time, as the workers' paced sleeps measured it
     (`clock.Pacer.late_s`, the lateness they could not repay): per prefill, `prefill_late_s` over the time it
-    should have taken (its duration less that, back-pressure included); per decode stream, `decode_late_s`
+    should have taken (its duration less that and less any pause while it was preempted, back-pressure
+    included); per decode stream, `decode_late_s`
     over its first to last token less that. `requests` is the run's requests frame (`REQUEST_DTYPES`). A part
     no request carries figures for (torch mode's real compute, runs recorded before them) is left out."""
     out: dict[str, Any] = {}
@@ -285,6 +286,8 @@ def compute_timing(requests: Any) -> dict[str, Any]:
         rows = requests[[late_col, start_col, end_col]].dropna()
         late = rows[late_col].astype(float)
         should = (rows[end_col] - rows[start_col]).astype(float) - late
+        if part == "prefill" and "prefill_paused_s" in requests:  # a preempted prefill's pause was other prefills' time
+            should -= requests.loc[rows.index, "prefill_paused_s"].astype(float).fillna(0.0)
         ratios = [float(x) for x in (late[should > 0] / should[should > 0]).tolist()]
         if ratios:
             out[part] = {"n": len(ratios), "late_ratio_p50": percentile(ratios, 50), "late_ratio_p90": percentile(ratios, 90),

@@ -63,7 +63,7 @@ ROUTER_RECORD_COLUMNS = (
     "request_id", "arrival_s", "input_len", "cached_len", "uncached_len", "output_len", "route", "threshold",
     "prefill_instance", "decode_instance", "prefill_start_s", "prefill_end_s", "kv_bytes", "wire_bytes", "kv_bytes_emulated",
     "transfer_start_s", "transfer_end_s", "first_token_s", "finish_s", "status", "reason", "route_reason",
-    "cache_transfer_tokens", "prefill_late_s", "decode_late_s",
+    "cache_transfer_tokens", "prefill_late_s", "decode_late_s", "prefill_paused_s",
 )
 # What the client agent saw of a request (work/client.jsonl).
 CLIENT_DISCONNECTED = "client disconnected"  # the router's reason for a request whose client went away mid-stream
@@ -78,6 +78,7 @@ REQUEST_DTYPES: dict[str, str] = {
     "prefill_end_s": FLOAT, "kv_bytes": INT, "wire_bytes": INT, "kv_bytes_emulated": FLOAT, "transfer_start_s": FLOAT,
     "transfer_end_s": FLOAT, "first_token_s": FLOAT, "finish_s": FLOAT, "status": STRING, "reason": STRING,
     "route_reason": STRING, "cache_transfer_tokens": INT, "prefill_late_s": FLOAT, "decode_late_s": FLOAT,
+    "prefill_paused_s": FLOAT,  # of prefill_end_s - prefill_start_s, paused while preempting prefills ran
     "client_arrival_s": FLOAT, "client_first_token_s": FLOAT, "client_finish_s": FLOAT, "tokens_received": INT,
     "client_status": STRING, "client_reason": STRING, "text": STRING,
     "scheduled_arrival_s": FLOAT, "session_id": INT, "block_hashes": LIST,  # the prompt's 512-token block ids

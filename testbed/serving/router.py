@@ -789,7 +789,8 @@ def _take_prefill(rec: dict[str, Any], result: list[PrefillResult]) -> None:
     pres = result[0] if result else None
     if pres is None:
         return
-    for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "kv_bytes", "wire_bytes", "prefill_late_s"):
+    for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s", "transfer_end_s", "kv_bytes", "wire_bytes", "prefill_late_s",
+              "prefill_paused_s"):
         if getattr(pres, k) is not None:
             rec[k] = getattr(pres, k)
 

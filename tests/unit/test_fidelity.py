@@ -207,6 +207,10 @@ def test_compute_timing_is_the_lateness_over_what_the_compute_should_have_taken(
     # torch mode, or a run recorded before the workers reported it: no figures, no part
     assert fidelity.compute_timing(_requests([(1.0, None)], [])) == {}
     assert fidelity.compute_timing(_requests([(1.0, 0.0)], [])).keys() == {"prefill"}
+    # a prefill preempted for 2 s (natives-first) and 0.05 s late should have taken 1.0 s, not 3.0 s: 5%
+    paused = _requests([(3.05, 0.05), (1.0, 0.0)], [])
+    paused["prefill_paused_s"] = [2.0, None]
+    assert fidelity.compute_timing(paused)["prefill"]["late_ratio_p90"] == pytest.approx(0.05)  # with the pause: 1.7%
 
 
 def test_paced_compute_measured_by_the_workers_replaces_the_sleep_probes_verdict():
