@@ -57,6 +57,15 @@ MIN_NOTSENT_LOWAT_BYTES = 64 << 10  # the rate-scaled budget (`notsent_s`) never
 # Per connection: hold at most this long of its own delivery rate unsent (between the floor above and
 # DEFAULT_NOTSENT_LOWAT_BYTES); measured KV / iperf3 with and without it in docs/kv.md, "Transport under loss".
 DEFAULT_NOTSENT_S = 0.02
+# A connection stuck after an RTO: BBR (v1) can leave its bandwidth filter holding the few-segment
+# delivery samples of RTO recovery and pace itself at them, retransmitting the rest of its window one
+# segment every ~2 s (measured: 6 kbps for 80 s after a 5x dip while its three siblings were back at full
+# rate within 3 s; docs/kv.md "A connection stuck after an RTO"). When a connection has been in the loss
+# state this long with data in flight and its delivery rate below this share of its own best, its
+# congestion control is restarted (`KVSender._restart_cc`), at most once per this interval.
+STUCK_LOSS_S = 1.0
+STUCK_RATE_SHARE = 0.01
+TCP_CA_LOSS = 4
 IOV_MAX_FRAMES = 64
 TCP_INFO_LEN = 232
 
@@ -244,6 +253,19 @@ class _Connection:
         self.sent_bytes = 0
         self.notsent_lowat_bytes = 0  # the TCP_NOTSENT_LOWAT now set (0: none)
         self.threads: list[threading.Thread] = []
+        self.peak_rate_bps = 0.0  # the best delivery rate this connection has reported
+        self.loss_since_s: float | None = None  # when its current stay in the loss state (after an RTO) began
+        self.cc_restarted_s = float("-inf")
+        self.cc_restarts = 0
+
+
+def is_stuck_after_rto(s: TcpSample, loss_since_s: float | None, peak_rate_bps: float,
+                       stuck_s: float = STUCK_LOSS_S, share: float = STUCK_RATE_SHARE) -> bool:
+    """A connection in the loss state (after an RTO) for at least `stuck_s` since `loss_since_s`, with data in
+    flight, delivering at less than `share` of its own best rate: a congestion control that paces itself at
+    its recovery's samples (`STUCK_LOSS_S`), not a slow path, which lowers every connection's rate alike."""
+    return (s.ca_state == TCP_CA_LOSS and loss_since_s is not None and s.t_s - loss_since_s >= stuck_s
+            and s.unacked_bytes > 0 and s.delivery_rate_bps < share * peak_rate_bps)
 
 
 class KVSender(KVSendConnector):
@@ -629,12 +651,41 @@ class KVSender(KVSendConnector):
         """The TCP_NOTSENT_LOWAT each connection has now (bytes; 0: none)."""
         return [c.notsent_lowat_bytes for c in self._conns]
 
+    def _watch_loss(self, c: _Connection, s: TcpSample) -> None:
+        """Restart the congestion control of a connection stuck after an RTO (`is_stuck_after_rto`)."""
+        c.peak_rate_bps = max(c.peak_rate_bps, s.delivery_rate_bps)
+        c.loss_since_s = (c.loss_since_s if c.loss_since_s is not None else s.t_s) if s.ca_state == TCP_CA_LOSS else None
+        if s.t_s - c.cc_restarted_s >= STUCK_LOSS_S and is_stuck_after_rto(s, c.loss_since_s, c.peak_rate_bps):
+            c.cc_restarted_s = s.t_s
+            if self._restart_cc(c):
+                log.warning("KV connection %d to %s:%d: stuck in RTO recovery at %.0f bit/s (best %.3g); congestion "
+                            "control restarted", c.index, self.host, self.port, s.delivery_rate_bps, c.peak_rate_bps)
+
+    def _restart_cc(self, c: _Connection) -> bool:
+        """Re-initialise a connection's congestion control (its model of the path, not its data): Linux
+        re-initialises it on a change of TCP_CONGESTION and ignores a change to the same one, so switch away
+        and back. BBR then starts over from the current window and RTT (its startup) instead of its stale
+        bandwidth filter. False when the socket refuses (closing)."""
+        try:
+            name = c.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0", 1)[0]
+            c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"cubic" if name == b"reno" else b"reno")
+            c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name)
+        except OSError:
+            return False
+        c.cc_restarts += 1
+        return True
+
+    def cc_restarts(self) -> int:
+        """How many times a connection's congestion control was restarted (`_watch_loss`)."""
+        return sum(c.cc_restarts for c in self._conns)
+
     def _sample_loop(self) -> None:
         while not self._closed:
             for c in self._conns:
                 s = tcp_info(c.sock, c.index)
                 if s is not None:
                     self._rescale_lowat(c, s)
+                    self._watch_loss(c, s)
                     self.samples.append(s)
                     if self.on_sample is not None:
                         try:

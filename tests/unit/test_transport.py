@@ -565,3 +565,54 @@ def test_a_probe_may_end_once_a_queue_has_stood_for_four_rate_windows_and_it_car
     assert ended is not None and 0.120 <= ended <= 0.122  # queue first seen at 40 ms, + 4 windows
     assert run(3.0) is None  # below max(2 ms, 40% of the 10-ms unloaded RTT): no standing queue, every byte is sent
     assert run(8.0, FillStop(2.0, 0.4, 3000.0)) is None
+
+
+def _bbr_available() -> bool:
+    try:
+        with socket.socket() as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"bbr")
+        return True
+    except OSError:
+        return False
+
+
+def test_a_connection_stuck_after_an_rto_gets_its_congestion_control_restarted_at_most_once_a_second(
+        receiver: tuple[KVReceiver, Results]) -> None:
+    """BBR can pace a connection at its RTO recovery's delivery samples (6 kbps for 80 s, measured): a
+    connection in the loss state for >= 1 s with data in flight below 1% of its own best rate has its
+    congestion control restarted; a slow path (every rate lower alike) and a recovered connection do not."""
+    from testbed.kv.transport import TCP_CA_LOSS, TcpSample, is_stuck_after_rto
+
+    rx, results = receiver
+    cc = b"bbr" if _bbr_available() else None  # the restart's effect on BBR's model is checked where BBR exists
+    with KVSender(LOOPBACK, rx.port, connections=2, sample_interval_s=60.0,
+                  congestion_control=cc.decode() if cc else None) as tx:
+        c0 = tx._conns[0]
+        name = c0.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+        assert tx.send_cache(_cache("before", 65536)).ok and results.wait("before").ok
+
+        def sample(t_s: float, ca_state: int, rate_bps: float, unacked: int = 1 << 20) -> int:
+            tx._watch_loss(c0, TcpSample(t_s, 0, 15000, 4, 0, 0, 0, rate_bps, unacked_bytes=unacked, ca_state=ca_state))
+            return c0.cc_restarts
+
+        assert sample(0.0, 0, 400e6) == 0  # its best rate
+        assert sample(1.0, TCP_CA_LOSS, 6e3) == 0  # an RTO: recovery may take a moment
+        assert sample(1.5, TCP_CA_LOSS, 6e3) == 0
+        if cc:
+            bw_before = struct.unpack("<II", c0.sock.getsockopt(socket.IPPROTO_TCP, 26, 8))  # TCP_CC_INFO: bbr_bw_lo, _hi
+            assert bw_before != (0, 0)
+        assert sample(2.1, TCP_CA_LOSS, 6e3) == 1  # 1.1 s in the loss state at 1/66000 of its best: restarted
+        if cc:  # BBR starts over: its bandwidth filter is empty, not the 6 kbps it was pacing at
+            assert struct.unpack("<II", c0.sock.getsockopt(socket.IPPROTO_TCP, 26, 8)) == (0, 0)
+        assert c0.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16) == name  # the same algorithm
+        assert sample(2.6, TCP_CA_LOSS, 6e3) == 1  # not again within a second
+        assert sample(3.2, TCP_CA_LOSS, 6e3) == 2
+        assert sample(3.5, 0, 50e6) == 2 and c0.loss_since_s is None  # recovered
+        assert sample(4.6, TCP_CA_LOSS, 6e3) == 2  # a new stay in the loss state starts its own second
+        assert sample(5.7, TCP_CA_LOSS, 6e3, unacked=0) == 2  # nothing in flight: nothing to be stuck on
+        assert sample(6.0, TCP_CA_LOSS, 80e6) == 2  # a slow path (a fifth of its best), not a stuck connection
+        assert tx.cc_restarts() == 2 and tx._conns[1].cc_restarts == 0
+        assert tx.send_cache(_cache("after", 65536)).ok and results.wait("after").ok  # the connection carries on
+    s = TcpSample(10.0, 0, 15000, 4, 0, 0, 0, 6e3, unacked_bytes=1 << 20, ca_state=TCP_CA_LOSS)
+    assert is_stuck_after_rto(s, 9.0, 400e6) and not is_stuck_after_rto(s, 9.5, 400e6)
+    assert not is_stuck_after_rto(s, None, 400e6) and not is_stuck_after_rto(s, 9.0, 500e3)
