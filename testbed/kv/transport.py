@@ -668,10 +668,15 @@ class KVSender(KVSendConnector):
         bandwidth filter. False when the socket refuses (closing)."""
         try:
             name = c.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0", 1)[0]
-            c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"cubic" if name == b"reno" else b"reno")
-            c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name)
+            other = b"cubic" if name == b"reno" else b"reno"
+            c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, other)
         except OSError:
             return False
+        try:
+            c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name)
+        except OSError as e:  # not allowed back (or closing): the connection goes on under the other one
+            log.warning("KV connection %d: could not set %s back after a restart (%s); it stays on %s",
+                        c.index, name.decode(), e, other.decode())
         c.cc_restarts += 1
         return True
 
