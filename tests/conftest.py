@@ -28,6 +28,7 @@ DATA = REPO / "tests" / "data"  # reference data with its provenance and licence
 ALLOWED_SKIPS = {
     "netem": "the kernel's netem qdisc (present or absent)",
     "cuda": "a CUDA device",
+    "bbr": "the kernel's BBR congestion control (tcp_bbr), which the KV sender's RTO watchdog acts on",
 }
 
 pytest_plugins = ["pytester"]

@@ -57,14 +57,17 @@ MIN_NOTSENT_LOWAT_BYTES = 64 << 10  # the rate-scaled budget (`notsent_s`) never
 # Per connection: hold at most this long of its own delivery rate unsent (between the floor above and
 # DEFAULT_NOTSENT_LOWAT_BYTES); measured KV / iperf3 with and without it in docs/kv.md, "Transport under loss".
 DEFAULT_NOTSENT_S = 0.02
-# A connection stuck after an RTO: BBR (v1) can leave its bandwidth filter holding the few-segment
-# delivery samples of RTO recovery and pace itself at them, retransmitting the rest of its window one
-# segment every ~2 s (measured: 6 kbps for 80 s after a 5x dip while its three siblings were back at full
-# rate within 3 s; docs/kv.md "A connection stuck after an RTO"). When a connection has been in the loss
-# state this long with data in flight and its delivery rate below this share of its own best, its
-# congestion control is restarted (`KVSender._restart_cc`), at most once per this interval.
+# A BBR connection stuck after an RTO: BBR (v1) can go on pacing at the few-segment delivery samples of its
+# RTO recovery (its bandwidth filter, or its long-term "policer" estimate), retransmitting the rest of
+# its window one segment every ~2 s (measured: 6 kbps for 80 s after a 5x dip while its three siblings
+# were back at full rate within 3 s; docs/kv.md "A connection stuck after an RTO"). A BBR connection in
+# the loss state for STUCK_LOSS_S with data in flight, delivering below STUCK_RATE_SHARE of its own best
+# while a sibling on the same path delivers at SIBLING_RATE_SHARE of its own best or more (so the path
+# works: not an outage, which every connection waits out alike), gets its congestion control restarted
+# (`KVSender._restart_cc`) at 1 s into its stay in the loss state, again at 2, 4, 8 ... s while it stays stuck.
 STUCK_LOSS_S = 1.0
 STUCK_RATE_SHARE = 0.01
+SIBLING_RATE_SHARE = 0.1
 TCP_CA_LOSS = 4
 IOV_MAX_FRAMES = 64
 TCP_INFO_LEN = 232
@@ -94,6 +97,7 @@ class TcpSample:
     # cumulative ACK (x MSS). `bytes_acked` alone counts a segment only when the cumulative ACK passes it,
     # so a repaired hole releases a whole window of SACKed data at once (docs/router.md, "An active probe")
     delivered_bytes: int = 0
+    cc_restarts: int = 0  # times the sender restarted this connection's congestion control (`KVSender._watch_loss`)
 
 
 def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
@@ -253,19 +257,24 @@ class _Connection:
         self.sent_bytes = 0
         self.notsent_lowat_bytes = 0  # the TCP_NOTSENT_LOWAT now set (0: none)
         self.threads: list[threading.Thread] = []
+        self.cc_name = b""  # its congestion control (TCP_CONGESTION), read at connect
         self.peak_rate_bps = 0.0  # the best delivery rate this connection has reported
+        self.last: TcpSample | None = None  # its latest sample
         self.loss_since_s: float | None = None  # when its current stay in the loss state (after an RTO) began
-        self.cc_restarted_s = float("-inf")
+        self.restart_after_s = float("inf")  # in this stay: the next restart no sooner than this (doubling waits)
         self.cc_restarts = 0
 
 
-def is_stuck_after_rto(s: TcpSample, loss_since_s: float | None, peak_rate_bps: float,
-                       stuck_s: float = STUCK_LOSS_S, share: float = STUCK_RATE_SHARE) -> bool:
+def is_stuck_after_rto(s: TcpSample, loss_since_s: float | None, peak_rate_bps: float, sibling_shares: list[float],
+                       stuck_s: float = STUCK_LOSS_S) -> bool:
     """A connection in the loss state (after an RTO) for at least `stuck_s` since `loss_since_s`, with data in
-    flight, delivering at less than `share` of its own best rate: a congestion control that paces itself at
-    its recovery's samples (`STUCK_LOSS_S`), not a slow path, which lowers every connection's rate alike."""
+    flight, delivering below `STUCK_RATE_SHARE` of its own best, while a sibling on the same path (out of
+    the loss state; `sibling_shares`: their rates as shares of their own best) delivers at
+    `SIBLING_RATE_SHARE` of its best or more: a congestion control pacing at its recovery's samples, not a
+    slow or dead path, which every connection waits out alike."""
     return (s.ca_state == TCP_CA_LOSS and loss_since_s is not None and s.t_s - loss_since_s >= stuck_s
-            and s.unacked_bytes > 0 and s.delivery_rate_bps < share * peak_rate_bps)
+            and s.unacked_bytes > 0 and s.delivery_rate_bps < STUCK_RATE_SHARE * peak_rate_bps
+            and any(share >= SIBLING_RATE_SHARE for share in sibling_shares))
 
 
 class KVSender(KVSendConnector):
@@ -305,6 +314,7 @@ class KVSender(KVSendConnector):
                 if congestion_control:  # e.g. "cubic" or "bbr"; default: the namespace's sysctl
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion_control.encode())
                 c = _Connection(i, sock)
+                c.cc_name = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0", 1)[0]
                 if notsent_lowat_bytes:
                     self._set_lowat(c, notsent_lowat_bytes)
                 self._conns.append(c)
@@ -652,36 +662,51 @@ class KVSender(KVSendConnector):
         return [c.notsent_lowat_bytes for c in self._conns]
 
     def _watch_loss(self, c: _Connection, s: TcpSample) -> None:
-        """Restart the congestion control of a connection stuck after an RTO (`is_stuck_after_rto`)."""
+        """Restart the congestion control of a BBR connection stuck after an RTO (`is_stuck_after_rto`), at
+        1, 2, 4 ... s into its stay in the loss state. Other algorithms are left alone: the stall was seen
+        under BBR, and restarting CUBIC would only throw its window history away. `s` gets the count."""
         c.peak_rate_bps = max(c.peak_rate_bps, s.delivery_rate_bps)
-        c.loss_since_s = (c.loss_since_s if c.loss_since_s is not None else s.t_s) if s.ca_state == TCP_CA_LOSS else None
-        if s.t_s - c.cc_restarted_s >= STUCK_LOSS_S and is_stuck_after_rto(s, c.loss_since_s, c.peak_rate_bps):
-            c.cc_restarted_s = s.t_s
+        c.last = s
+        if s.ca_state != TCP_CA_LOSS:
+            c.loss_since_s, c.restart_after_s = None, float("inf")
+        elif c.loss_since_s is None:
+            c.loss_since_s, c.restart_after_s = s.t_s, s.t_s + STUCK_LOSS_S
+        siblings = [o.last.delivery_rate_bps / o.peak_rate_bps for o in self._conns
+                    if o is not c and o.last is not None and o.last.ca_state != TCP_CA_LOSS and o.peak_rate_bps > 0]
+        if (c.cc_name.startswith(b"bbr") and s.t_s >= c.restart_after_s
+                and is_stuck_after_rto(s, c.loss_since_s, c.peak_rate_bps, siblings)):
+            assert c.loss_since_s is not None
+            c.restart_after_s = s.t_s + (s.t_s - c.loss_since_s)  # double the time in the loss state
             if self._restart_cc(c):
-                log.warning("KV connection %d to %s:%d: stuck in RTO recovery at %.0f bit/s (best %.3g); congestion "
-                            "control restarted", c.index, self.host, self.port, s.delivery_rate_bps, c.peak_rate_bps)
+                log.warning("KV connection %d to %s:%d: stuck in RTO recovery for %.1f s at %.0f bit/s (best %.3g, RTO "
+                            "back-off %d); congestion control restarted", c.index, self.host, self.port,
+                            s.t_s - c.loss_since_s, s.delivery_rate_bps, c.peak_rate_bps, s.backoff)
+        s.cc_restarts = c.cc_restarts
 
     def _restart_cc(self, c: _Connection) -> bool:
         """Re-initialise a connection's congestion control (its model of the path, not its data): Linux
         re-initialises it on a change of TCP_CONGESTION and ignores a change to the same one, so switch away
         and back. BBR then starts over from the current window and RTT (its startup) instead of its stale
         bandwidth filter. False when the socket refuses (closing)."""
+        name = c.cc_name
+        other = b"cubic" if name == b"reno" else b"reno"
         try:
-            name = c.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0", 1)[0]
-            other = b"cubic" if name == b"reno" else b"reno"
             c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, other)
         except OSError:
             return False
+        c.cc_restarts += 1
         try:
             c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name)
         except OSError as e:  # not allowed back (or closing): the connection goes on under the other one
-            log.warning("KV connection %d: could not set %s back after a restart (%s); it stays on %s",
-                        c.index, name.decode(), e, other.decode())
-        c.cc_restarts += 1
+            if not self._closed:
+                log.warning("KV connection %d: could not set %s back after a restart (%s); it stays on %s",
+                            c.index, name.decode(), e, other.decode())
+            c.cc_name = other
         return True
 
     def cc_restarts(self) -> int:
-        """How many times a connection's congestion control was restarted (`_watch_loss`)."""
+        """How many times a connection's congestion control was restarted (`_watch_loss`; per connection in
+        each sample's `cc_restarts`, so in tcp.parquet)."""
         return sum(c.cc_restarts for c in self._conns)
 
     def _sample_loop(self) -> None:
