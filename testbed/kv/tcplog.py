@@ -36,7 +36,7 @@ SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(TcpSample))
 # tcp.parquet. `sender`: the how-many-th sender this prefill worker made to that decode worker (0 first; a
 # broken one is replaced and its connections' counters start again). Rates and bytes: wire units (x scale: emulated).
 COLUMNS = ("cluster", "prefill_instance", "decode_instance", "sender") + SAMPLE_FIELDS
-TEXT_COLUMNS = ("cluster",)
+TEXT_COLUMNS = ("cluster", "cc")
 BOOL_COLUMNS = ("app_limited",)
 FLOAT_COLUMNS = ("t_s", "delivery_rate_bps")
 
@@ -138,6 +138,7 @@ def read_tcp_logs(paths: Iterable[Path]) -> Any:
         for c in COLUMNS:
             if c not in TEXT_COLUMNS:
                 df[c] = pd.to_numeric(df[c], errors="coerce")
+        df["cc"] = df["cc"].fillna("")  # not read (a sample from a sender without the name): unknown, kept
         df = df.replace([float("inf"), float("-inf")], float("nan")).dropna()
         if len(df):
             frames.append(df)

@@ -98,6 +98,7 @@ class TcpSample:
     # so a repaired hole releases a whole window of SACKed data at once (docs/router.md, "An active probe")
     delivered_bytes: int = 0
     cc_restarts: int = 0  # times the sender restarted this connection's congestion control (`KVSender._watch_loss`)
+    cc: str = ""  # the connection's congestion control (TCP_CONGESTION, e.g. "cubic", "bbr"), set by its sender
 
 
 def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
@@ -716,6 +717,7 @@ class KVSender(KVSendConnector):
                 if s is not None:
                     self._rescale_lowat(c, s)
                     self._watch_loss(c, s)
+                    s.cc = c.cc_name.decode(errors="replace")
                     self.samples.append(s)
                     if self.on_sample is not None:
                         try:

@@ -59,8 +59,10 @@ def requests_frame(requests: list[Any], router_rows: list[dict[str, Any]], clien
     return rundir.coerce_requests(pd.DataFrame(rows))
 
 
-def environment(plan: ServingPlan, scenario: Scenario, scale: float, env_info: dict[str, Any]) -> rundir.Environment:
-    """environment.json of a run: host, backends, calibration, compute, network, instances, serving."""
+def environment(plan: ServingPlan, scenario: Scenario, scale: float, env_info: dict[str, Any],
+                kv_cc: list[str] | None = None) -> rundir.Environment:
+    """environment.json of a run: host, backends, calibration, compute, network, instances, serving.
+    `kv_cc`: the congestion controls the KV connections ran (tcp.parquet's `cc`); None: not known."""
     import torch
 
     from testbed.net.emulation import host_capacity_bps
@@ -72,7 +74,8 @@ def environment(plan: ServingPlan, scenario: Scenario, scale: float, env_info: d
               "platform": platform.platform()},
         kernel=platform.release(),
         backends={"wan": (env_info.get("network") or {}).get("backend"), "shaper": scenario.wan.shaper,
-                  "torch": torch.__version__, "cuda": torch.cuda.is_available()},
+                  "torch": torch.__version__, "cuda": torch.cuda.is_available(),
+                  "kv_congestion_control": kv_cc or None},
         calibration={"capacity_bps": cap, "capacity_source": cap_source, "wan_rtt": env_info.get("rtt")},
         compute={"mode": plan.compute, "profiles": dict(plan.profiles) if plan.compute == "profile" else None,
                  "model": model.name, "variant": model.variant if plan.compute == "torch" else None,
@@ -107,9 +110,12 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
     sched = router_dir / rundir.SCHEDULER_FILE
     out.scheduler(pd.read_parquet(sched) if sched.exists() else SchedulerLog().to_frame())
     tcp_logs = list(work.glob(f"*{rundir.TCP_LOG_SUFFIX}"))
+    kv_cc: list[str] = []
     if tcp_logs:
         try:
-            out.tcp(read_tcp_logs(tcp_logs))
+            tcp = read_tcp_logs(tcp_logs)
+            kv_cc = sorted(set(tcp["cc"]) - {""})
+            out.tcp(tcp)
         except Exception as e:  # telemetry: the run's other files matter more; the CSV files stay in work/
             print(f"tcp.parquet not written ({e}); the samples stay in {work}/*{rundir.TCP_LOG_SUFFIX}", file=sys.stderr)
         else:
@@ -117,6 +123,6 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
                 p.unlink()
     if not (out.path / rundir.LINK_FILE).exists():  # NET writes it when the network stops
         out.link(None)
-    out.environment(environment(plan, scenario, scale, env_info))
+    out.environment(environment(plan, scenario, scale, env_info, kv_cc))
     if env_info.get("fidelity") is not None:  # judged again with the compute's own timing, which the requests carry
         out.fidelity(with_compute(env_info["fidelity"], df))

@@ -141,6 +141,9 @@ def test_profile_run_writes_a_complete_run_directory_with_spec_sized_kv(run_dir:
     # at least the wire bytes of the requests it carried (probes may add more), on the run's clock
     tcp = pd.read_parquet(run_dir / "tcp.parquet")
     assert set(tcp["cluster"]) == {"prfaas", "pd"} and set(tcp["connection"]) <= set(range(4))
+    # which congestion control the KV connections ran (the hosts' default here) is recorded with the run
+    kv_cc = json.loads((run_dir / "environment.json").read_text())["backends"]["kv_congestion_control"]
+    assert kv_cc == sorted(set(tcp["cc"])) and len(kv_cc) == 1 and kv_cc[0]
     acked = tcp.groupby(["prefill_instance", "decode_instance", "sender", "connection"])["bytes_acked"].max() \
         .groupby(level=[0, 1]).sum()
     delivered = df[df["status"] == "ok"]

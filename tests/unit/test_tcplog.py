@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from testbed.kv.tcplog import COLUMNS, TcpLog, read_tcp_logs
 from testbed.kv.transport import KVReceiver, KVSender, TcpSample
 
@@ -105,10 +107,12 @@ def test_damaged_lines_anywhere_cost_only_themselves_and_files_merge_in_time_ord
     assert list(read_tcp_logs([]).columns) == list(COLUMNS)
 
 
-def test_a_real_sender_on_loopback_logs_every_connection_and_its_acknowledged_bytes(tmp_path: Path):
+@pytest.mark.parametrize("cc", [None, "reno"])
+def test_a_real_sender_on_loopback_logs_every_connection_and_its_acknowledged_bytes(tmp_path: Path, cc: str | None):
     log = TcpLog(tmp_path / "p.tcp.csv", "prfaas", 0)
     with KVReceiver("127.0.0.1", 0, lambda rid, kv: None) as rx, \
-            KVSender("127.0.0.1", rx.port, connections=2, sample_interval_s=0.01, on_sample=lambda s: log.record(4, 0, s)) as tx:
+            KVSender("127.0.0.1", rx.port, connections=2, sample_interval_s=0.01, congestion_control=cc,
+                     on_sample=lambda s: log.record(4, 0, s)) as tx:
         tx.send_bytes("r1", 0, "mla", 8 << 20)
         stats = tx.finish("r1", tokens=1, model="m", timeout_s=10.0)
         assert stats.ok, stats.reason
@@ -119,3 +123,6 @@ def test_a_real_sender_on_loopback_logs_every_connection_and_its_acknowledged_by
     acked = df.groupby("connection")["bytes_acked"].max().sum()
     assert acked >= stats.wire_bytes  # every wire byte of the transfer was acknowledged on one connection or the other
     assert (df["rtt_us"] > 0).all() and df["t_s"].is_monotonic_increasing
+    # each sample names the congestion control its connection ran: the one asked for, else the host's default
+    default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    assert set(df["cc"]) == {cc or default}
