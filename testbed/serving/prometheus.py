@@ -17,6 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from testbed.serving.protocol import own_prefill_s
+
 __all__ = ["CONTENT_TYPE", "RequestHistograms", "RouterCollector", "exposition", "new_registry"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -40,7 +42,8 @@ class RequestHistograms:
         self.ttft = h("prfaas_router_ttft_seconds", "Time to first token (arrival at the router -> first token).")
         self.tpot = h("prfaas_router_tpot_seconds", "Time per output token after the first.", TPOT_BUCKETS_S)
         self.queue_wait = h("prfaas_router_queue_wait_seconds", "Arrival at the router -> the prefill worker starts it.")
-        self.prefill = h("prfaas_router_prefill_seconds", "Prefill compute time on the worker.")
+        self.prefill = h("prfaas_router_prefill_seconds", "Prefill compute time on the worker (less any pause while "
+                         "preempting prefills ran).")
         self.kv_transfer = h("prfaas_router_kv_transfer_seconds", "KV transfer time (first frame sent -> verified at decode).")
 
     def observe(self, rec: dict[str, Any], cluster: str) -> None:
@@ -54,11 +57,13 @@ class RequestHistograms:
             return float(y) - float(x) if x is not None and y is not None and float(y) >= float(x) else None
 
         for hist, a, b in ((self.ttft, "arrival_s", "first_token_s"), (self.queue_wait, "arrival_s", "prefill_start_s"),
-                           (self.prefill, "prefill_start_s", "prefill_end_s"),
                            (self.kv_transfer, "transfer_start_s", "transfer_end_s")):
             v = span(a, b)
             if v is not None:
                 hist.labels(*labels).observe(v)
+        if span("prefill_start_s", "prefill_end_s") is not None:
+            self.prefill.labels(*labels).observe(max(0.0, own_prefill_s(rec["prefill_start_s"], rec["prefill_end_s"],
+                                                                        rec.get("prefill_paused_s")) or 0.0))
         decode = span("first_token_s", "finish_s")
         n = int(rec.get("output_len") or 0)
         if decode is not None and n > 1:

@@ -192,6 +192,12 @@ class ProbeRequest:
 # ---------------------------------------------------------------------------------------- answers
 
 
+def own_prefill_s(start_s: float | None, end_s: float | None, paused_s: float | None) -> float | None:
+    """A prefill's own compute time: its span less the time it stood paused while preempting prefills ran
+    (theirs, not its own; `PrefillResult.prefill_paused_s`). None when either end is unknown."""
+    return None if start_s is None or end_s is None else float(end_s) - float(start_s) - float(paused_s or 0.0)
+
+
 @dataclass(frozen=True)
 class PrefillResult:
     """The answer to a `PrefillRequest`: sent when the KV transfer has ended (or the request failed)."""
@@ -214,6 +220,11 @@ class PrefillResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def own_prefill_s(self) -> float | None:
+        """The prefill's own compute time (`own_prefill_s`)."""
+        return own_prefill_s(self.prefill_start_s, self.prefill_end_s, self.prefill_paused_s)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)

@@ -542,9 +542,7 @@ class Router:
         if not out.ok:
             raise WorkerFailed(f"{source}: {out.reason or 'failed'}")
         self.kv.add_keys(p.cfg.instance, self.kv.placement_keys(c.block_hashes, c.input_len))
-        ps, pe = out.prefill_start_s, out.prefill_end_s
-        # the prefill's own cost: the time it stood paused while preempting prefills ran is theirs
-        prefill_s = pe - ps - (out.prefill_paused_s or 0.0) if ps is not None and pe is not None else None
+        prefill_s = out.own_prefill_s  # its own cost: the time it stood paused while others ran is theirs
         if prefill_s is not None:  # what the prefill computed: the prompt less the worker's own prefix hit
             computed = c.input_len - (out.prefill_cached_len if out.prefill_cached_len is not None else dec.cached_len)
             self.policy.on_prefill(dec.route, computed, prefill_s)

@@ -32,7 +32,7 @@ from testbed.blocks import BLOCK_TOKENS
 from testbed.kv.transport import PROBE_PREFIX
 from testbed.serving.protocol import (
     DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
-    TokenEvent, WorkerState,
+    TokenEvent, WorkerState, own_prefill_s,
 )
 
 if TYPE_CHECKING:
@@ -487,7 +487,7 @@ class PrefillWorker:
         if job.paused_s:
             job.result["prefill_paused_s"] = job.paused_s
         # this prefill's own pace: the time other jobs ran while it stood paused is theirs, not its own
-        took_s = (job.result["prefill_end_s"] - job.result["prefill_start_s"] - job.paused_s) / max(1, req.input_len - plan.cached_len)
+        took_s = own_prefill_s(job.result["prefill_start_s"], job.result["prefill_end_s"], job.paused_s) / max(1, req.input_len - plan.cached_len)
         self.s_per_token = took_s if self.s_per_token == 0 else 0.8 * self.s_per_token + 0.2 * took_s
         dest.items.put(("finish", job, out.tokens))
 

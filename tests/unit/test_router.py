@@ -644,3 +644,19 @@ def test_a_stream_cut_after_its_first_token_keeps_its_prefill_times_and_kv_in_th
     assert rec["prefill_start_s"] <= rec["prefill_end_s"]
     assert rec["kv_bytes"] == 9000 * KV_BYTES_PER_TOKEN
     assert rec["kv_bytes_emulated"] == 9000 * KV_BYTES_PER_TOKEN * 10  # the router's scale, 10
+
+
+def test_the_prefill_histogram_observes_a_preempted_prefills_own_time_not_its_pause() -> None:
+    from testbed.serving.prometheus import RequestHistograms, exposition, new_registry
+
+    reg = new_registry()
+    h = RequestHistograms(reg)
+    base = {"status": "ok", "route": "prfaas", "arrival_s": 0.0, "prefill_start_s": 1.0, "prefill_end_s": 4.0,
+            "first_token_s": 5.0, "finish_s": 6.0, "output_len": 3}
+    h.observe({**base, "prefill_paused_s": 2.0}, "prfaas")  # 3 s span, 2 s of it other prefills' time
+    h.observe(dict(base), "prfaas")  # never paused: its span
+    text = exposition(reg).decode()
+    labels = {"route": "prfaas", "cluster": "prfaas"}
+    assert metric(text, "prfaas_router_prefill_seconds_count", labels) == 2
+    assert metric(text, "prfaas_router_prefill_seconds_sum", labels) == pytest.approx(1.0 + 3.0)
+    assert metric(text, "prfaas_router_queue_wait_seconds_sum", labels) == pytest.approx(2.0)
