@@ -28,6 +28,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from testbed.clock import now_s
@@ -276,6 +277,21 @@ def is_stuck_after_rto(s: TcpSample, loss_since_s: float | None, peak_rate_bps: 
     return (s.ca_state == TCP_CA_LOSS and loss_since_s is not None and s.t_s - loss_since_s >= stuck_s
             and s.unacked_bytes > 0 and s.delivery_rate_bps < STUCK_RATE_SHARE * peak_rate_bps
             and any(share >= SIBLING_RATE_SHARE for share in sibling_shares))
+
+
+def congestion_control_refused(name: str) -> str | None:
+    """Why this host's kernel refuses TCP congestion control `name` on a socket (as `KVSender` sets it), or
+    None when it sets it. Setting it as root loads the kernel's module (tcp_<name>) if it is not loaded."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+        except OSError as e:
+            try:
+                available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+            except OSError:
+                available = []
+            return f"{name!r} cannot be set on this kernel ({e.strerror}); available: {', '.join(available) or 'unknown'}"
+    return None
 
 
 class KVSender(KVSendConnector):

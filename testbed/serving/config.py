@@ -7,6 +7,7 @@ host. Both raise `FieldError` naming the field, so bad input is refused before a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -56,6 +57,7 @@ class ServingSpec:
     bs_max: int = 20
     kv_connections: int = 4
     kv_connector: str = "tcp"  # a name in testbed.kv.connector's registry
+    kv_congestion_control: str | None = None  # the KV connections' TCP congestion control (None: the hosts' default)
     kv_timeout_s: float = 30.0  # decode: how long a registered request waits for its KV
     request_timeout_s: float = 120.0  # client: a request not finished by then counts as failed
     startup_timeout_s: float = 60.0  # workers and router must be ready by then
@@ -106,6 +108,16 @@ def _fraction(v: Any) -> float | None:
     return x
 
 
+def _cc_name(v: Any) -> str | None:
+    """A TCP congestion control's name as Linux spells it (`cubic`, `bbr`, `reno`, ...), or null."""
+    if v is None:
+        return None
+    if not isinstance(v, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,14}", v):
+        raise ValueError(f"{v!r} is not a congestion control's name: use one this kernel has, e.g. cubic, bbr or "
+                         "reno (sysctl net.ipv4.tcp_available_congestion_control), or null for the hosts' default")
+    return v
+
+
 def _read_fault(f: Fields) -> FaultSpec:
     fault = FaultSpec(
         at_s=f.get("at", units.parse_duration_s),
@@ -141,6 +153,7 @@ def parse_serving_section(f: Fields) -> ServingSpec:
     if conns > 64:
         raise f.error("kv_connections", f"{conns} is too many; use 1..64 TCP connections per prefill->decode pair")
     connector = f.choice("kv_connector", connector_names(), d.kv_connector)
+    kv_cc = f.get("kv_congestion_control", _cc_name, d.kv_congestion_control)
     positive_s = lambda v: units.parse_duration_s(v, allow_zero=False)  # noqa: E731
     to = f.section("timeouts")
     kv_timeout = to.get("kv", positive_s, d.kv_timeout_s)
@@ -164,7 +177,7 @@ def parse_serving_section(f: Fields) -> ServingSpec:
     shed_slack = slack if shed.get("enabled", boolean, False) else None
     shed.done()
     f.done()
-    return ServingSpec(compute, profiles, instances, per_host, bs_max, conns, connector, kv_timeout,
+    return ServingSpec(compute, profiles, instances, per_host, bs_max, conns, connector, kv_cc, kv_timeout,
                        request_timeout, startup_timeout, drain, slo, pool, faults, shed_slack)
 
 
@@ -318,4 +331,11 @@ def plan_run(scenario: Scenario) -> ServingPlan:
     for key in ("model", "workload", "policy"):
         if scenario.section(key) is None:
             raise FieldError(key, "is required for a run", scenario.source)
-    return ServingPlan(*_check(scenario))
+    plan = ServingPlan(*_check(scenario))
+    cc = plan.spec.kv_congestion_control
+    if cc is not None and plan.spec.kv_connector == "tcp":
+        from testbed.kv.transport import congestion_control_refused
+
+        if (why := congestion_control_refused(cc)) is not None:
+            raise FieldError("serving.kv_congestion_control", why, scenario.source)
+    return plan

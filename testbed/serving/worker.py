@@ -58,6 +58,7 @@ class WorkerConfig:
     kv_port: int | None = None
     kv_connections: int = 4
     kv_connector: str = "tcp"  # a name in testbed.kv.connector's registry
+    kv_congestion_control: str | None = None  # TCP_CONGESTION of the KV connections (None: the namespace's default)
     bs_max: int = 20
     kv_timeout_s: float = 30.0  # a KV transfer, from the moment its first layer is handed to the sender
     request_timeout_s: float = 120.0  # a request's whole budget when its message does not carry one
@@ -144,8 +145,10 @@ class Destination:
     QUEUE_LAYERS = 8
 
     def __init__(self, host: str, kv_port: int, connections: int, on_done: Callable[[PrefillJob], None], model_name: str,
-                 kv_timeout_s: float, connector: str = "tcp", tcp_log: TcpLog | None = None, decode_instance: int = 0) -> None:
+                 kv_timeout_s: float, connector: str = "tcp", tcp_log: TcpLog | None = None, decode_instance: int = 0,
+                 congestion_control: str | None = None) -> None:
         self.host, self.kv_port, self.connections = host, kv_port, connections
+        self.congestion_control = congestion_control
         self.decode_instance = decode_instance
         self.tcp_log = tcp_log
         self.senders_made = 0  # a broken sender is replaced; its TCP log rows say which one they came from
@@ -166,7 +169,8 @@ class Destination:
 
         with self.connect_lock:  # the transfer loop and a probe may both connect
             if self.sender is None:
-                self.sender = get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections)
+                cc = {"congestion_control": self.congestion_control} if self.congestion_control else {}  # else: the connector's default
+                self.sender = get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections, **cc)
                 if self.tcp_log is not None and hasattr(self.sender, "on_sample"):  # a connector without TCP state has none
                     log, decode, serial = self.tcp_log, self.decode_instance, self.senders_made
                     self.sender.on_sample = lambda s: log.record(decode, serial, s)
@@ -370,7 +374,8 @@ class PrefillWorker:
         with self.lock:
             if key not in self.dests:
                 self.dests[key] = Destination(key[0], key[1], self.cfg.kv_connections, self._done, self.compute.section.spec.name,
-                                              self.cfg.kv_timeout_s, self.cfg.kv_connector, self.tcp_log, decode.instance)
+                                              self.cfg.kv_timeout_s, self.cfg.kv_connector, self.tcp_log, decode.instance,
+                                              self.cfg.kv_congestion_control)
             return self.dests[key]
 
     def _done(self, job: PrefillJob) -> None:

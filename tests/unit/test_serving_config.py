@@ -157,3 +157,27 @@ def test_early_shedding_is_off_by_default_and_its_budget_is_slack_times_the_ttft
     assert plan("serving.shed.slack=2").spec.shed_ttft_s is None
     err = refused("serving.shed.enabled=true", "serving.shed.slack=0")
     assert err.field == "serving.shed.slack" and "must be > 0" in str(err)
+
+
+def test_the_kv_congestion_control_defaults_to_the_hosts_and_reaches_the_worker_config(tmp_path):
+    from testbed.runner.configs import worker_config
+    from testbed.serving.worker import WorkerConfig
+
+    assert plan().spec.kv_congestion_control is None
+    scenario = load_scenario("quick", ["serving.kv_congestion_control=reno"])  # reno: built into every Linux kernel
+    p = plan_run(scenario)
+    assert p.spec.kv_congestion_control == "reno"
+    cfg = WorkerConfig.load(worker_config(p.instances[0], p, scenario, 1.0, tmp_path))
+    assert cfg.kv_congestion_control == "reno"
+
+
+@pytest.mark.parametrize("value", ["CUBIC", "bbr v2", "7", "a_name_that_is_far_too_long"])
+def test_a_malformed_congestion_control_name_is_refused_naming_the_field(value):
+    err = refused(f"serving.kv_congestion_control={value}")
+    assert "serving.kv_congestion_control" in str(err) and "cubic" in str(err)
+
+
+def test_a_congestion_control_the_kernel_cannot_set_is_refused_before_the_run_with_what_it_has():
+    err = refused("serving.kv_congestion_control=nosuchcc")
+    assert "serving.kv_congestion_control" in str(err) and "'nosuchcc' cannot be set" in str(err)
+    assert "reno" in str(err)  # the kernel's list of what it has

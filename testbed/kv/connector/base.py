@@ -157,7 +157,10 @@ class KVConnector(ABC):
 
     @classmethod
     @abstractmethod
-    def sender(cls, endpoint: KVEndpoint, *, connections: int) -> KVSendConnector: ...
+    def sender(cls, endpoint: KVEndpoint, *, connections: int, congestion_control: str | None = None) -> KVSendConnector:
+        """`congestion_control`: the transport's congestion control where it has one (TCP: TCP_CONGESTION),
+        None for its default. Callers pass it only when one was asked for (`serving.kv_congestion_control`), so
+        a connector without the notion may leave the keyword out."""
 
     @classmethod
     @abstractmethod
