@@ -19,6 +19,7 @@ not recomputed) and the prefix the decode worker already holds (`send_from`, SGL
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -151,7 +152,9 @@ class ProfileCompute:
                 on_layer: Callable[[Any], None]) -> PrefillOutput:
         layer_s = self.prefill_time_s(plan.input_len, plan.cached_len) / len(self.spec.layers)
         sizes = delta_layer_bytes(self.spec, plan.input_len, min(plan.send_from, plan.input_len - 1), self.scale)
-        pacer = Pacer()  # the layers' sleeps add up to the profile's time; a full send path's wait adds to it
+        # the layers' sleeps add up to the profile's time; a full send path's wait, or a pause while preempting
+        # prefills run, adds to it. A debt is never forgotten: a gap inside one prefill is a wait, not idleness
+        pacer = Pacer(forget_s=math.inf)
         for i, (layer, nbytes) in enumerate(zip(self.spec.layers, sizes)):
             pacer.sleep(layer_s)  # this layer's share of the profile's prefill time
             if nbytes > 0:

@@ -1,7 +1,7 @@
-"""Profile-mode decode timing (testbed.serving.compute.ProfileCompute with the worker's lateness rule): a
+"""Profile-mode compute timing (testbed.serving.compute.ProfileCompute with the worker's lateness rule): a
 host stall while requests decode is owed and repaid, an empty batch owes nothing, and a request's
 `decode_late_s` is its first-to-last token time past the profile's steps between them, whatever the
-pacer forgave. Unit: time is a fake clock."""
+pacer forgave; a prefill's debt outlives a long wait between its layers. Unit: time is a fake clock."""
 
 from __future__ import annotations
 
@@ -74,3 +74,32 @@ def test_what_the_pacer_cannot_repay_is_the_request_s_lateness(fake: FakeClock) 
     took = fake.t - t_first
     assert took == pytest.approx(10 * step * 1.5)
     assert stream_late_s(t_first, due_first, fake.t, comp.decode_due_s) == pytest.approx(10 * step * 0.5)
+
+
+def test_a_prefill_repays_its_debt_after_a_long_wait_between_layers(fake: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill paused for 1.5 s (preempted, or blocked on a full send path) right after a layer the host
+    overslept by 50 ms still lasts its profile's time plus the pause: the debt is repaid after the pause,
+    not forgotten (a pacer's default forgets debts older than 1 s)."""
+    from testbed.serving.compute import PrefillPlan
+
+    comp = ProfileCompute(WorkerConfig(role="prefill", instance=0, cluster="prfaas", host="lo", port=0, compute="profile",
+                                       model={"name": "paper-1t-hybrid", "compute": "profile"},
+                                       profile="h200-paper-1t-hybrid", scale=1.0))
+    sleeps = {"n": 0, "paused": False}
+    exact = fake.sleep
+
+    def sleep(s: float) -> None:
+        sleeps["n"] += 1
+        exact(s + (0.050 if sleeps["n"] == 5 else 0.0))
+
+    def on_layer(layer) -> None:  # type: ignore[no-untyped-def]
+        if sleeps["n"] >= 5 and not sleeps["paused"]:
+            sleeps["paused"] = True
+            fake.t += 1.5
+
+    monkeypatch.setattr(clock.time, "sleep", sleep)
+    start = fake.t
+    out = comp.prefill("r1", PrefillPlan(32_768), None, on_layer)
+    assert sleeps["paused"]
+    assert fake.t - start == pytest.approx(comp.prefill_time_s(32_768, 0) + 1.5)
+    assert out.late_s == pytest.approx(0.0)
