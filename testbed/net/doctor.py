@@ -73,7 +73,25 @@ def run_checks() -> list[Check]:
     for mod, req in (("mininet.net", True), ("pyroute2", True), ("pandas", True), ("pyarrow", True), ("rich", True)):
         checks.append(_module(mod, req))
     checks.append(_torch_check())
+    checks.append(congestion_control_check())
     return checks
+
+
+def congestion_control_check() -> Check:
+    """The host's default TCP congestion control (what the KV connections run unless the scenario's
+    `serving.kv_congestion_control` names one) and whether BBR can be set. Informational: either works."""
+    from pathlib import Path
+
+    from testbed.kv.transport import congestion_control_refused
+
+    try:
+        default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    except OSError as exc:
+        return Check("TCP congestion control", False, f"unreadable: {exc}", required=False)
+    bbr = congestion_control_refused("bbr")
+    return Check("TCP congestion control", True,
+                 f"default {default} (KV uses it unless serving.kv_congestion_control names one); "
+                 + ("bbr can be set" if bbr is None else f"bbr: {bbr}"), required=False)
 
 
 def _torch_check() -> Check:

@@ -112,3 +112,14 @@ def test_every_benchmark_ends_as_a_command_does_one_line_for_a_user_error_or_ctr
     unguarded = [p.name for p in sorted((ROOT / "benchmarks").glob("*.py"))
                  if "sys.exit(guarded(Path(__file__).name, main))" not in p.read_text()]
     assert unguarded == []
+
+
+def test_doctor_names_the_default_congestion_control_that_kv_runs_and_whether_bbr_can_be_set() -> None:
+    from pathlib import Path
+
+    from testbed.net.doctor import congestion_control_check
+
+    c = congestion_control_check()
+    default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    assert c.ok and not c.required and c.detail.startswith(f"default {default} ")
+    assert "serving.kv_congestion_control" in c.detail and "bbr" in c.detail
