@@ -290,7 +290,7 @@ def congestion_control_refused(name: str) -> str | None:
                 available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
             except OSError:
                 available = []
-            return f"{name!r} cannot be set on this kernel ({e.strerror}); available: {', '.join(available) or 'unknown'}"
+            return f"{name!r} cannot be set on this host ({e.strerror}); available: {', '.join(available) or 'unknown'}"
     return None
 
 
