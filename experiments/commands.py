@@ -106,7 +106,8 @@ def _print_summary(out: Path) -> bool:
     print(f"  TTFT p50/p90/p99: {f(ttft.get('p50'))} / {f(ttft.get('p90'))} / {f(ttft.get('p99'))} s"
           f"   TPOT mean/p90: {f(tpot.get('mean'), '{:.4f}')} / {f(tpot.get('p90'), '{:.4f}')} s")
     print(f"  WAN egress mean/p99: {f(eg.get('mean'), '{:.2f}')} / {f(eg.get('p99'), '{:.2f}')} Gbps (emulated; scale {s.get('scale')},"
-          f" {s.get('compute', '?')} compute, policy {s.get('policy')})")
+          f" {s.get('compute', '?')} compute, policy {s.get('policy')}"
+          + (f", KV over TCP {s['kv_congestion_control']})" if s.get("kv_congestion_control") else ")"))
     for reason, n in (s.get("failure_reasons") or {}).items():
         print(f"  failed x{n}: {reason}")
     if s.get(rundir.RUN_ERROR):

@@ -28,6 +28,8 @@ def summarize_run_dir(path: str | Path) -> dict[str, Any]:
                         slo_ttft_s=slo[0] if slo else None, slo_tpot_s=slo[1] if slo else None)
     summary["signals"] = policy.get("signals") or PolicySpec.signals  # "oracle" runs were told the emulator's ground truth
     summary["compute"] = data.environment.compute.get("mode")
+    kv_cc = data.environment.backends.get("kv_congestion_control")  # what the KV connections ran (a list; None: unknown)
+    summary["kv_congestion_control"] = ",".join(kv_cc) if kv_cc else None
     if data.environment.extra.get(rundir.RUN_ERROR):
         summary[rundir.RUN_ERROR] = data.environment.extra[rundir.RUN_ERROR]
     req = data.requests

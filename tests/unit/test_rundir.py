@@ -100,8 +100,11 @@ def test_a_run_that_ended_early_says_why_in_its_summary_and_exits_non_zero(tmp_p
     req["reason"] = ["decode failed: x", "decode failed: x", None] + [None] * (len(req) - 3)
     w = rundir.RunDirWriter(d)
     w.requests(req)
-    w.environment(replace(data.environment, extra={rundir.RUN_ERROR: "the router exited (status 1): boom"}))
+    assert summarize_run_dir(d)["kv_congestion_control"] is None  # a run from before the record: not known
+    w.environment(replace(data.environment, extra={rundir.RUN_ERROR: "the router exited (status 1): boom"},
+                          backends={**data.environment.backends, "kv_congestion_control": ["cubic"]}))
     summary = summarize_run_dir(d)
+    assert summary["kv_congestion_control"] == "cubic"
     assert summary[rundir.RUN_ERROR] == "the router exited (status 1): boom"
     assert summary["failure_reasons"] == {"decode failed: x": 2, "no reason recorded": 1}
     assert rundir.read_summary(d)["failure_reasons"] == summary["failure_reasons"]
@@ -117,6 +120,7 @@ def test_a_run_that_ended_early_says_why_in_its_summary_and_exits_non_zero(tmp_p
     assert commands.cmd_run(args) == 1
     out = capsys.readouterr().out
     assert "failed x2: decode failed: x" in out and "the run ended early: the router exited (status 1): boom" in out
+    assert "policy prfaas, KV over TCP cubic)" in out
     w.environment(data.environment)  # the same run without the error: exit 0
     summarize_run_dir(d)
     args.out = str(tmp_path / "again")
