@@ -71,6 +71,29 @@ def paired_ratio_ci(a: Sequence[float], b: Sequence[float], *, confidence: float
     return ratio, float("nan"), float("nan"), "failed"
 
 
+def mean_ci(x: Sequence[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+            seed: int = 0) -> tuple[float, float, float, str]:
+    """(mean, low, high, method): the mean of `x` with a bootstrap interval, one value per seed (e.g. each
+    seed's ratio or difference of two arms, so the seed is the unit resampled). BCa, or the percentile
+    interval where BCa is undefined; "degenerate" when every value is the same (or there is one)."""
+    a = np.asarray(x, dtype=float)
+    if a.ndim != 1 or not len(a) or not np.isfinite(a).all():
+        raise ValueError("x must be a non-empty 1-D sequence of finite values (one per seed)")
+    m = float(a.mean())
+    if np.allclose(a, a[0]):
+        return m, m, m, "degenerate"
+    rng = np.random.default_rng(seed)
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # as in paired_ratio_ci
+            res = sps.bootstrap((a,), np.mean, vectorized=True, confidence_level=confidence, n_resamples=resamples,
+                                method=method, random_state=rng)
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if math.isfinite(lo) and math.isfinite(hi):
+            return m, lo, hi, method.lower()
+    return m, float("nan"), float("nan"), "failed"
+
+
 def compare(metric: str, arm_a: str, arm_b: str, a: Sequence[float], b: Sequence[float], *, seed: int = 0) -> Comparison:
     """A against B on `metric` from paired values (pairs with a missing or non-finite value are dropped)."""
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)

@@ -146,14 +146,12 @@ def detection_s(sched: pd.DataFrame, start_s: float) -> float | None:
     return float(after["t_s"].iloc[0] - start_s) if len(after) else None
 
 
-def bootstrap_ci(x: list[float], n: int = 10000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean and 95% percentile-bootstrap CI of the mean (one value per seed)."""
-    a = np.asarray(x, dtype=float)
-    if len(a) == 1:
-        return float(a[0]), float(a[0]), float(a[0])
-    rng = np.random.default_rng(seed)
-    means = a[rng.integers(0, len(a), size=(n, len(a)))].mean(axis=1)
-    return float(a.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+def bootstrap_ci(x: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% bootstrap CI of the mean, one value per seed (`analysis.stats.mean_ci`: scipy, BCa)."""
+    from analysis.stats import mean_ci
+
+    m, lo, hi, _ = mean_ci(x)
+    return m, lo, hi
 
 
 def tasks(shapes: list[str], seeds: list[int], arms: list[str], out: Path, extra: list[str]) -> list:
