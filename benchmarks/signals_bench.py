@@ -130,6 +130,7 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "failed": int((~ok).sum()), "requests": int(len(df)),
         "est_mae": est.get("median_abs_error"), "signals": run.signals,
         "detect_s": detection_s(run.scheduler, event[0] + off),
+        "kv_cc": run.summary.get("kv_congestion_control"),  # what the KV connections ran: it moves every figure
     }
 
 
@@ -193,7 +194,9 @@ def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
     df = pd.DataFrame(rows)
     ok, judged = True, 0
     for shape, g in df.groupby("shape"):
-        t = Table(title=f"{shape}: prfaas / fixed-threshold per seed, mean and 95% bootstrap CI over seeds")
+        ccs = sorted({x for x in g["kv_cc"] if isinstance(x, str)}) if "kv_cc" in g else []
+        t = Table(title=f"{shape}: prfaas / fixed-threshold per seed, mean and 95% bootstrap CI over seeds"
+                        f" (KV over TCP {' + '.join(ccs) or 'not recorded'})")
         for c in ("arm", "metric", "seeds", "ratio mean", "95% CI", "target", "met"):
             t.add_column(c)
         fixed = g[g["arm"] == "fixed-threshold"].set_index("seed")

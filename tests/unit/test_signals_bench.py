@@ -94,3 +94,13 @@ def test_the_natives_first_arms_add_the_pd_queue_to_their_arm_and_are_reported_n
     assert [(arm, seed) for _, arm, seed, _ in bench["completed"](tmp_path)] == [("prfaas-observed-natives-first", 4)]
     rows = [row(arm, s, 5.0) for arm in ("fixed-threshold", "prfaas-observed-natives-first") for s in (1, 2, 3)]
     assert compare(rows, Console(quiet=True)) == (True, 0)
+
+
+def test_each_shapes_table_names_the_congestion_control_its_kv_ran() -> None:
+    console = Console(record=True, width=200)
+    rows = [{**row(arm, s, 5.0), "kv_cc": cc} for arm in ("fixed-threshold", "prfaas-observed") for s, cc in ((1, "cubic"), (2, "bbr"))]
+    compare(rows, console)
+    assert "(KV over TCP bbr + cubic)" in console.export_text()
+    console = Console(record=True, width=200)
+    compare([{**r, "kv_cc": None} for r in rows], console)  # runs from before the record
+    assert "(KV over TCP not recorded)" in console.export_text()
