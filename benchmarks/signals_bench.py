@@ -148,10 +148,14 @@ def detection_s(sched: pd.DataFrame, start_s: float) -> float | None:
 
 
 def bootstrap_ci(x: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% bootstrap CI of the mean, one value per seed (`analysis.stats.mean_ci`: scipy, BCa)."""
+    """Mean and 95% bootstrap CI of the mean, one value per seed (`analysis.stats.mean_ci`: scipy, BCa).
+    A seed without the figure (None or NaN: no such request in its window) is left out; none left: NaNs."""
     from analysis.stats import mean_ci
 
-    m, lo, hi, _ = mean_ci(x)
+    kept = [float(v) for v in x if v is not None and np.isfinite(v)]
+    if not kept:
+        return float("nan"), float("nan"), float("nan")
+    m, lo, hi, _ = mean_ci(kept)
     return m, lo, hi
 
 
@@ -184,7 +188,11 @@ def completed(out: Path) -> list[tuple[str, str, int, Path]]:
 
 def seed_ratios(arm: pd.DataFrame, fixed: pd.DataFrame, key: str) -> list[float]:
     """`key` of `arm` over fixed-threshold's, per seed both ran (both frames indexed by seed), where both have it."""
-    return [arm.at[s, key] / fixed.at[s, key] for s in sorted(set(arm.index) & set(fixed.index)) if arm.at[s, key] and fixed.at[s, key]]
+    def usable(v: Any) -> bool:
+        return v is not None and bool(np.isfinite(v)) and v != 0
+
+    return [arm.at[s, key] / fixed.at[s, key] for s in sorted(set(arm.index) & set(fixed.index))
+            if usable(arm.at[s, key]) and usable(fixed.at[s, key])]
 
 
 def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
@@ -196,7 +204,8 @@ def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
     for shape, g in df.groupby("shape"):
         ccs = sorted({x for x in g["kv_cc"] if isinstance(x, str)}) if "kv_cc" in g else []
         t = Table(title=f"{shape}: prfaas / fixed-threshold per seed, mean and 95% bootstrap CI over seeds"
-                        f" (KV over TCP {' + '.join(ccs) or 'not recorded'})")
+                        f" (KV over TCP {' + '.join(ccs) or 'not recorded'}"
+                        + ("; MIXED: these pairs compare different transports)" if len(ccs) > 1 else ")"))
         for c in ("arm", "metric", "seeds", "ratio mean", "95% CI", "target", "met"):
             t.add_column(c)
         fixed = g[g["arm"] == "fixed-threshold"].set_index("seed")

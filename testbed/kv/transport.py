@@ -19,6 +19,7 @@ A checksum mismatch, a malformed frame, an abort or a timeout ends the request a
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -286,11 +287,18 @@ def congestion_control_refused(name: str) -> str | None:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
         except OSError as e:
-            try:
-                available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
-            except OSError:
-                available = []
-            return f"{name!r} cannot be set on this host ({e.strerror}); available: {', '.join(available) or 'unknown'}"
+            def listed(key: str) -> str:
+                try:
+                    return ", ".join(Path(f"/proc/sys/net/ipv4/{key}").read_text().split()) or "none"
+                except OSError:
+                    return "unknown"
+
+            if e.errno == errno.EPERM:  # the kernel has it, but this user may set only the allowed ones
+                return (f"{name!r} is not allowed for this user ({e.strerror}); net.ipv4.tcp_allowed_congestion_control "
+                        f"lists {listed('tcp_allowed_congestion_control')}, and root may set any the kernel has")
+            return (f"{name!r} cannot be set on this host ({e.strerror}: no such congestion control, or its module "
+                    f"tcp_{name} is not loaded and only root can load it); available: "
+                    f"{listed('tcp_available_congestion_control')}")
     return None
 
 

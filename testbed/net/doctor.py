@@ -88,7 +88,7 @@ def congestion_control_check() -> Check:
         default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     except OSError as exc:
         return Check("TCP congestion control", False, f"unreadable: {exc}", required=False)
-    bbr = congestion_control_refused("bbr")
+    bbr = congestion_control_refused("bbr")  # as root this loads tcp_bbr if the kernel has it as a module
     return Check("TCP congestion control", True,
                  f"default {default} (KV uses it unless serving.kv_congestion_control names one); "
                  + ("bbr can be set" if bbr is None else f"bbr: {bbr}"), required=False)

@@ -333,7 +333,10 @@ def plan_run(scenario: Scenario) -> ServingPlan:
             raise FieldError(key, "is required for a run", scenario.source)
     plan = ServingPlan(*_check(scenario))
     cc = plan.spec.kv_congestion_control
-    if cc is not None and plan.spec.kv_connector == "tcp":
+    if cc is not None:
+        if plan.spec.kv_connector != "tcp":
+            raise FieldError("serving.kv_congestion_control", f"is a TCP setting; the {plan.spec.kv_connector!r} connector "
+                             "has none (set it to null, or kv_connector: tcp)", scenario.source)
         from testbed.kv.transport import congestion_control_refused
 
         if (why := congestion_control_refused(cc)) is not None:

@@ -181,3 +181,26 @@ def test_a_congestion_control_the_kernel_cannot_set_is_refused_before_the_run_wi
     err = refused("serving.kv_congestion_control=nosuchcc")
     assert "serving.kv_congestion_control" in str(err) and "'nosuchcc' cannot be set on this host" in str(err)
     assert "reno" in str(err)  # the kernel's list of what it has
+
+
+def test_a_congestion_control_refused_for_want_of_permission_says_so_and_names_the_allowed_list(monkeypatch):
+    import errno
+    import socket
+
+    from testbed.kv import transport
+
+    class Refusing(socket.socket):
+        def setsockopt(self, *args):  # as the kernel answers a non-root user for a name not in the allowed list
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(transport.socket, "socket", Refusing)
+    why = transport.congestion_control_refused("bbr")
+    assert why.startswith("'bbr' is not allowed for this user") and "tcp_allowed_congestion_control lists" in why
+
+
+def test_a_congestion_control_with_a_connector_that_has_none_is_refused(monkeypatch):
+    from testbed.serving import config
+
+    monkeypatch.setattr(config, "connector_names", lambda: ("tcp", "memory"))
+    err = refused("serving.kv_connector=memory", "serving.kv_congestion_control=cubic")
+    assert "serving.kv_congestion_control" in str(err) and "'memory' connector has none" in str(err)

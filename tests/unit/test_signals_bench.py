@@ -100,7 +100,20 @@ def test_each_shapes_table_names_the_congestion_control_its_kv_ran() -> None:
     console = Console(record=True, width=200)
     rows = [{**row(arm, s, 5.0), "kv_cc": cc} for arm in ("fixed-threshold", "prfaas-observed") for s, cc in ((1, "cubic"), (2, "bbr"))]
     compare(rows, console)
-    assert "(KV over TCP bbr + cubic)" in console.export_text()
+    assert "(KV over TCP bbr + cubic; MIXED: these pairs compare different transports)" in console.export_text()
+    console = Console(record=True, width=200)
+    compare([{**r, "kv_cc": "cubic"} for r in rows], console)
+    assert "(KV over TCP cubic)" in console.export_text()
     console = Console(record=True, width=200)
     compare([{**r, "kv_cc": None} for r in rows], console)  # runs from before the record
     assert "(KV over TCP not recorded)" in console.export_text()
+
+
+def test_a_seed_without_a_figure_is_left_out_of_its_mean_not_a_crash() -> None:
+    fixed = [row("fixed-threshold", s, 10.0) for s in (1, 2, 3)]
+    arm = [row("prfaas-observed", s, 5.0) for s in (1, 2)] + [{**row("prfaas-observed", 3, 5.0), "long_p90_s": None, "slo": None}]
+    console = Console(record=True, width=200)
+    ok, judged = compare(fixed + arm, console)  # seed 3 had no long request in its window
+    assert judged == 4 and not ok
+    text = console.export_text()
+    assert "long P90 TTFT" in text and "│ 2 " in text  # two seeds' long ratio, the third left out
