@@ -48,6 +48,22 @@ def _ratio_of_means(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.mean(a, axis=axis) / np.mean(b, axis=axis)
 
 
+def _bootstrap(data: tuple[np.ndarray, ...], statistic: Any, *, paired: bool, confidence: float, resamples: int,
+               seed: int) -> tuple[float, float, str]:
+    """(low, high, method) of `scipy.stats.bootstrap`: BCa, or the percentile interval where BCa is undefined
+    (very few values); NaNs and "failed" when neither gives a finite interval."""
+    rng = np.random.default_rng(seed)
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scipy warns on degenerate resamples; we check the interval instead
+            res = sps.bootstrap(data, statistic, paired=paired, vectorized=True, confidence_level=confidence,
+                                n_resamples=resamples, method=method, random_state=rng)
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if math.isfinite(lo) and math.isfinite(hi):
+            return lo, hi, method.lower()
+    return float("nan"), float("nan"), "failed"
+
+
 def paired_ratio_ci(a: Sequence[float], b: Sequence[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
                     seed: int = 0) -> tuple[float, float, float, str]:
     """(mean(a) / mean(b), low, high, method) with a paired bootstrap interval. `a[i]` and `b[i]` are one pair."""
@@ -59,16 +75,8 @@ def paired_ratio_ci(a: Sequence[float], b: Sequence[float], *, confidence: float
     ratio = float(_ratio_of_means(x, y))
     if np.allclose(x * y.mean(), y * x.mean()):  # every pair gives the same ratio: no spread to resample
         return ratio, ratio, ratio, "degenerate"
-    rng = np.random.default_rng(seed)
-    for method in ("BCa", "percentile"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # scipy warns on degenerate resamples; we check the interval instead
-            res = sps.bootstrap((x, y), _ratio_of_means, paired=True, vectorized=True, confidence_level=confidence,
-                                n_resamples=resamples, method=method, random_state=rng)
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if math.isfinite(lo) and math.isfinite(hi):
-            return ratio, lo, hi, method.lower()
-    return ratio, float("nan"), float("nan"), "failed"
+    lo, hi, method = _bootstrap((x, y), _ratio_of_means, paired=True, confidence=confidence, resamples=resamples, seed=seed)
+    return ratio, lo, hi, method
 
 
 def mean_ci(x: Sequence[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
@@ -82,16 +90,8 @@ def mean_ci(x: Sequence[float], *, confidence: float = CONFIDENCE, resamples: in
     m = float(a.mean())
     if np.allclose(a, a[0]):
         return m, m, m, "degenerate"
-    rng = np.random.default_rng(seed)
-    for method in ("BCa", "percentile"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # as in paired_ratio_ci
-            res = sps.bootstrap((a,), np.mean, vectorized=True, confidence_level=confidence, n_resamples=resamples,
-                                method=method, random_state=rng)
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if math.isfinite(lo) and math.isfinite(hi):
-            return m, lo, hi, method.lower()
-    return m, float("nan"), float("nan"), "failed"
+    lo, hi, method = _bootstrap((a,), np.mean, paired=False, confidence=confidence, resamples=resamples, seed=seed)
+    return m, lo, hi, method
 
 
 def compare(metric: str, arm_a: str, arm_b: str, a: Sequence[float], b: Sequence[float], *, seed: int = 0) -> Comparison:
