@@ -280,6 +280,15 @@ def is_stuck_after_rto(s: TcpSample, loss_since_s: float | None, peak_rate_bps: 
             and any(share >= SIBLING_RATE_SHARE for share in sibling_shares))
 
 
+def tcp_sysctl(key: str) -> str | None:
+    """`net.ipv4.<key>` of this network namespace (e.g. tcp_congestion_control), whitespace-normalised; None
+    when it cannot be read."""
+    try:
+        return " ".join(Path(f"/proc/sys/net/ipv4/{key}").read_text().split())
+    except OSError:
+        return None
+
+
 def congestion_control_refused(name: str) -> str | None:
     """Why this host's kernel refuses TCP congestion control `name` on a socket (as `KVSender` sets it), or
     None when it sets it. Setting it as root loads the kernel's module (tcp_<name>) if it is not loaded."""
@@ -288,10 +297,8 @@ def congestion_control_refused(name: str) -> str | None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
         except OSError as e:
             def listed(key: str) -> str:
-                try:
-                    return ", ".join(Path(f"/proc/sys/net/ipv4/{key}").read_text().split()) or "none"
-                except OSError:
-                    return "unknown"
+                value = tcp_sysctl(key)
+                return "unknown" if value is None else ", ".join(value.split()) or "none"
 
             if e.errno == errno.EPERM:  # the kernel has it, but this user may set only the allowed ones
                 return (f"{name!r} is not allowed for this user ({e.strerror}); net.ipv4.tcp_allowed_congestion_control "

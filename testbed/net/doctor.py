@@ -80,14 +80,11 @@ def run_checks() -> list[Check]:
 def congestion_control_check() -> Check:
     """The host's default TCP congestion control (what the KV connections run unless the scenario's
     `serving.kv_congestion_control` names one) and whether BBR can be set. Informational: either works."""
-    from pathlib import Path
+    from testbed.kv.transport import congestion_control_refused, tcp_sysctl
 
-    from testbed.kv.transport import congestion_control_refused
-
-    try:
-        default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
-    except OSError as exc:
-        return Check("TCP congestion control", False, f"unreadable: {exc}", required=False)
+    default = tcp_sysctl("tcp_congestion_control")
+    if default is None:
+        return Check("TCP congestion control", False, "unreadable: /proc/sys/net/ipv4/tcp_congestion_control", required=False)
     bbr = congestion_control_refused("bbr")  # as root this loads tcp_bbr if the kernel has it as a module
     return Check("TCP congestion control", True,
                  f"default {default} (KV uses it unless serving.kv_congestion_control names one); "
