@@ -288,12 +288,13 @@ def rate_override(rate_rps: float) -> str:
 
 
 def check_scenario(scenario: str, overrides: Sequence[str]) -> Any:
-    """The scenario, refused unless its arrivals are a Poisson process (the rate is what the search sets)."""
+    """The scenario, refused unless a run would take it (`check_run`) and its arrivals are a Poisson process
+    (the rate is what the search sets)."""
+    from experiments.engine import check_run
     from testbed.errors import UserError
-    from testbed.sections import load_scenario
     from traffic.arrivals import Poisson
 
-    sc = load_scenario(scenario, list(overrides) + [rate_override(1.0)])
+    sc = check_run(scenario, list(overrides) + [rate_override(1.0)])
     wl = sc.section("workload")
     if not isinstance(getattr(wl, "arrivals", None), Poisson) or wl.arrivals.steps:
         raise UserError("workload.arrivals: prfaas capacity needs {process: poisson, rate: ...} without steps "

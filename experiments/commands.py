@@ -139,13 +139,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """The quick scenario once per policy, then the comparison report."""
     from analysis.report import write_report
+    from experiments.engine import check_run
     from experiments.runs import run_once
-    from testbed.sections import load_scenario
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise UserError("--policies: name at least one policy, e.g. prfaas,fixed-threshold")
-    scenarios = [load_scenario("quick", [f"policy.name={p}"]) for p in policies]  # all checked before any runs
+    scenarios = [check_run("quick", [f"policy.name={p}"]) for p in policies]  # all checked before any runs
     parent = Path(args.out) if args.out else _default_out("quick")
     outs, ended_early = [], False
     for policy, scenario in zip(policies, scenarios):

@@ -17,6 +17,8 @@ from experiments.runs import is_finished
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from testbed.scenario import Scenario
+
 SKIPPED = "skipped (finished before)"
 
 
@@ -32,6 +34,19 @@ def resolve_scenario_ref(ref: str) -> str:
     scenario's name stays a name."""
     p = Path(ref)
     return str(p.resolve()) if p.suffix in (".yaml", ".yml") or p.exists() else ref
+
+
+def check_run(scenario: str, overrides: Sequence[str]) -> "Scenario":
+    """The scenario with `overrides`, checked as `prfaas run` checks it before anything starts (the file, then
+    `plan_run`: the sections together, and a KV congestion control this host's kernel must set). A multi-run
+    command checks every run this way before its first, so a bad arm or grid point is refused in one line
+    instead of failing an hour in. (On a cluster executor the kernel checked is the coordinator's.)"""
+    from testbed.sections import load_scenario
+    from testbed.serving.config import plan_run
+
+    sc = load_scenario(scenario, list(overrides))
+    plan_run(sc)
+    return sc
 
 
 def run_tasks(tasks: Sequence[RunTask], executor: Executor | None = None, *, label: str = "runs",

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from analysis import stats
-from experiments.engine import SKIPPED, run_tasks
+from experiments.engine import SKIPPED, check_run, run_tasks
 from experiments.executor import Executor, RunOutcome, RunTask
 from experiments.spec import KNOWN_DIRECTIONS, ExperimentSpec
 from testbed import rundir
@@ -67,15 +67,13 @@ def run_row(outcome: RunOutcome, out: Path, **labels: Any) -> dict[str, Any]:
 
 
 def tasks_of(spec: ExperimentSpec, out: Path) -> list[tuple[RunTask, dict[str, Any]]]:
-    """Every run of the experiment with its labels; every scenario is checked here, before anything runs."""
-    from testbed.sections import load_scenario
-
+    """Every run of the experiment with its labels; every scenario is checked here (`check_run`), before anything runs."""
     tasks = []
     for arm in spec.arms:
         for seed in spec.seeds:
             for rep in range(1, spec.repetitions + 1):
                 overrides = spec.overrides + arm.overrides + (f"seed={seed}",)
-                load_scenario(spec.scenario, list(overrides))
+                check_run(spec.scenario, overrides)
                 key = f"{arm.name}/seed{seed}-rep{rep}"
                 tasks.append((RunTask(key, spec.scenario, overrides, out / "runs" / key),
                               {"experiment": spec.name, "arm": arm.name, "seed": seed, "repetition": rep}))

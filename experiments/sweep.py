@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.engine import SKIPPED, resolve_scenario_ref, run_tasks
+from experiments.engine import SKIPPED, check_run, resolve_scenario_ref, run_tasks
 from experiments.executor import Executor, RunTask
 from testbed.atomic import write_json, write_parquet
 from testbed.errors import UserError
-from testbed.sections import load_scenario
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
     points = expand(grid)
     out = Path(out_dir)
     for p in points:  # every point is checked before anything runs
-        load_scenario(scenario, list(base_overrides or []) + list(p.overrides))
+        check_run(scenario, list(base_overrides or []) + list(p.overrides))
     ref = resolve_scenario_ref(scenario)
     tasks = [RunTask(p.name, ref, tuple(base_overrides or []) + p.overrides, out / "points" / p.name) for p in points]
     outcomes = run_tasks(tasks, executor, label="sweep")

@@ -70,3 +70,13 @@ def test_experiment_writes_one_row_per_run_and_paired_comparisons_then_resumes(t
 def test_unknown_executor_is_refused_in_one_line():
     with pytest.raises(UserError, match="unknown executor.*local"):
         make_executor("cluster")
+
+
+def test_an_arm_a_run_would_refuse_is_refused_before_the_first_run(tmp_path):
+    """Checked as `prfaas run` checks it (plan_run), not only as a file: a setting the host's kernel refuses
+    (or that only the sections together refuse) stops the whole experiment in one line before any arm has run."""
+    ex = Synthetic()
+    spec = {**SPEC, "arms": {**SPEC["arms"], "odd-tcp": {"serving.kv_congestion_control": "nosuchcc"}}}
+    with pytest.raises(UserError, match="serving.kv_congestion_control: 'nosuchcc' cannot be set on this host"):
+        run_experiment(parse_spec(spec), tmp_path / "e", ex, progress=False)
+    assert ex.ran == [] and not (tmp_path / "e" / "runs").exists()

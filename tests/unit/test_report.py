@@ -183,16 +183,15 @@ def test_sweep_runs_every_grid_point_then_resumes_without_rerunning(tmp_path):
     calls = []
     fake_runner = FakeExecutor(calls)
 
-    scen = tmp_path / "s.yaml"
-    scen.write_text("name: s\nduration: 10s\nwan: {rate: 10Gbps}\n")
+    scen = "quick"  # a whole scenario: every point is checked as a run would check it (experiments.engine.check_run)
     grid = ["wan.rate=10Gbps,20Gbps", "seed=1,2"]
-    man = run_sweep(str(scen), grid, tmp_path / "sw", executor=fake_runner, report=False)
+    man = run_sweep(scen, grid, tmp_path / "sw", executor=fake_runner, report=False)
     assert len(calls) == 4 and all(v["status"] == "ok" for v in man["points"].values())
     assert "wan.rate=20Gbps,seed=2" in man["points"]
     # an interrupted point (no summary.json) is rerun; finished ones are skipped
     (tmp_path / "sw" / "points" / "wan.rate=10Gbps,seed=1" / "summary.json").unlink()
     calls.clear()
-    man = run_sweep(str(scen), grid, tmp_path / "sw", executor=fake_runner)
+    man = run_sweep(scen, grid, tmp_path / "sw", executor=fake_runner)
     assert calls == ["wan.rate=10Gbps,seed=1"]
     assert (tmp_path / "sw" / "report.html").read_text().count("<tr><td>") == 4
     assert sum(v["status"].startswith("skipped") for v in man["points"].values()) == 3
@@ -207,11 +206,16 @@ def test_sweep_refuses_a_bad_grid_and_bad_points_before_running(tmp_path):
     with pytest.raises(UserError, match="twice"):
         parse_grid(["seed=1", "seed=2"])
     assert len(expand(parse_grid(["a=1,2,3", "b=x,y"]))) == 6
-    scen = tmp_path / "s.yaml"
-    scen.write_text("name: s\nwan: {rate: 10Gbps}\n")
     ran = []
     with pytest.raises(UserError, match="wan.rate"):
-        run_sweep(str(scen), ["wan.rate=10Gbps,fast"], tmp_path / "sw", executor=FakeExecutor(ran))
+        run_sweep("quick", ["wan.rate=10Gbps,fast"], tmp_path / "sw", executor=FakeExecutor(ran))
+    # a point that only the sections together refuse (plan_run), as `prfaas run` would, also before any runs
+    with pytest.raises(UserError, match="serving.kv_congestion_control: 'nosuchcc' cannot be set on this host"):
+        run_sweep("quick", ["serving.kv_congestion_control=null,nosuchcc"], tmp_path / "sw", executor=FakeExecutor(ran))
+    scen = tmp_path / "net-only.yaml"  # no model, workload or policy: nothing a run could serve
+    scen.write_text("name: s\nwan: {rate: 10Gbps}\n")
+    with pytest.raises(UserError, match="model: is required for a run"):
+        run_sweep(str(scen), ["wan.rate=10Gbps,20Gbps"], tmp_path / "sw", executor=FakeExecutor(ran))
     assert ran == []
 
 
