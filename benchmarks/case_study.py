@@ -250,11 +250,12 @@ def main() -> int:
         out = Path(args.measure)
         keys = [k for k in keys if (out / k / REQUESTS_FILE).exists()]
     else:
+        from experiments.engine import check_run
         from experiments.runs import run_once
 
         out = Path(args.out)
         quick = QUICK if args.quick else []
-        scenarios = {k: load_scenario(RUNS[k][0], quick + RUNS[k][1]) for k in keys}  # all checked first
+        scenarios = {k: check_run(RUNS[k][0], quick + RUNS[k][1]) for k in keys}  # all checked first, as prfaas run checks
         for key, sc in scenarios.items():
             print(f"== {key}", flush=True)
             run_once(sc, out / key, progress=sys.stdout.isatty())

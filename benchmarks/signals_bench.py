@@ -330,8 +330,11 @@ def main() -> int:
     out = Path(a.measure or a.out)
     todo = tasks(shapes, seeds, arms, out, a.set)
     if not a.measure:  # the experiments engine: resumable, any executor
-        from experiments.engine import run_tasks
+        from experiments.engine import check_run, run_tasks
         from experiments.executor import make_executor
+
+        for t in todo:  # every run checked as prfaas run checks it, before the first (a --set the host refuses: one line)
+            check_run(t.scenario, t.overrides, t.out_dir)
 
         for key, o in run_tasks(todo, make_executor(a.executor), label="signals bench").items():
             if o.status == "failed":

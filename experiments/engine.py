@@ -36,16 +36,19 @@ def resolve_scenario_ref(ref: str) -> str:
     return str(p.resolve()) if p.suffix in (".yaml", ".yml") or p.exists() else ref
 
 
-def check_run(scenario: str, overrides: Sequence[str]) -> "Scenario":
+def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = None) -> "Scenario":
     """The scenario with `overrides`, checked as `prfaas run` checks it before anything starts (the file, then
     `plan_run`: the sections together, and a KV congestion control this host's kernel must set). A multi-run
     command checks every run this way before its first, so a bad arm or grid point is refused in one line
-    instead of failing an hour in. (On a cluster executor the kernel checked is the coordinator's.)"""
+    instead of failing an hour in. A run already finished in `out_dir` (which a resumed batch skips) is
+    checked as a file only: it ran, and re-reading it must not depend on this host's kernel. (With
+    `--executor ray` the kernel asked is the driver's, not each node's.)"""
     from testbed.sections import load_scenario
     from testbed.serving.config import plan_run
 
     sc = load_scenario(scenario, list(overrides))
-    plan_run(sc)
+    if out_dir is None or not is_finished(out_dir):
+        plan_run(sc)
     return sc
 
 

@@ -73,8 +73,8 @@ def tasks_of(spec: ExperimentSpec, out: Path) -> list[tuple[RunTask, dict[str, A
         for seed in spec.seeds:
             for rep in range(1, spec.repetitions + 1):
                 overrides = spec.overrides + arm.overrides + (f"seed={seed}",)
-                check_run(spec.scenario, overrides)
                 key = f"{arm.name}/seed{seed}-rep{rep}"
+                check_run(spec.scenario, overrides, out / "runs" / key)
                 tasks.append((RunTask(key, spec.scenario, overrides, out / "runs" / key),
                               {"experiment": spec.name, "arm": arm.name, "seed": seed, "repetition": rep}))
     return tasks

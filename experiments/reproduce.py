@@ -280,7 +280,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     paired order test of each two configurations adjacent by measured Lambda_max (`paired_orders`)."""
     import time
 
-    from experiments.capacity import check_scenario, measure_capacity
+    from experiments.capacity import capacity_overrides, check_scenario, measure_capacity
 
     only = tuple(dict.fromkeys(only))  # a configuration named twice is measured once (two searches would share its runs)
     search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
@@ -294,7 +294,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     sc, model = model_results(base)
     overrides = configuration_overrides(model["literal"])
     for name in only:  # every configuration is checked before the first search starts
-        check_scenario("case-study", base + overrides[name])
+        check_scenario("case-study", capacity_overrides(base + overrides[name], early_stop))
     at_once, per_search = searches_at_once(executor, len(only))
     plan = planned_wall_s(sc, quick, len(only), search["repetitions"], at_once)
     if progress:

@@ -59,7 +59,7 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
     points = expand(grid)
     out = Path(out_dir)
     for p in points:  # every point is checked before anything runs
-        check_run(scenario, list(base_overrides or []) + list(p.overrides))
+        check_run(scenario, list(base_overrides or []) + list(p.overrides), out / "points" / p.name)
     ref = resolve_scenario_ref(scenario)
     tasks = [RunTask(p.name, ref, tuple(base_overrides or []) + p.overrides, out / "points" / p.name) for p in points]
     outcomes = run_tasks(tasks, executor, label="sweep")

@@ -80,3 +80,15 @@ def test_an_arm_a_run_would_refuse_is_refused_before_the_first_run(tmp_path):
     with pytest.raises(UserError, match="serving.kv_congestion_control: 'nosuchcc' cannot be set on this host"):
         run_experiment(parse_spec(spec), tmp_path / "e", ex, progress=False)
     assert ex.ran == [] and not (tmp_path / "e" / "runs").exists()
+
+
+def test_a_finished_run_is_checked_as_a_file_only_so_a_resumed_batch_does_not_ask_this_hosts_kernel(tmp_path):
+    """The runs of arm "odd" finished (on a host that could set its congestion control); resuming the batch here
+    runs only what is missing and reads them back, whatever this host's kernel says of the name."""
+    spec = parse_spec({**SPEC, "arms": {"odd": {"serving.kv_congestion_control": "nosuchcc"}, "slow": {"policy.name": "fixed-threshold"}}})
+    for seed in spec.seeds:
+        write_run_dir(tmp_path / "e" / "runs" / "odd" / f"seed{seed}-rep1", policy="odd", seed=seed, duration_s=20, rate_rps=9.0)
+    ex = Synthetic()
+    res = run_experiment(spec, tmp_path / "e", ex, progress=False)
+    assert sorted(ex.ran) == ["slow/seed1-rep1", "slow/seed2-rep1", "slow/seed3-rep1"]
+    assert len(pd.read_parquet(res["results"])) == 6

@@ -221,3 +221,21 @@ def test_a_configuration_named_twice_is_measured_once(monkeypatch, tmp_path):
     monkeypatch.setattr("experiments.capacity.measure_capacity", fake_measure)
     doc = reproduce.reproduce_case_study(tmp_path, quick=True, only=("prfaas_pd", "prfaas_pd"), executor=SlotsExecutor(3), progress=False)
     assert seen == ["prfaas_pd"] and list(doc["measured"]) == ["prfaas_pd"] and doc["executor_slots"] == 3
+
+
+def test_every_configuration_is_checked_before_the_first_search_starts(monkeypatch, tmp_path):
+    from testbed.errors import UserError
+
+    searched, checked = [], []
+
+    def check(scenario, overrides):
+        checked.append(overrides)
+        if len(checked) == 2:  # the second configuration is one a run would refuse
+            raise UserError("serving.kv_congestion_control: refused")
+
+    monkeypatch.setattr("experiments.capacity.check_scenario", check)
+    monkeypatch.setattr("experiments.capacity.measure_capacity", lambda *a, **kw: searched.append(a))
+    with pytest.raises(UserError, match="refused"):
+        reproduce.reproduce_case_study(tmp_path / "r", quick=True, progress=False)
+    assert searched == [] and len(checked) == 2
+    assert all(ov[0] == "serving.slo.stop_below=0.9" for ov in checked)  # what the searches run: early stop included

@@ -117,3 +117,17 @@ def test_a_seed_without_a_figure_is_left_out_of_its_mean_not_a_crash() -> None:
     assert judged == 4 and not ok
     text = console.export_text()
     assert "long P90 TTFT" in text and "│ 2 " in text  # two seeds' long ratio, the third left out
+
+
+def test_a_set_the_host_refuses_stops_the_bench_before_its_first_run(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    import pytest
+
+    from testbed.errors import UserError
+
+    monkeypatch.setattr(sys, "argv", ["signals_bench.py", "--shapes", "val-dip", "--seeds", "1", "--arms", "fixed-threshold",
+                                      "--set", "serving.kv_congestion_control=nosuchcc", "--out", str(tmp_path / "b")])
+    with pytest.raises(UserError, match="serving.kv_congestion_control: 'nosuchcc' cannot be set on this host"):
+        bench["main"]()
+    assert not (tmp_path / "b").exists()
