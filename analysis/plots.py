@@ -21,6 +21,7 @@ import pandas as pd  # noqa: E402
 from analysis.metrics import cut_mask, egress_series_bps, kv_egress_series_bps, offloaded_mask, ok_mask, tpot_s, ttft_s  # noqa: E402
 from analysis.rundir import Run  # noqa: E402
 from testbed import units  # noqa: E402
+from testbed.kv.tcplog import CONNECTION  # noqa: E402
 from testbed.scale import Scale  # noqa: E402
 
 plt.rcParams.update({"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False})
@@ -329,9 +330,6 @@ def kv_pushback(runs: Sequence[Run]) -> plt.Figure:
     return fig
 
 
-TCP_CONNECTION = ["prefill_instance", "decode_instance", "sender", "connection"]  # one TCP connection in tcp.parquet
-
-
 def kv_connections(run: Run) -> plt.Figure:
     """One run, its KV senders' TCP connections across the WAN (`tcp.parquet`, the PrfaaS cluster's): each
     connection's delivery rate (samples the sender did not limit), congestion window and smoothed RTT against
@@ -339,7 +337,7 @@ def kv_connections(run: Run) -> plt.Figure:
     What `ss -ti` would show, over time; rates in emulated units."""
     fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     tcp = run.tcp[run.tcp["cluster"] == "prfaas"] if run.tcp is not None else pd.DataFrame()
-    conns = tcp.groupby(TCP_CONNECTION) if len(tcp) else []
+    conns = tcp.groupby(list(CONNECTION)) if len(tcp) else []
     for n, (_, c) in enumerate(conns):
         color = f"C{n % 10}"
         busy = c[(c["unacked_bytes"] > 0) | (c["notsent_bytes"] > 0)]  # between transfers, rate and RTT are stale

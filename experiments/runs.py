@@ -30,6 +30,7 @@ def summarize_run_dir(path: str | Path) -> dict[str, Any]:
     summary["compute"] = data.environment.compute.get("mode")
     kv_cc = data.environment.backends.get("kv_congestion_control")  # what the KV connections ran (a list; None: unknown)
     summary["kv_congestion_control"] = ",".join(kv_cc) if kv_cc else None
+    summary["kv_cc_restarts"] = data.environment.backends.get("kv_cc_restarts")  # the stuck-connection watchdog's restarts
     if data.environment.extra.get(rundir.RUN_ERROR):
         summary[rundir.RUN_ERROR] = data.environment.extra[rundir.RUN_ERROR]
     req = data.requests

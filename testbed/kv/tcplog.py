@@ -39,6 +39,16 @@ COLUMNS = ("cluster", "prefill_instance", "decode_instance", "sender") + SAMPLE_
 TEXT_COLUMNS = ("cluster", "cc")
 BOOL_COLUMNS = ("app_limited",)
 FLOAT_COLUMNS = ("t_s", "delivery_rate_bps")
+CONNECTION = ("cluster", "prefill_instance", "decode_instance", "sender", "connection")  # one TCP connection's rows
+
+
+def cc_restarts(tcp: Any) -> int | None:
+    """How many times the senders restarted a KV connection's congestion control in a run
+    (`KVSender._watch_loss`), from its `tcp.parquet` frame: each connection's count is cumulative in its
+    samples, so its last is its total. None for a frame from before the count was logged (2026-12-05)."""
+    if "cc_restarts" not in tcp:
+        return None
+    return int(tcp.groupby(list(CONNECTION))["cc_restarts"].max().sum()) if len(tcp) else 0
 
 
 class TcpLog:

@@ -736,11 +736,6 @@ class KVSender(KVSendConnector):
             c.cc_name = other
         return True
 
-    def cc_restarts(self) -> int:
-        """How many times a connection's congestion control was restarted (`_watch_loss`; per connection in
-        each sample's `cc_restarts`, so in tcp.parquet)."""
-        return sum(c.cc_restarts for c in self._conns)
-
     def _sample_loop(self) -> None:
         while not self._closed:
             for c in self._conns:

@@ -14,7 +14,7 @@ from typing import Any
 
 from testbed import rundir
 from testbed.fidelity import with_compute
-from testbed.kv.tcplog import read_tcp_logs
+from testbed.kv.tcplog import cc_restarts, read_tcp_logs
 from testbed.scenario import Scenario
 from testbed.serving.config import ServingPlan
 from testbed.serving.early_stop import CUT
@@ -60,9 +60,10 @@ def requests_frame(requests: list[Any], router_rows: list[dict[str, Any]], clien
 
 
 def environment(plan: ServingPlan, scenario: Scenario, scale: float, env_info: dict[str, Any],
-                kv_cc: list[str] | None = None) -> rundir.Environment:
+                kv_cc: list[str] | None = None, kv_cc_restarts: int | None = None) -> rundir.Environment:
     """environment.json of a run: host, backends, calibration, compute, network, instances, serving.
-    `kv_cc`: the congestion controls the KV connections ran (tcp.parquet's `cc`); None: not known."""
+    `kv_cc`: the congestion controls the KV connections ran (tcp.parquet's `cc`); `kv_cc_restarts`: how
+    many times the senders restarted one (`tcplog.cc_restarts`); None: not known."""
     import torch
 
     from testbed.net.emulation import host_capacity_bps
@@ -75,7 +76,7 @@ def environment(plan: ServingPlan, scenario: Scenario, scale: float, env_info: d
         kernel=platform.release(),
         backends={"wan": (env_info.get("network") or {}).get("backend"), "shaper": scenario.wan.shaper,
                   "torch": torch.__version__, "cuda": torch.cuda.is_available(),
-                  "kv_congestion_control": kv_cc or None},
+                  "kv_congestion_control": kv_cc or None, "kv_cc_restarts": kv_cc_restarts},
         calibration={"capacity_bps": cap, "capacity_source": cap_source, "wan_rtt": env_info.get("rtt")},
         compute={"mode": plan.compute, "profiles": dict(plan.profiles) if plan.compute == "profile" else None,
                  "model": model.name, "variant": model.variant if plan.compute == "torch" else None,
@@ -112,10 +113,11 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
     out.scheduler(pd.read_parquet(sched) if sched.exists() else SchedulerLog().to_frame())
     tcp_logs = list(work.glob(f"*{rundir.TCP_LOG_SUFFIX}"))
     kv_cc: list[str] = []
+    restarts: int | None = None
     if tcp_logs:
         try:
             tcp = read_tcp_logs(tcp_logs)
-            kv_cc = sorted(set(tcp["cc"]) - {""})
+            kv_cc, restarts = sorted(set(tcp["cc"]) - {""}), cc_restarts(tcp)
             out.tcp(tcp)
         except Exception as e:  # telemetry: the run's other files matter more; the CSV files stay in work/
             print(f"tcp.parquet not written ({e}); the samples stay in {work}/*{rundir.TCP_LOG_SUFFIX}", file=sys.stderr)
@@ -124,6 +126,6 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
                 p.unlink()
     if not (out.path / rundir.LINK_FILE).exists():  # NET writes it when the network stops
         out.link(None)
-    out.environment(environment(plan, scenario, scale, env_info, kv_cc))
+    out.environment(environment(plan, scenario, scale, env_info, kv_cc, restarts))
     if env_info.get("fidelity") is not None:  # judged again with the compute's own timing, which the requests carry
         out.fidelity(with_compute(env_info["fidelity"], df))

@@ -142,8 +142,11 @@ def test_profile_run_writes_a_complete_run_directory_with_spec_sized_kv(run_dir:
     tcp = pd.read_parquet(run_dir / "tcp.parquet")
     assert set(tcp["cluster"]) == {"prfaas", "pd"} and set(tcp["connection"]) <= set(range(4))
     # which congestion control the KV connections ran (the hosts' default here) is recorded with the run
-    kv_cc = json.loads((run_dir / "environment.json").read_text())["backends"]["kv_congestion_control"]
+    backends = json.loads((run_dir / "environment.json").read_text())["backends"]
+    kv_cc = backends["kv_congestion_control"]
     assert kv_cc == sorted(set(tcp["cc"])) and len(kv_cc) == 1 and kv_cc[0]
+    # and how often a connection stuck after an RTO had its congestion control restarted: never, on a clean path
+    assert backends["kv_cc_restarts"] == 0 and summary["kv_cc_restarts"] == 0
     acked = tcp.groupby(["prefill_instance", "decode_instance", "sender", "connection"])["bytes_acked"].max() \
         .groupby(level=[0, 1]).sum()
     delivered = df[df["status"] == "ok"]

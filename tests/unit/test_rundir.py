@@ -100,11 +100,12 @@ def test_a_run_that_ended_early_says_why_in_its_summary_and_exits_non_zero(tmp_p
     req["reason"] = ["decode failed: x", "decode failed: x", None] + [None] * (len(req) - 3)
     w = rundir.RunDirWriter(d)
     w.requests(req)
-    assert summarize_run_dir(d)["kv_congestion_control"] is None  # a run from before the record: not known
+    old = summarize_run_dir(d)
+    assert old["kv_congestion_control"] is None and old["kv_cc_restarts"] is None  # a run from before the record: not known
     w.environment(replace(data.environment, extra={rundir.RUN_ERROR: "the router exited (status 1): boom"},
-                          backends={**data.environment.backends, "kv_congestion_control": ["cubic"]}))
+                          backends={**data.environment.backends, "kv_congestion_control": ["cubic"], "kv_cc_restarts": 2}))
     summary = summarize_run_dir(d)
-    assert summary["kv_congestion_control"] == "cubic"
+    assert summary["kv_congestion_control"] == "cubic" and summary["kv_cc_restarts"] == 2
     assert summary[rundir.RUN_ERROR] == "the router exited (status 1): boom"
     assert summary["failure_reasons"] == {"decode failed: x": 2, "no reason recorded": 1}
     assert rundir.read_summary(d)["failure_reasons"] == summary["failure_reasons"]
@@ -121,6 +122,7 @@ def test_a_run_that_ended_early_says_why_in_its_summary_and_exits_non_zero(tmp_p
     out = capsys.readouterr().out
     assert "failed x2: decode failed: x" in out and "the run ended early: the router exited (status 1): boom" in out
     assert "policy prfaas, KV over TCP cubic)" in out
+    assert "KV connections stuck after an RTO: congestion control restarted 2 times" in out
     w.environment(data.environment)  # the same run without the error: exit 0
     summarize_run_dir(d)
     args.out = str(tmp_path / "again")

@@ -126,3 +126,26 @@ def test_a_real_sender_on_loopback_logs_every_connection_and_its_acknowledged_by
     # each sample names the congestion control its connection ran: the one asked for, else the host's default
     default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     assert set(df["cc"]) == {cc or default}
+
+
+def test_congestion_control_restarts_add_up_each_connections_last_count_across_workers_and_senders(tmp_path: Path):
+    """A connection's `cc_restarts` is cumulative in its samples; a replaced sender's connections count
+    again from 0, and another prefill worker's connection with the same index is another connection."""
+    import dataclasses
+
+    from testbed.kv.tcplog import cc_restarts
+
+    def stuck(t_s: float, connection: int, restarts: int) -> TcpSample:  # in flight: kept at every tick
+        return dataclasses.replace(sample(t_s, connection, unacked=1448), cc_restarts=restarts)
+
+    a, b = TcpLog(tmp_path / "a.tcp.csv", "prfaas", 0, flush_s=100.0), TcpLog(tmp_path / "b.tcp.csv", "prfaas", 1, flush_s=100.0)
+    for t, n in ((0.1, 0), (0.2, 1), (0.3, 2)):
+        a.record(0, 0, stuck(t, 0, n))
+    a.record(0, 0, stuck(0.2, 1, 0))  # its sibling: never restarted
+    a.record(0, 1, stuck(0.5, 0, 1))  # the sender that replaced it, counting from 0 again
+    b.record(0, 0, stuck(0.4, 0, 3))  # worker 1's connection 0: not worker 0's
+    a.close(), b.close()
+    df = read_tcp_logs([tmp_path / "a.tcp.csv", tmp_path / "b.tcp.csv"])
+    assert cc_restarts(df) == 2 + 0 + 1 + 3
+    assert cc_restarts(df.iloc[:0]) == 0  # no sample: no restart
+    assert cc_restarts(df.drop(columns=["cc_restarts"])) is None  # a run from before the count was logged
