@@ -213,19 +213,25 @@ def queue_trend_inconclusive(queue: dict[str, Any] | None) -> bool:
     return not q.get("growing") and p is not None and p < TREND_ALPHA and growth is not None and growth >= TREND_MIN_GROWTH
 
 
-def prefix_cache(df: pd.DataFrame) -> dict[str, Any]:
+def prefix_cache(df: pd.DataFrame, hybrid: bool | None = None) -> dict[str, Any]:
     """Achieved prefix-cache hits against the ideal of the workload: one infinite cache shared by every
     instance, filled by every earlier request (arrival order) the moment it arrives.
 
     ``hit_requests``: share of requests with a cached prefix; ``hit_tokens``: cached / input tokens;
-    ``ideal_*`` the same under the ideal cache (a prompt's last token is never reused, a partial block
-    never is: `testbed.serving.kvmanager.reusable_blocks`); ``efficiency`` = hit_tokens / ideal_hit_tokens.
+    ``ideal_*`` the same under the ideal cache at any full block (a prompt's last token is never reused, a
+    partial block never is: `testbed.serving.kvmanager.reusable_blocks`), what a model of full attention
+    could reach; ``ideal_checkpoint_*`` under the same cache for a hybrid model as this testbed's pool keeps
+    it (`HybridPrefixPool.insert`): a prefix is reusable only up to a block boundary where an earlier
+    prompt's linear/SWA state was stored, the last full block boundary of each prompt. ``efficiency`` =
+    hit_tokens / the ideal of the run's model (`hybrid`: the checkpoint ideal; False or None, unknown: the
+    other). docs/analysis.md, "Prefix-cache efficiency".
     """
     from testbed.blocks import BLOCK_TOKENS
     from testbed.kv.pool import chain_block_hashes
     from testbed.serving.kvmanager import full_blocks, reusable_blocks
 
     out: dict[str, Any] = {"hit_requests": None, "hit_tokens": None, "ideal_hit_requests": None, "ideal_hit_tokens": None,
+                           "ideal_checkpoint_hit_requests": None, "ideal_checkpoint_hit_tokens": None, "hybrid": hybrid,
                            "efficiency": None}
     if not len(df) or "cached_len" not in df:
         return out
@@ -236,22 +242,44 @@ def prefix_cache(df: pd.DataFrame) -> dict[str, Any]:
     if "block_hashes" not in df:
         return out
     order = df.sort_values("scheduled_arrival_s" if "scheduled_arrival_s" in df else "arrival_s")
-    seen: set[int] = set()
-    hits, tokens = 0, 0
+    blocks: set[int] = set()  # every full block stored so far (chained keys)
+    states: set[int] = set()  # the keys of the boundaries where a state was stored
+    hits = tokens = state_hits = state_tokens = 0
     for hashes, n in zip(order["block_hashes"], order["input_len"].astype(int)):
-        hashes = [int(h) for h in hashes] if hashes is not None else []
-        keys = chain_block_hashes(hashes[:reusable_blocks(n)])
+        full = chain_block_hashes([int(h) for h in hashes][:full_blocks(n)] if hashes is not None else [])
+        keys = full[:reusable_blocks(n)]
         depth = 0
-        while depth < len(keys) and keys[depth] in seen:
+        while depth < len(keys) and keys[depth] in blocks:
             depth += 1
-        hits += depth > 0
-        tokens += depth * BLOCK_TOKENS
-        seen.update(chain_block_hashes(hashes[:full_blocks(n)]))
+        at_state = max((i + 1 for i in range(depth) if keys[i] in states), default=0)
+        hits, tokens = hits + (depth > 0), tokens + depth * BLOCK_TOKENS
+        state_hits, state_tokens = state_hits + (at_state > 0), state_tokens + at_state * BLOCK_TOKENS
+        blocks.update(full)
+        if full:
+            states.add(full[-1])
     out["ideal_hit_requests"] = hits / len(order)
     out["ideal_hit_tokens"] = tokens / inputs if inputs else None
-    if out["ideal_hit_tokens"] and out["hit_tokens"] is not None:
-        out["efficiency"] = out["hit_tokens"] / out["ideal_hit_tokens"]
+    out["ideal_checkpoint_hit_requests"] = state_hits / len(order)
+    out["ideal_checkpoint_hit_tokens"] = state_tokens / inputs if inputs else None
+    ideal = out["ideal_checkpoint_hit_tokens"] if hybrid else out["ideal_hit_tokens"]
+    if ideal and out["hit_tokens"] is not None:
+        out["efficiency"] = out["hit_tokens"] / ideal
     return out
+
+
+def model_is_hybrid(model: str) -> bool | None:
+    """Whether `model` (a preset's name or a model file) keeps linear/SWA state, so that its prefix cache can
+    reuse a prefix only where a state was stored; None when it cannot be read (a run of another version)."""
+    from testbed.errors import UserError
+    from testbed.kv.pool import state_bytes
+    from testbed.models.spec import load_model_spec
+
+    if not model:
+        return None
+    try:
+        return state_bytes(load_model_spec(model)) > 0
+    except (UserError, OSError, ValueError):
+        return None
 
 
 def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale: Scale | float = 1.0, policy: str = "",
@@ -310,7 +338,7 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
         "good_fraction": n_good / total if n_good is not None and total else None,
         "goodput_rps": n_good / duration_s if n_good is not None and duration_s else None,
         "queue": queue_trend(df),
-        "prefix_cache": prefix_cache(df),
+        "prefix_cache": prefix_cache(df, model_is_hybrid(model)),
         "early_stop": early_stop(df),
         "drain_cut": drain_cut(df),
     }

@@ -45,6 +45,14 @@ class KVGeometry(Protocol):
     def kv_bytes(self, tokens: int, state_dtype: str | None = None) -> Any: ...
 
 
+def state_bytes(spec: KVGeometry, block_tokens: int = BLOCK_TOKENS, state_dtype: str | None = None) -> int:
+    """Bytes of one state entry (the linear-attention and SWA state at a block boundary); 0 for a model of
+    full attention only, whose prefix is reusable at every block, where a hybrid one's is reusable only
+    where a state was stored."""
+    at_block = spec.kv_bytes(block_tokens, state_dtype)
+    return at_block.fixed_state_bytes + at_block.window_bytes
+
+
 class PoolFullError(RuntimeError):
     """Not enough unreferenced capacity for a transfer-cache allocation."""
 
@@ -135,8 +143,7 @@ class HybridPrefixPool:
     def for_spec(cls, spec: KVGeometry, capacity_bytes: int, block_tokens: int = BLOCK_TOKENS, store_tensors: bool = True,
                  state_dtype: str | None = None) -> HybridPrefixPool:
         """A pool for one model: in metadata mode it charges the spec's bytes per block and per state."""
-        at_block = spec.kv_bytes(block_tokens, state_dtype)
-        state = at_block.fixed_state_bytes + at_block.window_bytes
+        state = state_bytes(spec, block_tokens, state_dtype)
         return cls(capacity_bytes, block_tokens, store_tensors, full_bytes_per_token=spec.full_attention_bytes_per_token,
                    state_bytes=state, hybrid=state > 0)
 
