@@ -148,9 +148,17 @@ def cross_traffic_bps(sc: Scenario, start_s: float, end_s: float) -> float:
     return bits / (end_s - start_s)
 
 
-def _arrival_rate_rps(workload: Any) -> float | None:
+def _arrival_rate_rps(sc: Scenario, workload: Any) -> float | None:
+    """The mean arrival rate the run offers; a trace replayed at its own times: its requests within the
+    run's duration over that duration; None for a closed loop (the rate follows completions)."""
+    from traffic.arrivals import TraceTimes
+
+    if workload.trace is not None and isinstance(workload.arrivals, TraceTimes):
+        from traffic.workload import generate_batch
+
+        return len(generate_batch(workload, sc.seed, sc.duration_s).arrival_s) / sc.duration_s
     mean = getattr(workload.arrivals, "mean_rate_rps", None)
-    return float(mean()) if callable(mean) else None  # closed loop: the rate follows completions
+    return float(mean()) if callable(mean) else None
 
 
 def check_scenario(sc: Scenario) -> CheckReport:
@@ -185,7 +193,7 @@ def _load(sc: Scenario, rep: CheckReport) -> None:
     from analysis import throughput_model as tm
 
     rep.policy = policy.name
-    rep.arrival_rate_rps = _arrival_rate_rps(workload)
+    rep.arrival_rate_rps = _arrival_rate_rps(sc, workload)
     cm, _homo, dist, _inputs = tm.cluster_model_from_scenario(sc)
     t = {"naive-heterogeneous": 0.0}.get(policy.name, float(policy.threshold_tokens))
     rep.threshold_tokens = t if policy.name in OFFLOAD_POLICIES else None

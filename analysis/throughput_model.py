@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -383,6 +384,20 @@ def length_distribution(dist: Any, seed: int = 1, samples: int = 200_000) -> Len
     return LengthDistribution.from_samples(dist.sample(np.random.default_rng(seed), samples), type(dist).__name__)
 
 
+def workload_lengths(sc: Any, workload: Any) -> tuple[LengthDistribution, float]:
+    """(input lengths, mean output length) of a scenario's workload: its ``input`` and ``output``
+    distributions, or, replaying a trace, the requests the run sends (those arriving within its duration)."""
+    if workload.trace is None:
+        return length_distribution(workload.input, sc.seed), float(workload.output.mean())
+    from traffic.workload import generate_batch
+
+    batch = generate_batch(workload, sc.seed, sc.duration_s)
+    if not len(batch.input_len):
+        raise UserError(f"workload.trace: no request of {workload.trace.path} arrives within the run's {sc.duration_s:g} s")
+    name = f"trace {Path(workload.trace.path).name}, its requests in the first {sc.duration_s:g} s"
+    return LengthDistribution.from_samples(batch.input_len, name), float(np.mean(batch.output_len))
+
+
 def _scenario_profile(serving: Any, cluster: str, model_name: str) -> str:
     """``serving.profiles.<cluster>``, else the chip's profile for this model (``h200-<model>`` / ``h20-<model>``),
     the same default as the serving plane."""
@@ -403,7 +418,8 @@ def cluster_model_from_scenario(sc: Any) -> tuple[ClusterModel, ClusterModel, Le
 
     Instance counts come from ``serving.instances`` (or one per host of the topology), profiles from
     ``serving.profiles``, B_out from ``wan.prfaas_to_pd.rate`` (emulated units), KV bytes from the model's
-    spec, lengths from ``workload.input``. Prefix hits are ignored: the model sees input lengths as uncached.
+    spec, lengths from ``workload.input`` (a trace replay: the lengths of the requests it sends within the
+    run's duration, `workload_lengths`). Prefix hits are ignored: the model sees input lengths as uncached.
     """
     from testbed.serving.config import ServingSpec
     from traffic.workload import WorkloadSpec
@@ -419,12 +435,11 @@ def cluster_model_from_scenario(sc: Any) -> tuple[ClusterModel, ClusterModel, Le
     n_pd = (sc.topology.pd.prefill_hosts if n_p is None else n_p) + (sc.topology.pd.decode_hosts if n_d is None else n_d)
     pd_prof = load_profile(_scenario_profile(serving, "pd", model_name))
     kv = spec_kv_bytes(model_name)
-    out_len = float(workload.output.mean())
+    dist, out_len = workload_lengths(sc, workload)
     cm = ClusterModel(pd_profile=pd_prof, n_pd=n_pd, kv_bytes=kv, output_len=out_len, prfaas_profile=load_profile(_scenario_profile(serving, "prfaas", model_name)),
                       n_prfaas=n_prfaas, egress_bps=sc.wan.prfaas_to_pd.rate_bps, bs_max=serving.bs_max, name=sc.name)
     n_homo = n_pd + round(n_prfaas * cm.prfaas_profile.gpus_per_instance / pd_prof.gpus_per_instance)
     homo = replace(cm, prfaas_profile=None, n_prfaas=0, n_pd=n_homo, name=f"{sc.name} homogeneous PD ({n_homo} instances)")
-    dist = length_distribution(workload.input, sc.seed)
     inputs = {
         "prfaas": f"{n_prfaas} instances, profile {cm.prfaas_profile.name}",
         "pd": f"{n_pd} instances, profile {pd_prof.name}",

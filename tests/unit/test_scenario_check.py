@@ -12,6 +12,7 @@ import yaml
 
 from analysis.scenario_check import check_scenario
 from testbed import cli
+from testbed.errors import UserError
 from testbed.scenario import builtin_scenarios_dir
 from testbed.sections import load_scenario, parse_scenario
 
@@ -46,6 +47,32 @@ def test_offered_kv_load_against_capacity_before_and_during_the_dip() -> None:
     assert rep.offered_kv_bps == pytest.approx(before.utilisation * 5e9)
     assert 0 < rep.offload_fraction < 1
     assert rep.model["lambda_max_at_t_star_rps"] >= rep.model["lambda_max_at_base_t_rps"] > 0
+
+
+def test_a_trace_replay_is_checked_on_the_requests_it_sends(test_data: Path, tmp_path: Path) -> None:
+    """Replaying a trace, the offered rate, the offload share and the KV come from the trace's requests
+    within the run's duration (they read 0 req/s and the default input distribution before 2026-12-05)."""
+    import numpy as np
+
+    from analysis.throughput_model import cluster_model_from_scenario
+    from traffic.trace import read_trace
+
+    path = test_data / "mooncake_conversation_trace_60s.jsonl"
+    for duration_s in (30, 60):
+        sc = load_scenario("quick", [f"workload={{trace: {{path: {path}}}}}", f"duration={duration_s}s"])
+        sent = [r for r in read_trace(path).requests if r.arrival_s < duration_s]
+        rep = check_scenario(sc)
+        assert rep.arrival_rate_rps == pytest.approx(len(sent) / duration_s)
+        long_ = [r.input_len for r in sent if r.input_len > 6144]  # quick's base threshold: 6K
+        assert rep.offload_fraction == pytest.approx(len(long_) / len(sent))
+        cm, _, dist, inputs = cluster_model_from_scenario(sc)
+        assert dist.mean == pytest.approx(np.mean([r.input_len for r in sent]))
+        assert cm.output_len == pytest.approx(np.mean([r.output_len for r in sent]))
+        assert "mooncake_conversation_trace_60s.jsonl" in inputs["lengths"]
+    late = tmp_path / "late.jsonl"
+    late.write_text('{"timestamp": 5000, "input_length": 9000, "output_length": 10, "hash_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]}\n')
+    with pytest.raises(UserError, match="workload.trace: no request of .*late.jsonl arrives within the run's 1 s"):
+        check_scenario(load_scenario("quick", [f"workload={{trace: {{path: {late}}}}}", "duration=1s", "wan.schedule=[]"]))
 
 
 def test_cross_traffic_is_taken_from_the_capacity_left_for_kv() -> None:
