@@ -213,23 +213,23 @@ def queue_trend_inconclusive(queue: dict[str, Any] | None) -> bool:
     return not q.get("growing") and p is not None and p < TREND_ALPHA and growth is not None and growth >= TREND_MIN_GROWTH
 
 
-def prefix_cache(df: pd.DataFrame, hybrid: bool | None = None) -> dict[str, Any]:
+def prefix_cache(df: pd.DataFrame, hybrid: bool | None = None, compute: str | None = None) -> dict[str, Any]:
     """Achieved prefix-cache hits against the ideal of the workload: one infinite cache shared by every
-    instance, filled by every earlier request (arrival order) the moment it arrives.
+    instance, into which every request puts what its prefill leaves the moment it arrives.
 
     ``hit_requests``: share of requests with a cached prefix; ``hit_tokens``: cached / input tokens;
-    ``ideal_*`` the same under the ideal cache at any full block (a prompt's last token is never reused, a
-    partial block never is: `testbed.serving.kvmanager.reusable_blocks`), what a model of full attention
-    could reach; ``ideal_checkpoint_*`` under the same cache for a hybrid model as this testbed's pool keeps
-    it (`HybridPrefixPool.insert`): a prefix is reusable only up to a block boundary where an earlier
-    prompt's linear/SWA state was stored, the last full block boundary of each prompt. ``efficiency`` =
-    hit_tokens / the ideal of the run's model (`hybrid`: the checkpoint ideal; False or None, unknown: the
-    other). docs/analysis.md, "Prefix-cache efficiency".
+    ``ideal_*`` the same under the ideal cache at any full block (a partial block is never reused, and a
+    prompt's last token always computed: `testbed.serving.kvmanager.reusable_blocks`), what a model of
+    full attention could reach; ``ideal_checkpoint_*`` under the same cache for a hybrid model: a prefix
+    is reusable only up to a block boundary where an earlier prompt's linear/SWA state was stored, and
+    the pool stores one per prompt, at the last block boundary its prefill computed. Both replay the
+    requests through `HybridPrefixPool` itself (metadata mode, unbounded), dense and hybrid, so they
+    follow its rules exactly; what a prefill leaves depends on the `compute` mode (``torch`` computes all
+    but the prompt's last token, profile mode charges every one). Requests arriving at the same time
+    (a trace's burst) are concurrent: none reuses another's prefix. ``efficiency`` = hit_tokens / the
+    ideal of the run's model (`hybrid`: the checkpoint ideal; False or None, unknown: the other).
+    docs/analysis.md, "Prefix-cache efficiency".
     """
-    from testbed.blocks import BLOCK_TOKENS
-    from testbed.kv.pool import chain_block_hashes
-    from testbed.serving.kvmanager import full_blocks, reusable_blocks
-
     out: dict[str, Any] = {"hit_requests": None, "hit_tokens": None, "ideal_hit_requests": None, "ideal_hit_tokens": None,
                            "ideal_checkpoint_hit_requests": None, "ideal_checkpoint_hit_tokens": None, "hybrid": hybrid,
                            "efficiency": None}
@@ -241,30 +241,37 @@ def prefix_cache(df: pd.DataFrame, hybrid: bool | None = None) -> dict[str, Any]
     out["hit_tokens"] = float(cached.sum()) / inputs if inputs else None
     if "block_hashes" not in df:
         return out
-    order = df.sort_values("scheduled_arrival_s" if "scheduled_arrival_s" in df else "arrival_s")
-    blocks: set[int] = set()  # every full block stored so far (chained keys)
-    states: set[int] = set()  # the keys of the boundaries where a state was stored
-    hits = tokens = state_hits = state_tokens = 0
-    for hashes, n in zip(order["block_hashes"], order["input_len"].astype(int)):
-        full = chain_block_hashes([int(h) for h in hashes][:full_blocks(n)] if hashes is not None else [])
-        keys = full[:reusable_blocks(n)]
-        depth = 0
-        while depth < len(keys) and keys[depth] in blocks:
-            depth += 1
-        at_state = max((i + 1 for i in range(depth) if keys[i] in states), default=0)
-        hits, tokens = hits + (depth > 0), tokens + depth * BLOCK_TOKENS
-        state_hits, state_tokens = state_hits + (at_state > 0), state_tokens + at_state * BLOCK_TOKENS
-        blocks.update(full)
-        if full:
-            states.add(full[-1])
-    out["ideal_hit_requests"] = hits / len(order)
-    out["ideal_hit_tokens"] = tokens / inputs if inputs else None
-    out["ideal_checkpoint_hit_requests"] = state_hits / len(order)
-    out["ideal_checkpoint_hit_tokens"] = state_tokens / inputs if inputs else None
+    col = "scheduled_arrival_s" if "scheduled_arrival_s" in df else "arrival_s"
+    groups = [[([int(h) for h in hashes] if hashes is not None else [], int(n))
+               for hashes, n in zip(g["block_hashes"], g["input_len"])]
+              for _, g in df.sort_values(col, kind="stable").groupby(col, sort=True)]
+    for key, state in (("ideal", False), ("ideal_checkpoint", True)):
+        hits, tokens = _ideal_hits(groups, state, compute == "torch")
+        out[f"{key}_hit_requests"] = hits / len(df)
+        out[f"{key}_hit_tokens"] = tokens / inputs if inputs else None
     ideal = out["ideal_checkpoint_hit_tokens"] if hybrid else out["ideal_hit_tokens"]
     if ideal and out["hit_tokens"] is not None:
         out["efficiency"] = out["hit_tokens"] / ideal
     return out
+
+
+def _ideal_hits(groups: list[list[tuple[list[int], int]]], hybrid: bool, last_token_to_decode: bool) -> tuple[int, int]:
+    """(requests with a hit, tokens hit) replaying arrival groups (block hashes, input_len) through one
+    unbounded metadata-mode `HybridPrefixPool`: each request matches as a worker does (at most input - 1
+    tokens), then each group's prompts leave their blocks (and a hybrid pool its state at their end) as the
+    worker's `_done` inserts them."""
+    from testbed.blocks import BLOCK_TOKENS
+    from testbed.kv.pool import HybridPrefixPool
+
+    pool = HybridPrefixPool(1 << 62, BLOCK_TOKENS, store_tensors=False, full_bytes_per_token=1, state_bytes=1, hybrid=hybrid)
+    hits = tokens = 0
+    for group in groups:
+        found = [pool.match(hashes, max_tokens=n - 1).tokens for hashes, n in group]
+        hits, tokens = hits + sum(t > 0 for t in found), tokens + sum(found)
+        for hashes, n in group:
+            computed = n - 1 if last_token_to_decode else n  # torch: the decode computes the last token
+            pool.insert(hashes, tokens=computed // BLOCK_TOKENS * BLOCK_TOKENS)
+    return hits, tokens
 
 
 def model_is_hybrid(model: str) -> bool | None:
@@ -284,7 +291,8 @@ def model_is_hybrid(model: str) -> bool | None:
 
 def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale: Scale | float = 1.0, policy: str = "",
               model: str = "", duration_s: float | None = None, scheduler: pd.DataFrame | None = None,
-              slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict[str, Any]:
+              slo_ttft_s: float | None = None, slo_tpot_s: float | None = None, compute: str | None = None,
+              hybrid: bool | None = None) -> dict[str, Any]:
     """The ``summary.json`` document of one run (keys of docs/serving.md "Run directory", plus a few more).
 
     Throughput counts ok requests over `duration_s` (default: first arrival to last finish). A request cut
@@ -293,6 +301,8 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
     verdict is the same at either bound: docs/experiments.md, "The drain cut").
     ``egress_gbps``: KV of offloaded requests (``kv_bytes`` x `scale`, 1 s bins, `kv_egress_series_bps`);
     ``wan_gbps``: everything the PrfaaS->PD WAN qdisc sent (KV + cross traffic), from link telemetry.
+    `compute` (the run's compute mode) and `hybrid` (whether its model keeps linear/SWA state; None: looked
+    up by `model`'s name) decide the prefix cache's ideal (`prefix_cache`).
     """
     df = requests
     total = int(len(df))
@@ -338,7 +348,7 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
         "good_fraction": n_good / total if n_good is not None and total else None,
         "goodput_rps": n_good / duration_s if n_good is not None and duration_s else None,
         "queue": queue_trend(df),
-        "prefix_cache": prefix_cache(df, model_is_hybrid(model)),
+        "prefix_cache": prefix_cache(df, model_is_hybrid(model) if hybrid is None else hybrid, compute),
         "early_stop": early_stop(df),
         "drain_cut": drain_cut(df),
     }

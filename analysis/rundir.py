@@ -62,6 +62,7 @@ def load_run(path: str | Path) -> Run:
     run = Run(**vars(data))
     run.metrics = summarize(data.requests, data.link, scale=run.scale, policy=str(data.summary.get("policy", "")),
                             model=str(data.summary.get("model", "")), duration_s=data.summary.get("duration_s"),
-                            scheduler=data.scheduler)
+                            scheduler=data.scheduler, compute=data.environment.compute.get("mode"),
+                            hybrid=data.environment.compute.get("hybrid"))
     run.metrics["signals"] = run.signals
     return run

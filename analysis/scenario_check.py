@@ -149,16 +149,16 @@ def cross_traffic_bps(sc: Scenario, start_s: float, end_s: float) -> float:
 
 
 def _arrival_rate_rps(sc: Scenario, workload: Any) -> float | None:
-    """The mean arrival rate the run offers; a trace replayed at its own times: its requests within the
-    run's duration over that duration; None for a closed loop (the rate follows completions)."""
-    from traffic.arrivals import TraceTimes
-
-    if workload.trace is not None and isinstance(workload.arrivals, TraceTimes):
+    """The mean arrival rate the run offers; a trace replay (at its own times or new ones): the requests it
+    sends within the run's duration over that duration (a trace runs out, `max_requests` stops it); None
+    for a closed loop (the rate follows completions)."""
+    if workload.closed_loop is not None:
+        return None
+    if workload.trace is not None:
         from traffic.workload import generate_batch
 
         return len(generate_batch(workload, sc.seed, sc.duration_s).arrival_s) / sc.duration_s
-    mean = getattr(workload.arrivals, "mean_rate_rps", None)
-    return float(mean()) if callable(mean) else None
+    return float(workload.arrivals.mean_rate_rps())
 
 
 def check_scenario(sc: Scenario) -> CheckReport:

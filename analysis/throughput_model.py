@@ -394,7 +394,7 @@ def workload_lengths(sc: Any, workload: Any) -> tuple[LengthDistribution, float]
     batch = generate_batch(workload, sc.seed, sc.duration_s)
     if not len(batch.input_len):
         raise UserError(f"workload.trace: no request of {workload.trace.path} arrives within the run's {sc.duration_s:g} s")
-    name = f"trace {Path(workload.trace.path).name}, its requests in the first {sc.duration_s:g} s"
+    name = f"trace {Path(workload.trace.path).name}, the {len(batch.input_len)} requests a {sc.duration_s:g}-s run sends"
     return LengthDistribution.from_samples(batch.input_len, name), float(np.mean(batch.output_len))
 
 

@@ -109,7 +109,8 @@ def _print_summary(out: Path) -> bool:
           f" {s.get('compute', '?')} compute, policy {s.get('policy')}"
           + (f", KV over TCP {s['kv_congestion_control']})" if s.get("kv_congestion_control") else ")"))
     if s.get("kv_cc_restarts"):
-        print(f"  KV connections stuck after an RTO: congestion control restarted {s['kv_cc_restarts']} times (docs/kv.md)")
+        n = s["kv_cc_restarts"]
+        print(f"  KV connections stuck after an RTO: congestion control restarted {'once' if n == 1 else f'{n} times'} (docs/kv.md)")
     for reason, n in (s.get("failure_reasons") or {}).items():
         print(f"  failed x{n}: {reason}")
     if s.get(rundir.RUN_ERROR):

@@ -25,7 +25,8 @@ def summarize_run_dir(path: str | Path) -> dict[str, Any]:
     slo = _slo(data)
     summary = summarize(data.requests, data.link, scale=float(data.environment.scale), policy=str(policy.get("name", "")),
                         model=str(data.environment.compute.get("model") or ""), duration_s=None, scheduler=data.scheduler,
-                        slo_ttft_s=slo[0] if slo else None, slo_tpot_s=slo[1] if slo else None)
+                        slo_ttft_s=slo[0] if slo else None, slo_tpot_s=slo[1] if slo else None,
+                        compute=data.environment.compute.get("mode"), hybrid=data.environment.compute.get("hybrid"))
     summary["signals"] = policy.get("signals") or PolicySpec.signals  # "oracle" runs were told the emulator's ground truth
     summary["compute"] = data.environment.compute.get("mode")
     kv_cc = data.environment.backends.get("kv_congestion_control")  # what the KV connections ran (a list; None: unknown)

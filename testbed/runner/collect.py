@@ -14,6 +14,7 @@ from typing import Any
 
 from testbed import rundir
 from testbed.fidelity import with_compute
+from testbed.kv.pool import state_bytes
 from testbed.kv.tcplog import cc_restarts, read_tcp_logs
 from testbed.scenario import Scenario
 from testbed.serving.config import ServingPlan
@@ -79,7 +80,8 @@ def environment(plan: ServingPlan, scenario: Scenario, scale: float, env_info: d
                   "kv_congestion_control": kv_cc or None, "kv_cc_restarts": kv_cc_restarts},
         calibration={"capacity_bps": cap, "capacity_source": cap_source, "wan_rtt": env_info.get("rtt")},
         compute={"mode": plan.compute, "profiles": dict(plan.profiles) if plan.compute == "profile" else None,
-                 "model": model.name, "variant": model.variant if plan.compute == "torch" else None,
+                 "model": model.name, "hybrid": state_bytes(model.spec) > 0,  # a prefix is reusable only at a stored state
+                 "variant": model.variant if plan.compute == "torch" else None,
                  "device": model.device if plan.compute == "torch" else None},
         scale=scale,
         run_id=env_info.get("run_id"),
@@ -117,13 +119,14 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
     if tcp_logs:
         try:
             tcp = read_tcp_logs(tcp_logs)
-            kv_cc, restarts = sorted(set(tcp["cc"]) - {""}), cc_restarts(tcp)
+            kv_cc = sorted(set(tcp["cc"]) - {""})
             out.tcp(tcp)
         except Exception as e:  # telemetry: the run's other files matter more; the CSV files stay in work/
             print(f"tcp.parquet not written ({e}); the samples stay in {work}/*{rundir.TCP_LOG_SUFFIX}", file=sys.stderr)
         else:
             for p in tcp_logs:  # merged (tcp.parquet is written whole or not at all): one copy of the samples
                 p.unlink()
+            restarts = cc_restarts(tcp)
     if not (out.path / rundir.LINK_FILE).exists():  # NET writes it when the network stops
         out.link(None)
     out.environment(environment(plan, scenario, scale, env_info, kv_cc, restarts))

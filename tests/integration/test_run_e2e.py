@@ -142,7 +142,10 @@ def test_profile_run_writes_a_complete_run_directory_with_spec_sized_kv(run_dir:
     tcp = pd.read_parquet(run_dir / "tcp.parquet")
     assert set(tcp["cluster"]) == {"prfaas", "pd"} and set(tcp["connection"]) <= set(range(4))
     # which congestion control the KV connections ran (the hosts' default here) is recorded with the run
-    backends = json.loads((run_dir / "environment.json").read_text())["backends"]
+    env = json.loads((run_dir / "environment.json").read_text())
+    backends = env["backends"]
+    assert env["compute"]["hybrid"] is True  # paper-1t-hybrid keeps KDA state: its prefix cache reuses at stored states
+    assert summary["prefix_cache"]["hybrid"] is True
     kv_cc = backends["kv_congestion_control"]
     assert kv_cc == sorted(set(tcp["cc"])) and len(kv_cc) == 1 and kv_cc[0]
     # and how often a connection stuck after an RTO had its congestion control restarted: never, on a clean path

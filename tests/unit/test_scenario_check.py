@@ -69,6 +69,12 @@ def test_a_trace_replay_is_checked_on_the_requests_it_sends(test_data: Path, tmp
         assert dist.mean == pytest.approx(np.mean([r.input_len for r in sent]))
         assert cm.output_len == pytest.approx(np.mean([r.output_len for r in sent]))
         assert "mooncake_conversation_trace_60s.jsonl" in inputs["lengths"]
+    faster = load_scenario("quick", [f"workload={{trace: {{path: {path}, time_scale: 0.5}}}}"])  # 30 s: its first minute
+    assert check_scenario(faster).arrival_rate_rps == pytest.approx(162 / 30)
+    # new arrival times at 10/s: the trace's 162 requests run out after ~16 s of the 60
+    poisson = load_scenario("quick", [f"workload={{trace: {{path: {path}}}, arrivals: {{process: poisson, rate: 10/s}}}}",
+                                      "duration=60s"])
+    assert check_scenario(poisson).arrival_rate_rps == pytest.approx(162 / 60)
     late = tmp_path / "late.jsonl"
     late.write_text('{"timestamp": 5000, "input_length": 9000, "output_length": 10, "hash_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]}\n')
     with pytest.raises(UserError, match="workload.trace: no request of .*late.jsonl arrives within the run's 1 s"):
