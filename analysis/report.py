@@ -62,7 +62,7 @@ def summary_rows(runs: Sequence[Run], predictions: Sequence[dict[str, Any]]) -> 
     head = ["run", "policy", "scale", "ok / total", "throughput (req/s)", "model Lambda_max (req/s)", "TTFT mean (s)",
             "TTFT p50 (s)", "TTFT p90 (s)", "TTFT p99 (s)", "TPOT mean (ms)", "TPOT p90 (ms)", "offloaded (fraction)",
             "model offload (fraction)", "model threshold (tokens)", "KV egress mean (Gbps)", "model egress at Lambda_max (Gbps)",
-            "WAN sent mean (Gbps)", "timing fidelity"]
+            "WAN sent mean (Gbps)", "prefix hits (requests, of the model's ideal)", "prefix-cache efficiency", "timing fidelity"]
     rows = []
     for r, pr in zip(runs, predictions):
         m = r.metrics
@@ -72,9 +72,20 @@ def summary_rows(runs: Sequence[Run], predictions: Sequence[dict[str, Any]]) -> 
             _fmt(pr.get("lambda_max")), _fmt(m["ttft_s"]["mean"]), _fmt(m["ttft_s"]["p50"]), _fmt(m["ttft_s"]["p90"]),
             _fmt(m["ttft_s"]["p99"]), _fmt(ms(m["tpot_s"]["mean"])), _fmt(ms(m["tpot_s"]["p90"])), _fmt(m["offload_fraction"]),
             _fmt(pr.get("offload_fraction")), _fmt(pr.get("threshold")), _fmt(m["egress_gbps"]["mean"]), _fmt(pr.get("egress_gbps")),
-            _fmt(m.get("wan_gbps", {}).get("mean")), fidelity_cell(r.summary),
+            _fmt(m.get("wan_gbps", {}).get("mean")), prefix_cell(m.get("prefix_cache") or {}),
+            _fmt((m.get("prefix_cache") or {}).get("efficiency")), fidelity_cell(r.summary),
         ])
     return head, rows
+
+
+def prefix_cell(pc: dict[str, Any]) -> str:
+    """The share of requests with a prefix hit against the ideal of the run's model (`metrics.prefix_cache`):
+    "28% of 70%"; "-" when the run has no prefix figures."""
+    hit = pc.get("hit_requests")
+    ideal = pc.get("ideal_checkpoint_hit_requests") if pc.get("hybrid") else pc.get("ideal_hit_requests")
+    if hit is None:
+        return "-"
+    return f"{hit:.0%}" + (f" of {ideal:.0%}" if ideal is not None else "")
 
 
 def fidelity_cell(summary: dict[str, Any]) -> str:

@@ -111,6 +111,13 @@ def _print_summary(out: Path) -> bool:
     if s.get("kv_cc_restarts"):
         n = s["kv_cc_restarts"]
         print(f"  KV connections stuck after an RTO: congestion control restarted {'once' if n == 1 else f'{n} times'} (docs/kv.md)")
+    pc = s.get("prefix_cache") or {}
+    if pc.get("ideal_hit_requests"):  # a workload with prefixes to reuse
+        pct = lambda k: f(pc.get(k), "{:.0%}")  # noqa: E731
+        ideal = (f"{pct('ideal_checkpoint_hit_requests')} for this hybrid model, {pct('ideal_hit_requests')} for full attention"
+                 if pc.get("hybrid") else pct("ideal_hit_requests"))
+        print(f"  prefix cache: {pct('hit_requests')} of requests hit (an ideal cache: {ideal}); "
+              f"efficiency {f(pc.get('efficiency'), '{:.2f}')} (docs/analysis.md)")
     for reason, n in (s.get("failure_reasons") or {}).items():
         print(f"  failed x{n}: {reason}")
     if s.get(rundir.RUN_ERROR):

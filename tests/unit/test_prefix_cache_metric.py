@@ -116,3 +116,29 @@ def test_which_models_keep_state_decides_the_ideal() -> None:
     assert model_is_hybrid("paper-1t-hybrid") is True and model_is_hybrid("mimo-v2-flash") is True  # KDA + MLA; SWA + GQA
     assert model_is_hybrid("llama-3.1-70b") is False and model_is_hybrid("deepseek-v3") is False  # GQA, MLA
     assert model_is_hybrid("") is None and model_is_hybrid("no-such-model") is None
+
+
+def test_a_run_shows_its_prefix_hits_against_the_ideal_of_its_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`prfaas run`'s printed summary and the report's table put the achieved share beside the model's
+    ideal; a run without prefixes to reuse prints nothing about them."""
+    import json
+
+    from analysis.report import prefix_cell
+    from experiments import commands
+    from testbed.rundir import SUMMARY_KEYS
+
+    pc = {"hit_requests": 0.37, "ideal_hit_requests": 0.938, "ideal_checkpoint_hit_requests": 0.84, "hybrid": True,
+          "efficiency": 0.3596}
+    base = {k: None for k in SUMMARY_KEYS} | {"requests_ok": 162, "requests_failed": 0, "requests_total": 162}
+    for name, summary in (("hybrid", {**base, "prefix_cache": pc}), ("dense", {**base, "prefix_cache": {**pc, "hybrid": False}}),
+                          ("none", {**base, "prefix_cache": {**pc, "ideal_hit_requests": 0.0}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+        commands._print_summary(tmp_path / name)
+    out = capsys.readouterr().out.splitlines()
+    lines = [x for x in out if "prefix cache" in x]
+    assert lines == ["  prefix cache: 37% of requests hit (an ideal cache: 84% for this hybrid model, 94% for full attention); "
+                     "efficiency 0.36 (docs/analysis.md)",
+                     "  prefix cache: 37% of requests hit (an ideal cache: 94%); efficiency 0.36 (docs/analysis.md)"]
+    assert prefix_cell(pc) == "37% of 84%" and prefix_cell({**pc, "hybrid": None}) == "37% of 94%"
+    assert prefix_cell({}) == "-"

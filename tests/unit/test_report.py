@@ -96,7 +96,7 @@ def test_report_of_one_run_is_self_contained_and_shows_scenario_and_environment(
     assert "http://" not in text and "https://" not in text
     assert (run_a / "plots" / "congestion_run.png").stat().st_size > 10_000
     assert (run_a / "plots" / "kv_connections_run.png").stat().st_size > 10_000
-    assert "model Lambda_max" in text
+    assert "model Lambda_max" in text and "prefix-cache efficiency" in text
 
 
 def test_comparison_report_has_a_row_per_run_and_the_comparison_plots(run_a, run_b, tmp_path):
