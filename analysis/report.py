@@ -62,7 +62,7 @@ def summary_rows(runs: Sequence[Run], predictions: Sequence[dict[str, Any]]) -> 
     head = ["run", "policy", "scale", "ok / total", "throughput (req/s)", "model Lambda_max (req/s)", "TTFT mean (s)",
             "TTFT p50 (s)", "TTFT p90 (s)", "TTFT p99 (s)", "TPOT mean (ms)", "TPOT p90 (ms)", "offloaded (fraction)",
             "model offload (fraction)", "model threshold (tokens)", "KV egress mean (Gbps)", "model egress at Lambda_max (Gbps)",
-            "WAN sent mean (Gbps)", "prefix hits (requests, of the model's ideal)", "prefix-cache efficiency", "timing fidelity"]
+            "WAN sent mean (Gbps)", "prefix hits (requests, of the model's ideal)", "prefix-cache efficiency (tokens)", "timing fidelity"]
     rows = []
     for r, pr in zip(runs, predictions):
         m = r.metrics

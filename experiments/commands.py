@@ -117,7 +117,7 @@ def _print_summary(out: Path) -> bool:
         ideal = (f"{pct('ideal_checkpoint_hit_requests')} for this hybrid model, {pct('ideal_hit_requests')} for full attention"
                  if pc.get("hybrid") else pct("ideal_hit_requests"))
         print(f"  prefix cache: {pct('hit_requests')} of requests hit (an ideal cache: {ideal}); "
-              f"efficiency {f(pc.get('efficiency'), '{:.2f}')} (docs/analysis.md)")
+              f"efficiency (tokens) {f(pc.get('efficiency'), '{:.2f}')} (docs/analysis.md)")
     for reason, n in (s.get("failure_reasons") or {}).items():
         print(f"  failed x{n}: {reason}")
     if s.get(rundir.RUN_ERROR):

@@ -126,7 +126,10 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
         else:
             for p in tcp_logs:  # merged (tcp.parquet is written whole or not at all): one copy of the samples
                 p.unlink()
-            restarts = cc_restarts(tcp)
+            try:
+                restarts = cc_restarts(tcp)
+            except Exception as e:  # a count for the summary: never worth the run's other files
+                print(f"KV congestion-control restarts not counted ({e})", file=sys.stderr)
     if not (out.path / rundir.LINK_FILE).exists():  # NET writes it when the network stops
         out.link(None)
     out.environment(environment(plan, scenario, scale, env_info, kv_cc, restarts))

@@ -138,7 +138,7 @@ def test_a_run_shows_its_prefix_hits_against_the_ideal_of_its_model(tmp_path: Pa
     out = capsys.readouterr().out.splitlines()
     lines = [x for x in out if "prefix cache" in x]
     assert lines == ["  prefix cache: 37% of requests hit (an ideal cache: 84% for this hybrid model, 94% for full attention); "
-                     "efficiency 0.36 (docs/analysis.md)",
-                     "  prefix cache: 37% of requests hit (an ideal cache: 94%); efficiency 0.36 (docs/analysis.md)"]
+                     "efficiency (tokens) 0.36 (docs/analysis.md)",
+                     "  prefix cache: 37% of requests hit (an ideal cache: 94%); efficiency (tokens) 0.36 (docs/analysis.md)"]
     assert prefix_cell(pc) == "37% of 84%" and prefix_cell({**pc, "hybrid": None}) == "37% of 94%"
     assert prefix_cell({}) == "-"
