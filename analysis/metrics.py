@@ -263,6 +263,7 @@ def _ideal_hits(groups: list[list[tuple[list[int], int]]], hybrid: bool, last_to
     ~2.3 s on the 2-core VM."""
     from testbed.blocks import BLOCK_TOKENS
     from testbed.kv.pool import HybridPrefixPool
+    from testbed.serving.kvmanager import prefilled_blocks
 
     pool = HybridPrefixPool(1 << 62, BLOCK_TOKENS, store_tensors=False, full_bytes_per_token=1, state_bytes=1, hybrid=hybrid)
     hits = tokens = 0
@@ -270,8 +271,7 @@ def _ideal_hits(groups: list[list[tuple[list[int], int]]], hybrid: bool, last_to
         found = [pool.match(hashes, max_tokens=n - 1).tokens for hashes, n in group]
         hits, tokens = hits + sum(t > 0 for t in found), tokens + sum(found)
         for hashes, n in group:
-            computed = n - 1 if last_token_to_decode else n  # torch: the decode computes the last token
-            pool.insert(hashes, tokens=computed // BLOCK_TOKENS * BLOCK_TOKENS)
+            pool.insert(hashes, tokens=prefilled_blocks(n, last_token_to_decode) * BLOCK_TOKENS)
     return hits, tokens
 
 

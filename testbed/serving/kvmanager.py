@@ -61,6 +61,13 @@ def full_blocks(input_len: int, block_tokens: int = BLOCK_TOKENS) -> int:
     return max(0, input_len // block_tokens)
 
 
+def prefilled_blocks(input_len: int, last_token_to_decode: bool, block_tokens: int = BLOCK_TOKENS) -> int:
+    """Full blocks a prefill computes, and so leaves in its pool (with a hybrid model's state at their end):
+    every token of the prompt in profile mode; torch mode leaves the last token to the decode
+    (`last_token_to_decode`), so a prompt of exactly k blocks leaves k - 1."""
+    return full_blocks(input_len - 1 if last_token_to_decode else input_len, block_tokens)
+
+
 class KVManager:
     """Prefix metadata of all prefill instances; thread-safe (the router's handler threads share it)."""
 

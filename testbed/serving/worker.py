@@ -30,6 +30,7 @@ from testbed.atomic import write_json
 from testbed.errors import FieldError
 from testbed.blocks import BLOCK_TOKENS
 from testbed.kv.transport import PROBE_PREFIX
+from testbed.serving.kvmanager import prefilled_blocks
 from testbed.serving.protocol import (
     DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
     TokenEvent, WorkerState, own_prefill_s,
@@ -387,7 +388,7 @@ class PrefillWorker:
                 if job.checkpoint is not None:
                     self.pool.insert(hashes, job.checkpoint)
             else:
-                self.pool.insert(hashes, tokens=job.req.input_len // BLOCK_TOKENS * BLOCK_TOKENS)
+                self.pool.insert(hashes, tokens=prefilled_blocks(job.req.input_len, False) * BLOCK_TOKENS)
         self._release(job)
         job.done.set()
 
@@ -449,9 +450,8 @@ class PrefillWorker:
 
         req = job.req
         input_len = req.input_len
-        positions = input_len - 1 if self.pool.store_tensors else input_len  # torch: the last token is the decode's
         job.hit = self.pool.match(list(req.block_hashes), max_tokens=input_len - 1, acquire=True)
-        boundary = positions // BLOCK_TOKENS * BLOCK_TOKENS
+        boundary = prefilled_blocks(input_len, self.pool.store_tensors) * BLOCK_TOKENS  # torch: the last token is the decode's
         return PrefillPlan(input_len, job.hit.tokens, req.decode_prefix_len,
                            boundary if boundary > job.hit.tokens else None, job.hit.cache)
 

@@ -142,3 +142,10 @@ def test_a_run_shows_its_prefix_hits_against_the_ideal_of_its_model(tmp_path: Pa
                      "  prefix cache: 37% of requests hit (an ideal cache: 94%); efficiency (tokens) 0.36 (docs/analysis.md)"]
     assert prefix_cell(pc) == "37% of 84%" and prefix_cell({**pc, "hybrid": None}) == "37% of 94%"
     assert prefix_cell({}) == "-"
+
+
+def test_what_a_prefill_leaves_in_its_pool_by_compute_mode() -> None:
+    from testbed.serving.kvmanager import prefilled_blocks
+
+    assert [prefilled_blocks(n, False) for n in (1, 511, 512, 1023, 1024, 1025)] == [0, 0, 1, 1, 2, 2]
+    assert [prefilled_blocks(n, True) for n in (1, 511, 512, 1023, 1024, 1025)] == [0, 0, 0, 1, 1, 2]  # torch: k x 512 leaves k - 1
