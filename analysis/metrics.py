@@ -249,10 +249,16 @@ def prefix_cache(df: pd.DataFrame, hybrid: bool | None = None, compute: str | No
         hits, tokens = _ideal_hits(groups, state, compute == "torch")
         out[f"{key}_hit_requests"] = hits / len(df)
         out[f"{key}_hit_tokens"] = tokens / inputs if inputs else None
-    ideal = out["ideal_checkpoint_hit_tokens"] if hybrid else out["ideal_hit_tokens"]
+    ideal = model_ideal(out, "tokens")
     if ideal and out["hit_tokens"] is not None:
         out["efficiency"] = out["hit_tokens"] / ideal
     return out
+
+
+def model_ideal(pc: dict[str, Any], unit: str) -> float | None:
+    """The ideal of the run's model in a `prefix_cache` result, per ``requests`` or ``tokens``: the
+    checkpoint ideal for a hybrid model, the any-block ideal otherwise (and when it is not known)."""
+    return pc.get(f"ideal_checkpoint_hit_{unit}") if pc.get("hybrid") else pc.get(f"ideal_hit_{unit}")
 
 
 def _ideal_hits(groups: list[list[tuple[list[int], int]]], hybrid: bool, last_token_to_decode: bool) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import yaml
 
 from analysis import plots
+from analysis.metrics import model_ideal
 from analysis.rundir import Run, load_run
 from testbed.errors import UserError
 
@@ -81,8 +82,7 @@ def summary_rows(runs: Sequence[Run], predictions: Sequence[dict[str, Any]]) -> 
 def prefix_cell(pc: dict[str, Any]) -> str:
     """The share of requests with a prefix hit against the ideal of the run's model (`metrics.prefix_cache`):
     "28% of 70%"; "-" when the run has no prefix figures."""
-    hit = pc.get("hit_requests")
-    ideal = pc.get("ideal_checkpoint_hit_requests") if pc.get("hybrid") else pc.get("ideal_hit_requests")
+    hit, ideal = pc.get("hit_requests"), model_ideal(pc, "requests")
     if hit is None:
         return "-"
     return f"{hit:.0%}" + (f" of {ideal:.0%}" if ideal is not None else "")

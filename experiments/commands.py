@@ -113,9 +113,12 @@ def _print_summary(out: Path) -> bool:
         print(f"  KV connections stuck after an RTO: congestion control restarted {'once' if n == 1 else f'{n} times'} (docs/kv.md)")
     pc = s.get("prefix_cache") or {}
     if pc.get("ideal_hit_requests"):  # a workload with prefixes to reuse
+        from analysis.metrics import model_ideal
+
         pct = lambda k: f(pc.get(k), "{:.0%}")  # noqa: E731
-        ideal = (f"{pct('ideal_checkpoint_hit_requests')} for this hybrid model, {pct('ideal_hit_requests')} for full attention"
-                 if pc.get("hybrid") else pct("ideal_hit_requests"))
+        ideal = f(model_ideal(pc, "requests"), "{:.0%}")
+        if pc.get("hybrid"):
+            ideal += f" for this hybrid model, {pct('ideal_hit_requests')} for full attention"
         print(f"  prefix cache: {pct('hit_requests')} of requests hit (an ideal cache: {ideal}); "
               f"efficiency (tokens) {f(pc.get('efficiency'), '{:.2f}')} (docs/analysis.md)")
     for reason, n in (s.get("failure_reasons") or {}).items():
