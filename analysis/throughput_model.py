@@ -101,8 +101,9 @@ def affine_kv_bytes(fixed_bytes: float, bytes_per_token: float) -> KvBytesFn:
     return lambda l: fixed_bytes + bytes_per_token * np.asarray(l, dtype=float)
 
 
-def spec_kv_bytes(model_name: str) -> KvBytesFn:
-    """S_kv(l) from the model spec (`testbed.models.spec`), the one place that knows a model's geometry.
+def spec_kv_bytes(model_name: str, kv_dtype: str | None = None) -> KvBytesFn:
+    """S_kv(l) from the model spec (`testbed.models.spec`), the one place that knows a model's geometry;
+    `kv_dtype`: its full-attention KV in that dtype instead (`policy.kv_compression`'s float8).
 
     The spec is evaluated at powers of two (1 .. 2^21 tokens) and interpolated linearly: KV bytes are
     piecewise linear in l with knees only at sliding-window sizes, which are powers of two in every preset.
@@ -111,7 +112,7 @@ def spec_kv_bytes(model_name: str) -> KvBytesFn:
 
     spec = load_model_spec(model_name)
     anchors = np.array([0.0] + [2.0**k for k in range(22)])
-    vals = np.array([float(spec.kv_bytes(int(a)).total_bytes) for a in anchors])
+    vals = np.array([float(spec.kv_bytes(int(a), full_attention_dtype=kv_dtype).total_bytes) for a in anchors])
     slope = (vals[-1] - vals[-2]) / (anchors[-1] - anchors[-2])
 
     def kv(l: Any) -> np.ndarray:

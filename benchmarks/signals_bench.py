@@ -10,6 +10,8 @@ Arms (the same scenario, workload and seed; only the policy differs):
                    the event completely and changed nothing else (reported as "no-event ceiling", not judged)
   oracle-step-Nk   (only when named in --arms) fixed-threshold whose t is N K tokens while the shaper's rate is
                    below the line's (policy oracle-step, oracle only): one raise timed perfectly, reported, not judged
+  prfaas-observed-adaptive-kv, fixed-threshold-fp8  (only when named) float8 full-attention KV on the WAN while
+                   the law is under pressure, or for every offload (policy.kv_compression): reported, not judged
 Shapes: topologies/val-*.yaml (docs/router.md, "Validation set"; which were used for design is said there).
 
 Per run (`measure`), with the event window = arrivals in [event start, event end) on the schedule clock
@@ -86,10 +88,16 @@ STEP_ARMS = {f"oracle-step-{k}k": ["policy.name=oracle-step", "policy.signals=or
 # raise moved there: docs/router.md, "Where the dip's excess waits"); reported beside, not in the default matrix.
 QUEUE_ARMS = {f"{arm}-natives-first": [*over, "policy.pd_queue=natives-first"]
               for arm, over in (("prfaas-observed", ARMS["prfaas-observed"]), ("oracle-step-32k", STEP_ARMS["oracle-step-32k"]))}
+# Float8 KV on the WAN (`policy.kv_compression`: docs/router.md, "Adaptive KV precision"): the law that compresses
+# while under pressure, and fixed-threshold that compresses every offload (the cost of the trade taken always);
+# reported beside, not in the default matrix.
+KV_ARMS = {"prfaas-observed-adaptive-kv": [*ARMS["prfaas-observed"], "policy.kv_compression=adaptive"],
+           "fixed-threshold-fp8": [*ARMS["fixed-threshold"], "policy.kv_compression=fp8"]}
 DEFAULT_ARMS = tuple(ARMS)
 ARMS.update(STEP_ARMS)
 ARMS.update(QUEUE_ARMS)
-REPORTED_ARMS = ("prfaas-observed", "prfaas-oracle", "fixed-no-event", *STEP_ARMS, *QUEUE_ARMS)  # compared with fixed-threshold
+ARMS.update(KV_ARMS)
+REPORTED_ARMS = ("prfaas-observed", "prfaas-oracle", "fixed-no-event", *STEP_ARMS, *QUEUE_ARMS, *KV_ARMS)  # compared with fixed-threshold
 # What takes each shape's event out: its WAN schedule, or (val-cross-surge) the surging flow, keeping the
 # neighbours that run all along.
 NO_EVENT = {"val-cross-surge": ["cross_traffic.flows=[{name: vpc-neighbours, protocol: udp, rate: 16Gbps, direction: prfaas_to_pd}]"]}
@@ -131,7 +139,16 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "est_mae": est.get("median_abs_error"), "signals": run.signals,
         "detect_s": detection_s(run.scheduler, event[0] + off),
         "kv_cc": run.summary.get("kv_congestion_control"),  # what the KV connections ran: it moves every figure
+        # offloads whose full-attention KV crossed in float8 (policy.kv_compression), whole run and in the window
+        "fp8_share": fp8_share(df[ok & (df["route"] == "prfaas")]), "fp8_share_event": fp8_share(df[win & (df["route"] == "prfaas")]),
     }
+
+
+def fp8_share(offloads: pd.DataFrame) -> float | None:
+    """The share of `offloads` whose KV crossed in float8 (None: none, or a run from before the column)."""
+    if "kv_dtype" not in offloads or not len(offloads):
+        return None
+    return float((offloads["kv_dtype"] == "float8_e4m3fn").mean())
 
 
 def detection_s(sched: pd.DataFrame, start_s: float) -> float | None:

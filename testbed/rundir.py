@@ -63,7 +63,7 @@ ROUTER_RECORD_COLUMNS = (
     "request_id", "arrival_s", "input_len", "cached_len", "uncached_len", "output_len", "route", "threshold",
     "prefill_instance", "decode_instance", "prefill_start_s", "prefill_end_s", "kv_bytes", "wire_bytes", "kv_bytes_emulated",
     "transfer_start_s", "transfer_end_s", "first_token_s", "finish_s", "status", "reason", "route_reason",
-    "cache_transfer_tokens", "prefill_late_s", "decode_late_s", "prefill_paused_s",
+    "cache_transfer_tokens", "prefill_late_s", "decode_late_s", "prefill_paused_s", "kv_dtype",
 )
 # What the client agent saw of a request (work/client.jsonl).
 CLIENT_DISCONNECTED = "client disconnected"  # the router's reason for a request whose client went away mid-stream
@@ -79,6 +79,7 @@ REQUEST_DTYPES: dict[str, str] = {
     "transfer_end_s": FLOAT, "first_token_s": FLOAT, "finish_s": FLOAT, "status": STRING, "reason": STRING,
     "route_reason": STRING, "cache_transfer_tokens": INT, "prefill_late_s": FLOAT, "decode_late_s": FLOAT,
     "prefill_paused_s": FLOAT,  # of prefill_end_s - prefill_start_s, paused while preempting prefills ran
+    "kv_dtype": STRING,  # the dtype its full-attention KV crossed in (policy.kv_compression); None: no transfer
     "client_arrival_s": FLOAT, "client_first_token_s": FLOAT, "client_finish_s": FLOAT, "tokens_received": INT,
     "client_status": STRING, "client_reason": STRING, "text": STRING,
     "scheduled_arrival_s": FLOAT, "session_id": INT, "block_hashes": LIST,  # the prompt's 512-token block ids
@@ -99,7 +100,7 @@ SCHEDULER_COLUMNS = (
     "cached_len", "uncached_len", "cached_pd", "cached_prfaas", "threshold", "old_threshold",
     "egress_utilization", "bandwidth_scarce", "demand_ratio", "kv_capacity_bps", "pdp_cap_threshold",
     "congestion_events_per_s", "prfaas_queue",
-    "pdp_queue", "decode_queue", "reason", "priority",
+    "pdp_queue", "decode_queue", "reason", "priority", "compress_kv",
     # signals rows (one per control tick): the policy's belief beside the emulator's ground truth
     "signals", "kv_available_bps", "truth_kv_available_bps", "wan_capacity_bps", "queueing_delay_ms",
     "committed_bytes", "backlogged", "excess_committed_bits",

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import yaml
 
 from testbed.errors import FieldError, UserError
+from testbed.kv.cache import FULL_ATTENTION_KINDS
 from testbed.validation import Fields
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -193,20 +194,24 @@ class ModelSpec:
             return parse_dtype(state_dtype)
         return getattr(layer, "state_dtype", None) or self.state_dtype
 
-    def layer_tensors(self, layer_index: int, tokens: int, state_dtype: str | None = None) -> dict[str, TensorSpec]:
-        """Shapes and dtypes of what layer `layer_index` caches after `tokens` positions."""
+    def layer_tensors(self, layer_index: int, tokens: int, state_dtype: str | None = None,
+                      full_attention_dtype: str | None = None) -> dict[str, TensorSpec]:
+        """Shapes and dtypes of what layer `layer_index` caches after `tokens` positions; `full_attention_dtype`:
+        a gqa or mla layer's tensors in that dtype instead of `kv_dtype` (float8 on the wire: `policy.kv_compression`)."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         layer = self.layers[layer_index]
-        return layer.tensor_shapes(tokens, self.kv_dtype, self.layer_state_dtype(layer_index, state_dtype))
+        kv_dtype = full_attention_dtype if full_attention_dtype and layer.kind in FULL_ATTENTION_KINDS else self.kv_dtype
+        return layer.tensor_shapes(tokens, kv_dtype, self.layer_state_dtype(layer_index, state_dtype))
 
-    def layer_bytes(self, layer_index: int, tokens: int, state_dtype: str | None = None) -> int:
-        return sum(t.nbytes for t in self.layer_tensors(layer_index, tokens, state_dtype).values())
+    def layer_bytes(self, layer_index: int, tokens: int, state_dtype: str | None = None,
+                    full_attention_dtype: str | None = None) -> int:
+        return sum(t.nbytes for t in self.layer_tensors(layer_index, tokens, state_dtype, full_attention_dtype).values())
 
-    def kv_bytes(self, tokens: int, state_dtype: str | None = None) -> KVBytes:
+    def kv_bytes(self, tokens: int, state_dtype: str | None = None, full_attention_dtype: str | None = None) -> KVBytes:
         by_kind: dict[str, int] = {}
         for i, layer in enumerate(self.layers):
-            by_kind[layer.kind] = by_kind.get(layer.kind, 0) + self.layer_bytes(i, tokens, state_dtype)
+            by_kind[layer.kind] = by_kind.get(layer.kind, 0) + self.layer_bytes(i, tokens, state_dtype, full_attention_dtype)
         full = by_kind.get("gqa", 0) + by_kind.get("mla", 0)
         fixed = by_kind.get("linear", 0)
         window = by_kind.get("swa", 0)

@@ -48,7 +48,7 @@ def router_config(plan: ServingPlan, scenario: Scenario, net: Any, scale: float,
         prefill=tuple(PrefillInstanceConfig(i.cluster, i.index, ip(i.host), i.port) for i in plan.instances if i.role == "prefill"),
         decode=tuple(DecodeInstanceConfig(i.index, ip(i.host), i.port, int(i.kv_port or 0)) for i in plan.instances if i.role == "decode"),
         policy=scenario.section("policy"), port=ROUTER_PORT, wan_capacity_bps=scenario.wan.prfaas_to_pd.rate_bps, scale=scale,
-        model=model.name, compute=plan.compute, vocab_size=_vocab_size(plan, model),
+        model=model.name, compute=plan.compute, kv_dtype=model.spec.kv_dtype, vocab_size=_vocab_size(plan, model),
         request_timeout_s=plan.spec.request_timeout_s, shed_ttft_s=plan.spec.shed_ttft_s, slo_ttft_s=plan.spec.slo.ttft_s,
     )
     path = work / "router.json"

@@ -48,6 +48,7 @@ class PrefillPlan:
     send_from: int = 0  # the decode already holds full-attention KV of positions < send_from
     checkpoint_at: int | None = None  # block boundary whose cache the pool keeps for later prompts
     prefix: Any = None  # torch: the pool hit's KVCache covering cached_len positions
+    kv_dtype: str | None = None  # the full-attention KV's dtype on the wire (`policy.kv_compression`); None: the model's
 
     @property
     def uncached_len(self) -> int:
@@ -107,17 +108,19 @@ def wire_layer_bytes(spec: Any, uncached_len: int, scale: Scale | float) -> list
     return delta_layer_bytes(spec, uncached_len, 0, scale)
 
 
-def delta_layer_bytes(spec: Any, total_tokens: int, send_from: int, scale: Scale | float) -> list[int]:
+def delta_layer_bytes(spec: Any, total_tokens: int, send_from: int, scale: Scale | float,
+                      full_attention_dtype: str | None = None) -> list[int]:
     """Bytes each layer puts on the wire when the decode already holds `send_from` positions: the
-    full-attention part of the positions after it plus every fixed/window state, / scale, rounded so the
-    layers add up to round(total / scale)."""
+    full-attention part of the positions after it (in `full_attention_dtype` when given: float8 under
+    `policy.kv_compression`) plus every fixed/window state, / scale, rounded so the layers add up to
+    round(total / scale)."""
     from testbed.kv.pool import FULL_KINDS
 
     scale = Scale.of(scale)
     out, cum, sent = [], 0, 0
     for i, layer in enumerate(spec.layers):
-        held = spec.layer_bytes(i, send_from) if layer.kind in FULL_KINDS and send_from > 0 else 0
-        cum += spec.layer_bytes(i, total_tokens) - held
+        held = spec.layer_bytes(i, send_from, full_attention_dtype=full_attention_dtype) if layer.kind in FULL_KINDS and send_from > 0 else 0
+        cum += spec.layer_bytes(i, total_tokens, full_attention_dtype=full_attention_dtype) - held
         target = int(round(scale.wire_bytes(cum)))
         out.append(target - sent)
         sent = target
@@ -151,7 +154,7 @@ class ProfileCompute:
     def prefill(self, request_id: str, plan: PrefillPlan, prompt_token_ids: list[int] | None,
                 on_layer: Callable[[Any], None]) -> PrefillOutput:
         layer_s = self.prefill_time_s(plan.input_len, plan.cached_len) / len(self.spec.layers)
-        sizes = delta_layer_bytes(self.spec, plan.input_len, min(plan.send_from, plan.input_len - 1), self.scale)
+        sizes = delta_layer_bytes(self.spec, plan.input_len, min(plan.send_from, plan.input_len - 1), self.scale, plan.kv_dtype)
         # the layers' sleeps add up to the profile's time; a full send path's wait, or a pause while preempting
         # prefills run, adds to it. A debt is never forgotten: a gap inside one prefill is a wait, not idleness
         pacer = Pacer(forget_s=math.inf)
@@ -210,6 +213,8 @@ class TorchCompute:
 
         def emit(layer: Any) -> None:
             cut = delta_layer(layer, send_from)
+            if plan.kv_dtype is not None:
+                cut = cast_full_attention(cut, plan.kv_dtype)
             on_layer(cut if self.device == "cpu" else _to_cpu(cut, self.torch))  # on CPU: already host memory
 
         with self.torch.inference_mode():
@@ -249,6 +254,37 @@ def delta_layer(layer: Any, send_from: int) -> Any:
     if send_from <= 0 or layer.kind not in FULL_KINDS:
         return layer
     return LayerKV(layer.layer_index, layer.kind, {k: t[send_from:] for k, t in layer.tensors.items()})
+
+
+def cast_full_attention(layer: Any, dtype: str) -> Any:
+    """`layer` with its full-attention tensors (gqa, mla: what grows with the tokens) in `dtype`, its fixed
+    and window state as they are (a recurrent state accumulates every token's rounding error). Into float8,
+    values beyond its finite range saturate at it, as vLLM's ``--kv-cache-dtype fp8`` with its default
+    scale of 1.0 stores them (float8_e4m3fn has no infinity: an unclamped cast makes NaN). The same
+    function casts a received layer back to the model's dtype. docs/router.md, "Adaptive KV precision"."""
+    import torch
+
+    from testbed.kv.cache import LayerKV
+    from testbed.kv.pool import FULL_KINDS
+
+    if layer.kind not in FULL_KINDS:
+        return layer
+    want = getattr(torch, dtype)
+    out = {}
+    for name, t in layer.tensors.items():
+        if t.dtype != want and want.is_floating_point and want.itemsize == 1:
+            lim = torch.finfo(want).max
+            t = t.clamp(-lim, lim)
+        out[name] = t.to(want)
+    return LayerKV(layer.layer_index, layer.kind, out)
+
+
+def restore_kv_dtype(cache: Any, dtype: str) -> Any:
+    """The decode side of `cast_full_attention`: a received cache whose full-attention tensors crossed in
+    another dtype, with them back in the model's `dtype` (what its pool, its prefix and its decode hold)."""
+    from testbed.kv.cache import KVCache
+
+    return KVCache(cache.request_id, cache.model, cache.tokens, [cast_full_attention(layer, dtype) for layer in cache.layers])
 
 
 def join_prefix(prefix: Any, delta: Any) -> Any:

@@ -332,6 +332,13 @@ def plan_run(scenario: Scenario) -> ServingPlan:
         if scenario.section(key) is None:
             raise FieldError(key, "is required for a run", scenario.source)
     plan = ServingPlan(*_check(scenario))
+    policy, model = scenario.section("policy"), scenario.section("model")
+    if policy.kv_compression != "none":
+        from testbed.models.spec import DTYPE_BYTES
+
+        if DTYPE_BYTES[model.spec.kv_dtype] <= 1:
+            raise FieldError("policy.kv_compression", f"'{policy.kv_compression}' sends float8; model {model.name}'s KV is "
+                             f"{model.spec.kv_dtype} already (use 'none')", scenario.source)
     cc = plan.spec.kv_congestion_control
     if cc is not None:
         if plan.spec.kv_connector != "tcp":

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, TypeVar
 
 from testbed.kv.transport import FillStop
+from testbed.models.spec import parse_dtype
 from testbed.validation import (
     Fields, at_least_one, boolean, integers, mapping, non_negative, positive_int, positive_number, string, text,
 )
@@ -100,6 +101,7 @@ class PrefillRequest:
     shed_ttft_s: float | None = None
     priority: int = 0  # the worker's queue serves the lowest first, FCFS among equals (vLLM's priority scheduling)
     slo_ttft_s: float | None = None  # the request's TTFT objective: what bounds a preemption of its prefill
+    kv_dtype: str | None = None  # the full-attention KV's dtype on the wire (`policy.kv_compression`); None: the model's
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -114,6 +116,7 @@ class PrefillRequest:
                    "prompt_token_ids": f.get("prompt_token_ids", integers, None), "route": f.choice("route", ROUTES, "prfaas"),
                    "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), "priority": f.get("priority", positive_int, 0),
                    "slo_ttft_s": f.get("slo_ttft_s", positive_number, None),
+                   "kv_dtype": f.get("kv_dtype", parse_dtype, None),
                    **_deadline(f, None)}
             for key in ("cached_len", "decode_prefix_len"):
                 if out[key] >= out["input_len"]:

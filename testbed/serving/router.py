@@ -37,6 +37,7 @@ from testbed import clock
 from testbed.blocks import BLOCK_TOKENS, prompt_token_ids
 from testbed.errors import FieldError, UserError
 from testbed.rundir import CLIENT_DISCONNECTED, ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
+from testbed.models.spec import DTYPE_BYTES, parse_dtype
 from testbed.scale import Scale
 from testbed.validation import Fields, boolean, positive_int, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
@@ -52,6 +53,7 @@ from testbed.serving.policy import (
     ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
     TelemetrySample, build_policy, parse_policy_section,
 )
+from testbed.serving.policy.spec import COMPRESSED_KV_DTYPE
 
 COMPUTE_MODES = ("profile", "torch")
 
@@ -88,6 +90,7 @@ class RouterConfig:
     scale: float = 1.0  # emulated = wire x scale
     model: str = "prfaas"
     compute: str = "profile"  # "torch": send prompt_token_ids to the workers
+    kv_dtype: str = "bfloat16"  # the model's full-attention KV dtype (what `policy.kv_compression` shrinks to float8)
     vocab_size: int = 32000
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 300.0  # a request's whole budget; also the longest silence from a worker
@@ -141,6 +144,7 @@ class RouterConfig:
             scale=f.get("scale", lambda v: Scale(v).factor, d.scale),
             model=f.get("model", str, d.model),
             compute=f.choice("compute", COMPUTE_MODES, d.compute),
+            kv_dtype=f.get("kv_dtype", parse_dtype, d.kv_dtype),
             vocab_size=f.get("vocab_size", positive_int, d.vocab_size),
             connect_timeout_s=f.get("connect_timeout_s", pos, d.connect_timeout_s),
             request_timeout_s=f.get("request_timeout_s", pos, d.request_timeout_s),
@@ -283,7 +287,8 @@ class Router:
         self.kv = KVManager({i: p.cluster for i, p in self.prefill.items()}, max_blocks_per_instance=config.max_blocks_per_instance)
         standby = [("prefill", p.instance) for p in config.prefill if p.standby] + [("decode", d.instance) for d in config.decode if d.standby]
         self.policy = build_policy(config.policy, self._states(self.prefill), self._states(self.decode), log=self.log,
-                                   capacity_bps=config.wan_capacity_bps, standby=standby)
+                                   capacity_bps=config.wan_capacity_bps, standby=standby,
+                                   compressed_kv_ratio=DTYPE_BYTES[COMPRESSED_KV_DTYPE] / DTYPE_BYTES[config.kv_dtype])
         self._lock = threading.Lock()
         self._offloads_started = 0
         self._kv_seen_s = -math.inf  # the last state poll whose PrfaaS senders had KV queued or in flight
@@ -381,7 +386,8 @@ class Router:
                 raise WorkerFailed(str(exc)) from None
             rec.update(route=dec.route, threshold=dec.threshold, cached_len=dec.cached_len, uncached_len=dec.uncached_len,
                        prefill_instance=dec.prefill_instance, decode_instance=dec.decode_instance, route_reason=dec.reason,
-                       cache_transfer_tokens=dec.cache_transfer_tokens)
+                       cache_transfer_tokens=dec.cache_transfer_tokens,
+                       kv_dtype=COMPRESSED_KV_DTYPE if dec.compress_kv else self.cfg.kv_dtype)
             yield from self._run(c, dec, rec, arrival)
         except WorkerFailed as exc:
             rec["reason"] = str(exc)
@@ -522,7 +528,7 @@ class Router:
                              block_hashes=tuple(c.block_hashes), prompt_token_ids=token_ids,
                              route=dec.route, arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s,
                              shed_ttft_s=self.cfg.shed_ttft_s, priority=dec.priority,
-                             slo_ttft_s=self.cfg.slo_ttft_s)
+                             slo_ttft_s=self.cfg.slo_ttft_s, kv_dtype=COMPRESSED_KV_DTYPE if dec.compress_kv else None)
         source = f"prefill instance {p.cfg.instance}"
         try:
             conn = self._open(p, "/v1/prefill", req.to_json())
@@ -549,7 +555,7 @@ class Router:
         if dec.route == "prfaas" and out.kv_bytes:  # workers report wire bytes; the policy thinks emulated
             self.policy.on_telemetry(TelemetrySample(clock.now_s(), transfer_uncached_len=dec.uncached_len,
                                                      transfer_kv_bytes=int(self.scale.emulated_bytes(out.kv_bytes)),
-                                                     prefill_s=prefill_s))
+                                                     prefill_s=prefill_s, transfer_compressed=dec.compress_kv))
         return out
 
     def _open(self, inst: _Instance, path: str, body: dict[str, Any]) -> http.client.HTTPConnection:

@@ -453,7 +453,7 @@ class PrefillWorker:
         job.hit = self.pool.match(list(req.block_hashes), max_tokens=input_len - 1, acquire=True)
         boundary = prefilled_blocks(input_len, self.pool.store_tensors) * BLOCK_TOKENS  # torch: the last token is the decode's
         return PrefillPlan(input_len, job.hit.tokens, req.decode_prefix_len,
-                           boundary if boundary > job.hit.tokens else None, job.hit.cache)
+                           boundary if boundary > job.hit.tokens else None, job.hit.cache, req.kv_dtype)
 
     def _run(self, job: PrefillJob) -> None:
         req = job.req
@@ -606,14 +606,15 @@ class DecodeWorker:
         self._fill(slot, received)
 
     def _fill(self, slot: DecodeSlot, received: Any) -> None:
-        from testbed.serving.compute import join_prefix
+        from testbed.serving.compute import join_prefix, restore_kv_dtype
 
         slot.kv = received.cache if received.cache is not None else received.kv_bytes
         slot.kv_error = None if received.ok else (received.reason or "transfer failed")
         hashes = list(slot.req.block_hashes)
         if received.ok and received.cache is not None:
             try:
-                slot.kv = join_prefix(slot.prefix.cache if slot.prefix is not None else None, received.cache)
+                delta = restore_kv_dtype(received.cache, self.compute.section.spec.kv_dtype)  # float8 on the wire: back to the model's
+                slot.kv = join_prefix(slot.prefix.cache if slot.prefix is not None else None, delta)
                 self.pool.insert(hashes, slot.kv)
             except ValueError as exc:
                 slot.kv_error = str(exc)

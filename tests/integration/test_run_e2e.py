@@ -179,7 +179,9 @@ def test_profile_run_writes_a_complete_run_directory_with_spec_sized_kv(run_dir:
     assert resolved["scale"] == 10.0 and resolved["policy"]["name"] == "fixed-threshold"
 
 
-def test_torch_tokens_decoded_from_kv_that_crossed_the_wan_equal_a_local_prefill_and_decode(run_dir: Path):
+def torch_run(run_dir: Path, **policy: Any) -> tuple[pd.DataFrame, Any, dict[str, list[int]]]:
+    """A short torch-mode run (the tiny paper-1t-hybrid, fixed-threshold at 400 tokens: both routes) with
+    `policy` added; (its requests, every one ok, some offloaded; the same model built locally; each prompt)."""
     import torch
 
     from testbed.models.torch_model import build_model
@@ -187,25 +189,58 @@ def test_torch_tokens_decoded_from_kv_that_crossed_the_wan_equal_a_local_prefill
     torch.set_num_threads(1)
     sc = scenario(duration="6s", scale=1, wan={"rate": "1Gbps", "delay": "2ms", "queue": "1bdp"},
                   model={"name": "paper-1t-hybrid", "compute": "torch", "variant": "tiny", "device": "cpu", "seed": 3},
-                  policy={"name": "fixed-threshold", "threshold": 400, "min_threshold": 256},
+                  policy={"name": "fixed-threshold", "threshold": 400, "min_threshold": 256, **policy},
                   workload={"input": {"dist": "uniform", "min": 300, "max": 600}, "output": 6,
                             "arrivals": {"process": "poisson", "rate": "0.7/s"}},
                   serving={"instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1},
                            "timeouts": {"kv": "30s", "request": "60s", "startup": "90s", "drain": "30s"}})
     run_once(sc, run_dir, progress=False)
-
     df = pd.read_parquet(run_dir / "requests.parquet")
     assert len(df) >= 2 and (df["status"] == "ok").all(), df[["request_id", "status", "reason"]].to_string()
     assert "prfaas" in set(df["route"]), "no request crossed the WAN"
     model = build_model(load_model_spec("paper-1t-hybrid"), "tiny", 3, "cpu")
+    blocks = {r.request_id: r.block_hashes for r in generate(sc.section("workload"), sc.seed, sc.duration_s)}
+    prompts = {row.request_id: Request(row.request_id, 0.0, int(row.input_len), int(row.output_len),
+                                       tuple(blocks[row.request_id])).prompt_token_ids(model.vocab_size) for row in df.itertuples()}
+    return df, model, prompts
+
+
+def test_torch_tokens_decoded_from_kv_that_crossed_the_wan_equal_a_local_prefill_and_decode(run_dir: Path):
+    df, model, prompts = torch_run(run_dir)
     for row in df.itertuples():
-        req = Request(row.request_id, 0.0, int(row.input_len), int(row.output_len),
-                      tuple(next(r for r in generate(sc.section("workload"), sc.seed, sc.duration_s) if r.request_id == row.request_id).block_hashes))
-        prompt = req.prompt_token_ids(model.vocab_size)
+        prompt = prompts[row.request_id]
         remote = [int(t[1:]) for t in row.text.split()]
         assert remote == model.generate(prompt, int(row.output_len)), row.request_id
         # the KV that crossed is what the model really produced for the prompt before its last token
         assert row.kv_bytes == model.spec.kv_bytes(int(row.input_len) - 1).total_bytes
+
+
+def test_torch_offloads_with_float8_kv_decode_what_the_rounded_cache_gives_and_send_half_the_attention_bytes(run_dir: Path):
+    """`policy.kv_compression: fp8` on real tensors: an offload's MLA KV crosses in float8 e4m3 (its KDA state
+    as it is), the decode casts it back and continues; PD-P's requests keep the model's dtype."""
+    import torch
+
+    from testbed.serving.compute import cast_full_attention, restore_kv_dtype
+
+    fp8 = "float8_e4m3fn"
+    df, model, prompts = torch_run(run_dir, kv_compression="fp8")
+    assert set(df.loc[df["route"] == "prfaas", "kv_dtype"]) == {fp8}
+    assert set(df.loc[df["route"] == "pd", "kv_dtype"]) <= {"bfloat16"}
+    for row in df.itertuples():
+        prompt = prompts[row.request_id]
+        remote = [int(t[1:]) for t in row.text.split()]
+        n = int(row.input_len) - 1
+        if row.route == "prfaas":
+            with torch.inference_mode():
+                _, cache = model.prefill(prompt[:-1])
+                cache.layers = [cast_full_attention(layer, fp8) for layer in cache.layers]
+                rounded = restore_kv_dtype(cache, "bfloat16")
+                assert remote == model.generate(prompt[-1:], int(row.output_len), cache=rounded), row.request_id
+            assert row.kv_bytes == model.spec.kv_bytes(n, full_attention_dtype=fp8).total_bytes
+            assert row.kv_bytes < model.spec.kv_bytes(n).total_bytes
+        else:
+            assert remote == model.generate(prompt, int(row.output_len)), row.request_id
+            assert row.kv_bytes == model.spec.kv_bytes(n).total_bytes
 
 
 def test_a_decode_worker_killed_mid_run_fails_its_requests_with_reasons_and_the_run_finishes(run_dir: Path):

@@ -55,6 +55,9 @@ def build_policy(
     log: SchedulerLog | None = None,
     capacity_bps: float = 0.0,
     standby: Sequence[tuple[str, int]] = (),
+    compressed_kv_ratio: float = 0.5,
 ) -> Policy:
-    """The registered policy of `spec.name`."""
-    return POLICIES[spec.name](spec, prefill, decode, log=log, capacity_bps=capacity_bps, standby=standby)
+    """The registered policy of `spec.name`; `compressed_kv_ratio`: float8's bytes per element over the model's KV
+    dtype's (what `policy.kv_compression` saves on a token's full-attention KV)."""
+    return POLICIES[spec.name](spec, prefill, decode, log=log, capacity_bps=capacity_bps, standby=standby,
+                               compressed_kv_ratio=compressed_kv_ratio)

@@ -50,6 +50,7 @@ class Decision(NamedTuple):
     cache_transfer_tokens: int = 0  # abundant rule: prefix tokens that would come from the other cluster
     bandwidth_scarce: bool = True
     priority: int = 0  # the prefill queue's order: lowest first, FCFS among equals (`policy.pd_queue`)
+    compress_kv: bool = False  # an offload whose full-attention KV crosses the WAN in float8 (`policy.kv_compression`)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ class TelemetrySample:
     over workers), min_rtt_ms (the kernel's min RTT, lowest over workers).
     Queues (router, every tick): requests in flight per instance of each pool, and of decode; the number of
     active PD-P prefill instances.
-    A finished offload (router): transfer_uncached_len and transfer_kv_bytes (fit S_kv(l)), prefill_s.
+    A finished offload (router): transfer_uncached_len and transfer_kv_bytes (fit S_kv(l)), prefill_s, and
+    transfer_compressed (its full-attention KV crossed in float8: it goes to the compressed fit).
     An active probe (router, observed: our own bytes while no KV moves): probe_bytes, probe_rate_bps (TCP's
     delivery rate of the connections that carried it), probe_rtt_ms (at its end), probe_retransmits (during
     it; logged, no verdict input), idle_rtt_ms (its pings' round trip while nothing of ours was queued).
@@ -91,6 +93,7 @@ class TelemetrySample:
     transfer_uncached_len: int | None = None
     transfer_kv_bytes: int | None = None
     prefill_s: float | None = None
+    transfer_compressed: bool | None = None
     probe_bytes: float | None = None
     probe_rate_bps: float | None = None
     probe_rtt_ms: float | None = None
@@ -124,8 +127,10 @@ class Policy:
         log: SchedulerLog | None = None,
         capacity_bps: float = 0.0,
         standby: Sequence[tuple[str, int]] = (),
+        compressed_kv_ratio: float = 0.5,
     ) -> None:
         self.spec = spec
+        self.compressed_kv_ratio = compressed_kv_ratio  # float8 / the model's KV dtype, bytes per element
         self.log = log or SchedulerLog()
         self.capacity_bps = capacity_bps
         self._lock = threading.RLock()
@@ -159,6 +164,11 @@ class Policy:
 
     def bandwidth_scarce(self) -> bool:
         return True
+
+    def compress_kv(self) -> bool:
+        """Does an offload decided now send its full-attention KV in float8? `policy.kv_compression`: ``fp8``
+        always; ``adaptive`` only while the prfaas law is under pressure (`PrfaasPolicy`)."""
+        return self.spec.kv_compression == "fp8"
 
     def probe_bytes(self, now_s: float) -> float:
         """Emulated bytes of an active probe the router should send now (docs/router.md, "An active
@@ -217,13 +227,16 @@ class Policy:
     def _finish(self, req: RequestView, state: ClusterState, cluster: str, p: InstanceState, cached: int,
                 threshold: float, reason: str, transfer: int = 0, scarce: bool = True, priority: int = 0) -> Decision:
         d = self.pick_decode(state)
-        dec = Decision(cluster, p.instance, d.instance, req.input_len - cached, cached, threshold, reason, transfer, scarce, priority)
+        compress = cluster == "prfaas" and self.compress_kv()
+        dec = Decision(cluster, p.instance, d.instance, req.input_len - cached, cached, threshold, reason, transfer, scarce, priority,
+                       compress)
         self.log.add(
             "decision", state.now_s, request_id=req.request_id, route=dec.route, prefill_instance=dec.prefill_instance,
             decode_instance=dec.decode_instance, input_len=req.input_len, cached_len=dec.cached_len,
             uncached_len=dec.uncached_len, cached_pd=state.match.cached_len("pd"),
             cached_prfaas=state.match.cached_len("prfaas"), threshold=threshold,
             egress_utilization=self.egress_utilization, bandwidth_scarce=scarce, reason=reason, priority=priority,
+            compress_kv=compress,
         )
         return dec
 

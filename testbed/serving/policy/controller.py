@@ -28,7 +28,7 @@ class PrfaasController:
     """Measurements in (`observe`, `note_arrival`), changes of t out (`step`, logged)."""
 
     def __init__(self, spec: PolicySpec, log: SchedulerLog, capacity_bps: float,
-                 prefill_times: PrefillTimes | None = None) -> None:
+                 prefill_times: PrefillTimes | None = None, compressed_kv_ratio: float = 0.5) -> None:
         c = spec.control
         self.spec, self.log, self.capacity_bps = spec, log, capacity_bps
         self.mode = spec.signals
@@ -55,6 +55,9 @@ class PrfaasController:
         self._slow_last: dict[str, float] = {}
         self._arrivals: deque[tuple[float, int, int]] = deque()  # (t_s, uncached w.r.t. PrfaaS, PD-P tokens or 0)
         self._fit = LineFit()  # S_kv(l): emulated KV bytes against uncached length, of finished offloads
+        self._fit_compressed = LineFit()  # the same, of offloads whose full-attention KV crossed in float8
+        self.compressed_kv_ratio = compressed_kv_ratio  # float8 / the model's KV dtype, bytes per element
+        self.compressing = False  # `kv_compression: adaptive`: new offloads send float8 (docs/router.md)
         self._last_raise = -math.inf
         self._last_change = -math.inf
         self._calm_since: float | None = None
@@ -188,16 +191,38 @@ class PrfaasController:
         if s.pdp_queue_per_instance is not None:
             self._pdp_slow = self._slow("pdp", s.t_s, self._pdp_slow, s.pdp_queue_per_instance)
         if s.transfer_uncached_len is not None and s.transfer_kv_bytes is not None:
-            self._fit.add(float(s.transfer_uncached_len), float(s.transfer_kv_bytes))
+            fit = self._fit_compressed if s.transfer_compressed else self._fit
+            fit.add(float(s.transfer_uncached_len), float(s.transfer_kv_bytes))
 
-    def kv_bytes_model(self) -> Callable[[float], float] | None:
-        """S_kv(l) in emulated bytes: least squares over finished offloads, else the spec's prior."""
-        model = self._fit.model()
-        if model is not None:
-            return model
-        if self.spec.kv_bytes_per_token or self.spec.kv_state_bytes:
-            return lambda l: self.spec.kv_state_bytes + self.spec.kv_bytes_per_token * l
-        return None
+    def compresses(self) -> bool:
+        """Do new offloads send their full-attention KV in float8 (`policy.kv_compression`)?"""
+        mode = self.spec.kv_compression
+        return mode == "fp8" or (mode == "adaptive" and self.compressing)
+
+    def kv_bytes_model(self, compressed: bool | None = None) -> Callable[[float], float] | None:
+        """S_kv(l) in emulated bytes of what new offloads send (`compressed`: float8; None: as `compresses`):
+        least squares over finished offloads of that kind, else the spec's prior. A float8 size never
+        measured yet is the model-dtype line with its per-token slope times `compressed_kv_ratio` (float8
+        shrinks the full-attention KV, which grows with the tokens; the fixed linear state crosses as it is)."""
+        if compressed is None:
+            compressed = self.compresses()
+        prior = ((float(self.spec.kv_state_bytes), float(self.spec.kv_bytes_per_token))
+                 if self.spec.kv_bytes_per_token or self.spec.kv_state_bytes else None)
+        if not compressed:
+            model = self._fit.model()
+            if model is not None:
+                return model
+            return None if prior is None else (lambda l: prior[0] + prior[1] * l)
+        line = self._fit_compressed.line()
+        if line is not None:
+            a, b = line
+            return lambda l: max(a + b * l, 0.0)
+        line = self._fit.line() or prior
+        if line is not None:
+            a, b = line
+            r = self.compressed_kv_ratio
+            return lambda l: max(a + r * b * l, 0.0)
+        return self._fit_compressed.model()
 
     def _recent(self, now_s: float) -> tuple[list[tuple[float, int, int]], float]:
         """The arrivals in the window (t_s, uncached length w.r.t. PrfaaS, PD-P tokens or 0), and the time
@@ -214,9 +239,10 @@ class PrfaasController:
         recent, span = self._recent(now_s)
         return [l for _, l, _ in recent], span
 
-    def predicted_demand_bps(self, t: float, now_s: float) -> float | None:
-        """KV egress the recent arrivals would need at threshold t (emulated bit/s), or None if unknown."""
-        size = self.kv_bytes_model()
+    def predicted_demand_bps(self, t: float, now_s: float, compressed: bool | None = None) -> float | None:
+        """KV egress the recent arrivals would need at threshold t (emulated bit/s), or None if unknown;
+        `compressed` as `kv_bytes_model`."""
+        size = self.kv_bytes_model(compressed)
         arr, span = self._recent_lengths(now_s)
         if size is None or len(arr) < self.spec.control.min_samples:
             return None
@@ -346,6 +372,10 @@ class PrfaasController:
             return s
         if pressure:
             self._calm_since = None
+            if self.spec.kv_compression == "adaptive" and not self.compressing:
+                # the cheaper response first: float8 shrinks every new offload's KV at once, and the raise
+                # below is then fitted to the smaller sizes (docs/router.md, "Adaptive KV precision")
+                self._set_compressing(now_s, True, "compress: " + "; ".join(pressure))
             since = now_s - self._last_raise
             fit = self.fit_threshold(target, now_s)
             cap = s["pdp_cap"] = self.pdp_cap(now_s)
@@ -376,6 +406,16 @@ class PrfaasController:
             self._calm_since = now_s
         if now_s - self._calm_since < c.hold_s or now_s - self._last_change < c.hold_s:
             return s
+        if self.compressing and self.t <= self.t_base:
+            # the raise given back first (it costs short requests their TTFT); then the model's dtype again,
+            # once its own predicted demand is calm too (the hysteresis: on at pressure, off below low_utilization)
+            full = self.predicted_demand_bps(self.t, now_s, compressed=False)
+            kv_cap = s["kv_capacity_bps"]
+            if full is None or (kv_cap > 0 and full / kv_cap <= c.low_utilization):
+                ratio_txt = "unknown" if full is None else f"{full / kv_cap:.2f}"
+                self._set_compressing(now_s, False, f"uncompress: calm for {c.hold_s:g}s, predicted KV demand in the model's "
+                                                    f"dtype {ratio_txt} x the capacity left for KV")
+                return s
         pdp_surge = s["pdp_queue"] >= c.queue_high
         floor = lo if pdp_surge else self.t_base
         if self.t > floor:
@@ -389,6 +429,10 @@ class PrfaasController:
         elif self.t < self.t_base and s["pdp_queue"] <= c.queue_low:
             self._set_t(now_s, min(self.t_base, self.t * c.lower_factor), "restore towards base: PD-P queue calm")
         return s
+
+    def _set_compressing(self, now_s: float, on: bool, reason: str) -> None:
+        self.compressing = on
+        self.log.add("kv_compression", now_s, compress_kv=on, threshold=self.t, egress_utilization=self._u_ewma, reason=reason)
 
     def _set_t(self, now_s: float, new: float, reason: str) -> None:
         old, self.t = self.t, float(new)

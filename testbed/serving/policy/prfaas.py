@@ -21,7 +21,7 @@ class PrfaasPolicy(ThresholdPolicy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.prefill_times = PrefillTimes()  # both clusters' prefill cost: latency-aware offload and the PD-P cap
-        self.controller = PrfaasController(self.spec, self.log, self.capacity_bps, self.prefill_times)
+        self.controller = PrfaasController(self.spec, self.log, self.capacity_bps, self.prefill_times, self.compressed_kv_ratio)
         self._last_flip = clock.now_s()
 
     @property
@@ -38,6 +38,9 @@ class PrfaasPolicy(ThresholdPolicy):
 
     def bandwidth_scarce(self) -> bool:
         return self.controller.bandwidth_scarce()
+
+    def compress_kv(self) -> bool:
+        return self.controller.compresses()
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -108,7 +111,7 @@ class PrfaasPolicy(ThresholdPolicy):
                          excess_committed_bits=sig["excess_committed_bits"],
                          pdp_cap_threshold=sig.get("pdp_cap"), congestion_events_per_s=ctl.congestion_events_per_s,
                          prfaas_queue=sig["prfaas_queue"], pdp_queue=sig["pdp_queue"], decode_queue=sig["decode_queue"],
-                         bandwidth_scarce=ctl.bandwidth_scarce())
+                         bandwidth_scarce=ctl.bandwidth_scarce(), compress_kv=ctl.compresses())
             if self.spec.role_flip.enabled and now_s - self._last_flip >= self.spec.role_flip.period_s:
                 self._last_flip = now_s
                 self._role_flip(now_s)

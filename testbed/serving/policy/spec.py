@@ -79,6 +79,10 @@ PREFILL_PICKS = ("requests", "tokens")  # the least loaded prefill instance: few
 # the order of a PD-P prefill queue: arrival (fcfs), or the requests the base threshold keeps local before those
 # a raise of t (or a fallback) moved there (natives-first: docs/router.md, "Where the dip's excess waits")
 PD_QUEUES = ("fcfs", "natives-first")
+# the dtype of offloaded requests' full-attention KV on the WAN (docs/router.md, "Adaptive KV precision"): the model's
+# (none), float8 e4m3 for every offload (fp8), or float8 only while the prfaas law is under pressure (adaptive)
+KV_COMPRESSIONS = ("none", "fp8", "adaptive")
+COMPRESSED_KV_DTYPE = "float8_e4m3fn"
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class PolicySpec:
     cache_affinity_slack: int = 2  # prefer the cache-holding instance unless it has this many more in flight
     prefill_pick: str = "requests"  # PREFILL_PICKS: what "least loaded" counts (docs/router.md, "Policies")
     pd_queue: str = "fcfs"  # PD_QUEUES: the order in which a PD-P instance takes its queued prefills
+    kv_compression: str = "none"  # KV_COMPRESSIONS: the wire dtype of an offload's full-attention KV
     kv_state_bytes: int = 0  # optional prior for S_kv(l) = state + per_token * l (emulated bytes)
     kv_bytes_per_token: int = 0
     event_threshold_tokens: int | None = None  # `oracle-step` only: t while the shaper's rate is below the line's
@@ -114,6 +119,7 @@ class PolicySpec:
             "cache_affinity_slack": self.cache_affinity_slack,
             "prefill_pick": self.prefill_pick,
             "pd_queue": self.pd_queue,
+            "kv_compression": self.kv_compression,
             "kv_state_bytes": f"{self.kv_state_bytes}B",
             "kv_bytes_per_token": f"{self.kv_bytes_per_token}B",
             **({"event_threshold": self.event_threshold_tokens} if self.event_threshold_tokens is not None else {}),
@@ -227,6 +233,15 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
     return e
 
 
+def _kv_compression(v: Any) -> str:
+    """One of `KV_COMPRESSIONS`; YAML reads a bare ``off`` or ``no`` as false, which means ``none``."""
+    if v is False:
+        return "none"
+    if isinstance(v, bool) or str(v) not in KV_COMPRESSIONS:
+        raise ValueError(f"{v!r} is not allowed; use one of: {', '.join(KV_COMPRESSIONS)}")
+    return str(v)
+
+
 def _check_between_bounds(f: Fields, key: str, tokens: int, spec: PolicySpec) -> None:
     if not spec.min_threshold_tokens <= tokens <= spec.max_threshold_tokens:
         raise f.error(key, f"{tokens} tokens must lie between min_threshold ({spec.min_threshold_tokens}) "
@@ -252,6 +267,7 @@ def parse_policy_section(f: Fields) -> PolicySpec:
         cache_affinity_slack=f.get("cache_affinity_slack", positive_int, d.cache_affinity_slack),
         prefill_pick=f.choice("prefill_pick", PREFILL_PICKS, d.prefill_pick),
         pd_queue=f.choice("pd_queue", PD_QUEUES, d.pd_queue),
+        kv_compression=f.get("kv_compression", _kv_compression, d.kv_compression),
         kv_state_bytes=f.get("kv_state_bytes", units.parse_size_bytes, d.kv_state_bytes),
         kv_bytes_per_token=f.get("kv_bytes_per_token", units.parse_size_bytes, d.kv_bytes_per_token),
         event_threshold_tokens=f.get("event_threshold", units.parse_tokens, None),
@@ -270,4 +286,7 @@ def parse_policy_section(f: Fields) -> PolicySpec:
         _check_between_bounds(f, "event_threshold", spec.event_threshold_tokens, spec)
     elif spec.event_threshold_tokens is not None:
         raise f.error("event_threshold", f"only the oracle-step policy reads it (policy.name is '{spec.name}')")
+    if spec.kv_compression == "adaptive" and spec.name != "prfaas":
+        raise f.error("kv_compression", f"'adaptive' follows the prfaas control law; policy '{spec.name}' has none "
+                                        "(use 'fp8' to compress every offload, or 'none')")
     return spec
