@@ -49,6 +49,17 @@ def offloaded_mask(df: pd.DataFrame) -> pd.Series:
     return df["route"].astype(str).str.startswith(OFFLOAD_ROUTE_PREFIX)
 
 
+def float8_share(df: pd.DataFrame) -> float | None:
+    """The share of `df`'s offloaded requests whose full-attention KV crossed the WAN in float8
+    (`policy.kv_compression`); None without offloads or for a run recorded before the ``kv_dtype`` column."""
+    from testbed.serving.policy.spec import COMPRESSED_KV_DTYPE
+
+    off = df[offloaded_mask(df)] if len(df) and "route" in df else df.iloc[0:0]
+    if "kv_dtype" not in off or not len(off):
+        return None
+    return float((off["kv_dtype"] == COMPRESSED_KV_DTYPE).mean())
+
+
 def ttft_s(df: pd.DataFrame) -> pd.Series:
     """Time to first token: first token minus arrival."""
     return df["first_token_s"] - df["arrival_s"]
@@ -344,6 +355,7 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
         "ttft_short_s": stats(ttft_s(short)) if len(short) else stats([]),
         "tpot_s": {k: v for k, v in stats(tpot, (50, 90)).items()},
         "offload_fraction": float(off.mean()) if total else None,
+        "kv_float8_fraction": float8_share(df),  # of the offloads: float8 KV on the WAN (policy.kv_compression)
         "kv_wire_bytes_offloaded": wire,
         "egress_gbps": eg,
         "wan_gbps": wan_stats,

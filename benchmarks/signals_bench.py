@@ -113,6 +113,7 @@ def p90(x: pd.Series) -> float | None:
 
 
 def measure(run_dir: Path) -> dict[str, Any]:
+    from analysis.metrics import float8_share
     from analysis.rundir import load_run
 
     run = load_run(run_dir)
@@ -140,15 +141,8 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "detect_s": detection_s(run.scheduler, event[0] + off),
         "kv_cc": run.summary.get("kv_congestion_control"),  # what the KV connections ran: it moves every figure
         # offloads whose full-attention KV crossed in float8 (policy.kv_compression), whole run and in the window
-        "fp8_share": fp8_share(df[ok & (df["route"] == "prfaas")]), "fp8_share_event": fp8_share(df[win & (df["route"] == "prfaas")]),
+        "fp8_share": float8_share(df[ok]), "fp8_share_event": float8_share(df[win]),
     }
-
-
-def fp8_share(offloads: pd.DataFrame) -> float | None:
-    """The share of `offloads` whose KV crossed in float8 (None: none, or a run from before the column)."""
-    if "kv_dtype" not in offloads or not len(offloads):
-        return None
-    return float((offloads["kv_dtype"] == "float8_e4m3fn").mean())
 
 
 def detection_s(sched: pd.DataFrame, start_s: float) -> float | None:

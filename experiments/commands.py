@@ -108,6 +108,8 @@ def _print_summary(out: Path) -> bool:
     print(f"  WAN egress mean/p99: {f(eg.get('mean'), '{:.2f}')} / {f(eg.get('p99'), '{:.2f}')} Gbps (emulated; scale {s.get('scale')},"
           f" {s.get('compute', '?')} compute, policy {s.get('policy')}"
           + (f", KV over TCP {s['kv_congestion_control']})" if s.get("kv_congestion_control") else ")"))
+    if s.get("kv_float8_fraction"):
+        print(f"  float8 KV (policy.kv_compression): {s['kv_float8_fraction']:.0%} of the offloads sent their full-attention KV in float8")
     if s.get("kv_cc_restarts"):
         n = s["kv_cc_restarts"]
         print(f"  KV connections stuck after an RTO: congestion control restarted {'once' if n == 1 else f'{n} times'} (docs/kv.md)")

@@ -169,3 +169,18 @@ def test_float8_on_the_wire_keeps_the_state_saturates_the_range_and_comes_back_w
     assert rel.max().item() <= 2.0 ** -4 + 1e-6  # 3 mantissa bits: half an ulp is 1/16 of the value
     assert ((out - ref).abs()[~normal]).max().item() <= 2.0 ** -10 + 1e-9
     assert torch.equal(back.layers[0].tensors["state"], state_t)
+
+
+# ------------------------------------------------------------------------------------------ the summary
+
+
+def test_the_summary_gives_the_share_of_offloads_that_sent_float8() -> None:
+    import pandas as pd
+
+    from analysis.metrics import float8_share
+
+    df = pd.DataFrame({"route": ["prfaas", "prfaas", "prfaas", "pd"],
+                       "kv_dtype": [FP8, "bfloat16", FP8, "bfloat16"]})
+    assert float8_share(df) == pytest.approx(2 / 3)  # PD-P's request is not an offload
+    assert float8_share(df[df["route"] == "pd"]) is None
+    assert float8_share(df.drop(columns="kv_dtype")) is None  # a run recorded before the column
