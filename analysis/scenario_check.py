@@ -63,7 +63,8 @@ class CheckReport:
     threshold_tokens: float | None = None
     arrival_rate_rps: float | None = None
     offload_fraction: float | None = None
-    offered_kv_bps: float | None = None
+    offered_kv_bps: float | None = None  # at the base t, in the dtype the run sends it (float8 under `kv_compression: fp8`)
+    offered_kv_model_dtype_bps: float | None = None  # the same in the model's dtype
     offered_kv_compressed_bps: float | None = None  # the same with float8 full-attention KV (`policy.kv_compression`)
     kv_compression: str | None = None
     model: dict[str, Any] | None = None  # Lambda_max at the base t and at the model's t*
@@ -203,13 +204,15 @@ def _load(sc: Scenario, rep: CheckReport) -> None:
     rep.offload_fraction = float(p[0]) if policy.name in OFFLOAD_POLICIES else 0.0
     if rep.arrival_rate_rps is not None:
         kv = float(kv_long[0]) if rep.offload_fraction > 0 else 0.0
-        rep.offered_kv_bps = rep.arrival_rate_rps * rep.offload_fraction * kv * 8
+        rep.offered_kv_bps = rep.offered_kv_model_dtype_bps = rep.arrival_rate_rps * rep.offload_fraction * kv * 8
         if policy.kv_compression != "none" and rep.offload_fraction > 0:
             from testbed.serving.policy.spec import COMPRESSED_KV_DTYPE
 
             _, _, kv_c = dist.split([t], tm.spec_kv_bytes(sc.section("model").name, COMPRESSED_KV_DTYPE)(dist.lengths))
             rep.offered_kv_compressed_bps = rep.arrival_rate_rps * rep.offload_fraction * float(kv_c[0]) * 8
             rep.kv_compression = policy.kv_compression
+            if policy.kv_compression == "fp8":  # every offload: the float8 figure is what the line carries
+                rep.offered_kv_bps = rep.offered_kv_compressed_bps
     if cm.n_prfaas >= 1 and cm.n_pd >= 2:
         at_t = tm.at_threshold(cm, dist, t)
         best = tm.search_prfaas_pd(cm, dist, step_tokens=256.0)
@@ -257,12 +260,13 @@ def format_report(rep: CheckReport) -> str:
         t = "-" if rep.threshold_tokens is None else f"{rep.threshold_tokens:g} tokens"
         rate = "closed loop" if rep.arrival_rate_rps is None else f"{rep.arrival_rate_rps:g} req/s"
         lines.append(f"load: policy {rep.policy}, base t {t}, arrivals {rate}, offload fraction {rep.offload_fraction:.3f}")
-        if rep.offered_kv_compressed_bps is not None:
-            when = "every offload" if rep.kv_compression == "fp8" else "while the law is under pressure"
-            lines.append(f"  offered KV with float8 full-attention KV (policy.kv_compression: {rep.kv_compression}, {when}): "
-                         f"{f(rep.offered_kv_compressed_bps)}")
+        if rep.kv_compression == "adaptive" and rep.offered_kv_compressed_bps is not None:
+            lines.append(f"  offered KV with float8 full-attention KV (policy.kv_compression: adaptive, while the law is under "
+                         f"pressure): {f(rep.offered_kv_compressed_bps)}")
         if rep.offered_kv_bps is not None:
-            lines.append(f"  offered KV (emulated) {f(rep.offered_kv_bps)}; against the PrfaaS->PD capacity left by cross traffic:")
+            dtype = (f" in float8 (policy.kv_compression: fp8; {f(rep.offered_kv_model_dtype_bps)} in the model's dtype)"
+                     if rep.kv_compression == "fp8" else "")
+            lines.append(f"  offered KV (emulated) {f(rep.offered_kv_bps)}{dtype}; against the PrfaaS->PD capacity left by cross traffic:")
     for s in rep.segments:
         util = "-" if s.utilisation is None else f"{s.utilisation:.0%}"
         cross = f" - cross {f(s.cross_bps)}" if s.cross_bps else ""

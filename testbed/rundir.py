@@ -79,7 +79,7 @@ REQUEST_DTYPES: dict[str, str] = {
     "transfer_end_s": FLOAT, "first_token_s": FLOAT, "finish_s": FLOAT, "status": STRING, "reason": STRING,
     "route_reason": STRING, "cache_transfer_tokens": INT, "prefill_late_s": FLOAT, "decode_late_s": FLOAT,
     "prefill_paused_s": FLOAT,  # of prefill_end_s - prefill_start_s, paused while preempting prefills ran
-    "kv_dtype": STRING,  # the dtype its full-attention KV crossed in (policy.kv_compression); None: no transfer
+    "kv_dtype": STRING,  # the dtype the decision routed its full-attention KV to cross in (policy.kv_compression)
     "client_arrival_s": FLOAT, "client_first_token_s": FLOAT, "client_finish_s": FLOAT, "tokens_received": INT,
     "client_status": STRING, "client_reason": STRING, "text": STRING,
     "scheduled_arrival_s": FLOAT, "session_id": INT, "block_hashes": LIST,  # the prompt's 512-token block ids

@@ -138,6 +138,7 @@ class DecodeRequest:
     block_hashes: tuple[int, ...] = ()
     arrival_s: float | None = None
     request_timeout_s: float | None = None
+    kv_dtype: str | None = None  # the prefill sends its full-attention KV in this dtype (`PrefillRequest.kv_dtype`)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -147,7 +148,8 @@ class DecodeRequest:
         return _read(cls, data, source, "", lambda f: {
             "request_id": f.get("request_id", text), "input_len": f.get("input_len", at_least_one),
             "output_len": f.get("output_len", at_least_one, 1), "prompt_token_ids": f.get("prompt_token_ids", integers, None),
-            "block_hashes": f.get("block_hashes", integers, ()), **_deadline(f, None)})
+            "block_hashes": f.get("block_hashes", integers, ()), "kv_dtype": f.get("kv_dtype", parse_dtype, None),
+            **_deadline(f, None)})
 
 
 @dataclass(frozen=True)

@@ -439,7 +439,8 @@ class Router:
         try:
             token_ids = tuple(c.token_ids) if self.cfg.compute == "torch" and c.token_ids is not None else None
             dreq = DecodeRequest(c.request_id, c.input_len, c.output_len, token_ids, block_hashes=tuple(c.block_hashes),
-                                 arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s)
+                                 arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s,
+                                 kv_dtype=COMPRESSED_KV_DTYPE if dec.compress_kv else None)
             conn = self._open(d, "/v1/decode", dreq.to_json())
             dsock = conn.sock
             try:  # the decode answers at once, saying how much of the prompt's KV it already holds

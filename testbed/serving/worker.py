@@ -611,14 +611,18 @@ class DecodeWorker:
         slot.kv = received.cache if received.cache is not None else received.kv_bytes
         slot.kv_error = None if received.ok else (received.reason or "transfer failed")
         hashes = list(slot.req.block_hashes)
+        # KV that crossed in another dtype (float8: policy.kv_compression) decodes this request only: rounded
+        # blocks in the pool would be served to later requests with the same prefix as the model's own
+        rounded = slot.req.kv_dtype is not None and slot.req.kv_dtype != self.compute.section.spec.kv_dtype
         if received.ok and received.cache is not None:
             try:
                 delta = restore_kv_dtype(received.cache, self.compute.section.spec.kv_dtype)  # float8 on the wire: back to the model's
                 slot.kv = join_prefix(slot.prefix.cache if slot.prefix is not None else None, delta)
-                self.pool.insert(hashes, slot.kv)
+                if not rounded:
+                    self.pool.insert(hashes, slot.kv)
             except ValueError as exc:
                 slot.kv_error = str(exc)
-        elif received.ok and hashes:
+        elif received.ok and hashes and not rounded:
             self.pool.insert(hashes, tokens=slot.req.input_len - 1)
         if slot.prefix is not None:
             self.pool.release(slot.prefix)

@@ -203,7 +203,9 @@ class PrfaasController:
         """S_kv(l) in emulated bytes of what new offloads send (`compressed`: float8; None: as `compresses`):
         least squares over finished offloads of that kind, else the spec's prior. A float8 size never
         measured yet is the model-dtype line with its per-token slope times `compressed_kv_ratio` (float8
-        shrinks the full-attention KV, which grows with the tokens; the fixed linear state crosses as it is)."""
+        shrinks the full-attention KV, which grows with the tokens; the fixed linear state crosses as it is;
+        for a model with sliding-window layers below their window this shrinks a little too much, since
+        window positions also grow per token and stay in the model's dtype, until float8 transfers are fitted)."""
         if compressed is None:
             compressed = self.compresses()
         prior = ((float(self.spec.kv_state_bytes), float(self.spec.kv_bytes_per_token))
@@ -222,7 +224,9 @@ class PrfaasController:
             a, b = line
             r = self.compressed_kv_ratio
             return lambda l: max(a + r * b * l, 0.0)
-        return self._fit_compressed.model()
+        # one float8 transfer (proportional), else the model dtype's own model unshrunk: an overestimate (the
+        # law raises a little more than needed) rather than none (blind x1.5 steps the moment it compressed)
+        return self._fit_compressed.model() or self._fit.model()
 
     def _recent(self, now_s: float) -> tuple[list[tuple[float, int, int]], float]:
         """The arrivals in the window (t_s, uncached length w.r.t. PrfaaS, PD-P tokens or 0), and the time
