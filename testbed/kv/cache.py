@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # tensors are torch tensors; importing torch here would slow 
     import torch
 
 LAYER_KINDS = ("linear", "gqa", "mla", "swa")
-FULL_ATTENTION_KINDS = ("gqa", "mla")  # cache every position: what grows with the prompt
+FULL_KINDS = ("gqa", "mla")  # full attention: cache every position, what grows with the prompt
 TENSOR_NAMES = {
     "linear": ("state", "conv"),
     "gqa": ("k", "v"),

@@ -26,8 +26,7 @@ from typing import Any, Protocol
 import xxhash
 
 from testbed.blocks import BLOCK_TOKENS
-from testbed.kv.cache import FULL_ATTENTION_KINDS as FULL_KINDS  # grow with the prompt: stored per block (token dim 0)
-from testbed.kv.cache import KVCache, LayerKV
+from testbed.kv.cache import FULL_KINDS, KVCache, LayerKV  # FULL_KINDS grow with the prompt: stored per block (token dim 0)
 STATE_KINDS = ("linear", "swa")  # fixed per request: stored per block boundary
 _PAIR = struct.Struct("<QQ")
 _MASK64 = (1 << 64) - 1

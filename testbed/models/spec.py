@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import yaml
 
 from testbed.errors import FieldError, UserError
-from testbed.kv.cache import FULL_ATTENTION_KINDS
+from testbed.kv.cache import FULL_KINDS
 from testbed.validation import Fields
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -201,7 +201,7 @@ class ModelSpec:
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         layer = self.layers[layer_index]
-        kv_dtype = full_attention_dtype if full_attention_dtype and layer.kind in FULL_ATTENTION_KINDS else self.kv_dtype
+        kv_dtype = full_attention_dtype if full_attention_dtype and layer.kind in FULL_KINDS else self.kv_dtype
         return layer.tensor_shapes(tokens, kv_dtype, self.layer_state_dtype(layer_index, state_dtype))
 
     def layer_bytes(self, layer_index: int, tokens: int, state_dtype: str | None = None,

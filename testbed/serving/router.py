@@ -387,7 +387,7 @@ class Router:
             rec.update(route=dec.route, threshold=dec.threshold, cached_len=dec.cached_len, uncached_len=dec.uncached_len,
                        prefill_instance=dec.prefill_instance, decode_instance=dec.decode_instance, route_reason=dec.reason,
                        cache_transfer_tokens=dec.cache_transfer_tokens,
-                       kv_dtype=COMPRESSED_KV_DTYPE if dec.compress_kv else self.cfg.kv_dtype)
+                       kv_dtype=dec.kv_dtype or self.cfg.kv_dtype)
             yield from self._run(c, dec, rec, arrival)
         except WorkerFailed as exc:
             rec["reason"] = str(exc)
@@ -440,7 +440,7 @@ class Router:
             token_ids = tuple(c.token_ids) if self.cfg.compute == "torch" and c.token_ids is not None else None
             dreq = DecodeRequest(c.request_id, c.input_len, c.output_len, token_ids, block_hashes=tuple(c.block_hashes),
                                  arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s,
-                                 kv_dtype=COMPRESSED_KV_DTYPE if dec.compress_kv else None)
+                                 kv_dtype=dec.kv_dtype)
             conn = self._open(d, "/v1/decode", dreq.to_json())
             dsock = conn.sock
             try:  # the decode answers at once, saying how much of the prompt's KV it already holds
@@ -529,7 +529,7 @@ class Router:
                              block_hashes=tuple(c.block_hashes), prompt_token_ids=token_ids,
                              route=dec.route, arrival_s=arrival_s, request_timeout_s=self.cfg.request_timeout_s,
                              shed_ttft_s=self.cfg.shed_ttft_s, priority=dec.priority,
-                             slo_ttft_s=self.cfg.slo_ttft_s, kv_dtype=COMPRESSED_KV_DTYPE if dec.compress_kv else None)
+                             slo_ttft_s=self.cfg.slo_ttft_s, kv_dtype=dec.kv_dtype)
         source = f"prefill instance {p.cfg.instance}"
         try:
             conn = self._open(p, "/v1/prefill", req.to_json())

@@ -616,7 +616,8 @@ class DecodeWorker:
         rounded = slot.req.kv_dtype is not None and slot.req.kv_dtype != self.compute.section.spec.kv_dtype
         if received.ok and received.cache is not None:
             try:
-                delta = restore_kv_dtype(received.cache, self.compute.section.spec.kv_dtype)  # float8 on the wire: back to the model's
+                # float8 on the wire: back to the model's dtype (an undeclared dtype is left for `admit` to refuse)
+                delta = restore_kv_dtype(received.cache, self.compute.section.spec.kv_dtype) if rounded else received.cache
                 slot.kv = join_prefix(slot.prefix.cache if slot.prefix is not None else None, delta)
                 if not rounded:
                     self.pool.insert(hashes, slot.kv)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Sequence
 
 from testbed.serving.kvmanager import PrefixMatch
 from testbed.serving.policy.log import SchedulerLog
-from testbed.serving.policy.spec import PolicySpec
+from testbed.serving.policy.spec import COMPRESSED_KV_DTYPE, PolicySpec
 
 
 class RequestView(NamedTuple):
@@ -51,6 +51,11 @@ class Decision(NamedTuple):
     bandwidth_scarce: bool = True
     priority: int = 0  # the prefill queue's order: lowest first, FCFS among equals (`policy.pd_queue`)
     compress_kv: bool = False  # an offload whose full-attention KV crosses the WAN in float8 (`policy.kv_compression`)
+
+    @property
+    def kv_dtype(self) -> str | None:
+        """The dtype the request's full-attention KV crosses in when it is not the model's (float8), else None."""
+        return COMPRESSED_KV_DTYPE if self.compress_kv else None
 
 
 @dataclass(frozen=True)
