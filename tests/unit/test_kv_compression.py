@@ -82,27 +82,6 @@ def test_adaptive_compresses_at_the_first_pressure_before_any_raise_and_stops_on
     assert [r["compress_kv"] for r in pol.log.rows("kv_compression")] == [True, False]  # no flapping
 
 
-def test_adaptive_raises_only_after_a_float8_offload_has_landed() -> None:
-    """Float8 first, alone: the committed model-dtype KV drains ahead of the first float8 offload, and until one
-    lands the law holds its raise (the control row says why); after it, the law raises as before."""
-    pol = make(threshold="8K", kv_compression="adaptive")
-    t0 = clock.now_s()
-    drive(pol, t0, 3.0, 0.3)
-    drive(pol, t0 + 3.0, 5.0, 1.0)  # saturated with committed KV backing up for 5 s: a raise within 2 s without float8
-    assert pol.controller.compressing and pol.threshold == 8 * K and not pol.log.rows("threshold")
-    held = [r for r in pol.log.rows("control") if r["reason"]]
-    assert held and all(r["reason"] == "float8 not yet landed" and r["compress_kv"] for r in held)
-    pol.on_telemetry(TelemetrySample(t0 + 8.0, transfer_uncached_len=20 * K, transfer_kv_bytes=1e6,
-                                     transfer_compressed=False))  # a model-dtype transfer is no evidence
-    drive(pol, t0 + 8.0, 1.0, 1.0)
-    assert pol.threshold == 8 * K
-    pol.on_telemetry(TelemetrySample(t0 + 9.0, transfer_uncached_len=20 * K, transfer_kv_bytes=5e5,
-                                     transfer_compressed=True))
-    drive(pol, t0 + 9.0, 2.0, 1.0)
-    assert pol.threshold >= 1.5 * 8 * K
-    assert pol.log.rows("threshold")[0]["t_s"] - (t0 + 9.0) <= 2.0
-
-
 def test_adaptive_stays_compressed_while_the_model_dtype_would_not_be_calm() -> None:
     """Calm on float8 KV is not calm: the model dtype's predicted demand must fit below low_utilization."""
     pol = make(threshold="1K", min_threshold="1K", kv_bytes_per_token="1MB", kv_compression="adaptive",

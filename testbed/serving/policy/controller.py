@@ -58,7 +58,6 @@ class PrfaasController:
         self._fit_compressed = LineFit()  # the same, of offloads whose full-attention KV crossed in float8
         self.compressed_kv_ratio = compressed_kv_ratio  # float8 / the model's KV dtype, bytes per element
         self.compressing = False  # `kv_compression: adaptive`: new offloads send float8 (docs/router.md)
-        self._float8_landed = False  # a float8 transfer has finished since the law last compressed
         self._last_raise = -math.inf
         self._last_change = -math.inf
         self._calm_since: float | None = None
@@ -194,8 +193,6 @@ class PrfaasController:
         if s.transfer_uncached_len is not None and s.transfer_kv_bytes is not None:
             fit = self._fit_compressed if s.transfer_compressed else self._fit
             fit.add(float(s.transfer_uncached_len), float(s.transfer_kv_bytes))
-            if s.transfer_compressed and self.compressing:
-                self._float8_landed = True
 
     def compresses(self) -> bool:
         """Do new offloads send their full-attention KV in float8 (`policy.kv_compression`)?"""
@@ -383,12 +380,6 @@ class PrfaasController:
                 # the cheaper response first: float8 shrinks every new offload's KV at once, and the raise
                 # below is then fitted to the smaller sizes (docs/router.md, "Adaptive KV precision")
                 self._set_compressing(now_s, True, "compress: " + "; ".join(pressure))
-            if self.spec.kv_compression == "adaptive" and not self._float8_landed:
-                # float8 first, alone: no raise until a float8 offload has crossed the line, so the KV
-                # committed before it (model dtype) has drained ahead of it and float8's effect is seen
-                # (docs/router.md, "Adaptive KV precision")
-                s["raise_held"] = "float8 not yet landed"
-                return s
             since = now_s - self._last_raise
             fit = self.fit_threshold(target, now_s)
             cap = s["pdp_cap"] = self.pdp_cap(now_s)
@@ -445,7 +436,6 @@ class PrfaasController:
 
     def _set_compressing(self, now_s: float, on: bool, reason: str) -> None:
         self.compressing = on
-        self._float8_landed = False
         self.log.add("kv_compression", now_s, compress_kv=on, threshold=self.t, egress_utilization=self._u_ewma, reason=reason)
 
     def _set_t(self, now_s: float, new: float, reason: str) -> None:

@@ -111,8 +111,7 @@ class PrfaasPolicy(ThresholdPolicy):
                          excess_committed_bits=sig["excess_committed_bits"],
                          pdp_cap_threshold=sig.get("pdp_cap"), congestion_events_per_s=ctl.congestion_events_per_s,
                          prfaas_queue=sig["prfaas_queue"], pdp_queue=sig["pdp_queue"], decode_queue=sig["decode_queue"],
-                         bandwidth_scarce=ctl.bandwidth_scarce(), compress_kv=ctl.compresses(),
-                         reason=sig.get("raise_held"))
+                         bandwidth_scarce=ctl.bandwidth_scarce(), compress_kv=ctl.compresses())
             if self.spec.role_flip.enabled and now_s - self._last_flip >= self.spec.role_flip.period_s:
                 self._last_flip = now_s
                 self._role_flip(now_s)
