@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from testbed.clock import Pacer
+from testbed.kv.cache import FULL_KINDS
 from testbed.scale import Scale
 from testbed.validation import Fields
 
@@ -114,7 +115,6 @@ def delta_layer_bytes(spec: Any, total_tokens: int, send_from: int, scale: Scale
     full-attention part of the positions after it (in `full_attention_dtype` when given: float8 under
     `policy.kv_compression`) plus every fixed/window state, / scale, rounded so the layers add up to
     round(total / scale)."""
-    from testbed.kv.pool import FULL_KINDS
 
     scale = Scale.of(scale)
     out, cum, sent = [], 0, 0
@@ -249,7 +249,6 @@ def delta_layer(layer: Any, send_from: int) -> Any:
     """The part of a finished layer the decode lacks: full-attention positions from `send_from` on (a view,
     token dimension first), fixed and window state whole."""
     from testbed.kv.cache import LayerKV
-    from testbed.kv.pool import FULL_KINDS
 
     if send_from <= 0 or layer.kind not in FULL_KINDS:
         return layer
@@ -265,7 +264,6 @@ def cast_full_attention(layer: Any, dtype: str) -> Any:
     import torch
 
     from testbed.kv.cache import LayerKV
-    from testbed.kv.pool import FULL_KINDS
 
     if layer.kind not in FULL_KINDS:
         return layer
@@ -291,7 +289,6 @@ def join_prefix(prefix: Any, delta: Any) -> Any:
     """The decode side: its pool's full-attention prefix (`prefix`, may be None) followed by the received
     `delta` (as `delta_layer` cut it); raises ValueError when they do not add up to the delta's length."""
     from testbed.kv.cache import KVCache, LayerKV
-    from testbed.kv.pool import FULL_KINDS
 
     import torch
 
