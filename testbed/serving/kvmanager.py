@@ -172,12 +172,14 @@ class KVManager:
             out[c] = ClusterMatch(c, depth * self.block_tokens, insts)
         return PrefixMatch(input_len, out)
 
-    def placement_keys(self, block_hashes: Sequence[int], input_len: int) -> list[int]:
-        """What a finished prefill surely leaves behind: the key of its last block when the prompt ends
-        on a block boundary (a hit point in dense and hybrid pools alike: a hybrid pool stores its
-        linear/SWA state only there). Otherwise nothing: the workers trust the router's cached_len,
-        so a guessed hit would be a phantom; the next state report adds what the pool really holds."""
-        n = full_blocks(input_len, self.block_tokens)
+    def placement_keys(self, block_hashes: Sequence[int], input_len: int, last_token_to_decode: bool = False) -> list[int]:
+        """What a finished prefill surely leaves behind: the key of its last block when the blocks it computed
+        end where the prompt ends (a hit point in dense and hybrid pools alike: a hybrid pool stores its
+        linear/SWA state only there). Otherwise nothing: a guessed hit would be a phantom the router routes
+        by until the next state report adds what the pool really holds. Torch mode leaves the last token to
+        the decode (`last_token_to_decode`, `prefilled_blocks`), so its prefills never end on a block
+        boundary: a prompt of exactly k blocks leaves k - 1, not the k-th this would have claimed."""
+        n = prefilled_blocks(input_len, last_token_to_decode, self.block_tokens)
         if n == 0 or n * self.block_tokens != input_len or len(block_hashes) < n:
             return []
         return chain_block_hashes(block_hashes[:n])[-1:]

@@ -548,7 +548,7 @@ class Router:
             raise WorkerFailed(f"{source} ({p.cfg.host}:{p.cfg.port}): {_why(exc)}") from None
         if not out.ok:
             raise WorkerFailed(f"{source}: {out.reason or 'failed'}")
-        self.kv.add_keys(p.cfg.instance, self.kv.placement_keys(c.block_hashes, c.input_len))
+        self.kv.add_keys(p.cfg.instance, self.kv.placement_keys(c.block_hashes, c.input_len, self.cfg.compute == "torch"))
         prefill_s = out.own_prefill_s  # its own cost: the time it stood paused while others ran is theirs
         if prefill_s is not None:  # what the prefill computed: the prompt less the worker's own prefix hit
             computed = c.input_len - (out.prefill_cached_len if out.prefill_cached_len is not None else dec.cached_len)

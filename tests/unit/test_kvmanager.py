@@ -73,6 +73,15 @@ def test_a_placement_makes_the_next_request_with_that_prefix_hit() -> None:
     assert m.cached_len("prfaas") == 4 * B and m.holders("prfaas") == (1,)
 
 
+def test_a_torch_prefill_of_whole_blocks_places_nothing_since_it_leaves_its_last_block_to_the_decode() -> None:
+    """Torch mode leaves a prompt's last token to the decode: a prompt of exactly 4 blocks leaves 3 in the pool,
+    so the 4th is not claimed (it was, as a phantom hit, until 2026-12-06)."""
+    kv = KVManager(INSTANCES)
+    assert kv.placement_keys([5, 6, 7, 8], 4 * B, last_token_to_decode=True) == []
+    assert kv.placement_keys([5, 6, 7, 8], 4 * B) == kv.placement_keys([5, 6, 7, 8, 9], 4 * B)  # profile: the 4th block's key
+    assert len(kv.placement_keys([5, 6, 7, 8], 4 * B)) == 1
+
+
 def test_a_prompt_ending_inside_a_block_places_nothing_so_no_phantom_hit_is_claimed() -> None:
     """A hybrid pool keeps a reusable state only at the prompt's end; mid-block ends leave no hit point."""
     kv = KVManager(INSTANCES)
