@@ -56,20 +56,39 @@ STOPS = ("size", "filled")  # a probe's end: every byte sent, or once it has fil
 console = wide_console()
 
 
-def run_sender(host: str, probes: int, sizes_bytes: list[int], stops: list[str], gap_s: float) -> int:
-    """Probe `probes` times, cycling through `sizes_bytes` x `stops`, one JSON line per probe on stdout."""
+def run_sender(host: str, probes: int, plan: list[dict], gap_s: float, cc: str | None) -> int:
+    """Probe `probes` times, cycling through `plan` (each: wire `bytes`, `stop`, wire `pace_bps`, 0 for none),
+    one JSON line per probe on stdout. Paced probes go over connections of their own, as the router's do."""
     from testbed.kv.transport import KVSender
     from testbed.serving.policy.estimator import EstimatorSpec
 
     fill = EstimatorSpec().fill_stop()  # the router's, with the estimator's defaults
-    with KVSender(host, KV_PORT, connections=4) as tx:
+    with KVSender(host, KV_PORT, connections=4, congestion_control=cc) as tx, \
+            KVSender(host, KV_PORT, connections=4, congestion_control=cc) as paced:
         for i in range(probes):
-            stop = stops[(i // len(sizes_bytes)) % len(stops)]
-            ans = tx.probe(sizes_bytes[i % len(sizes_bytes)], pings=2, timeout_s=5.0, stop=fill if stop == "filled" else None)
-            print(json.dumps({"stop": stop, **{k: ans[k] for k in ("ok", "bytes", "seconds", "rate_bps", "acked_rate_bps",
+            p = plan[i % len(plan)]
+            sender = paced if p["pace_bps"] > 0 else tx
+            if p["pace_bps"] > 0:
+                sender.pace(p["pace_bps"])
+            ans = sender.probe(p["bytes"], pings=2, timeout_s=5.0, stop=fill if p["stop"] == "filled" else None)
+            print(json.dumps({"variant": i % len(plan), **{k: ans[k] for k in ("ok", "bytes", "seconds", "rate_bps", "acked_rate_bps",
                                                                    "retransmits", "idle_rtt_ms", "rtt_ms", "stopped")}}), flush=True)
             time.sleep(gap_s)
     return 0
+
+
+def judged_filled(row: dict) -> bool:
+    """Whether the estimator (its defaults) takes this probe as one that filled the path (`BandwidthEstimator.probe`:
+    a standing queue at its end above its pings' RTT, and at least `full_path_ratio` x rate x that RTT delivered),
+    so that a reading below the estimate lowers it: below the rate left, a false dip."""
+    from testbed.kv.transport import is_standing_queue
+    from testbed.serving.policy.estimator import EstimatorSpec
+
+    spec, idle = EstimatorSpec(), row.get("idle_rtt_ms") or 0.0
+    if idle <= 0 or row["rate_bps"] <= 0:
+        return False
+    queue = is_standing_queue(row["rtt_ms"] - idle, idle, spec.queue_delay_ms, spec.queue_delay_fraction)
+    return queue and 8.0 * row["bytes"] >= spec.full_path_ratio * row["rate_bps"] * idle / 1000.0
 
 
 def summarize(values_bps: list[float], left_bps: float, line_bps: float) -> dict[str, float]:
@@ -88,16 +107,20 @@ def main(argv: list[str] | None = None) -> int:
                     "5 BDPs are counted, taken in turn (default 1)")
     ap.add_argument("--stop", default="size", help="comma-separated ends of a probe, taken in turn: size (every "
                     "byte), filled (once it has filled the path)")
+    ap.add_argument("--pace", default="0", help="comma-separated pacing rates, taken in turn, each a multiple of the "
+                    "rate the probe is sized for (0: unpaced, the default; the router paces at its sizing rate's multiple "
+                    "probe_headroom x estimate / min(that, nominal))")
+    ap.add_argument("--cc", default=None, help="the probe connections' congestion control (default: the namespace's)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                     help="a scenario override, as for prfaas run (e.g. wan.rate=20Gbps)")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between probes")
     ap.add_argument("--json", type=Path, help="write the per-probe readings and the summary here")
     ap.add_argument("--role", default="driver", help=argparse.SUPPRESS)
     ap.add_argument("--host", help=argparse.SUPPRESS)
-    ap.add_argument("--bytes", default="0", help=argparse.SUPPRESS)
+    ap.add_argument("--plan", default="[]", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.role == "sender":
-        return run_sender(a.host, a.probes, [int(b) for b in a.bytes.split(",")], a.stop.split(","), a.gap)
+        return run_sender(a.host, a.probes, json.loads(a.plan), a.gap, a.cc)
     if a.quick:
         a.probes = 10
     try:
@@ -110,6 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     stops = a.stop.split(",")
     if not stops or any(v not in STOPS for v in stops) or len(set(stops)) != len(stops):
         console.print(f"--stop {a.stop!r}: distinct ends of a probe from {', '.join(STOPS)}, e.g. size,filled")
+        return 2
+    try:
+        paces = [float(v) for v in a.pace.split(",")]
+    except ValueError:
+        paces = []
+    if not paces or any(not 0 <= v <= 50 for v in paces) or len(set(paces)) != len(paces):
+        console.print(f"--pace {a.pace!r}: distinct multiples in [0, 50] of the rate a probe is sized for (0: unpaced), e.g. 0,1,2")
         return 2
 
     import os
@@ -142,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         scale = net.scale
         rtt_s = sc.wan.rtt_s
         sizes = [int(scale.wire_bytes(PROBE_BDP * m * left_bps / 8 * rtt_s)) for m in size_at]
+        variants = [{"size_at": m, "stop": stop, "pace": f} for stop in stops for f in paces for m in size_at]
+        plan = [{"bytes": sizes[size_at.index(v["size_at"])], "stop": v["stop"],
+                 "pace_bps": scale.wire_bps(v["pace"] * v["size_at"] * left_bps)} for v in variants]
         cross = CrossTraffic(cross_spec.scaled(scale), net.popen, net.host_ip) if cross_spec is not None else None
         me = [sys.executable, str(Path(__file__).resolve())]
         rx = net.popen("pd-d0", [sys.executable, str(Path(__file__).resolve().parent / "transport_bench.py"), "--role", "receiver",
@@ -152,17 +185,17 @@ def main(argv: list[str] | None = None) -> int:
             if cross is not None:
                 cross.start()
                 time.sleep(2.0)  # the neighbours' first second
-            total = a.probes * len(sizes) * len(stops)
+            total = a.probes * len(variants)
             tx = net.popen("prfaas-p0", me + ["--role", "sender", "--host", net.host_ip("pd-d0"), "--probes", str(total),
-                                              "--bytes", ",".join(map(str, sizes)), "--stop", ",".join(stops), "--gap", str(a.gap)],
+                                              "--plan", json.dumps(plan), "--gap", str(a.gap)] + (["--cc", a.cc] if a.cc else []),
                            stdout=subprocess.PIPE, text=True)
             assert tx.stdout is not None
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task(f"probes on {a.scenario}'s steady WAN", total=total)
-                for i, line in enumerate(tx.stdout):
+                for line in tx.stdout:
                     row = json.loads(line)
-                    rows.append({**row, "size_at": size_at[i % len(sizes)], "rate_bps": scale.emulated_bps(row["rate_bps"]),
-                                 "acked_rate_bps": scale.emulated_bps(row["acked_rate_bps"])})
+                    rows.append({**row, **variants[row["variant"]], "judged_filled": judged_filled(row),
+                                 "rate_bps": scale.emulated_bps(row["rate_bps"]), "acked_rate_bps": scale.emulated_bps(row["acked_rate_bps"])})
                     progress.advance(task)
             tx.wait(timeout=30 + 5 * total)
         finally:
@@ -180,35 +213,36 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"no probe measured a rate ({len(rows)} answered)")
         return 1
     res = {}
-    for m in size_at:
-        for stop in stops:
-            mine = [r for r in ok if r["size_at"] == m and r["stop"] == stop]
-            if mine:
-                res[f"{m:g}/{stop}"] = {
-                    "size_at": m, "stop": stop, "delivered": summarize([r["rate_bps"] for r in mine], left_bps, line_bps),
-                    "acked": summarize([r["acked_rate_bps"] for r in mine], left_bps, line_bps),
-                    "median_seconds": float(np.median([r["seconds"] for r in mine])),
-                    "median_emulated_bytes": float(np.median([r["bytes"] for r in mine])) * float(scale.factor),
-                    "stopped": sum(bool(r.get("stopped")) for r in mine)}
+    for v in variants:
+        mine = [r for r in ok if (r["size_at"], r["stop"], r["pace"]) == (v["size_at"], v["stop"], v["pace"])]
+        if mine:
+            res[f"{v['size_at']:g}/{v['stop']}/{v['pace']:g}"] = {
+                **v, "delivered": summarize([r["rate_bps"] for r in mine], left_bps, line_bps),
+                "acked": summarize([r["acked_rate_bps"] for r in mine], left_bps, line_bps),
+                "median_seconds": float(np.median([r["seconds"] for r in mine])),
+                "median_emulated_bytes": float(np.median([r["bytes"] for r in mine])) * float(scale.factor),
+                "stopped": sum(bool(r.get("stopped")) for r in mine), "judged_filled": sum(r["judged_filled"] for r in mine)}
     t = Table(title=f"probes on {a.scenario}: line {line_bps / 1e9:g} Gbps, neighbours {neighbours_bps / 1e9:g} Gbps, "
-                    f"left {left_bps / 1e9:g} Gbps; readings / left")
-    for c in ("size (5 BDPs at)", "end", "emulated MB sized / sent", "median s", "reading", "median", "P10", "P90", "max",
-              "above the line"):
+                    f"left {left_bps / 1e9:g} Gbps; readings / left" + (f"; {a.cc}" if a.cc else ""))
+    for c in ("size (5 BDPs at)", "end", "paced at", "emulated MB sized / sent", "median s", "reading", "median", "P10", "P90",
+              "max", "above the line", "judged filled"):
         t.add_column(c)
     for r in res.values():
         mb = sizes[size_at.index(r["size_at"])] * float(scale.factor) / 1e6
         end = f"{r['stop']} ({r['stopped']} ended early)" if r["stop"] == "filled" else r["stop"]
+        pace = f"{r['pace'] * r['size_at']:g} x left" if r["pace"] > 0 else "-"
         for name, s in (("delivered bytes (the probe's rate)", r["delivered"]), ("acknowledged bytes (until 2026-12-04)", r["acked"])):
-            t.add_row(f"{r['size_at']:g} x left", end, f"{mb:.0f} / {r['median_emulated_bytes'] / 1e6:.0f}",
+            t.add_row(f"{r['size_at']:g} x left", end, pace, f"{mb:.0f} / {r['median_emulated_bytes'] / 1e6:.0f}",
                       f"{r['median_seconds']:.3f}", name, f"{s['median']:.3f}", f"{s['p10']:.3f}", f"{s['p90']:.3f}",
-                      f"{s['max']:.3f}", f"{s['above_line']} of {s['n']}")
+                      f"{s['max']:.3f}", f"{s['above_line']} of {s['n']}", f"{r['judged_filled']} of {s['n']}")
     console.print(t)
     passed = judge([(r["size_at"], r["delivered"]) for r in res.values()])
     console.print(f"target: for sizes at or above the rate left, median within +-{MEDIAN_TOL:.0%} of it; no probe above "
                   f"the line: {'met' if passed else 'NOT met'}")
     if a.json:
         a.json.write_text(json.dumps({"scenario": a.scenario, "line_bps": line_bps, "neighbours_bps": neighbours_bps,
-                                      "left_bps": left_bps, "size_at": size_at, "stops": stops, "overrides": a.overrides,
+                                      "left_bps": left_bps, "size_at": size_at, "stops": stops, "paces": paces, "cc": a.cc,
+                                      "overrides": a.overrides,
                                       "probe_bytes_wire": sizes,
                                       "scale": float(scale.factor), "summary": res,
                                       "probes": rows, "passed": passed}, indent=1))

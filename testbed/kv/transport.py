@@ -73,6 +73,7 @@ SIBLING_RATE_SHARE = 0.1
 TCP_CA_LOSS = 4
 IOV_MAX_FRAMES = 64
 TCP_INFO_LEN = 232
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux asm-generic/socket.h; Python does not name it
 
 
 class TransportError(RuntimeError):
@@ -475,6 +476,16 @@ class KVSender(KVSendConnector):
             "connections": len(self._conns),
             "broken": self._broken,
         }
+
+    def pace(self, rate_bps: float | None) -> None:
+        """Cap every connection's sending rate at its share of `rate_bps` (wire bit/s; None or 0: no cap) with
+        SO_MAX_PACING_RATE. The first cap turns on the kernel's own TCP pacing for good (no fq qdisc needed),
+        which spreads every window over its round trip instead of sending it in a burst: a KV sender never
+        calls this, only a sender kept for probes (docs/router.md, "An active probe", *Paced*)."""
+        per = int(rate_bps / 8.0 / len(self._conns)) if rate_bps else 0
+        value = per if per > 0 else (1 << 64) - 1  # ~0: no cap
+        for c in self._conns:
+            c.sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("Q", value))
 
     def probe(self, nbytes: int, pings: int = 2, timeout_s: float = 2.0, stop: FillStop | None = None) -> dict[str, Any]:
         """Measure the path with our own bytes (docs/router.md, "An active probe"): `pings` one-byte

@@ -158,7 +158,9 @@ class ProbeRequest:
     one-byte transfers, then `bytes` (wire) of filler to `decode`'s KV receiver, each ended within `timeout_s`.
     With `stop_path_ratio` > 0 the filler ends once it has filled the path (`testbed.kv.transport.FillStop`:
     a standing queue of `stop_queue_ms` and `stop_queue_fraction` of the unloaded RTT, and
-    `stop_path_ratio` x rate x unloaded RTT delivered); 0, the default, sends all of it."""
+    `stop_path_ratio` x rate x unloaded RTT delivered); 0, the default, sends all of it. With `pace_bps` > 0
+    (wire bit/s) the probe goes over connections of the worker's kept for probes, paced at that rate in all
+    (`KVSender.pace`); 0, the default, over the destination's KV connections, unpaced."""
 
     decode: KVDestination
     bytes: int = 0
@@ -167,6 +169,7 @@ class ProbeRequest:
     stop_queue_ms: float = 0.0
     stop_queue_fraction: float = 0.0
     stop_path_ratio: float = 0.0
+    pace_bps: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -178,7 +181,8 @@ class ProbeRequest:
             "pings": f.get("pings", positive_int, 2), "timeout_s": f.get("timeout_s", positive_number, 2.0),
             "stop_queue_ms": f.get("stop_queue_ms", non_negative, 0.0),
             "stop_queue_fraction": f.get("stop_queue_fraction", non_negative, 0.0),
-            "stop_path_ratio": f.get("stop_path_ratio", non_negative, 0.0)})
+            "stop_path_ratio": f.get("stop_path_ratio", non_negative, 0.0),
+            "pace_bps": f.get("pace_bps", non_negative, 0.0)})
 
     @staticmethod
     def stop_fields(stop: FillStop | None) -> dict[str, float]:

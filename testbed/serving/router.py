@@ -667,17 +667,18 @@ class Router:
                 continue
             turn += 1
             idle = [p for p in pf if p.inflight == pf[0].inflight]
-            ans = self.probe(idle[turn % len(idle)], dec[turn % len(dec)], nbytes)
+            ans = self.probe(idle[turn % len(idle)], dec[turn % len(dec)], nbytes, self.policy.probe_pace_bps())
             if not (ans and ans.get("ok") is True):  # a worker that cannot probe now: do not ask it every poll
                 self._stop.wait(PROBE_RETRY_S)
 
-    def probe(self, inst: _Instance, dest: _Instance, nbytes_emulated: float) -> dict[str, Any] | None:
-        """One probe from `inst` to `dest`'s KV receiver; its answer (wire units) or None."""
+    def probe(self, inst: _Instance, dest: _Instance, nbytes_emulated: float, pace_bps_emulated: float = 0.0) -> dict[str, Any] | None:
+        """One probe from `inst` to `dest`'s KV receiver, paced at `pace_bps_emulated` (0: unpaced); its answer
+        (wire units) or None."""
         d = dest.cfg
         assert isinstance(d, DecodeInstanceConfig)
         stop = self.cfg.policy.estimator.fill_stop()  # it ends once the estimator would count it as filled
         req = ProbeRequest(KVDestination(d.host, d.kv_port, d.instance), bytes=max(1, int(self.scale.wire_bytes(nbytes_emulated))),
-                           **ProbeRequest.stop_fields(stop))
+                           pace_bps=float(self.scale.wire_bps(pace_bps_emulated)), **ProbeRequest.stop_fields(stop))
         t0 = clock.now_s()
         with self._lock:
             started = self._offloads_started
@@ -709,7 +710,7 @@ class Router:
                      reason=None if ok else str((ans or {}).get("reason") or "no answer"), seconds=now - t0,
                      min_rtt_ms=num("min_rtt_ms"),
                      probe_acked_rate_bps=self.scale.emulated_bps(num("acked_rate_bps") or 0.0),
-                     probe_stopped=bool(isinstance(ans, dict) and ans.get("stopped")), **seen)
+                     probe_stopped=bool(isinstance(ans, dict) and ans.get("stopped")), probe_pace_bps=pace_bps_emulated, **seen)
         return ans if isinstance(ans, dict) else None
 
     def queue_sample(self) -> TelemetrySample:

@@ -159,6 +159,7 @@ class Destination:
         self.kv_timeout_s = kv_timeout_s
         self.items: queue.Queue = queue.Queue(maxsize=self.QUEUE_LAYERS)
         self.sender: Any = None
+        self.probe_sender: Any = None  # connections of their own for paced probes (`probe`), made at the first
         self.failed: dict[str, str] = {}
         self.started: dict[str, float] = {}  # request id -> when its first layer was handed to the sender
         self.connect_lock = threading.Lock()
@@ -166,29 +167,49 @@ class Destination:
         threading.Thread(target=self._loop, daemon=True, name=f"kv->{host}:{kv_port}").start()
 
     def _connect(self) -> Any:
-        from testbed.kv.connector import KVEndpoint, get_connector
-
         with self.connect_lock:  # the transfer loop and a probe may both connect
             if self.sender is None:
-                cc = {"congestion_control": self.congestion_control} if self.congestion_control else {}  # else: the connector's default
-                self.sender = get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections, **cc)
+                self.sender = self._new_sender()
                 if self.tcp_log is not None and hasattr(self.sender, "on_sample"):  # a connector without TCP state has none
                     log, decode, serial = self.tcp_log, self.decode_instance, self.senders_made
                     self.sender.on_sample = lambda s: log.record(decode, serial, s)
                 self.senders_made += 1
             return self.sender
 
+    def _new_sender(self) -> Any:
+        from testbed.kv.connector import KVEndpoint, get_connector
+
+        cc = {"congestion_control": self.congestion_control} if self.congestion_control else {}  # else: the connector's default
+        return get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections, **cc)
+
+    def _probe_connect(self, pace_bps: float) -> Any:
+        """The sender of a paced probe: as many connections as the KV sender's, with the same congestion control,
+        but kept for probes, because the pacing cap turns on the kernel's pacing for good and KV goes unpaced."""
+        if self.probe_sender is None:
+            self.probe_sender = self._new_sender()
+        if hasattr(self.probe_sender, "pace"):
+            self.probe_sender.pace(pace_bps)
+        return self.probe_sender
+
     def probe(self, req: ProbeRequest) -> dict[str, Any]:
         """An active probe on this destination's connections (`KVSender.probe`), refused while KV of this
         worker is queued for it (the KV is the measurement then, and a probe would compete with it)."""
         if self.kv_pending():
             return {"ok": False, "reason": "KV is being sent to this destination"}
-        sender = self._connect()
+        try:
+            sender = self._probe_connect(req.pace_bps) if req.pace_bps > 0 else self._connect()
+        except Exception as exc:  # the decode side is unreachable: an answer, not a crashed handler
+            return {"ok": False, "reason": f"probe connections to {self.host}:{self.kv_port}: {exc}"}
         if not hasattr(sender, "probe"):
             return {"ok": False, "reason": f"the {self.connector} connector cannot probe"}
         self.probing = True
         try:
             return dict(sender.probe(req.bytes, req.pings, req.timeout_s, stop=req.fill_stop()))
+        except Exception as exc:
+            if sender is self.probe_sender:  # broken: new connections at the next probe
+                self.probe_sender = None
+                threading.Thread(target=sender.close, daemon=True).start()
+            return {"ok": False, "reason": f"probe to {self.host}:{self.kv_port} failed: {exc}"}
         finally:
             self.probing = False
 

@@ -25,7 +25,8 @@ MESSAGES = [
                 congestion=Congestion(4.0, 30.5, 10.0, 20.0, 1e6, 5e5, 3e9, 2e9, {"10.2.0.5:9001": {"cwnd": 20}})),
     WorkerState("decode", 0, "pd", queue_depth=1, batch=8),
     Health(True, "decode", 0),
-    ProbeRequest(KVDestination("10.2.0.5", 9001, 1), bytes=6_250_000, stop_queue_ms=2.0, stop_queue_fraction=0.4, stop_path_ratio=3.0),
+    ProbeRequest(KVDestination("10.2.0.5", 9001, 1), bytes=6_250_000, stop_queue_ms=2.0, stop_queue_fraction=0.4, stop_path_ratio=3.0,
+                 pace_bps=3.36e9),
 ]
 
 
@@ -58,6 +59,8 @@ def test_the_final_event_carries_done_and_token_events_do_not() -> None:
     (PrefillResult, {"request_id": "a", "status": "maybe"}, "prefill result: status: 'maybe' is not allowed; use one of: ok, failed"),
     (ProbeRequest, {"decode": {"host": "h", "kv_port": 1, "instance": 0}, "bytes": 10, "stop_path_ratio": -3},
      "POST /v1/probe: stop_path_ratio: -3 must be >= 0"),
+    (ProbeRequest, {"decode": {"host": "h", "kv_port": 1, "instance": 0}, "bytes": 10, "pace_bps": "fast"},
+     "POST /v1/probe: pace_bps: 'fast' is not a number"),
     (WorkerState, {"role": "decode", "instance": 0, "cluster": "pd", "congestion": {"rtt_ms": "slow"}},
      "GET /v1/state: congestion.rtt_ms: 'slow' is not a number"),
 ])

@@ -584,6 +584,8 @@ def test_an_idle_observed_router_probes_the_path_and_the_estimate_takes_a_probe_
     assert fw.probes[0]["bytes"] == 6_250_000 and fw.probes[0]["decode"]["kv_port"] in (9000, 9001)
     # it may end once it has filled the path, as the estimator judges a filled probe (`probe_until_filled`)
     assert (fw.probes[0]["stop_queue_ms"], fw.probes[0]["stop_queue_fraction"], fw.probes[0]["stop_path_ratio"]) == (2.0, 0.4, 3.0)
+    # paced at twice the estimate (the nominal 10 Gbps: 20 Gbps emulated, 2 Gbps on the wire), logged emulated
+    assert fw.probes[0]["pace_bps"] == pytest.approx(2e9) and rows[0]["probe_pace_bps"] == pytest.approx(20e9)
     assert rows[0]["probe_rate_bps"] == pytest.approx(3e9) and rows[0]["idle_rtt_ms"] == 10.5
     e = r.policy.controller.estimate
     assert e.available_bps == pytest.approx(3e9) and e.rtt_floor_ms == 10.5 and e.age_s < 5  # set by a probe, held since
@@ -598,6 +600,17 @@ def test_with_probe_until_filled_off_a_probe_sends_its_whole_size(router, fw) ->
     while not fw.probes and time.monotonic() < deadline:
         time.sleep(0.05)
     assert fw.probes and fw.probes[0]["stop_path_ratio"] == 0.0  # the worker's FillStop is None: every byte
+
+
+def test_with_probe_paced_off_a_probe_goes_unpaced(router, fw) -> None:
+    fw.probe_answer = {"ok": True, "reason": None, "bytes": 6_250_000, "seconds": 0.1, "rate_bps": 0.9e9, "rtt_ms": 10.6,
+                       "min_rtt_ms": 10.0, "idle_rtt_ms": 10.5, "connections": 4}
+    r = router(policy={"name": "prfaas", "threshold": "8K", "signals": "observed",
+                       "estimator": {"probe_after": "200ms", "probe_paced": False}})
+    deadline = time.monotonic() + 5
+    while not r.log.rows("probe") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fw.probes and fw.probes[0]["pace_bps"] == 0.0 and r.log.rows("probe")[0]["probe_pace_bps"] == 0.0
 
 
 def test_a_router_probes_nothing_for_a_policy_that_does_not_estimate(router, fw) -> None:

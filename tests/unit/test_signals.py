@@ -536,12 +536,27 @@ def test_a_bound_that_does_not_reach_the_lone_cap_needs_no_confirmation() -> Non
 
 
 def test_the_probe_settings_are_parsed_and_a_bad_one_is_named() -> None:
-    spec = parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_until_filled": False, "probe_confirm": False}}, "policy"))
-    assert spec.estimator.probe_until_filled is False and spec.estimator.probe_confirm is False
-    assert EstimatorSpec().probe_until_filled and EstimatorSpec().probe_confirm
+    spec = parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_until_filled": False, "probe_confirm": False,
+                                                                        "probe_paced": False}}, "policy"))
+    assert spec.estimator.probe_until_filled is False and spec.estimator.probe_confirm is False and spec.estimator.probe_paced is False
+    assert EstimatorSpec().probe_until_filled and EstimatorSpec().probe_confirm and EstimatorSpec().probe_paced
     stop = EstimatorSpec().fill_stop()  # the estimator's own test of a filled probe, sent with every probe
     assert stop is not None and (stop.queue_ms, stop.queue_fraction, stop.path_ratio) == (2.0, 0.4, 3.0)
     assert EstimatorSpec(probe_until_filled=False).fill_stop() is None
     assert EstimatorSpec(queue_delay_ms=0.0).fill_stop() is None  # no standing queue ever: no probe fills the path
     with pytest.raises(Exception, match=r"policy\.estimator\.probe_until_filled"):
         parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_until_filled": "sometimes"}}, "policy"))
+
+
+def test_a_probe_is_paced_at_twice_the_estimate_past_the_nominal_rate_and_unpaced_when_told() -> None:
+    """The pace is `probe_headroom` x the estimate and is not capped at the nominal rate as the probe's size is:
+    at the nominal estimate a probe paced at the nominal rate would build a queue on a line with 84 of 100
+    left only at 16% of its rate and end before it stood (docs/router.md, "An active probe", *Paced*)."""
+    est = BandwidthEstimator(100 * G)
+    assert est.probe_pace_bps() == pytest.approx(200 * G)  # the probe's size is 5 BDPs at 100, its pace 200
+    est.probe(1.0, 700e6, 21 * G, 16.0, 10.5, 10.0)  # a lone bound: held at half
+    est.probe(1.5, 700e6, 21 * G, 16.0, 10.5, 10.0)  # confirmed
+    assert est.estimate.available_bps == pytest.approx(21 * G) and est.probe_pace_bps() == pytest.approx(42 * G)
+    assert BandwidthEstimator(100 * G, EstimatorSpec(probe_paced=False)).probe_pace_bps() == 0.0
+    pol = observed_policy()
+    assert pol.probe_pace_bps() == pytest.approx(40 * G)  # twice the nominal 20 Gbps before any measurement

@@ -14,7 +14,7 @@ import torch
 
 from testbed.kv.cache import KVCache, LayerKV
 from testbed.kv.transport import (
-    PROBE_PREFIX, FillStop, KVReceiver, KVSender, ReceivedKV, TransportError, _FillWatch, ack_rate_bps, tcp_info,
+    PROBE_PREFIX, SO_MAX_PACING_RATE, FillStop, KVReceiver, KVSender, ReceivedKV, TransportError, _FillWatch, ack_rate_bps, tcp_info,
 )
 from testbed.kv.wire import encode_data_header, DataHeader
 
@@ -166,6 +166,26 @@ def test_a_probe_measures_the_unloaded_rtt_and_the_delivery_rate_of_the_connecti
     probes = [rid for rid in results.items if rid.startswith(PROBE_PREFIX)]
     assert len(probes) == 3 * tries and all(results.items[r].ok for r in probes)  # checked like KV: the pings and the bulk
     assert after["send_queue_bytes"] == 0 and after["queue_rtt_ms"] == 0  # idle: no current RTT of a connection with work
+
+
+def test_a_paced_sender_caps_each_connection_at_its_share_and_its_probe_reads_the_pace(receiver: tuple[KVReceiver, Results]) -> None:
+    """`KVSender.pace`: SO_MAX_PACING_RATE on every connection at its share of the rate (bytes/s), which the
+    kernel paces without an fq qdisc; a probe over loopback (far faster than the cap) then reads about the pace,
+    not loopback's rate. `pace(None)` lifts the cap (~0)."""
+    rx, _ = receiver
+    with KVSender(LOOPBACK, rx.port, connections=2, chunk_bytes=256 << 10) as tx:
+        tx.pace(400e6)
+        caps = [struct.unpack("Q", c.sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, 8))[0] for c in tx._conns]
+        assert caps == [25_000_000, 25_000_000]  # 400 Mbit/s over two connections: 25 MB/s each
+        for _ in range(3):  # a host stall over the whole burst leaves no rate (see the test above): up to 3 tries
+            ans = tx.probe(8 << 20, pings=2, timeout_s=10.0)
+            if ans["rate_bps"] > 0:
+                break
+        assert ans["ok"] and 0.5 * 400e6 <= ans["rate_bps"] <= 2 * 400e6, ans["rate_bps"]  # fastest 5-ms span; unpaced: 10+ Gbit/s
+        assert ans["seconds"] >= 0.8 * (8 << 20) * 8 / 400e6  # 168 ms at the pace; unpaced loopback takes a few
+        tx.pace(None)
+        caps = [struct.unpack("Q", c.sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, 8))[0] for c in tx._conns]
+        assert caps == [(1 << 64) - 1] * 2
 
 
 def test_tcp_info_counts_the_segments_sacked_beyond_the_cumulative_ack_as_delivered() -> None:

@@ -612,3 +612,46 @@ def test_a_probe_s_own_bytes_are_not_reported_as_kv_and_kv_queued_under_it_is() 
         release.set()
         t.join(5)
     assert answer == {"ok": True, "bytes": 10} and dest.probing is False and dest.congestion() == kv
+
+
+def test_a_paced_probe_goes_over_connections_of_its_own_and_kv_stays_unpaced() -> None:
+    """`pace_bps` > 0: the probe's sender is a second one, made once, paced at the request's rate before each
+    probe; the KV sender is neither used nor paced (the kernel keeps pacing a connection once capped). A
+    probe that fails answers why, and its connections are made anew at the next one."""
+    from testbed.serving.protocol import KVDestination, ProbeRequest
+    from testbed.serving.worker import Destination
+
+    made: list[Any] = []
+
+    class Sender:
+        def __init__(self) -> None:
+            self.paced: list[float | None] = []
+            self.probes = 0
+            self.fail = False
+            self.closed = False
+
+        def pace(self, rate_bps: float | None) -> None:
+            self.paced.append(rate_bps)
+
+        def probe(self, nbytes: int, pings: int, timeout_s: float, stop: Any = None) -> dict[str, Any]:
+            self.probes += 1
+            if self.fail:
+                raise OSError("connection reset")
+            return {"ok": True, "bytes": nbytes}
+
+        def close(self) -> None:
+            self.closed = True
+
+    dest = Destination("127.0.0.1", 1, 2, lambda j: None, "m", kv_timeout_s=1.0)
+    dest.sender = kv = Sender()
+    dest._new_sender = lambda: made.append(Sender()) or made[-1]  # type: ignore[method-assign]
+    to = KVDestination("127.0.0.1", 1, 0)
+    assert dest.probe(ProbeRequest(to, bytes=10, pace_bps=3e9)) == {"ok": True, "bytes": 10}
+    assert dest.probe(ProbeRequest(to, bytes=20, pace_bps=1.5e9)) == {"ok": True, "bytes": 20}
+    assert len(made) == 1 and made[0].paced == [3e9, 1.5e9] and made[0].probes == 2
+    assert kv.paced == [] and kv.probes == 0
+    assert dest.probe(ProbeRequest(to, bytes=30)) == {"ok": True, "bytes": 30} and kv.probes == 1 and kv.paced == []  # unpaced: as before
+    made[0].fail = True
+    ans = dest.probe(ProbeRequest(to, bytes=40, pace_bps=3e9))
+    assert ans["ok"] is False and "connection reset" in ans["reason"] and dest.probe_sender is None and dest.probing is False
+    assert dest.probe(ProbeRequest(to, bytes=50, pace_bps=3e9))["ok"] and len(made) == 2

@@ -180,6 +180,10 @@ class Policy:
         probe"); 0: none (only the `prfaas` policy in observed mode probes)."""
         return 0.0
 
+    def probe_pace_bps(self) -> float:
+        """Emulated bit/s the probe's connections are paced at; 0: unpaced (docs/router.md, "An active probe", *Paced*)."""
+        return 0.0
+
     def status(self) -> dict[str, Any]:
         """What the policy believes now, for metrics and /v1/state: ``signals`` (the mode it sees),
         ``kv_available_bps`` (bandwidth left for KV, emulated; 0 when it does not estimate it),

@@ -71,6 +71,7 @@ class EstimatorSpec:
     lone_drop_fraction: float = 0.5  # a lone saturated poll or filled probe lowers the estimate at most to this fraction
     probe_until_filled: bool = True  # a probe ends once it has filled the path (False: it sends its whole size; until 2026-12-04)
     probe_confirm: bool = True  # after a lone upper bound the router probes again at once (False: after probe_after)
+    probe_paced: bool = True  # a probe's connections are paced at probe_headroom x the estimate (False: unpaced, until 2026-12-06)
 
     def fill_stop(self) -> FillStop | None:
         """When a probe may end before its size: once it has filled the path as `BandwidthEstimator.probe`
@@ -287,6 +288,15 @@ class BandwidthEstimator:
         rtt_ms = max(self.estimate.rtt_floor_ms, self._idle_rtts[-1][1] if self._idle_rtts else 0.0) or 10.0
         rate_bps = min(s.probe_headroom * self._value, self.nominal_bps)  # (the estimate never exceeds nominal)
         return min(s.probe_max_bytes, s.probe_bdp * rate_bps / 8.0 * rtt_ms / 1000.0)
+
+    def probe_pace_bps(self) -> float:
+        """The rate the next probe's connections are paced at (`probe_paced`; 0: unpaced): `probe_headroom` times
+        the estimate, not capped at the nominal rate. Pacing spreads each round of the burst's slow start over
+        its round trip, so a queue stands under the probe only where the path gives less than the probe sends;
+        unpaced, a slow start's last round leaves the sender at once and queues behind itself even on a path
+        with room to spare, and a probe too small to reach the path's rate read as one that filled it
+        (docs/router.md, "An active probe", *Paced*)."""
+        return self.spec.probe_headroom * self._value if self.spec.probe_paced else 0.0
 
     def _publish(self, t_s: float, backlogged: bool, qdelay: float, retrans: float, evidence: str, x: float,
                  rtt_ms: float, floor: float, backlog_bytes: float, min_rtt_ms: float) -> Estimate:

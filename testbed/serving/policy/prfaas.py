@@ -68,6 +68,11 @@ class PrfaasPolicy(ThresholdPolicy):
                 return 0.0
             return est.probe_bytes()
 
+    def probe_pace_bps(self) -> float:
+        with self._lock:
+            est = self.controller.estimator
+            return est.probe_pace_bps() if est is not None else 0.0
+
     def _note_arrival(self, now_s: float, uncached_prfaas: int, local_len: int) -> None:
         self.controller.note_arrival(now_s, uncached_prfaas, local_len)
 
