@@ -13,7 +13,12 @@ sized below the rate left reads about the rate it was sized for, not more (a slo
 reached the path's rate when the burst ends), which is why. `--stop` takes the probe's ends in turn too:
 `size` sends every byte (the router's probe until 2026-12-04), `filled` ends it once it has filled the
 path (`KVSender.probe(stop=FillStop)`, the estimator's defaults: a standing queue of 2 ms and 40% of the
-unloaded RTT, 3 x rate x RTT delivered; `probe_until_filled`). `--set wan.rate=20Gbps --size-at 25` probes a
+unloaded RTT, 3 x rate x RTT delivered; `probe_until_filled`). `--pace` takes pacing rates in turn too, each a
+multiple of the rate the probe is sized for (0: unpaced; a paced probe goes over connections of its own,
+capped with `KVSender.pace`, as the router's do since 2026-12-06: `probe_paced`), and `--cc` sets the probe
+connections' congestion control (default: the namespace's). Every probe is also judged as the estimator
+judges it (`judged filled`: a standing queue at its end above its pings' RTT, and 3 x rate x that RTT
+delivered): below the rate left, a probe judged filled is a false dip. `--set wan.rate=20Gbps --size-at 25` probes a
 line in a 5x dip with the probe the router sizes before it (5 BDPs at the nominal 100 Gbps). Each probe
 reports two readings of the same burst (docs/router.md, "An active probe"):
 
@@ -108,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop", default="size", help="comma-separated ends of a probe, taken in turn: size (every "
                     "byte), filled (once it has filled the path)")
     ap.add_argument("--pace", default="0", help="comma-separated pacing rates, taken in turn, each a multiple of the "
-                    "rate the probe is sized for (0: unpaced, the default; the router paces at its sizing rate's multiple "
-                    "probe_headroom x estimate / min(that, nominal))")
+                    "rate the probe is sized for (0: unpaced, the default; the router paces at probe_headroom x its estimate, "
+                    "its sizing rate unless that was capped at the nominal rate)")
     ap.add_argument("--cc", default=None, help="the probe connections' congestion control (default: the namespace's)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                     help="a scenario override, as for prfaas run (e.g. wan.rate=20Gbps)")

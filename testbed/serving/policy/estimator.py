@@ -24,8 +24,8 @@ Every poll is one of three kinds of evidence, and the estimate moves only as its
   old the last upper bound is; it never drifts back to the nominal rate on its own (the first version
   relaxed towards it with a 5 s time constant and was 47-50% off between transfers in a dip).
 
-- **probe** (`probe`: an active probe of our own bytes while no KV moves, docs/router.md "An active
-  probe"): its pings (one-byte transfers while nothing of ours is queued) give the path's **unloaded RTT**,
+- **probe** (`probe`: an active probe of our own bytes while no KV moves, paced at `probe_pace_bps`,
+  docs/router.md "An active probe"): its pings (one-byte transfers while nothing of ours is queued) give the path's **unloaded RTT**,
   and its bulk transfer a delivery rate. A probe that carried at least `full_path_ratio` times what a
   window-limited flow at the rate it got would carry (bytes >= ratio x rate x unloaded RTT) and built a
   standing queue, filled the path: the estimate *is* its rate (like a saturated poll), and later headroom
