@@ -481,7 +481,7 @@ class KVSender(KVSendConnector):
         """Cap every connection's sending rate at its share of `rate_bps` (wire bit/s; None or 0: no cap) with
         SO_MAX_PACING_RATE. The first cap turns on the kernel's own TCP pacing for good (no fq qdisc needed),
         which spreads every window over its round trip instead of sending it in a burst: a KV sender never
-        calls this, only a sender kept for probes (docs/router.md, "An active probe", *Paced*)."""
+        calls this, only a sender kept for probes (docs/router.md, "An active probe", "A paced probe")."""
         per = int(rate_bps / 8.0 / len(self._conns)) if rate_bps else 0
         value = per if per > 0 else (1 << 64) - 1  # ~0: no cap
         for c in self._conns:

@@ -192,8 +192,9 @@ class Destination:
         return self.probe_sender
 
     def probe(self, req: ProbeRequest) -> dict[str, Any]:
-        """An active probe on this destination's connections (`KVSender.probe`), refused while KV of this
-        worker is queued for it (the KV is the measurement then, and a probe would compete with it)."""
+        """An active probe to this destination (`KVSender.probe`): paced (`pace_bps` > 0) over the connections
+        kept for probes, else over its KV connections; refused while KV of this worker is queued for it (the
+        KV is the measurement then, and a probe would compete with it)."""
         if self.kv_pending():
             return {"ok": False, "reason": "KV is being sent to this destination"}
         try:

@@ -73,7 +73,7 @@ with KVSender(host, {port}, connections=4) as tx:
 
 def test_a_paced_probe_reads_its_pace_below_the_line_without_a_queue_and_the_line_above_it(net) -> None:
     """The router paces its probe at twice its estimate (`KVSender.pace`, docs/router.md "An active probe",
-    *Paced*): below the line's rate a paced probe gets its pace and leaves no standing queue, so it is a
+    "A paced probe"): below the line's rate a paced probe gets its pace and leaves no standing queue, so it is a
     lower bound that raises the estimate; above it, the path pushes back and it ends as filled, reading the line."""
     from testbed.kv.transport import is_standing_queue
 

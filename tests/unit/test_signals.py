@@ -551,7 +551,7 @@ def test_the_probe_settings_are_parsed_and_a_bad_one_is_named() -> None:
 def test_a_probe_is_paced_at_twice_the_estimate_past_the_nominal_rate_and_unpaced_when_told() -> None:
     """The pace is `probe_headroom` x the estimate and is not capped at the nominal rate as the probe's size is:
     at the nominal estimate a probe paced at the nominal rate would build a queue on a line with 84 of 100
-    left only at 16% of its rate and end before it stood (docs/router.md, "An active probe", *Paced*)."""
+    left only at 16% of its rate and end before it stood (docs/router.md, "An active probe", "A paced probe")."""
     est = BandwidthEstimator(100 * G)
     assert est.probe_pace_bps() == pytest.approx(200 * G)  # the probe's size is 5 BDPs at 100, its pace 200
     est.probe(1.0, 700e6, 21 * G, 16.0, 10.5, 10.0)  # a lone bound: held at half

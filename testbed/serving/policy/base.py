@@ -181,7 +181,7 @@ class Policy:
         return 0.0
 
     def probe_pace_bps(self) -> float:
-        """Emulated bit/s the probe's connections are paced at; 0: unpaced (docs/router.md, "An active probe", *Paced*)."""
+        """Emulated bit/s the probe's connections are paced at; 0: unpaced (docs/router.md, "An active probe", "A paced probe")."""
         return 0.0
 
     def status(self) -> dict[str, Any]:
