@@ -12,6 +12,7 @@ Arms (the same scenario, workload and seed; only the policy differs):
                    below the line's (policy oracle-step, oracle only): one raise timed perfectly, reported, not judged
   prfaas-observed-adaptive-kv, fixed-threshold-fp8  (only when named) float8 full-attention KV on the WAN while
                    the law is under pressure, or for every offload (policy.kv_compression): reported, not judged
+  prfaas-observed-adaptive-kv-natives-first  (only when named) the first of those with policy.pd_queue=natives-first
 Shapes: topologies/val-*.yaml (docs/router.md, "Validation set"; which were used for design is said there).
 
 Per run (`measure`), with the event window = arrivals in [event start, event end) on the schedule clock
@@ -93,6 +94,9 @@ QUEUE_ARMS = {f"{arm}-natives-first": [*over, "policy.pd_queue=natives-first"]
 # reported beside, not in the default matrix.
 KV_ARMS = {"prfaas-observed-adaptive-kv": [*ARMS["prfaas-observed"], "policy.kv_compression=adaptive"],
            "fixed-threshold-fp8": [*ARMS["fixed-threshold"], "policy.kv_compression=fp8"]}
+# Both: float8 while under pressure, and PD-P serving what the base threshold keeps local first (the raise's cost to
+# short requests, which float8 alone leaves: docs/router.md, "Float8 and natives-first together").
+KV_ARMS["prfaas-observed-adaptive-kv-natives-first"] = [*KV_ARMS["prfaas-observed-adaptive-kv"], "policy.pd_queue=natives-first"]
 DEFAULT_ARMS = tuple(ARMS)
 ARMS.update(STEP_ARMS)
 ARMS.update(QUEUE_ARMS)
