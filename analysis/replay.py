@@ -84,6 +84,10 @@ def _polls(rows: pd.DataFrame, nominal_bps: float) -> list[tuple[float, str, tup
             continue
         rtt = _num(r.rtt_ms)
         if exact:
+            if pd.isna(r.estimate_t_s) or r.estimate_t_s < 0:
+                # no poll yet: the estimator's initial estimate (logged at minus the run's start time, i.e. the
+                # host's uptime, until 2026-12-06) is no poll, and replaying it put hours between two polls
+                continue
             t, backlog, min_rtt = _num(r.estimate_t_s), _num(r.estimate_backlog_bytes), _num(r.min_rtt_ms)
             key: tuple = (t,)
             from_probe = t in probe_t

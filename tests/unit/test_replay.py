@@ -49,6 +49,21 @@ def test_a_replay_with_the_runs_own_settings_gives_back_its_estimate_and_other_s
     assert other["replayed_bps"][first] == pytest.approx(0.9 * other["replayed_bps"][first - 1])
 
 
+@pytest.mark.parametrize("before_first_poll", [None, -9000.0])
+def test_signals_rows_before_the_first_poll_are_no_poll_whatever_the_hosts_uptime(before_first_poll: float | None) -> None:
+    """Before its first poll a signals row shows the estimator's initial estimate: logged with no poll time now,
+    and until 2026-12-06 at minus the run's start on the monotonic clock (the host's uptime, here 2.5 h). Replayed
+    as a poll, it put 9,000 s between it and the first real poll: exp(9000 / probe_tau) overflowed."""
+    spec = EstimatorSpec()
+    rec = recorded(spec)
+    first = {"kind": "signals", "t_s": 0.005, "kv_available_bps": 100 * G, "truth_kv_available_bps": 84 * G,
+             "estimate_sample_bps": 0.0, "committed_bytes": 0.0, "rtt_ms": 0.0, "estimate_evidence": "none",
+             "estimate_t_s": before_first_poll, "estimate_backlog_bytes": 0.0, "min_rtt_ms": 0.0}
+    with_initial = pd.concat([pd.DataFrame([first]), rec], ignore_index=True)
+    out = replay_frame(with_initial, 100 * G, spec)
+    assert out["replayed_bps"].tolist() == pytest.approx(out["recorded_bps"].tolist())
+
+
 def test_runs_recorded_before_the_poll_inputs_were_logged_replay_one_poll_per_repeated_row() -> None:
     spec = EstimatorSpec()
     old = recorded(spec).drop(columns=["estimate_t_s", "estimate_backlog_bytes", "min_rtt_ms"])

@@ -52,7 +52,9 @@ class PrfaasPolicy(ThresholdPolicy):
                     "backlogged": e.backlogged if e else None, "estimate_evidence": e.evidence if e else None,
                     "estimate_age_s": e.age_s if e and math.isfinite(e.age_s) else None,
                     "estimate_sample_bps": e.sample_bps if e else None, "rtt_ms": e.rtt_ms if e else None,
-                    "rtt_floor_ms": e.rtt_floor_ms if e else None, "estimate_t_s": e.t_s if e else None,
+                    "rtt_floor_ms": e.rtt_floor_ms if e else None,
+                    # None before the first poll: the constructor's estimate (t_s 0.0) has no poll time on the run's clock
+                    "estimate_t_s": e.t_s if e and e.t_s > 0.0 else None,
                     "estimate_backlog_bytes": e.backlog_bytes if e else None, "min_rtt_ms": e.min_rtt_ms if e else None}
 
     def probe_bytes(self, now_s: float) -> float:
