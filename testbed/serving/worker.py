@@ -159,7 +159,7 @@ class Destination:
         self.kv_timeout_s = kv_timeout_s
         self.items: queue.Queue = queue.Queue(maxsize=self.QUEUE_LAYERS)
         self.sender: Any = None
-        self.probe_sender: Any = None  # connections of their own for paced probes (`probe`), made at the first
+        self.probe_sender: Any = None  # connections of their own for paced probes (`probe`), made at the first paced probe, paced anew at each
         self.failed: dict[str, str] = {}
         self.started: dict[str, float] = {}  # request id -> when its first layer was handed to the sender
         self.connect_lock = threading.Lock()
