@@ -83,17 +83,14 @@ def run_sender(host: str, probes: int, plan: list[dict], gap_s: float, cc: str |
 
 
 def judged_filled(row: dict) -> bool:
-    """Whether the estimator (its defaults) takes this probe as one that filled the path (`BandwidthEstimator.probe`:
-    a standing queue at its end above its pings' RTT, and at least `full_path_ratio` x rate x that RTT delivered),
-    so that a reading below the estimate lowers it: below the rate left, a false dip."""
-    from testbed.kv.transport import is_standing_queue
+    """Whether the estimator (its defaults) takes this probe as one that filled the path (`FillStop.filled`, as
+    `BandwidthEstimator.probe` judges it), so that a reading below the estimate lowers it: below the rate left, a
+    false dip. The probe's pings' RTT stands for both the estimator's floor and the unloaded RTT (on a line
+    whose RTT the estimator has seen at rest, its floor is that RTT)."""
     from testbed.serving.policy.estimator import EstimatorSpec
 
-    spec, idle = EstimatorSpec(), row.get("idle_rtt_ms") or 0.0
-    if idle <= 0 or row["rate_bps"] <= 0:
-        return False
-    queue = is_standing_queue(row["rtt_ms"] - idle, idle, spec.queue_delay_ms, spec.queue_delay_fraction)
-    return queue and 8.0 * row["bytes"] >= spec.full_path_ratio * row["rate_bps"] * idle / 1000.0
+    idle = row.get("idle_rtt_ms") or 0.0
+    return row["rate_bps"] > 0 and EstimatorSpec().fill_rule().filled(row["bytes"], row["rate_bps"], row["rtt_ms"], idle, idle)
 
 
 def summarize(values_bps: list[float], left_bps: float, line_bps: float) -> dict[str, float]:

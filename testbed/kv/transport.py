@@ -197,6 +197,16 @@ class FillStop:
     queue_fraction: float
     path_ratio: float
 
+    def filled(self, nbytes: float, rate_bps: float, rtt_ms: float, floor_ms: float, unloaded_ms: float) -> bool:
+        """Whether a probe of `nbytes` read at `rate_bps` filled the path: an RTT `rtt_ms` at its end that is a
+        standing queue above the floor `floor_ms`, and at least `path_ratio` x rate x the unloaded RTT
+        `unloaded_ms` delivered (the estimator's judgement of a whole probe, `BandwidthEstimator.probe`, and
+        the probe benchmark's). No floor, no RTT or `queue_ms` 0: never."""
+        if self.queue_ms <= 0 or rtt_ms <= 0 or floor_ms <= 0:
+            return False
+        return (is_standing_queue(rtt_ms - floor_ms, floor_ms, self.queue_ms, self.queue_fraction)
+                and 8.0 * nbytes >= self.path_ratio * rate_bps * unloaded_ms / 1000.0)
+
 
 class _FillWatch:
     """`FillStop` applied to one probe's samples: `done(t, rtt_s, delivered)` says whether it may end now."""

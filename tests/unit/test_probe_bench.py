@@ -27,3 +27,22 @@ def test_the_target_judges_sizes_at_or_above_the_rate_left_and_the_line_for_ever
     assert probe_bench.judge([(1.0, good), (2.0, good), (0.5, low)])  # a probe sized below the rate left: reported only
     assert not probe_bench.judge([(1.0, good), (2.0, low)])
     assert not probe_bench.judge([(1.0, good), (0.5, {"median": 0.5, "above_line": 1})])
+
+
+def test_the_benchmark_judges_a_probe_filled_exactly_when_a_fresh_estimator_takes_it_as_an_upper_bound() -> None:
+    """`judged_filled` is the estimator's own rule (`EstimatorSpec.fill_rule`), with the probe's pings' RTT as
+    floor and unloaded RTT: over a grid of sizes and end RTTs on a 10-ms path, a probe is judged filled
+    exactly when an estimator whose floor is that RTT takes it as saturated evidence."""
+    from testbed.serving.policy.estimator import BandwidthEstimator
+
+    G, seen = 1e9, set()
+    for nbytes in (5e6, 14e6, 15e6, 16e6, 40e6):
+        for rtt_ms in (10.0, 13.9, 14.0, 20.0):
+            est = BandwidthEstimator(100 * G)
+            e = est.probe(1.0, nbytes, 4 * G, rtt_ms, 10.0, 10.0)
+            judged = probe_bench.judged_filled({"bytes": nbytes, "rate_bps": 4 * G, "rtt_ms": rtt_ms, "idle_rtt_ms": 10.0})
+            assert judged == (e.evidence == "saturated"), (nbytes, rtt_ms)
+            seen.add(judged)
+    assert seen == {True, False}
+    assert not probe_bench.judged_filled({"bytes": 40e6, "rate_bps": 0.0, "rtt_ms": 20.0, "idle_rtt_ms": 10.0})
+    assert not probe_bench.judged_filled({"bytes": 40e6, "rate_bps": 4 * G, "rtt_ms": 20.0, "idle_rtt_ms": None})

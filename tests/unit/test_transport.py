@@ -588,6 +588,20 @@ def test_a_probe_may_end_once_a_queue_has_stood_for_four_rate_windows_and_it_car
 
 
 
+def test_a_whole_probe_filled_the_path_with_a_standing_queue_under_it_and_three_bdps_delivered() -> None:
+    """`FillStop.filled`, the estimator's judgement of a whole probe: 10-ms floor, 4 Gbps read, 3 x 4 Gbps x 10 ms
+    = 15 MB. Both parts are needed, each at its boundary; the size is against the unloaded RTT, the queue
+    against the floor; no floor, no RTT or no queue rule never fills."""
+    rule = FillStop(queue_ms=2.0, queue_fraction=0.4, path_ratio=3.0)
+    assert rule.filled(15e6, 4e9, 14.0, 10.0, 10.0)  # 4 ms of queue (>= max(2, 0.4 x 10)), 15 MB
+    assert not rule.filled(15e6, 4e9, 13.9, 10.0, 10.0)  # 3.9 ms: below 40% of the floor
+    assert not rule.filled(14.9e6, 4e9, 20.0, 10.0, 10.0)  # a queue, but less than 3 BDPs: slow start's rate
+    assert not rule.filled(15e6, 4e9, 14.0, 10.0, 12.0)  # 3 BDPs of a 12-ms unloaded RTT are 18 MB
+    assert rule.filled(15e6, 4e9, 14.0, 10.0, 8.0)
+    assert not rule.filled(15e6, 4e9, 14.0, 0.0, 10.0) and not rule.filled(15e6, 4e9, 0.0, 10.0, 10.0)
+    assert not FillStop(0.0, 0.4, 3.0).filled(15e6, 4e9, 100.0, 10.0, 10.0)
+
+
 def _sender_for_samples(rx: KVReceiver, cc: str) -> KVSender:
     """A sender whose own sampler has taken its one sample of each connection and then waits a minute, so
     the test's samples are the only ones `_watch_loss` sees."""

@@ -73,13 +73,18 @@ class EstimatorSpec:
     probe_confirm: bool = True  # after a lone upper bound the router probes again at once (False: after probe_after)
     probe_paced: bool = True  # a probe's connections are paced at probe_headroom x the estimate (False: unpaced, until 2026-12-06)
 
+    def fill_rule(self) -> FillStop:
+        """What a filled probe is (a standing queue under it, and `full_path_ratio` x its rate x the unloaded
+        RTT delivered): `BandwidthEstimator.probe`'s judgement, a probe's early end and the probe benchmark's."""
+        return FillStop(self.queue_delay_ms, self.queue_delay_fraction, self.full_path_ratio)
+
     def fill_stop(self) -> FillStop | None:
         """When a probe may end before its size: once it has filled the path as `BandwidthEstimator.probe`
         judges a filled probe (`probe_until_filled`); None, it sends every byte (off, or `queue_delay` 0:
         then no probe ever fills the path)."""
         if not self.probe_until_filled or self.queue_delay_ms <= 0:
             return None
-        return FillStop(self.queue_delay_ms, self.queue_delay_fraction, self.full_path_ratio)
+        return self.fill_rule()
 
 
 SATURATED, HEADROOM, NONE = "saturated", "headroom", "none"
@@ -225,18 +230,17 @@ class BandwidthEstimator:
         # its pings may have met the very queue it is to find (two probes in a dip would make that queue the
         # floor); its pings join the floor for the polls after it
         floor = self._floor(t_s, rtt_ms, min_rtt_ms, False)
-        qdelay, queue = self._queue(rtt_ms, floor)
+        qdelay, _ = self._queue(rtt_ms, floor)
         if idle_rtt_ms is not None and idle_rtt_ms > 0:
             self._idle_rtts.append((t_s, idle_rtt_ms))
         x = min(max(rate_bps, 0.0), self.nominal_bps)
         retrans = self.estimate.retransmits_per_s
         if x <= 0 or nbytes <= 0:
             return self._publish(t_s, False, qdelay, retrans, NONE, x, rtt_ms, floor, 0.0, min_rtt_ms)
-        unloaded_s = (idle_rtt_ms if idle_rtt_ms else floor) / 1000.0
         # filled: the path pushed back. Its size against its rate says the rate is not slow start's alone, and
         # a standing queue under it says the window was not the limit either (a dip's losses leave windows
         # small: docs/router.md, "An active probe", *Read*)
-        filled = 8.0 * nbytes >= s.full_path_ratio * x * unloaded_s and queue
+        filled = s.fill_rule().filled(nbytes, x, rtt_ms, floor, idle_rtt_ms or floor)
         # a filled probe below the estimate is an upper bound (`_from_above`: a lone one lowers the estimate
         # at most to half) when below probe_dip_fraction of it (1: always; 0.5, a dip only, until 2026-12-04,
         # when its rate read the acknowledged bytes: docs/router.md, "Delivered, not acknowledged") or when it
