@@ -647,8 +647,10 @@ class Router:
 
     def _poll_loop(self) -> None:
         with ThreadPoolExecutor(max_workers=min(16, len(self.prefill) + len(self.decode))) as pool:
-            while not self._stop.wait(self.cfg.state_poll_s):
+            wait_s = self.cfg.state_poll_s
+            while not self._stop.wait(wait_s):
                 self._poll_once(pool)
+                wait_s = self.policy.confirm_poll_s() or self.cfg.state_poll_s  # sooner once after a lone saturated poll
 
     def _probe_loop(self) -> None:
         """Active probes (docs/router.md, "An active probe"): when the policy asks for one, a PrfaaS prefill

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -39,6 +40,7 @@ class FakeWorkers:
         self.prefix_blocks: dict[int, list[int]] = {}
         self.decode_mode: dict[int, str] = {}  # instance -> "ok" | "die" | "hang"
         self.congestion = Congestion()  # what the prefill instances report in /v1/state
+        self.state_polls: list[tuple[float, Congestion]] = []  # (time, congestion answered) of prefill 0's /v1/state
         self.probes: list[dict[str, Any]] = []  # POST /v1/probe bodies
         self.probe_answer: dict[str, Any] = {"ok": False, "reason": "this fake does not probe"}
         self.prefill_gate: threading.Event | None = None  # when set here, a prefill answers only once it is set
@@ -83,8 +85,11 @@ class FakeWorkers:
                                         uncached * KV_BYTES_PER_TOKEN + 64, prefill_paused_s=paused).to_json())
 
             def state(self) -> dict[str, Any]:
+                cong = fw.congestion
+                if instance == 0:
+                    fw.state_polls.append((clock.now_s(), cong))
                 return WorkerState("prefill", instance, "prfaas", prefix_blocks=tuple(fw.prefix_blocks.get(instance, [])),
-                                   congestion=fw.congestion).to_json()
+                                   congestion=cong).to_json()
 
         return self.serve(H)
 
@@ -619,6 +624,33 @@ def test_a_router_probes_nothing_for_a_policy_that_does_not_estimate(router, fw)
     time.sleep(0.6)
     assert not fw.probes and not r2.log.rows("probe")
 
+
+@pytest.mark.parametrize("confirm", ["50ms", "0s"])
+def test_a_lone_saturated_poll_brings_the_next_state_poll_sooner_once(router, fw, confirm: str) -> None:
+    """`poll_confirm`: KV queued at 9 Gbps with no queue (headroom) on a nominal 10, then a dip: 1 Gbps under
+    30 ms of queue. The first dip poll is a lone upper bound (the estimate held at half); with `poll_confirm:
+    50ms` the router polls again ~50 ms later instead of its 0.5-s period, once, and the second bound sets the
+    estimate; with 0s the polls keep their period."""
+    steady = Congestion(send_queue_bytes=5e6, inflight_bytes=1e6, path_rate_bps=0.9e9, goodput_bps=0.9e9, rtt_ms=10.2,
+                        queue_rtt_ms=10.2, min_rtt_ms=10.0)
+    dip = dataclasses.replace(steady, path_rate_bps=0.1e9, goodput_bps=0.1e9, rtt_ms=40.0, queue_rtt_ms=40.0)
+    fw.congestion = steady
+    r = router(policy={"name": "prfaas", "threshold": "8K", "signals": "observed",
+                       "estimator": {"probe_after": "0s", "poll_confirm": confirm}}, state_poll_s=0.5)
+    deadline = time.monotonic() + 5
+    while len(fw.state_polls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    fw.congestion = dip
+    while (len([t for t, c in fw.state_polls if c is dip]) < 3 or r.policy.controller.estimate.available_bps > 2e9) \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    times = [t for t, c in fw.state_polls if c is dip]
+    assert len(times) >= 3 and r.policy.controller.estimate.available_bps == pytest.approx(1e9)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    if confirm == "50ms":
+        assert gaps[0] < 0.3 and gaps[1] > 0.4  # sooner once, then the period again
+    else:
+        assert gaps[0] > 0.4 and gaps[1] > 0.4
 
 def test_a_probe_under_which_kv_moved_is_logged_and_not_believed(router, fw) -> None:
     """The policy asks for a probe only with nothing committed; a state poll during the probe that sees KV

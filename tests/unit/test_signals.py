@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from testbed import clock
-from testbed.validation import Fields
+from testbed.validation import FieldError, Fields
 from testbed.serving.policy import InstanceState, RequestView, SchedulerLog, TelemetrySample, build_policy, parse_policy_section
 from testbed.serving.policy.estimator import BandwidthEstimator, EstimatorSpec
 from testbed.serving.policy.signals import ORACLE_FIELDS, GroundTruth, admit
@@ -522,6 +522,31 @@ def test_a_lone_filled_probe_held_at_half_asks_for_a_confirming_probe_at_once() 
         else:
             assert pol.probe_bytes(14.0) > 0  # probe_after (1 s) since the last probe
 
+
+def test_a_lone_saturated_poll_asks_for_the_next_poll_sooner_once() -> None:
+    """`poll_confirm`: KV queued behind a 5x dip gives one saturated poll, which alone may only halve the
+    estimate; the policy asks the router for its next poll after `poll_confirm` instead of its period, once
+    for that bound; the second saturated poll settles the dip and asks nothing. Off (0, the default): never."""
+    def poll(pol, t: float, rate_bps: float, rtt_ms: float) -> None:
+        pol.on_telemetry(TelemetrySample(t, kv_goodput_bps=rate_bps, kv_path_rate_bps=rate_bps, send_queue_bytes=50e6,
+                                         inflight_bytes=10e6, rtt_ms=rtt_ms, min_rtt_ms=10.0))
+
+    for wait in ("0.1s", "0s"):
+        pol = observed_policy(estimator={"poll_confirm": wait})
+        est = pol.controller.estimator
+        poll(pol, 1.0, 19 * G, 16.0)  # the line as it was, saturated: 19 of the nominal 20
+        poll(pol, 3.6, 19 * G, 16.0)
+        assert est.estimate.available_bps == pytest.approx(19 * G) and pol.confirm_poll_s() == 0.0
+        poll(pol, 6.2, 4 * G, 40.0)  # the dip: alone, held at half
+        assert est.estimate.available_bps == pytest.approx(9.5 * G) and est.unconfirmed
+        assert pol.confirm_poll_s() == (0.1 if wait == "0.1s" else 0.0)
+        assert pol.confirm_poll_s() == 0.0  # once per bound
+        poll(pol, 6.35, 4 * G, 40.0)
+        assert est.estimate.available_bps == pytest.approx(4 * G) and not est.unconfirmed  # two bounds: the mean
+        assert pol.confirm_poll_s() == 0.0
+    assert EstimatorSpec().poll_confirm_s == 0.0
+    with pytest.raises(FieldError, match="poll_confirm"):
+        parse_policy_section(Fields({"name": "prfaas", "estimator": {"poll_confirm": "-1s"}}, "policy"))
 
 def test_a_bound_that_does_not_reach_the_lone_cap_needs_no_confirmation() -> None:
     """A filled probe a little below the estimate lowers it all the way (within `lone_drop_fraction`): nothing

@@ -184,6 +184,11 @@ class Policy:
         """Emulated bit/s the probe's connections are paced at; 0: unpaced (docs/router.md, "An active probe", "A paced probe")."""
         return 0.0
 
+    def confirm_poll_s(self) -> float:
+        """Seconds to the router's next state poll when sooner than its period is wanted (a lone saturated poll
+        to confirm: docs/router.md, "A confirm poll"); 0: the period."""
+        return 0.0
+
     def status(self) -> dict[str, Any]:
         """What the policy believes now, for metrics and /v1/state: ``signals`` (the mode it sees),
         ``kv_available_bps`` (bandwidth left for KV, emulated; 0 when it does not estimate it),

@@ -72,6 +72,7 @@ class EstimatorSpec:
     probe_until_filled: bool = True  # a probe ends once it has filled the path (False: it sends its whole size; until 2026-12-04)
     probe_confirm: bool = True  # after a lone upper bound the router probes again at once (False: after probe_after)
     probe_paced: bool = True  # a probe's connections are paced at probe_headroom x the estimate (False: unpaced, until 2026-12-06)
+    poll_confirm_s: float = 0.0  # after a lone saturated poll the router polls again this soon, once (0: at its next poll)
 
     def fill_rule(self) -> FillStop:
         """What a filled probe is (a standing queue under it, and `full_path_ratio` x its rate x the unloaded
@@ -128,6 +129,7 @@ class BandwidthEstimator:
         self._full: tuple[float, float] | None = None  # (t_s, rate) of the latest probe that filled the path
         self.evidence_t: float | None = None  # time of the latest saturated or headroom poll or probe
         self.unconfirmed = False  # the latest upper bound was a lone one, held at `lone_drop_fraction` (`probe_confirm`)
+        self.bound_t: float | None = None  # time of the latest upper bound (saturated poll or filled probe)
         self.estimate = Estimate(0.0, self._value, False, 0.0, 0.0, False)
 
     def _floor(self, t_s: float, rtt_ms: float, min_rtt_ms: float, clean: bool) -> float:
@@ -267,6 +269,7 @@ class BandwidthEstimator:
         81 true set the estimate to 0.23 and the law raised t to 62K, flooding PD-P); a real dip repeats at
         the next poll, and two low bounds move the estimate all the way."""
         self._saturated.append((t_s, x))
+        self.bound_t = t_s
         recent = sorted(self._bounds(t_s))
         self.unconfirmed = False
         if len(recent) >= 3:

@@ -23,6 +23,7 @@ class PrfaasPolicy(ThresholdPolicy):
         self.prefill_times = PrefillTimes()  # both clusters' prefill cost: latency-aware offload and the PD-P cap
         self.controller = PrfaasController(self.spec, self.log, self.capacity_bps, self.prefill_times, self.compressed_kv_ratio)
         self._last_flip = clock.now_s()
+        self._confirm_polled_t: float | None = None  # the lone bound a confirm poll was made for
 
     @property
     def threshold(self) -> float:
@@ -69,6 +70,16 @@ class PrfaasPolicy(ThresholdPolicy):
             if not confirm and est.evidence_t is not None and now_s - est.evidence_t < spec.probe_after_s:
                 return 0.0
             return est.probe_bytes()
+
+    def confirm_poll_s(self) -> float:
+        """`poll_confirm` after a lone upper bound, once per bound: with KV committed no probe may confirm it,
+        and a real dip repeats at the next poll, so the next poll comes sooner (docs/router.md, "A confirm poll")."""
+        with self._lock:
+            est, wait = self.controller.estimator, self.spec.estimator.poll_confirm_s
+            if est is None or wait <= 0 or not est.unconfirmed or est.bound_t == self._confirm_polled_t:
+                return 0.0
+            self._confirm_polled_t = est.bound_t
+            return wait
 
     def probe_pace_bps(self) -> float:
         with self._lock:

@@ -142,7 +142,7 @@ class PolicySpec:
                 "probe_headroom": e.probe_headroom, "probe_max": f"{int(e.probe_max_bytes)}B",
                 "full_path_ratio": e.full_path_ratio, "probe_dip_fraction": e.probe_dip_fraction,
                 "lone_drop_fraction": e.lone_drop_fraction, "probe_until_filled": e.probe_until_filled,
-                "probe_confirm": e.probe_confirm, "probe_paced": e.probe_paced,
+                "probe_confirm": e.probe_confirm, "probe_paced": e.probe_paced, "poll_confirm": f"{e.poll_confirm_s}s",
             },
             "role_flip": {
                 "enabled": r.enabled, "period": f"{r.period_s}s", "prefill_queue_high": r.prefill_queue_high,
@@ -227,6 +227,7 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
         probe_until_filled=f.get("probe_until_filled", boolean, d.probe_until_filled),
         probe_confirm=f.get("probe_confirm", boolean, d.probe_confirm),
         probe_paced=f.get("probe_paced", boolean, d.probe_paced),
+        poll_confirm_s=f.get("poll_confirm", lambda v: units.parse_duration_s(v, allow_zero=True), d.poll_confirm_s),
     )
     if e.probe_headroom < 1:
         raise f.error("probe_headroom", f"{e.probe_headroom:g} must be >= 1 (a probe sized below the estimate cannot read it)")
