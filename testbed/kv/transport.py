@@ -300,6 +300,13 @@ def tcp_sysctl(key: str) -> str | None:
         return None
 
 
+def paces_itself(congestion_control: str | None) -> bool:
+    """Whether TCP congestion control `congestion_control` paces its own sending from a model of the path (BBR),
+    so that an active probe over it needs no pacing cap of ours; loss-based ones (cubic, reno) send a slow
+    start's bursts at line rate (docs/router.md, "A paced probe", *Under BBR*)."""
+    return bool(congestion_control) and str(congestion_control).startswith("bbr")
+
+
 def congestion_control_refused(name: str) -> str | None:
     """Why this host's kernel refuses TCP congestion control `name` on a socket (as `KVSender` sets it), or
     None when it sets it. Setting it as root loads the kernel's module (tcp_<name>) if it is not loaded."""

@@ -160,7 +160,9 @@ class ProbeRequest:
     a standing queue of `stop_queue_ms` and `stop_queue_fraction` of the unloaded RTT, and
     `stop_path_ratio` x rate x unloaded RTT delivered); 0, the default, sends all of it. With `pace_bps` > 0
     (wire bit/s) the probe goes over connections of the worker's kept for probes, paced at that rate in all
-    (`KVSender.pace`); 0, the default, over the destination's KV connections, unpaced."""
+    (`KVSender.pace`), unless the KV connections' congestion control paces itself (BBR,
+    `testbed.kv.transport.paces_itself`) and `pace_self_paced` is false; 0, the default, over the destination's
+    KV connections, unpaced. The answer's `paced` says which."""
 
     decode: KVDestination
     bytes: int = 0
@@ -170,6 +172,7 @@ class ProbeRequest:
     stop_queue_fraction: float = 0.0
     stop_path_ratio: float = 0.0
     pace_bps: float = 0.0
+    pace_self_paced: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -182,7 +185,7 @@ class ProbeRequest:
             "stop_queue_ms": f.get("stop_queue_ms", non_negative, 0.0),
             "stop_queue_fraction": f.get("stop_queue_fraction", non_negative, 0.0),
             "stop_path_ratio": f.get("stop_path_ratio", non_negative, 0.0),
-            "pace_bps": f.get("pace_bps", non_negative, 0.0)})
+            "pace_bps": f.get("pace_bps", non_negative, 0.0), "pace_self_paced": f.get("pace_self_paced", boolean, False)})
 
     @staticmethod
     def stop_fields(stop: FillStop | None) -> dict[str, float]:

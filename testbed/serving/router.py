@@ -680,7 +680,8 @@ class Router:
         assert isinstance(d, DecodeInstanceConfig)
         stop = self.cfg.policy.estimator.fill_stop()  # it ends once the estimator would count it as filled
         req = ProbeRequest(KVDestination(d.host, d.kv_port, d.instance), bytes=max(1, int(self.scale.wire_bytes(nbytes_emulated))),
-                           pace_bps=float(self.scale.wire_bps(pace_bps_emulated)), **ProbeRequest.stop_fields(stop))
+                           pace_bps=float(self.scale.wire_bps(pace_bps_emulated)),
+                           pace_self_paced=self.cfg.policy.estimator.probe_paced is True, **ProbeRequest.stop_fields(stop))
         t0 = clock.now_s()
         with self._lock:
             started = self._offloads_started
@@ -712,7 +713,8 @@ class Router:
                      reason=None if ok else str((ans or {}).get("reason") or "no answer"), seconds=now - t0,
                      min_rtt_ms=num("min_rtt_ms"),
                      probe_acked_rate_bps=self.scale.emulated_bps(num("acked_rate_bps") or 0.0),
-                     probe_stopped=bool(isinstance(ans, dict) and ans.get("stopped")), probe_pace_bps=pace_bps_emulated, **seen)
+                     probe_stopped=bool(isinstance(ans, dict) and ans.get("stopped")),
+                     probe_pace_bps=0.0 if isinstance(ans, dict) and ans.get("paced") is False else pace_bps_emulated, **seen)
         return ans if isinstance(ans, dict) else None
 
     def queue_sample(self) -> TelemetrySample:

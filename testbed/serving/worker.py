@@ -191,21 +191,31 @@ class Destination:
             self.probe_sender.pace(pace_bps)
         return self.probe_sender
 
+    def paces_itself(self) -> bool:
+        """The KV connections' congestion control paces itself (BBR): the configured one, else this network
+        namespace's default, which is what the connections take."""
+        from testbed.kv.transport import paces_itself, tcp_sysctl
+
+        return self.connector == "tcp" and paces_itself(self.congestion_control or tcp_sysctl("tcp_congestion_control"))
+
     def probe(self, req: ProbeRequest) -> dict[str, Any]:
         """An active probe to this destination (`KVSender.probe`): paced (`pace_bps` > 0) over the connections
-        kept for probes, else over its KV connections; refused while KV of this worker is queued for it (the
-        KV is the measurement then, and a probe would compete with it)."""
+        kept for probes, else over its KV connections; under a congestion control that paces itself (BBR)
+        unpaced over the KV connections unless `pace_self_paced` (docs/router.md, "A paced probe", *Under
+        BBR*). Refused while KV of this worker is queued for it (the KV is the measurement then, and a probe
+        would compete with it). The answer's `paced` says whether it was paced."""
         if self.kv_pending():
             return {"ok": False, "reason": "KV is being sent to this destination"}
+        paced = req.pace_bps > 0 and (req.pace_self_paced or not self.paces_itself())
         try:
-            sender = self._probe_connect(req.pace_bps) if req.pace_bps > 0 else self._connect()
+            sender = self._probe_connect(req.pace_bps) if paced else self._connect()
         except Exception as exc:  # the decode side is unreachable: an answer, not a crashed handler
             return {"ok": False, "reason": f"probe connections to {self.host}:{self.kv_port}: {exc}"}
         if not hasattr(sender, "probe"):
             return {"ok": False, "reason": f"the {self.connector} connector cannot probe"}
         self.probing = True
         try:
-            return dict(sender.probe(req.bytes, req.pings, req.timeout_s, stop=req.fill_stop()))
+            return {**sender.probe(req.bytes, req.pings, req.timeout_s, stop=req.fill_stop()), "paced": paced}
         except Exception as exc:
             if sender is self.probe_sender:  # broken: new connections at the next probe
                 self.probe_sender = None

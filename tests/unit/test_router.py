@@ -618,6 +618,23 @@ def test_with_probe_paced_off_a_probe_goes_unpaced(router, fw) -> None:
     assert fw.probes and fw.probes[0]["pace_bps"] == 0.0 and r.log.rows("probe")[0]["probe_pace_bps"] == 0.0
 
 
+
+@pytest.mark.parametrize("paced_setting, worker_paced", [("auto", False), ("auto", True), (True, True)])
+def test_a_probe_asks_for_pacing_and_logs_what_the_worker_did(router, fw, paced_setting: Any, worker_paced: bool) -> None:
+    """`probe_paced: auto` (the default) asks for the pace and lets a worker whose KV congestion control paces
+    itself (BBR) send unpaced (`pace_self_paced` false); `true` asks it to pace whatever it runs. The probe
+    row logs the pace the worker answers it used (0: unpaced)."""
+    fw.probe_answer = {"ok": True, "reason": None, "bytes": 6_250_000, "seconds": 0.1, "rate_bps": 0.9e9, "rtt_ms": 10.6,
+                       "min_rtt_ms": 10.0, "idle_rtt_ms": 10.5, "connections": 4, "paced": worker_paced}
+    r = router(policy={"name": "prfaas", "threshold": "8K", "signals": "observed",
+                       "estimator": {"probe_after": "200ms", "probe_paced": paced_setting}})
+    deadline = time.monotonic() + 5
+    while not r.log.rows("probe") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fw.probes and fw.probes[0]["pace_bps"] == pytest.approx(2e9)
+    assert fw.probes[0]["pace_self_paced"] is (paced_setting is True)
+    assert r.log.rows("probe")[0]["probe_pace_bps"] == (pytest.approx(20e9) if worker_paced else 0.0)
+
 def test_a_router_probes_nothing_for_a_policy_that_does_not_estimate(router, fw) -> None:
     router(policy={"name": "fixed-threshold", "threshold": "8K"})
     r2 = router(policy={"name": "prfaas", "threshold": "8K", "signals": "observed", "estimator": {"probe_after": "0s"}})

@@ -564,7 +564,11 @@ def test_the_probe_settings_are_parsed_and_a_bad_one_is_named() -> None:
     spec = parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_until_filled": False, "probe_confirm": False,
                                                                         "probe_paced": False}}, "policy"))
     assert spec.estimator.probe_until_filled is False and spec.estimator.probe_confirm is False and spec.estimator.probe_paced is False
-    assert EstimatorSpec().probe_until_filled and EstimatorSpec().probe_confirm and EstimatorSpec().probe_paced
+    assert EstimatorSpec().probe_until_filled and EstimatorSpec().probe_confirm and EstimatorSpec().probe_paced is None  # auto
+    for v, want in (("auto", None), (True, True)):
+        assert parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_paced": v}}, "policy")).estimator.probe_paced is want
+    with pytest.raises(FieldError, match=r"policy\.estimator\.probe_paced.*true, false or auto"):
+        parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_paced": "yes"}}, "policy"))
     stop = EstimatorSpec().fill_stop()  # the estimator's own test of a filled probe, sent with every probe
     assert stop is not None and (stop.queue_ms, stop.queue_fraction, stop.path_ratio) == (2.0, 0.4, 3.0)
     assert EstimatorSpec(probe_until_filled=False).fill_stop() is None

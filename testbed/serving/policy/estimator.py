@@ -71,7 +71,9 @@ class EstimatorSpec:
     lone_drop_fraction: float = 0.5  # a lone saturated poll or filled probe lowers the estimate at most to this fraction
     probe_until_filled: bool = True  # a probe ends once it has filled the path (False: it sends its whole size; until 2026-12-04)
     probe_confirm: bool = True  # after a lone upper bound the router probes again at once (False: after probe_after)
-    probe_paced: bool = True  # a probe's connections are paced at probe_headroom x the estimate (False: unpaced, until 2026-12-06)
+    # a probe's connections are paced at probe_headroom x the estimate: None (auto), unless the KV congestion control
+    # paces itself (BBR; since 2026-12-06, session 54); True, always (auto until then); False, never (until 2026-12-06)
+    probe_paced: bool | None = None
     poll_confirm_s: float = 0.0  # after a lone saturated poll the router polls again this soon, once (0: at its next poll)
 
     def fill_rule(self) -> FillStop:
@@ -303,7 +305,7 @@ class BandwidthEstimator:
         Unpaced on CUBIC, 9% of the probes counted as filled in steady periods had read less than half of what
         was left, still in slow start, with an RTT at their end inflated by their own bursts or a delayed ACK
         (docs/router.md, "An active probe", "A paced probe")."""
-        return self.spec.probe_headroom * self._value if self.spec.probe_paced else 0.0
+        return self.spec.probe_headroom * self._value if self.spec.probe_paced is not False else 0.0
 
     def _publish(self, t_s: float, backlogged: bool, qdelay: float, retrans: float, evidence: str, x: float,
                  rtt_ms: float, floor: float, backlog_bytes: float, min_rtt_ms: float) -> Estimate:

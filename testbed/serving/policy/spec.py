@@ -142,7 +142,7 @@ class PolicySpec:
                 "probe_headroom": e.probe_headroom, "probe_max": f"{int(e.probe_max_bytes)}B",
                 "full_path_ratio": e.full_path_ratio, "probe_dip_fraction": e.probe_dip_fraction,
                 "lone_drop_fraction": e.lone_drop_fraction, "probe_until_filled": e.probe_until_filled,
-                "probe_confirm": e.probe_confirm, "probe_paced": e.probe_paced, "poll_confirm": f"{e.poll_confirm_s}s",
+                "probe_confirm": e.probe_confirm, "probe_paced": "auto" if e.probe_paced is None else e.probe_paced, "poll_confirm": f"{e.poll_confirm_s}s",
             },
             "role_flip": {
                 "enabled": r.enabled, "period": f"{r.period_s}s", "prefill_queue_high": r.prefill_queue_high,
@@ -208,6 +208,15 @@ def _parse_role_flip(f: Fields) -> RoleFlipSpec:
     return r
 
 
+def _auto_or_boolean(v: object) -> bool | None:
+    """true, false, or auto (None)."""
+    if v == "auto":
+        return None
+    if not isinstance(v, bool):
+        raise ValueError(f"{v!r} is not true, false or auto")
+    return v
+
+
 def _parse_estimator(f: Fields) -> EstimatorSpec:
     d = EstimatorSpec()
     e = EstimatorSpec(
@@ -226,7 +235,7 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
         lone_drop_fraction=f.get("lone_drop_fraction", units.parse_fraction, d.lone_drop_fraction),
         probe_until_filled=f.get("probe_until_filled", boolean, d.probe_until_filled),
         probe_confirm=f.get("probe_confirm", boolean, d.probe_confirm),
-        probe_paced=f.get("probe_paced", boolean, d.probe_paced),
+        probe_paced=f.get("probe_paced", _auto_or_boolean, d.probe_paced),
         poll_confirm_s=f.get("poll_confirm", lambda v: units.parse_duration_s(v, allow_zero=True), d.poll_confirm_s),
     )
     if e.probe_headroom < 1:
