@@ -321,6 +321,11 @@ def test_a_prfaas_run_with_observed_signals_records_its_mode_its_estimate_and_th
     assert (pd.to_numeric(good["probe_rate_bps"]) > 0).all() and (pd.to_numeric(good["idle_rtt_ms"]) >= 9.0).all()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["signals"] == "observed" and summary["estimator"]["signals"] == "observed"
+    # `probe_paced: auto`: paced unless the KV connections' congestion control paces itself (BBR), as the
+    # worker reads it in its own namespace; the row logs the pace the worker used (docs/router.md, "Under BBR")
+    pace = pd.to_numeric(good["probe_pace_bps"])
+    cc = summary["kv_congestion_control"]
+    assert cc and ((pace == 0).all() if cc.startswith("bbr") else (pace > 0).all()), (cc, pace.tolist())
     assert summary["estimator"]["samples"] > 10
     # each poll's own time, backlog and min RTT are logged, so the run replays through the estimator with its
     # own settings to the estimate it had (prfaas replay-estimator, analysis/replay.py)
