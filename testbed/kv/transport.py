@@ -225,7 +225,8 @@ class _FillWatch:
             return False
         self.next_check = t_s + self.window_s  # the rate is read over every sample: at most once a window
         rate = ack_rate_bps(delivered, self.window_s)
-        return rate > 0 and 8.0 * delivered[-1][1] >= s.path_ratio * rate * self.unloaded_s
+        unloaded_ms = 1000.0 * self.unloaded_s  # the unloaded RTT is this probe's floor too
+        return rate > 0 and s.filled(delivered[-1][1], rate, 1000.0 * rtt_s, unloaded_ms, unloaded_ms)
 
 
 def _sendmsg_all(sock: socket.socket, buffers: list) -> None:
@@ -304,7 +305,7 @@ def paces_itself(congestion_control: str | None) -> bool:
     """Whether TCP congestion control `congestion_control` paces its own sending from a model of the path (BBR),
     so that an active probe over it needs no pacing cap of ours; loss-based ones (cubic, reno) send a slow
     start's bursts at line rate (docs/router.md, "A paced probe", *Under BBR*)."""
-    return bool(congestion_control) and str(congestion_control).startswith("bbr")
+    return congestion_control is not None and congestion_control.startswith("bbr")
 
 
 def congestion_control_refused(name: str) -> str | None:
