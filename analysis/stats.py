@@ -124,3 +124,47 @@ def sentence(c: Comparison, higher_is_better: bool | None) -> str:
         return f"{c.arm_a} is {'higher' if a_higher else 'lower'} than {c.arm_b} on {c.metric} ({ci})"
     better = a_higher == higher_is_better
     return f"{c.arm_a} is {'better' if better else 'worse'} than {c.arm_b} on {c.metric} ({ci})"
+
+
+ORDER_MIN_PAIRS = 3  # pairs needed on each side of an order check (fewer: no test)
+ORDER_P = 0.05
+
+
+@dataclass(frozen=True)
+class OrderCheck:
+    """Whether the paired ratio A / B moved with which arm ran first in its block (docs/experiments.md, "Run order")."""
+
+    metric: str
+    arm_a: str
+    arm_b: str
+    ratio_a_first: float  # mean(a) / mean(b) over the pairs where A ran first
+    n_a_first: int
+    ratio_b_first: float
+    n_b_first: int
+    p: float  # two-sided Mann-Whitney U of the pairs' log ratios, A first against B first
+
+    @property
+    def suspected(self) -> bool:
+        return self.p < ORDER_P
+
+    def text(self) -> str:
+        return (f"{self.arm_a} / {self.arm_b} on {self.metric} was {self.ratio_a_first:.3g} when {self.arm_a} ran first "
+                f"(n = {self.n_a_first}) and {self.ratio_b_first:.3g} when {self.arm_b} ran first (n = {self.n_b_first}); "
+                f"Mann-Whitney p = {self.p:.2g}")
+
+
+def order_check(metric: str, arm_a: str, arm_b: str, a: Sequence[float], b: Sequence[float],
+                a_first: Sequence[bool]) -> OrderCheck | None:
+    """The paired values of A and B split by which ran first; None with fewer than `ORDER_MIN_PAIRS` usable pairs
+    (finite, positive) on either side. A run order that changes the result (the host drifting over the
+    experiment, a run leaving state behind for the next) shows as a difference between the two sides; in a
+    counterbalanced plan it cancels in the mean ratio but widens its interval."""
+    x, y, first = np.asarray(a, dtype=float), np.asarray(b, dtype=float), np.asarray(a_first, dtype=bool)
+    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    x, y, first = x[keep], y[keep], first[keep]
+    if first.sum() < ORDER_MIN_PAIRS or (~first).sum() < ORDER_MIN_PAIRS:
+        return None
+    log_ratio = np.log(x / y)
+    p = float(sps.mannwhitneyu(log_ratio[first], log_ratio[~first], alternative="two-sided").pvalue)
+    return OrderCheck(metric, arm_a, arm_b, float(x[first].mean() / y[first].mean()), int(first.sum()),
+                      float(x[~first].mean() / y[~first].mean()), int((~first).sum()), p)

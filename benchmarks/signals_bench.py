@@ -176,7 +176,8 @@ def bootstrap_ci(x: list[float]) -> tuple[float, float, float]:
 
 def tasks(shapes: list[str], seeds: list[int], arms: list[str], out: Path, extra: list[str]) -> list:
     """One `RunTask` per (shape, seed, arm): seeds outermost within a shape, so every arm of a seed runs
-    before the next seed (a cut-short matrix stays paired)."""
+    before the next seed (a cut-short matrix stays paired), in the given order for odd seeds and reversed for
+    even ones, as `prfaas experiment` alternates them (docs/experiments.md, "Run order")."""
     from experiments.executor import RunTask
 
     def overrides(shape: str, arm: str, seed: int) -> tuple[str, ...]:
@@ -185,7 +186,7 @@ def tasks(shapes: list[str], seeds: list[int], arms: list[str], out: Path, extra
 
     return [RunTask(key=f"{shape}/{arm}-s{seed}", scenario=shape, overrides=overrides(shape, arm, seed),
                     out_dir=out / shape / f"{arm}-s{seed}")
-            for shape in shapes for seed in seeds for arm in arms]
+            for shape in shapes for seed in seeds for arm in (arms if seed % 2 else arms[::-1])]
 
 
 def completed(out: Path) -> list[tuple[str, str, int, Path]]:

@@ -23,7 +23,7 @@ from testbed.errors import UserError
 RESULTS_FILE = "results.parquet"
 COMPARISON_FILE = "comparison.json"
 REPORT_FILE = "report.md"
-RUN_COLUMNS = ("experiment", "arm", "seed", "repetition", "run_dir", "status", "error", "wall_s", "node")
+RUN_COLUMNS = ("experiment", "arm", "seed", "repetition", "order", "run_dir", "status", "error", "wall_s", "node")
 
 
 def flatten(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -67,16 +67,24 @@ def run_row(outcome: RunOutcome, out: Path, **labels: Any) -> dict[str, Any]:
 
 
 def tasks_of(spec: ExperimentSpec, out: Path) -> list[tuple[RunTask, dict[str, Any]]]:
-    """Every run of the experiment with its labels; every scenario is checked here (`check_run`), before anything runs."""
+    """Every run of the experiment with its labels, in the order they run; every scenario is checked here
+    (`check_run`), before anything runs.
+
+    The order is blocked and counterbalanced: one block per (seed, repetition), every arm once in each, in the
+    spec's order in the 1st, 3rd, ... block and reversed in the 2nd, 4th, ... So the runs that a comparison
+    pairs run next to each other, and over every two blocks each arm's mean position is the same: a drift of
+    the host over the experiment (docs/experiments.md, "Run order") falls on every arm alike instead of on
+    the arm that ran last. `order` (1, 2, ...) labels each run's place in that plan."""
     tasks = []
-    for arm in spec.arms:
-        for seed in spec.seeds:
-            for rep in range(1, spec.repetitions + 1):
-                overrides = spec.overrides + arm.overrides + (f"seed={seed}",)
-                key = f"{arm.name}/seed{seed}-rep{rep}"
-                check_run(spec.scenario, overrides, out / "runs" / key)
-                tasks.append((RunTask(key, spec.scenario, overrides, out / "runs" / key),
-                              {"experiment": spec.name, "arm": arm.name, "seed": seed, "repetition": rep}))
+    blocks = [(seed, rep) for seed in spec.seeds for rep in range(1, spec.repetitions + 1)]
+    for i, (seed, rep) in enumerate(blocks):
+        for arm in (spec.arms if i % 2 == 0 else tuple(reversed(spec.arms))):
+            overrides = spec.overrides + arm.overrides + (f"seed={seed}",)
+            key = f"{arm.name}/seed{seed}-rep{rep}"
+            check_run(spec.scenario, overrides, out / "runs" / key)
+            tasks.append((RunTask(key, spec.scenario, overrides, out / "runs" / key),
+                          {"experiment": spec.name, "arm": arm.name, "seed": seed, "repetition": rep,
+                           "order": len(tasks) + 1}))
     return tasks
 
 
@@ -96,6 +104,28 @@ def compare_arms(results: pd.DataFrame, spec: ExperimentSpec) -> list[stats.Comp
     return out
 
 
+def order_checks(results: pd.DataFrame, spec: ExperimentSpec) -> list[stats.OrderCheck]:
+    """Every metric of every pair of `spec.pairs()`: did the ratio move with which arm ran first in its block
+    (`stats.order_check`)? Needs the `order` column; results without it (written before 2026-12-06) give none."""
+    ok = results[results["status"] == "ok"]
+    if "order" not in ok or ok["order"].isna().any():
+        return []
+    out = []
+    for metric in spec.metrics:
+        if metric not in ok:
+            continue
+        for a, b in spec.pairs():
+            cols = ["seed", "repetition"]
+            both = pd.merge(ok[ok["arm"] == a][cols + [metric, "order"]], ok[ok["arm"] == b][cols + [metric, "order"]],
+                            on=cols, suffixes=("_a", "_b"))
+            check = stats.order_check(metric, a, b, pd.to_numeric(both[f"{metric}_a"], errors="coerce").to_numpy(float),
+                                      pd.to_numeric(both[f"{metric}_b"], errors="coerce").to_numpy(float),
+                                      (both["order_a"] < both["order_b"]).to_numpy(bool))
+            if check is not None:
+                out.append(check)
+    return out
+
+
 def report_text(spec: ExperimentSpec, results: pd.DataFrame, comparisons: list[stats.Comparison]) -> str:
     n_ok = int((results["status"] == "ok").sum())
     lines = [f"# Experiment {spec.name}", "",
@@ -108,11 +138,22 @@ def report_text(spec: ExperimentSpec, results: pd.DataFrame, comparisons: list[s
         lines += [f"Note: comparisons with fewer than {stats.FEW_PAIRS} pairs (n = {', '.join(map(str, few))}) have intervals "
                   "that are too narrow (docs/experiments.md, Statistics); read them as indicative only.", ""]
     lines += [f"- {stats.sentence(c, KNOWN_DIRECTIONS.get(c.metric))}" for c in comparisons]
+    lines += order_lines(order_checks(results, spec))
     lines += fidelity_lines(results)
     failed = results[results["status"] != "ok"]
     if len(failed):
         lines += ["", "Failed runs (left out of the comparisons):"] + [f"- {r.run_dir}: {r.error}" for r in failed.itertuples()]
     return "\n".join(lines) + "\n"
+
+
+def order_lines(checks: list[stats.OrderCheck]) -> list[str]:
+    """The comparisons whose ratio moved with the run order (p < `stats.ORDER_P`), with both sides' ratios."""
+    suspected = [c for c in checks if c.suspected]
+    if not suspected:
+        return []
+    return (["", f"Run order: {len(suspected)} of {len(checks)} comparisons changed with which arm ran first in its seed "
+             "block (arms alternate, so the mean ratio is balanced, but the runs depend on their order: the host drifted, "
+             "or a run left state behind; docs/experiments.md, \"Run order\"):"] + [f"- {c.text()}" for c in suspected])
 
 
 def fidelity_lines(results: pd.DataFrame) -> list[str]:

@@ -71,8 +71,8 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
     out.mkdir(parents=True, exist_ok=True)
     from experiments.experiment import RESULTS_FILE, results_frame, run_row
 
-    rows = [run_row(outcomes[p.name], out.resolve(), experiment=f"sweep {Path(scenario).stem}", arm=p.name,
-                    **{f"grid.{k}": v.split("=", 1)[1] for k, v in zip((k for k, _ in grid), p.overrides)}) for p in points]
+    rows = [run_row(outcomes[p.name], out.resolve(), experiment=f"sweep {Path(scenario).stem}", arm=p.name, order=i + 1,
+                    **{f"grid.{k}": v.split("=", 1)[1] for k, v in zip((k for k, _ in grid), p.overrides)}) for i, p in enumerate(points)]
     write_parquet(out / RESULTS_FILE, results_frame(rows))
     manifest["results"] = str(out / RESULTS_FILE)
     done = [out / "points" / n for n, v in manifest["points"].items() if v["status"] in ("ok", SKIPPED)]

@@ -92,3 +92,40 @@ def test_a_finished_run_is_checked_as_a_file_only_so_a_resumed_batch_does_not_as
     res = run_experiment(spec, tmp_path / "e", ex, progress=False)
     assert sorted(ex.ran) == ["slow/seed1-rep1", "slow/seed2-rep1", "slow/seed3-rep1"]
     assert len(pd.read_parquet(res["results"])) == 6
+
+
+def test_arms_alternate_within_each_seed_block_and_each_run_records_its_place(tmp_path):
+    """Blocked and counterbalanced: a pair's two runs run next to each other, and the arm that runs first alternates
+    from seed to seed, so a drift of the host over the experiment does not fall on one arm."""
+    ex = Synthetic()
+    res = run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    assert ex.ran == ["fast/seed1-rep1", "slow/seed1-rep1", "slow/seed2-rep1", "fast/seed2-rep1",
+                      "fast/seed3-rep1", "slow/seed3-rep1"]
+    df = pd.read_parquet(res["results"]).set_index("run_dir")
+    assert [int(df.loc[f"runs/{k}", "order"]) for k in ex.ran] == [1, 2, 3, 4, 5, 6]
+    assert "Run order" not in res["report"].read_text()  # no order effect planted: none reported
+
+
+class SecondIsSlower(Synthetic):
+    """Stands in for a host that drifts within a block: whichever arm runs second in its seed block gets 0.7x the
+    request rate it would have had."""
+
+    def run(self, tasks, on_done):
+        seen: set[int] = set()
+        for t in tasks:
+            self.ran.append(t.key)
+            seed = int(t.overrides[-1].split("=")[1])
+            rate = (10.0 if t.key.startswith("fast") else 5.0) + seed
+            write_run_dir(t.out_dir, policy=t.key.split("/")[0], seed=seed, duration_s=20,
+                          rate_rps=rate * (0.7 if seed in seen else 1.0))
+            seen.add(seed)
+            on_done(RunOutcome(t, "ok", None, 0.1, "test"))
+
+
+def test_a_ratio_that_moves_with_the_run_order_is_reported(tmp_path):
+    res = run_experiment(parse_spec({**SPEC, "seeds": 8}), tmp_path / "e", SecondIsSlower(), progress=False)
+    text = res["report"].read_text()
+    assert "Run order:" in text
+    line = next(x for x in text.splitlines() if x.startswith("- fast / slow on throughput_rps"))
+    # fast first: fast full rate, slow at 0.7x -> ratio above the true one; slow first: the other way
+    assert "when fast ran first (n = 4)" in line and "when slow ran first (n = 4)" in line

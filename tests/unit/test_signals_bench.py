@@ -131,3 +131,10 @@ def test_a_set_the_host_refuses_stops_the_bench_before_its_first_run(tmp_path: P
     with pytest.raises(UserError, match="serving.kv_congestion_control: 'nosuchcc' cannot be set on this host"):
         bench["main"]()
     assert not (tmp_path / "b").exists()
+
+
+def test_the_arms_of_a_seed_run_together_and_their_order_alternates_from_seed_to_seed(tmp_path) -> None:
+    tasks = runpy.run_path(str(SCRIPT), run_name="signals_bench")["tasks"]
+    keys = [t.key for t in tasks(["val-dip"], [1, 2, 3], ["fixed-threshold", "prfaas-observed"], tmp_path, [])]
+    assert keys == ["val-dip/fixed-threshold-s1", "val-dip/prfaas-observed-s1", "val-dip/prfaas-observed-s2",
+                    "val-dip/fixed-threshold-s2", "val-dip/fixed-threshold-s3", "val-dip/prfaas-observed-s3"]

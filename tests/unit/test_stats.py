@@ -70,3 +70,20 @@ def test_mean_ci_of_identical_values_is_degenerate_and_bad_input_is_refused():
     for bad in ([], [1.0, float("nan")]):
         with pytest.raises(ValueError):
             stats.mean_ci(bad)
+
+
+def test_the_order_check_sees_a_ratio_that_moves_with_the_run_order_and_nothing_in_noise():
+    from analysis.stats import order_check
+
+    rng = np.random.default_rng(3)
+    base = rng.lognormal(0.0, 0.3, 12)  # the seeds' shared factor
+    first = np.array([True, False] * 6)
+    a = base * 1.1 * rng.lognormal(0.0, 0.02, 12)
+    b = base * rng.lognormal(0.0, 0.02, 12)
+    plain = order_check("m", "a", "b", a, b, first)
+    assert plain is not None and not plain.suspected and plain.n_a_first == plain.n_b_first == 6
+    # whichever arm runs second in its block reads 1.4x: B when A runs first, A when B does
+    moved = order_check("m", "a", "b", a * np.where(first, 1.0, 1.4), b * np.where(first, 1.4, 1.0), first)
+    assert moved is not None and moved.suspected and moved.p < 0.01
+    assert moved.ratio_a_first == pytest.approx(1.1 / 1.4, rel=0.05) and moved.ratio_b_first == pytest.approx(1.1 * 1.4, rel=0.05)
+    assert order_check("m", "a", "b", a[:5], b[:5], first[:5]) is None  # 3 and 2: too few on one side
