@@ -11,6 +11,8 @@ from typing import Any, Sequence
 from testbed import rundir
 from testbed.errors import UserError
 
+KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
+
 
 def register(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("run", help="one complete run of a scenario: network, workers, router, workload, results",
@@ -113,6 +115,12 @@ def _print_summary(out: Path) -> bool:
     if s.get("kv_cc_restarts"):
         n = s["kv_cc_restarts"]
         print(f"  KV connections stuck after an RTO: congestion control restarted {'once' if n == 1 else f'{n} times'} (docs/kv.md)")
+    kt = s.get("kv_transport") or {}
+    if (kt.get("loss_state_share") or 0) >= KV_LOSS_STATE_NOTE:
+        sc = f"{float(s.get('scale') or 1):g}"
+        print(f"  KV connections: {kt['loss_state_share']:.0%} of their busy time recovering from an RTO, cwnd p50 "
+              f"{kt['cwnd_p50_segments']:.0f} segments (at scale {sc} a wire connection holds 1/{sc} of the segments the "
+              "emulated line's would; docs/kv.md, \"Two modes of the case study under CUBIC\")")
     pc = s.get("prefix_cache") or {}
     if pc.get("ideal_hit_requests"):  # a workload with prefixes to reuse
         from analysis.metrics import model_ideal

@@ -18,6 +18,7 @@ def summarize_run_dir(path: str | Path) -> dict[str, Any]:
     """Compute and write ``summary.json`` of a raw run directory; returns the summary."""
     from analysis.metrics import summarize
     from testbed.fidelity import load_record, summary_fields
+    from testbed.kv.tcplog import busy_state
     from testbed.serving.policy import PolicySpec
 
     data = rundir.load_run_dir(path, require_summary=False)
@@ -32,6 +33,7 @@ def summarize_run_dir(path: str | Path) -> dict[str, Any]:
     kv_cc = data.environment.backends.get("kv_congestion_control")  # what the KV connections ran (a list; None: unknown)
     summary["kv_congestion_control"] = ",".join(kv_cc) if kv_cc else None
     summary["kv_cc_restarts"] = data.environment.backends.get("kv_cc_restarts")  # the stuck-connection watchdog's restarts
+    summary["kv_transport"] = busy_state(data.tcp)  # windows and RTO recovery of the busy KV connections
     if data.environment.extra.get(rundir.RUN_ERROR):
         summary[rundir.RUN_ERROR] = data.environment.extra[rundir.RUN_ERROR]
     req = data.requests

@@ -51,6 +51,26 @@ def cc_restarts(tcp: Any) -> int | None:
     return int(tcp.groupby(list(CONNECTION))["cc_restarts"].max().sum()) if len(tcp) else 0
 
 
+LOSS_STATE = 4  # TCP_CA_Loss: the connection is recovering from a retransmission timeout
+
+
+def busy_state(tcp: Any) -> dict[str, Any] | None:
+    """How the KV connections fared while they had work (bytes unsent or in flight), from a run's `tcp.parquet`
+    frame: `busy_samples` (one per connection per sampler tick, 0.1 s), `loss_state_share` (the share of those in
+    the loss state after an RTO, `ca_state` 4) and the congestion window at its median and 10th percentile
+    (`cwnd_p50_segments`, `cwnd_p10_segments`). A window of a few segments cannot raise three duplicate ACKs
+    after a loss, so every loss waits out an RTO: a transfer's time then depends on how many losses fell on
+    such windows. At scale S a wire connection holds 1/S of the segments that the emulated line's would
+    (docs/kv.md, "Two modes of the case study under CUBIC"). None without busy samples."""
+    if tcp is None or not len(tcp):
+        return None
+    busy = tcp[(tcp["unacked_bytes"] > 0) | (tcp["notsent_bytes"] > 0)]
+    if not len(busy):
+        return None
+    return {"busy_samples": int(len(busy)), "loss_state_share": float((busy["ca_state"] == LOSS_STATE).mean()),
+            "cwnd_p50_segments": float(busy["cwnd"].median()), "cwnd_p10_segments": float(busy["cwnd"].quantile(0.1))}
+
+
 class TcpLog:
     """Appends the TCP samples of one worker's KV connections to a CSV file (see the module's docstring).
     Times are written on the run's clock (seconds after `t0`, as every file of a run directory)."""

@@ -150,6 +150,11 @@ def test_profile_run_writes_a_complete_run_directory_with_spec_sized_kv(run_dir:
     assert kv_cc == sorted(set(tcp["cc"])) and len(kv_cc) == 1 and kv_cc[0]
     # and how often a connection stuck after an RTO had its congestion control restarted: never, on a clean path
     assert backends["kv_cc_restarts"] == 0 and summary["kv_cc_restarts"] == 0
+    # and the busy connections' windows and RTO recovery, from the same samples
+    kt = summary["kv_transport"]
+    busy = tcp[(tcp["unacked_bytes"] > 0) | (tcp["notsent_bytes"] > 0)]
+    assert kt["busy_samples"] == len(busy) > 0 and kt["cwnd_p50_segments"] >= kt["cwnd_p10_segments"] >= 1
+    assert 0.0 <= kt["loss_state_share"] < 0.5  # a clean 10-Gbps path: mostly not recovering from an RTO
     acked = tcp.groupby(["prefill_instance", "decode_instance", "sender", "connection"])["bytes_acked"].max() \
         .groupby(level=[0, 1]).sum()
     delivered = df[df["status"] == "ok"]

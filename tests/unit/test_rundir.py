@@ -127,3 +127,24 @@ def test_a_run_that_ended_early_says_why_in_its_summary_and_exits_non_zero(tmp_p
     summarize_run_dir(d)
     args.out = str(tmp_path / "again")
     assert commands.cmd_run(args) == 0
+
+
+def test_the_summary_carries_the_busy_kv_connections_windows_and_a_run_prints_their_rto_recovery(tmp_path, capsys):
+    from experiments import commands
+    from experiments.runs import summarize_run_dir
+    from testbed.kv.tcplog import COLUMNS
+
+    d = write_run_dir(tmp_path / "r", seed=4)
+    assert summarize_run_dir(d)["kv_transport"]["loss_state_share"] == 0.0  # the factory's connections never took an RTO
+    capsys.readouterr()
+    commands._print_summary(d)
+    assert "KV connections:" not in capsys.readouterr().out  # nothing to note
+    rows = [{**dict.fromkeys(COLUMNS, 0), "cluster": "prfaas", "cc": "cubic", "t_s": 0.1 * i, "rtt_us": 10_000,
+             "delivery_rate_bps": 1e6, "app_limited": False, "unacked_bytes": 1448 * cwnd, "cwnd": cwnd, "ca_state": ca}
+            for i, (cwnd, ca) in enumerate([(3, 4), (5, 4), (8, 0), (12, 0)])]
+    rundir.RunDirWriter(d).tcp(pd.DataFrame(rows, columns=list(COLUMNS)))
+    kt = summarize_run_dir(d)["kv_transport"]
+    assert kt["busy_samples"] == 4 and kt["loss_state_share"] == 0.5 and kt["cwnd_p50_segments"] == 6.5
+    capsys.readouterr()
+    commands._print_summary(d)
+    assert "KV connections: 50% of their busy time recovering from an RTO, cwnd p50 6 segments" in capsys.readouterr().out

@@ -149,3 +149,20 @@ def test_congestion_control_restarts_add_up_each_connections_last_count_across_w
     assert cc_restarts(df) == 2 + 0 + 1 + 3
     assert cc_restarts(df.iloc[:0]) == 0  # no sample: no restart
     assert cc_restarts(df.drop(columns=["cc_restarts"])) is None  # a run from before the count was logged
+
+
+def test_busy_state_reads_the_windows_and_the_rto_share_of_busy_connections_only(tmp_path: Path):
+    """Idle samples (nothing unsent or in flight) do not count; the loss state is `ca_state` 4 (TCP_CA_Loss)."""
+    import dataclasses
+
+    from testbed.kv.tcplog import busy_state
+
+    log = TcpLog(tmp_path / "a.tcp.csv", "prfaas", 0, flush_s=100.0)
+    for i, (cwnd, ca) in enumerate([(4, 4), (6, 4), (10, 0), (20, 3), (40, 0)]):  # busy: 2 of 5 after an RTO
+        log.record(0, 0, dataclasses.replace(sample(0.1 * (i + 1), 0, unacked=1448 * cwnd), cwnd=cwnd, ca_state=ca))
+    log.record(0, 1, dataclasses.replace(sample(0.1, 1), cwnd=2, ca_state=4, bytes_acked=5))  # idle: left out
+    log.close()
+    state = busy_state(read_tcp_logs([tmp_path / "a.tcp.csv"]))
+    assert state == {"busy_samples": 5, "loss_state_share": pytest.approx(0.4), "cwnd_p50_segments": 10.0,
+                     "cwnd_p10_segments": pytest.approx(4.8)}
+    assert busy_state(None) is None and busy_state(read_tcp_logs([])) is None
