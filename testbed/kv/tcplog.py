@@ -57,8 +57,9 @@ LOSS_STATE = 4  # TCP_CA_Loss: the connection is recovering from a retransmissio
 def busy_state(tcp: Any) -> dict[str, Any] | None:
     """How the KV connections fared while they had work (bytes unsent or in flight), from a run's `tcp.parquet`
     frame: `busy_samples` (one per connection per sampler tick, 0.1 s), `loss_state_share` (the share of those in
-    the loss state after an RTO, `ca_state` 4) and the congestion window at its median and 10th percentile
-    (`cwnd_p50_segments`, `cwnd_p10_segments`). A window of a few segments cannot raise three duplicate ACKs
+    the loss state after an RTO, `ca_state` 4), the congestion window at its median and 10th percentile
+    (`cwnd_p50_segments`, `cwnd_p10_segments`) and the segment size it counts in (`mss_p50_bytes`; None in a
+    frame from before it was logged). A window of a few segments cannot raise three duplicate ACKs
     after a loss, so every loss waits out an RTO: a transfer's time then depends on how many losses fell on
     such windows. At scale S a wire connection holds 1/S of the segments that the emulated line's would
     (docs/kv.md, "Two modes of the case study under CUBIC"). None without busy samples."""
@@ -67,8 +68,10 @@ def busy_state(tcp: Any) -> dict[str, Any] | None:
     busy = tcp[(tcp["unacked_bytes"] > 0) | (tcp["notsent_bytes"] > 0)]
     if not len(busy):
         return None
+    mss = busy["mss"][busy["mss"] > 0] if "mss" in busy else busy.iloc[:0]  # logged since 2026-12-06
     return {"busy_samples": int(len(busy)), "loss_state_share": float((busy["ca_state"] == LOSS_STATE).mean()),
-            "cwnd_p50_segments": float(busy["cwnd"].median()), "cwnd_p10_segments": float(busy["cwnd"].quantile(0.1))}
+            "cwnd_p50_segments": float(busy["cwnd"].median()), "cwnd_p10_segments": float(busy["cwnd"].quantile(0.1)),
+            "mss_p50_bytes": float(mss.median()) if len(mss) else None}
 
 
 class TcpLog:

@@ -102,6 +102,7 @@ class TcpSample:
     delivered_bytes: int = 0
     cc_restarts: int = 0  # times the sender restarted this connection's congestion control (`KVSender._watch_loss`)
     cc: str = ""  # the connection's congestion control (TCP_CONGESTION, e.g. "cubic", "bbr"), set by its sender
+    mss: int = 0  # the connection's segment size now (tcpi_snd_mss, bytes): what `cwnd` counts in
 
 
 def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
@@ -125,7 +126,7 @@ def tcp_info(sock: socket.socket, connection: int = 0) -> TcpSample | None:
     (sacked,) = struct.unpack_from("<I", raw, 28)  # tcpi_sacked: segments SACKed beyond the cumulative ACK
     delivered = bytes_acked + sacked * snd_mss
     return TcpSample(now_s(), connection, rtt_us, cwnd, total_retrans, bytes_acked, notsent, 8.0 * delivery_rate,
-                     min_rtt_us, unacked * snd_mss, app_limited, ca_state, backoff, lost, delivered)
+                     min_rtt_us, unacked * snd_mss, app_limited, ca_state, backoff, lost, delivered, mss=snd_mss)
 
 
 def ack_rate_bps(series: list[tuple[float, int]], window_s: float) -> float:
@@ -328,6 +329,23 @@ def congestion_control_refused(name: str) -> str | None:
     return None
 
 
+def _connect(host: str, port: int, timeout_s: float, mss_bytes: int | None) -> socket.socket:
+    """A TCP connection to (host, port). `mss_bytes` caps its segment size (TCP_MAXSEG, set before the handshake so
+    that the SYN announces it too); None leaves the path's (MTU - 52)."""
+    if mss_bytes is None:
+        return socket.create_connection((host, port), timeout=timeout_s)
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, mss_bytes)
+        sock.settimeout(timeout_s)
+        sock.connect(addr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class KVSender(KVSendConnector):
     """Streams KV to one decode worker's receiver over `connections` TCP connections (the `tcp` connector's sender)."""
 
@@ -336,7 +354,8 @@ class KVSender(KVSendConnector):
                  connect_timeout_s: float = 10.0, ack_timeout_s: float = 300.0,
                  sample_interval_s: float = 0.1, on_sample: Callable[[TcpSample], None] | None = None,
                  notsent_lowat_bytes: int | None = DEFAULT_NOTSENT_LOWAT_BYTES,
-                 congestion_control: str | None = None, notsent_s: float | None = DEFAULT_NOTSENT_S) -> None:
+                 congestion_control: str | None = None, notsent_s: float | None = DEFAULT_NOTSENT_S,
+                 mss_bytes: int | None = None) -> None:
         if connections < 1:
             raise ValueError(f"connections: must be >= 1, got {connections}")
         self.host, self.port = host, port
@@ -359,7 +378,7 @@ class KVSender(KVSendConnector):
         self._conns: list[_Connection] = []
         try:
             for i in range(connections):
-                sock = socket.create_connection((host, port), timeout=connect_timeout_s)
+                sock = _connect(host, port, connect_timeout_s, mss_bytes)
                 sock.settimeout(None)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if congestion_control:  # e.g. "cubic" or "bbr"; default: the namespace's sysctl

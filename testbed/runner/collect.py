@@ -90,7 +90,7 @@ def environment(plan: ServingPlan, scenario: Scenario, scale: float, env_info: d
         instances=[{"role": i.role, "instance": i.index, "cluster": i.cluster, "host": i.host, "port": i.port,
                     "kv_port": i.kv_port} for i in plan.instances],
         serving={"bs_max": plan.spec.bs_max, "kv_connections": plan.spec.kv_connections,
-                 "kv_congestion_control": plan.spec.kv_congestion_control,
+                 "kv_congestion_control": plan.spec.kv_congestion_control, "kv_mss_bytes": plan.spec.kv_mss_bytes,
                  "kv_timeout_s": plan.spec.kv_timeout_s, "request_timeout_s": plan.spec.request_timeout_s},
         extra={rundir.RUN_ERROR: env_info["error"]} if env_info.get("error") else {},
     )

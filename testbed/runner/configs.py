@@ -30,7 +30,7 @@ def worker_config(inst: Instance, plan: ServingPlan, scenario: Scenario, scale: 
         model_source=scenario.source or "", scale=scale, device=model.device, variant=model.variant,
         seed=model.seed if model.seed is not None else scenario.seed, kv_port=inst.kv_port,
         kv_connections=spec.kv_connections, kv_connector=spec.kv_connector,
-        kv_congestion_control=spec.kv_congestion_control, bs_max=spec.bs_max, kv_timeout_s=spec.kv_timeout_s,
+        kv_congestion_control=spec.kv_congestion_control, kv_mss_bytes=spec.kv_mss_bytes, bs_max=spec.bs_max, kv_timeout_s=spec.kv_timeout_s,
         request_timeout_s=spec.request_timeout_s, prefix_pool_bytes=spec.prefix_pool_bytes, ready_file=str(work / f"{inst.name}.ready"),
         tcp_log=str(work / f"{inst.name}{rundir.TCP_LOG_SUFFIX}") if inst.role == "prefill" else None,
     )

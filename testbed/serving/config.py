@@ -58,6 +58,7 @@ class ServingSpec:
     kv_connections: int = 4
     kv_connector: str = "tcp"  # a name in testbed.kv.connector's registry
     kv_congestion_control: str | None = None  # the KV connections' TCP congestion control (None: the hosts' default)
+    kv_mss_bytes: int | None = None  # the KV connections' TCP maximum segment size (TCP_MAXSEG; None: the path's, MTU - 52)
     kv_timeout_s: float = 30.0  # decode: how long a registered request waits for its KV
     request_timeout_s: float = 120.0  # client: a request not finished by then counts as failed
     startup_timeout_s: float = 60.0  # workers and router must be ready by then
@@ -118,6 +119,20 @@ def _cc_name(v: Any) -> str | None:
     return v
 
 
+KV_MSS_RANGE_BYTES = (88, 8948)  # Linux's smallest MSS (TCP_MIN_MSS) .. a 9000-byte jumbo frame's
+
+
+def _kv_mss_bytes(v: Any) -> int | None:
+    """A TCP maximum segment size in bytes (`536`, `536B`), or null for the path's."""
+    if v is None:
+        return None
+    n = units.parse_size_bytes(v)
+    lo, hi = KV_MSS_RANGE_BYTES
+    if not lo <= n <= hi:
+        raise ValueError(f"{v!r} must be {lo}..{hi} bytes (TCP_MAXSEG), or null for the path's (MTU - 52)")
+    return n
+
+
 def _read_fault(f: Fields) -> FaultSpec:
     fault = FaultSpec(
         at_s=f.get("at", units.parse_duration_s),
@@ -154,6 +169,7 @@ def parse_serving_section(f: Fields) -> ServingSpec:
         raise f.error("kv_connections", f"{conns} is too many; use 1..64 TCP connections per prefill->decode pair")
     connector = f.choice("kv_connector", connector_names(), d.kv_connector)
     kv_cc = f.get("kv_congestion_control", _cc_name, d.kv_congestion_control)
+    kv_mss = f.get("kv_mss", _kv_mss_bytes, d.kv_mss_bytes)
     positive_s = lambda v: units.parse_duration_s(v, allow_zero=False)  # noqa: E731
     to = f.section("timeouts")
     kv_timeout = to.get("kv", positive_s, d.kv_timeout_s)
@@ -177,7 +193,7 @@ def parse_serving_section(f: Fields) -> ServingSpec:
     shed_slack = slack if shed.get("enabled", boolean, False) else None
     shed.done()
     f.done()
-    return ServingSpec(compute, profiles, instances, per_host, bs_max, conns, connector, kv_cc, kv_timeout,
+    return ServingSpec(compute, profiles, instances, per_host, bs_max, conns, connector, kv_cc, kv_mss, kv_timeout,
                        request_timeout, startup_timeout, drain, slo, pool, faults, shed_slack)
 
 
@@ -339,6 +355,9 @@ def plan_run(scenario: Scenario) -> ServingPlan:
         if DTYPE_BYTES[model.spec.kv_dtype] <= 1:
             raise FieldError("policy.kv_compression", f"'{policy.kv_compression}' sends float8; model {model.name}'s KV is "
                              f"{model.spec.kv_dtype} already (use 'none')", scenario.source)
+    if plan.spec.kv_mss_bytes is not None and plan.spec.kv_connector != "tcp":
+        raise FieldError("serving.kv_mss", f"is a TCP setting; the {plan.spec.kv_connector!r} connector has none (set it "
+                         "to null, or kv_connector: tcp)", scenario.source)
     cc = plan.spec.kv_congestion_control
     if cc is not None:
         if plan.spec.kv_connector != "tcp":

@@ -60,6 +60,7 @@ class WorkerConfig:
     kv_connections: int = 4
     kv_connector: str = "tcp"  # a name in testbed.kv.connector's registry
     kv_congestion_control: str | None = None  # TCP_CONGESTION of the KV connections (None: the namespace's default)
+    kv_mss_bytes: int | None = None  # TCP_MAXSEG of the KV connections (None: the path's)
     bs_max: int = 20
     kv_timeout_s: float = 30.0  # a KV transfer, from the moment its first layer is handed to the sender
     request_timeout_s: float = 120.0  # a request's whole budget when its message does not carry one
@@ -147,9 +148,10 @@ class Destination:
 
     def __init__(self, host: str, kv_port: int, connections: int, on_done: Callable[[PrefillJob], None], model_name: str,
                  kv_timeout_s: float, connector: str = "tcp", tcp_log: TcpLog | None = None, decode_instance: int = 0,
-                 congestion_control: str | None = None) -> None:
+                 congestion_control: str | None = None, mss_bytes: int | None = None) -> None:
         self.host, self.kv_port, self.connections = host, kv_port, connections
         self.congestion_control = congestion_control
+        self.mss_bytes = mss_bytes
         self.decode_instance = decode_instance
         self.tcp_log = tcp_log
         self.senders_made = 0  # a broken sender is replaced; its TCP log rows say which one they came from
@@ -179,8 +181,8 @@ class Destination:
     def _new_sender(self) -> Any:
         from testbed.kv.connector import KVEndpoint, get_connector
 
-        cc = {"congestion_control": self.congestion_control} if self.congestion_control else {}  # else: the connector's default
-        return get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections, **cc)
+        tcp = {k: v for k, v in (("congestion_control", self.congestion_control), ("mss_bytes", self.mss_bytes)) if v}  # else: the connector's default
+        return get_connector(self.connector).sender(KVEndpoint(self.host, self.kv_port), connections=self.connections, **tcp)
 
     def _probe_connect(self, pace_bps: float) -> Any:
         """The sender of a paced probe: as many connections as the KV sender's, with the same congestion control,
@@ -408,7 +410,7 @@ class PrefillWorker:
             if key not in self.dests:
                 self.dests[key] = Destination(key[0], key[1], self.cfg.kv_connections, self._done, self.compute.section.spec.name,
                                               self.cfg.kv_timeout_s, self.cfg.kv_connector, self.tcp_log, decode.instance,
-                                              self.cfg.kv_congestion_control)
+                                              self.cfg.kv_congestion_control, self.cfg.kv_mss_bytes)
             return self.dests[key]
 
     def _done(self, job: PrefillJob) -> None:

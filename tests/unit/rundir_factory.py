@@ -90,7 +90,7 @@ def _tcp_samples(rng: np.random.Generator, start_s: np.ndarray, end_s: np.ndarra
                 frac = (i + 1) / len(ts)
                 rows.append(("prfaas", 0, 0, 0, float(t), c, int((30 if dip else 10) * 1000 * rng.uniform(1, 1.3)), int(rng.integers(10, 400)),
                              int(retrans[c] + i * (5 if dip else 0.2)), int(acked[c] + frac * share), 0, 8e9 / scale * rng.uniform(0.5, 1),
-                             10_000, int((1 - frac) * share), False, 0, 0, 0, int(acked[c] + frac * share), 0, "cubic"))
+                             10_000, int((1 - frac) * share), False, 0, 0, 0, int(acked[c] + frac * share), 0, "cubic", 1448))
             acked[c] += share
             retrans[c] += int((len(ts) - 1) * (5 if dip else 0.2))
     return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values("t_s", kind="stable").reset_index(drop=True)

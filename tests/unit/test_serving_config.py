@@ -171,6 +171,20 @@ def test_the_kv_congestion_control_defaults_to_the_hosts_and_reaches_the_worker_
     assert cfg.kv_congestion_control == "reno"
 
 
+def test_the_kv_segment_size_defaults_to_the_paths_and_reaches_the_worker_config(tmp_path):
+    from testbed.runner.configs import worker_config
+    from testbed.serving.worker import WorkerConfig
+
+    assert plan().spec.kv_mss_bytes is None
+    scenario = load_scenario("quick", ["serving.kv_mss=536B"])
+    p = plan_run(scenario)
+    assert p.spec.kv_mss_bytes == 536
+    assert WorkerConfig.load(worker_config(p.instances[0], p, scenario, 1.0, tmp_path)).kv_mss_bytes == 536
+    for bad in ("50B", "9000B", "big", "536"):  # a size needs its unit, as every size of a scenario
+        err = refused(f"serving.kv_mss={bad}")
+        assert "serving.kv_mss" in str(err) and ("88..8948 bytes" in str(err) or "unit" in str(err))
+
+
 @pytest.mark.parametrize("value", ["CUBIC", "bbr v2", "7", "a_name_that_is_far_too_long"])
 def test_a_malformed_congestion_control_name_is_refused_naming_the_field(value):
     err = refused(f"serving.kv_congestion_control={value}")

@@ -107,11 +107,12 @@ def test_damaged_lines_anywhere_cost_only_themselves_and_files_merge_in_time_ord
     assert list(read_tcp_logs([]).columns) == list(COLUMNS)
 
 
-@pytest.mark.parametrize("cc", [None, "reno"])
-def test_a_real_sender_on_loopback_logs_every_connection_and_its_acknowledged_bytes(tmp_path: Path, cc: str | None):
+@pytest.mark.parametrize("cc,mss", [(None, None), ("reno", 536)])
+def test_a_real_sender_on_loopback_logs_every_connection_and_its_acknowledged_bytes(tmp_path: Path, cc: str | None,
+                                                                                      mss: int | None):
     log = TcpLog(tmp_path / "p.tcp.csv", "prfaas", 0)
     with KVReceiver("127.0.0.1", 0, lambda rid, kv: None) as rx, \
-            KVSender("127.0.0.1", rx.port, connections=2, sample_interval_s=0.01, congestion_control=cc,
+            KVSender("127.0.0.1", rx.port, connections=2, sample_interval_s=0.01, congestion_control=cc, mss_bytes=mss,
                      on_sample=lambda s: log.record(4, 0, s)) as tx:
         tx.send_bytes("r1", 0, "mla", 8 << 20)
         stats = tx.finish("r1", tokens=1, model="m", timeout_s=10.0)
@@ -126,6 +127,12 @@ def test_a_real_sender_on_loopback_logs_every_connection_and_its_acknowledged_by
     # each sample names the congestion control its connection ran: the one asked for, else the host's default
     default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     assert set(df["cc"]) == {cc or default}
+    # and the segment size it counted its window in: loopback's (MTU 65536; a connection's first samples may read a
+    # smaller one), or the one asked for (TCP_MAXSEG before the handshake; the timestamp option takes 12 of its bytes)
+    if mss is None:
+        assert df["mss"].max() > 60_000
+    else:
+        assert df["mss"].between(mss - 12, mss).all()
 
 
 def test_congestion_control_restarts_add_up_each_connections_last_count_across_workers_and_senders(tmp_path: Path):
@@ -159,10 +166,11 @@ def test_busy_state_reads_the_windows_and_the_rto_share_of_busy_connections_only
 
     log = TcpLog(tmp_path / "a.tcp.csv", "prfaas", 0, flush_s=100.0)
     for i, (cwnd, ca) in enumerate([(4, 4), (6, 4), (10, 0), (20, 3), (40, 0)]):  # busy: 2 of 5 after an RTO
-        log.record(0, 0, dataclasses.replace(sample(0.1 * (i + 1), 0, unacked=1448 * cwnd), cwnd=cwnd, ca_state=ca))
+        log.record(0, 0, dataclasses.replace(sample(0.1 * (i + 1), 0, unacked=1448 * cwnd), cwnd=cwnd, ca_state=ca,
+                                             mss=1448 if i else 0))  # 0: a sample that did not read it
     log.record(0, 1, dataclasses.replace(sample(0.1, 1), cwnd=2, ca_state=4, bytes_acked=5))  # idle: left out
     log.close()
     state = busy_state(read_tcp_logs([tmp_path / "a.tcp.csv"]))
     assert state == {"busy_samples": 5, "loss_state_share": pytest.approx(0.4), "cwnd_p50_segments": 10.0,
-                     "cwnd_p10_segments": pytest.approx(4.8)}
+                     "cwnd_p10_segments": pytest.approx(4.8), "mss_p50_bytes": 1448.0}
     assert busy_state(None) is None and busy_state(read_tcp_logs([])) is None

@@ -157,10 +157,12 @@ class KVConnector(ABC):
 
     @classmethod
     @abstractmethod
-    def sender(cls, endpoint: KVEndpoint, *, connections: int, congestion_control: str | None = None) -> KVSendConnector:
+    def sender(cls, endpoint: KVEndpoint, *, connections: int, congestion_control: str | None = None,
+               mss_bytes: int | None = None) -> KVSendConnector:
         """`congestion_control`: the transport's congestion control where it has one (TCP: TCP_CONGESTION),
-        None for its default. Callers pass it only when one was asked for (`serving.kv_congestion_control`), so
-        a connector without the notion may leave the keyword out."""
+        None for its default; `mss_bytes`: its segment size (TCP: TCP_MAXSEG), None for the path's. Callers pass
+        them only when one was asked for (`serving.kv_congestion_control`, `serving.kv_mss`), so a connector
+        without the notion may leave the keywords out."""
 
     @classmethod
     @abstractmethod

@@ -16,10 +16,12 @@ class TcpConnector(KVConnector):
     name = "tcp"
 
     @classmethod
-    def sender(cls, endpoint: KVEndpoint, *, connections: int, congestion_control: str | None = None) -> KVSender:
+    def sender(cls, endpoint: KVEndpoint, *, connections: int, congestion_control: str | None = None,
+               mss_bytes: int | None = None) -> KVSender:
         from testbed.kv.transport import KVSender  # here, not at the top: transport implements this package's interface
 
-        return KVSender(endpoint.host, endpoint.port, connections=connections, congestion_control=congestion_control)
+        return KVSender(endpoint.host, endpoint.port, connections=connections, congestion_control=congestion_control,
+                        mss_bytes=mss_bytes)
 
     @classmethod
     def receiver(cls, bind_host: str, port: int, on_complete: OnComplete, *, timeout_s: float) -> KVReceiver:
