@@ -32,6 +32,13 @@ PATTERNS = ("constant", "onoff", "schedule")
 HOST_RE = re.compile(r"^(prfaas|pd)-x\d+$")
 BASE_PORT = 5301
 SERVER_READY_S = 0.25
+# A UDP flow's socket buffers (iperf3 -w, which the client also hands to the server): this long of the flow at its
+# rate, within these bounds. The default receive buffer (net.core.rmem_default, 208 KiB) holds ~5 ms of a 320-Mbps
+# flow, so a receiver that waits a few ms for a CPU on a busy host drops datagrams that the WAN delivered, and iperf3
+# counts them as lost (docs/traffic.md, "Loss the WAN did not cause"). The ceiling stays within net.core.rmem_max
+# as Mininet raises it (16 MiB).
+UDP_BUFFER_S = 0.1
+UDP_BUFFER_BYTES = (1 << 20, 8 << 20)
 
 
 @dataclass(frozen=True)
@@ -167,14 +174,23 @@ def iperf3_client_argv(flow: FlowSpec, ip: str, port: int, duration_s: float, ra
     argv = ["iperf3", "-c", ip, "-p", str(port), "-t", str(max(1, math.ceil(duration_s))), "-i", f"{interval_s:g}",
             "-J", "--logfile", str(log)]
     if flow.protocol == "udp":
-        argv.append("-u")
-    if rate_bps is not None:
-        argv += ["-b", str(int(rate_bps))]
+        argv += ["-u", "-w", str(udp_buffer_bytes(rate_bps, flow.streams))]
+    if rate_bps is not None:  # the flow's rate; iperf3 applies -b to each of its -P streams
+        argv += ["-b", str(int(rate_bps / flow.streams))]
     if flow.streams > 1:
         argv += ["-P", str(flow.streams)]
     if flow.congestion:
         argv += ["-C", flow.congestion]
     return argv
+
+
+def udp_buffer_bytes(rate_bps: float | None, streams: int = 1) -> int:
+    """The socket buffers of each stream of a UDP flow (iperf3 -w): `UDP_BUFFER_S` of the stream's share of the flow's
+    rate, within `UDP_BUFFER_BYTES` (the ceiling where the rate is not known)."""
+    lo, hi = UDP_BUFFER_BYTES
+    if rate_bps is None:
+        return hi
+    return int(min(max(rate_bps / max(streams, 1) * UDP_BUFFER_S / 8, lo), hi))
 
 
 def iperf3_server_argv(port: int, interval_s: float, log: Path) -> list[str]:

@@ -61,9 +61,14 @@ def test_client_command_line() -> None:
     f = FlowSpec("f", protocol="udp", streams=4, rate_bps=2.5e9)
     argv = iperf3_client_argv(f, "10.2.0.5", 5301, 2.2, 2.5e9, 0.5, Path("/x/c.json"))
     assert argv[:9] == ["iperf3", "-c", "10.2.0.5", "-p", "5301", "-t", "3", "-i", "0.5"]
-    assert "-u" in argv and argv[argv.index("-b") + 1] == "2500000000" and argv[argv.index("-P") + 1] == "4"
+    # the flow's rate split over its streams (iperf3 applies -b to each of the -P streams)
+    assert "-u" in argv and argv[argv.index("-b") + 1] == "625000000" and argv[argv.index("-P") + 1] == "4"
+    # and each stream's socket buffers hold 100 ms of its share (625 Mbps: 7.8 MB), within 1-8 MiB
+    assert argv[argv.index("-w") + 1] == str(int(625e6 * 0.1 / 8))
+    slow = iperf3_client_argv(FlowSpec("s", protocol="udp", rate_bps=20e6), "1.2.3.4", 1, 1, 20e6, 1, Path("c"))
+    assert slow[slow.index("-w") + 1] == str(1 << 20) and slow[slow.index("-b") + 1] == "20000000"
     tcp = iperf3_client_argv(FlowSpec("t", congestion="cubic"), "1.2.3.4", 1, 1, None, 1, Path("c"))
-    assert "-b" not in tcp and "-u" not in tcp and tcp[tcp.index("-C") + 1] == "cubic"
+    assert "-b" not in tcp and "-u" not in tcp and "-w" not in tcp and tcp[tcp.index("-C") + 1] == "cubic"
 
 
 def test_iperf3_report_parsing_drops_the_repeated_last_interval() -> None:
