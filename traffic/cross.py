@@ -39,6 +39,11 @@ SERVER_READY_S = 0.25
 # as Mininet raises it (16 MiB).
 UDP_BUFFER_S = 0.1
 UDP_BUFFER_BYTES = (1 << 20, 8 << 20)
+# iperf3's real-time priority (SCHED_RR): the neighbours stand for other tenants' machines, whose sending does not
+# wait for this host's CPU. At normal priority a 320-Mbps UDP sender on a busy 2-core host sent 50-67% of its rate
+# for whole dips (docs/traffic.md, "Neighbours that send what they are configured to"). Below the delay line
+# (10) and the WAN's telemetry and schedule threads (10), which must keep time for everything.
+RT_PRIORITY = 5
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,19 @@ def iperf3_client_argv(flow: FlowSpec, ip: str, port: int, duration_s: float, ra
     return argv
 
 
+def boost_priority(pid: int, priority: int = RT_PRIORITY) -> bool:
+    """Give process `pid` (an iperf3 just started) the real-time priority `RT_PRIORITY`, best effort; False if refused."""
+    import os
+
+    if pid <= 0:
+        return False
+    try:
+        os.sched_setscheduler(pid, os.SCHED_RR, os.sched_param(priority))
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
 def udp_buffer_bytes(rate_bps: float | None, streams: int = 1) -> int:
     """The socket buffers of each stream of a UDP flow (iperf3 -w): `UDP_BUFFER_S` of the stream's share of the flow's
     rate, within `UDP_BUFFER_BYTES` (the ceiling where the rate is not known)."""
@@ -256,6 +274,9 @@ class CrossTraffic:
         p = self._popen(host, argv)
         with self._lock:
             self._procs.add(p)
+        if not boost_priority(getattr(p, "pid", 0)):
+            self.errors.append(f"{argv[0]} on {host} runs at normal priority (SCHED_RR refused): on a busy host the "
+                               "flow may send less than its rate (docs/traffic.md)")
         return p
 
     def _end(self, p: subprocess.Popen, grace_s: float) -> bool:
