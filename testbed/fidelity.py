@@ -65,6 +65,10 @@ class Tolerances:
     # profile-mode compute past its profile's time, at p90 over prefills and over decode streams (what the workers'
     # paced sleeps could not repay; benchmarks/pacing_bench.py's target for a prefill is <= 1.05x)
     compute_late_ratio_p90_max: float = 0.05
+    # what a UDP neighbour sent over its configured rate, at the 10th percentile of its report intervals: the
+    # neighbours stand for other tenants' machines, so a run whose neighbours gave way to this host's CPU
+    # handed the WAN's room to its own traffic (docs/traffic.md, "Neighbours that send what they are configured to")
+    cross_sent_ratio_p10_min: float = 0.9
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -262,6 +266,10 @@ def assess(record: dict[str, Any], tol: Tolerances = TOLERANCES) -> list[str]:
     sched = _num((record.get("schedule") or {}).get("late_p99_s"))
     if sched is not None and sched > tol.schedule_late_p99_s:
         flags.append(f"WAN schedule fired late by {sched * 1e3:.1f} ms at p99 (tolerance {tol.schedule_late_p99_s * 1e3:g} ms)")
+    sent = _num((record.get("cross") or {}).get("udp_sent_ratio_p10"))
+    if sent is not None and sent < tol.cross_sent_ratio_p10_min:
+        flags.append(f"UDP cross traffic sent {sent:.0%} of its rate or less in 1 report interval of 10 "
+                     f"(tolerance {tol.cross_sent_ratio_p10_min:.0%})")
     for d, cores in ((record.get("cpu") or {}).get("delayline_cores") or {}).items():
         if cores > tol.delayline_cores_max:
             flags.append(f"delay line {d} used {cores:.2f} cores (tolerance {tol.delayline_cores_max:g})")
@@ -295,12 +303,36 @@ def compute_timing(requests: Any) -> dict[str, Any]:
     return out
 
 
-def with_compute(record: dict[str, Any], requests: Any, tol: Tolerances = TOLERANCES) -> dict[str, Any]:
-    """`record` with the run's compute timing (`compute_timing`) and its verdict again."""
-    rec = {**record, "compute": compute_timing(requests)}
+def cross_timing(cross: Any) -> dict[str, Any]:
+    """How much of their configured rate the UDP cross-traffic flows sent, per report interval, from
+    `cross_traffic.parquet`: iperf3's receiver counts `packets` by sequence number (received and lost), so
+    packets x (bytes / received packets) is what the sender sent. {} without UDP intervals."""
+    if cross is None or not len(cross):
+        return {}
+    udp = cross[(cross["protocol"] == "udp") & (cross["configured_bps"] > 0) & (cross["interval_s"] > 0)
+                & (cross["packets"] > cross["lost_packets"])]
+    if not len(udp):
+        return {}
+    payload = udp["bytes"] / (udp["packets"] - udp["lost_packets"])
+    ratios = (udp["packets"] * payload * 8 / udp["interval_s"] / udp["configured_bps"]).astype(float).tolist()
+    return {"udp_intervals": len(ratios), "udp_sent_ratio_p10": percentile(ratios, 10), "udp_sent_ratio_p50": percentile(ratios, 50)}
+
+
+def with_cross(record: dict[str, Any], cross: Any, tol: Tolerances = TOLERANCES) -> dict[str, Any]:
+    """`record` with what the UDP cross traffic sent (`cross_timing`) and its verdict again."""
+    return _judged({**record, "cross": cross_timing(cross)}, tol)
+
+
+def _judged(rec: dict[str, Any], tol: Tolerances) -> dict[str, Any]:
+    """`rec` with its verdict (`assess`) set: `flags`, and `ok` when there are none."""
     rec["flags"] = assess(rec, tol)
     rec["ok"] = not rec["flags"]
     return rec
+
+
+def with_compute(record: dict[str, Any], requests: Any, tol: Tolerances = TOLERANCES) -> dict[str, Any]:
+    """`record` with the run's compute timing (`compute_timing`) and its verdict again."""
+    return _judged({**record, "compute": compute_timing(requests)}, tol)
 
 
 def build_record(wan: dict[str, Any] | None, sleep: dict[str, Any] | None, fired_late_s: list[float],
@@ -315,9 +347,7 @@ def build_record(wan: dict[str, Any] | None, sleep: dict[str, Any] | None, fired
                      "woke_late_p99_s": percentile(woke_late_s, 99) if woke_late_s else None},
         "cpu": cpu or {}, "tolerances": tol.as_dict(),
     }
-    rec["flags"] = assess(rec, tol)
-    rec["ok"] = not rec["flags"]
-    return rec
+    return _judged(rec, tol)
 
 
 def summary_fields(record: dict[str, Any]) -> dict[str, Any]:
@@ -334,6 +364,7 @@ def summary_fields(record: dict[str, Any]) -> dict[str, Any]:
         **{f"fidelity_{part}_late_ratio_p90": _num(((record.get("compute") or {}).get(part) or {}).get("late_ratio_p90"))
            for part in COMPUTE_PARTS},
         "fidelity_run_cpu_cores": _num(cpu.get("run_cpu_cores")), "fidelity_host_busy_share": _num(cpu.get("host_busy_share")),
+        "fidelity_cross_sent_ratio_p10": _num((record.get("cross") or {}).get("udp_sent_ratio_p10")),
     }
 
 

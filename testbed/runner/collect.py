@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed import rundir
-from testbed.fidelity import with_compute
+from testbed.fidelity import with_compute, with_cross
 from testbed.kv.pool import state_bytes
 from testbed.kv.tcplog import cc_restarts, read_tcp_logs
 from testbed.scenario import Scenario
@@ -109,8 +109,9 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
     router_rows = pd.read_parquet(router_file).to_dict("records") if router_file.exists() else []
     df = requests_frame(requests, router_rows, read_jsonl(work / "client.jsonl"))
     out.requests(df, keep_text=plan.compute == "torch")
-    if (work / rundir.CROSS_TRAFFIC_FILE).exists():
-        out.cross_traffic(pd.read_parquet(work / rundir.CROSS_TRAFFIC_FILE))
+    cross = pd.read_parquet(work / rundir.CROSS_TRAFFIC_FILE) if (work / rundir.CROSS_TRAFFIC_FILE).exists() else None
+    if cross is not None:
+        out.cross_traffic(cross)
     sched = router_dir / rundir.SCHEDULER_FILE
     out.scheduler(pd.read_parquet(sched) if sched.exists() else SchedulerLog().to_frame())
     tcp_logs = list(work.glob(f"*{rundir.TCP_LOG_SUFFIX}"))
@@ -133,5 +134,5 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
     if not (out.path / rundir.LINK_FILE).exists():  # NET writes it when the network stops
         out.link(None)
     out.environment(environment(plan, scenario, scale, env_info, kv_cc, restarts))
-    if env_info.get("fidelity") is not None:  # judged again with the compute's own timing, which the requests carry
-        out.fidelity(with_compute(env_info["fidelity"], df))
+    if env_info.get("fidelity") is not None:  # judged again with the compute's own timing and what the neighbours sent
+        out.fidelity(with_cross(with_compute(env_info["fidelity"], df), cross))

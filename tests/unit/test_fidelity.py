@@ -235,3 +235,25 @@ def test_a_run_that_sends_nothing_across_the_wan_is_not_flagged_for_not_measurin
     assert fidelity.assess(rec) == []
     rec["wan"] = {}  # a run that should have measured it and did not is still flagged
     assert fidelity.assess(rec) == ["WAN RTT not measured", "WAN rate not measured"]
+
+
+def test_what_udp_neighbours_sent_is_read_from_iperf3s_sequence_counts_and_a_shortfall_is_flagged():
+    """iperf3's receiver counts `packets` by sequence (received and lost), so packets x payload is what was sent:
+    a neighbour that gave way to a busy host shows below its rate even where the WAN lost nothing."""
+    import pandas as pd
+
+    def intervals(sent_pps: list[float], lost_share: float = 0.0) -> pd.DataFrame:
+        rows = [{"protocol": "udp", "interval_s": 1.0, "configured_bps": 320e6, "packets": int(n),
+                 "lost_packets": int(n * lost_share), "bytes": int(n * (1 - lost_share)) * 1448} for n in sent_pps]
+        rows.append({"protocol": "tcp", "interval_s": 1.0, "configured_bps": float("nan"), "packets": 0, "lost_packets": 0,
+                     "bytes": 10**8})  # TCP: iperf3 counts no packets; not judged
+        return pd.DataFrame(rows)
+
+    full = 320e6 / 8 / 1448  # datagrams/s at the configured rate
+    kept = fidelity.cross_timing(intervals([full] * 10, lost_share=0.3))  # the WAN lost 30%: still sent in full
+    assert kept["udp_intervals"] == 10 and kept["udp_sent_ratio_p10"] == pytest.approx(1.0, rel=1e-3)
+    rec = fidelity.with_cross(good_record(), intervals([full] * 8 + [0.6 * full] * 2))
+    assert rec["cross"]["udp_sent_ratio_p10"] == pytest.approx(0.6, rel=1e-3) and not rec["ok"]
+    assert len(rec["flags"]) == 1 and "UDP cross traffic sent 60% of its rate" in rec["flags"][0]
+    assert fidelity.summary_fields(rec)["fidelity_cross_sent_ratio_p10"] == pytest.approx(0.6, rel=1e-3)
+    assert fidelity.cross_timing(None) == {} and fidelity.with_cross(good_record(), None)["ok"]
