@@ -39,11 +39,12 @@ SERVER_READY_S = 0.25
 # as Mininet raises it (16 MiB).
 UDP_BUFFER_S = 0.1
 UDP_BUFFER_BYTES = (1 << 20, 8 << 20)
-# iperf3's real-time priority (SCHED_RR): the neighbours stand for other tenants' machines, whose sending does not
-# wait for this host's CPU. At normal priority a 320-Mbps UDP sender on a busy 2-core host sent 50-67% of its rate
-# for whole dips (docs/traffic.md, "Neighbours that send what they are configured to"). Below the delay line
-# (10) and the WAN's telemetry and schedule threads (10), which must keep time for everything.
-RT_PRIORITY = 5
+# iperf3's nice value: the neighbours stand for other tenants' machines, whose sending does not wait for this
+# host's CPU. At nice 0 a 320-Mbps UDP sender on a busy 2-core host sent 50-75% of its rate for whole dips
+# (docs/traffic.md, "Neighbours that send what they are configured to"). A CFS weight, not a real-time
+# priority: with SCHED_RR 5 the neighbours kept their rate but took the real-time budget that the delay line
+# and the WAN's schedule share (one run's schedule fired 694 ms late).
+NICE = -10
 
 
 @dataclass(frozen=True)
@@ -189,16 +190,16 @@ def iperf3_client_argv(flow: FlowSpec, ip: str, port: int, duration_s: float, ra
     return argv
 
 
-def boost_priority(pid: int, priority: int = RT_PRIORITY) -> bool:
-    """Give process `pid` (an iperf3 just started) the real-time priority `RT_PRIORITY`, best effort; False if refused."""
+def boost_priority(pid: int, nice: int = NICE) -> bool:
+    """Give process `pid` (an iperf3 just started) the nice value `NICE`, best effort; False if refused."""
     import os
 
     if pid <= 0:
         return False
     try:
-        os.sched_setscheduler(pid, os.SCHED_RR, os.sched_param(priority))
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
         return True
-    except (OSError, AttributeError):
+    except OSError:
         return False
 
 
@@ -275,7 +276,7 @@ class CrossTraffic:
         with self._lock:
             self._procs.add(p)
         if not boost_priority(getattr(p, "pid", 0)):
-            self.errors.append(f"{argv[0]} on {host} runs at normal priority (SCHED_RR refused): on a busy host the "
+            self.errors.append(f"{argv[0]} on {host} runs at nice 0 (nice {NICE} refused): on a busy host the "
                                "flow may send less than its rate (docs/traffic.md)")
         return p
 
