@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import tempfile
@@ -192,8 +193,6 @@ def iperf3_client_argv(flow: FlowSpec, ip: str, port: int, duration_s: float, ra
 
 def boost_priority(pid: int, nice: int = NICE) -> bool:
     """Give process `pid` (an iperf3 just started) the nice value `NICE`, best effort; False if refused."""
-    import os
-
     if pid <= 0:
         return False
     try:
