@@ -40,11 +40,12 @@ SERVER_READY_S = 0.25
 # as Mininet raises it (16 MiB).
 UDP_BUFFER_S = 0.1
 UDP_BUFFER_BYTES = (1 << 20, 8 << 20)
-# iperf3's nice value: the neighbours stand for other tenants' machines, whose sending does not wait for this
-# host's CPU. At nice 0 a 320-Mbps UDP sender on a busy 2-core host sent 50-75% of its rate for whole dips
-# (docs/traffic.md, "Neighbours that send what they are configured to"). A CFS weight, not a real-time
-# priority: with SCHED_RR 5 the neighbours kept their rate but took the real-time budget that the delay line
-# and the WAN's schedule share (one run's schedule fired 694 ms late).
+# iperf3's scheduling: the neighbours stand for other tenants' machines, whose sending does not wait for this
+# host's CPU. At nice 0 a 320-Mbps UDP sender on a busy 2-core host sent 50-75% of its rate for whole dips, and
+# at nice -10 40-71%; with SCHED_RR 5 on both ends it sent 97-100%, with no receive-buffer drop (docs/traffic.md,
+# "Neighbours that send what they are configured to"). Below the delay line's and the WAN's threads' 10. Where a
+# real-time priority is refused, nice -10.
+RT_PRIORITY = 5
 NICE = -10
 
 
@@ -191,15 +192,21 @@ def iperf3_client_argv(flow: FlowSpec, ip: str, port: int, duration_s: float, ra
     return argv
 
 
-def boost_priority(pid: int, nice: int = NICE) -> bool:
-    """Give process `pid` (an iperf3 just started) the nice value `NICE`, best effort; False if refused."""
+def boost_priority(pid: int) -> str:
+    """Give process `pid` (an iperf3 just started) SCHED_RR `RT_PRIORITY`, else nice `NICE`; best effort. Returns
+    "realtime", "nice" or "none" (both refused, or no process)."""
     if pid <= 0:
-        return False
+        return "none"
     try:
-        os.setpriority(os.PRIO_PROCESS, pid, nice)
-        return True
+        os.sched_setscheduler(pid, os.SCHED_RR, os.sched_param(RT_PRIORITY))
+        return "realtime"
     except OSError:
-        return False
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, NICE)
+        return "nice"
+    except OSError:
+        return "none"
 
 
 def udp_buffer_bytes(rate_bps: float | None, streams: int = 1) -> int:
@@ -274,9 +281,9 @@ class CrossTraffic:
         p = self._popen(host, argv)
         with self._lock:
             self._procs.add(p)
-        if not boost_priority(getattr(p, "pid", 0)):
-            self.errors.append(f"{argv[0]} on {host} runs at nice 0 (nice {NICE} refused): on a busy host the "
-                               "flow may send less than its rate (docs/traffic.md)")
+        if boost_priority(getattr(p, "pid", 0)) != "realtime":
+            self.errors.append(f"{argv[0]} on {host} runs without a real-time priority (SCHED_RR {RT_PRIORITY} refused): "
+                               "on a busy host the flow may send less than its rate (docs/traffic.md)")
         return p
 
     def _end(self, p: subprocess.Popen, grace_s: float) -> bool:

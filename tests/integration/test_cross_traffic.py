@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from testbed.validation import Fields
-from traffic.cross import NICE, CrossTraffic, parse_cross_traffic_section
+from traffic.cross import RT_PRIORITY, CrossTraffic, parse_cross_traffic_section
 
 pytestmark = pytest.mark.skipif(shutil.which("iperf3") is None, reason="iperf3 is not installed (apt-get install iperf3)")
 
@@ -71,9 +71,10 @@ def test_udp_flow_achieves_its_configured_rate_and_is_recorded(two_hosts, tmp_pa
         import time
 
         time.sleep(1.0)
-        # both iperf3 ends run at the nice value that keeps a neighbour's rate on a busy host
+        # both iperf3 ends run at the real-time priority that keeps a neighbour's rate on a busy host
         running = [p for p in started if p.poll() is None]
-        assert len(running) == 2 and all(os.getpriority(os.PRIO_PROCESS, p.pid) == NICE for p in running)
+        assert len(running) == 2 and all(os.sched_getscheduler(p.pid) == os.SCHED_RR for p in running)
+        assert all(os.sched_getparam(p.pid).sched_priority == RT_PRIORITY for p in running)
         time.sleep(3.0)
     df = pd.read_parquet(tmp_path / "cross_traffic.parquet")
     assert set(df["flow"]) == {"udp1"}

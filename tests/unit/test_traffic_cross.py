@@ -88,3 +88,24 @@ def test_scaled_divides_every_rate() -> None:
     s = spec.scaled(10)
     assert s.flows[0].rate_bps == 1e9
     assert s.flows[1].schedule == ((0.0, 4e8), (1.0, None))
+
+
+def test_a_neighbour_gets_a_real_time_priority_else_a_nice_value(monkeypatch) -> None:
+    """Best effort, in that order; a process that is gone or refused both is reported, never raised."""
+    import os
+
+    from traffic import cross
+
+    calls = []
+    monkeypatch.setattr(os, "sched_setscheduler", lambda pid, policy, param: calls.append(("rr", pid, param.sched_priority)))
+    monkeypatch.setattr(os, "setpriority", lambda which, pid, nice: calls.append(("nice", pid, nice)))
+    assert cross.boost_priority(42) == "realtime" and calls == [("rr", 42, cross.RT_PRIORITY)]
+
+    def refuse(*a):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    calls.clear()
+    assert cross.boost_priority(42) == "nice" and calls == [("nice", 42, cross.NICE)]
+    monkeypatch.setattr(os, "setpriority", refuse)
+    assert cross.boost_priority(42) == "none" and cross.boost_priority(0) == "none"
