@@ -120,7 +120,7 @@ def _print_summary(out: Path) -> bool:
         sc = f"{float(s.get('scale') or 1):g}"
         print(f"  KV connections: {kt['loss_state_share']:.0%} of their busy time recovering from an RTO, cwnd p50 "
               f"{kt['cwnd_p50_segments']:.0f} segments (at scale {sc} a wire connection holds 1/{sc} of the segments the "
-              "emulated line's would; docs/kv.md, \"Two modes of the case study under CUBIC\")")
+              "emulated line's would; docs/kv.md, \"Two modes of the case study under CUBIC, and what set them\")")
     pc = s.get("prefix_cache") or {}
     if pc.get("ideal_hit_requests"):  # a workload with prefixes to reuse
         from analysis.metrics import model_ideal

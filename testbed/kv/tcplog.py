@@ -62,7 +62,7 @@ def busy_state(tcp: Any) -> dict[str, Any] | None:
     frame from before it was logged). A window of a few segments cannot raise three duplicate ACKs
     after a loss, so every loss waits out an RTO: a transfer's time then depends on how many losses fell on
     such windows. At scale S a wire connection holds 1/S of the segments that the emulated line's would
-    (docs/kv.md, "Two modes of the case study under CUBIC"). None without busy samples."""
+    (docs/kv.md, "Two modes of the case study under CUBIC, and what set them"). None without busy samples."""
     if tcp is None or not len(tcp):
         return None
     busy = tcp[(tcp["unacked_bytes"] > 0) | (tcp["notsent_bytes"] > 0)]
