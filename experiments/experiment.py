@@ -88,6 +88,19 @@ def tasks_of(spec: ExperimentSpec, out: Path) -> list[tuple[RunTask, dict[str, A
     return tasks
 
 
+PAIR_KEY = ["seed", "repetition"]  # the runs of two arms that saw the same workload and WAN
+
+
+def paired(ok: pd.DataFrame, a: str, b: str, *columns: str) -> pd.DataFrame:
+    """Arms `a` and `b`'s runs side by side, one row per (seed, repetition) both have: each of `columns` as
+    `<column>_a` and `<column>_b`, numbers coerced (a value that is not one becomes NaN)."""
+    both = pd.merge(ok[ok["arm"] == a][PAIR_KEY + list(columns)], ok[ok["arm"] == b][PAIR_KEY + list(columns)],
+                    on=PAIR_KEY, suffixes=("_a", "_b"))
+    for c in both.columns.difference(PAIR_KEY):
+        both[c] = pd.to_numeric(both[c], errors="coerce")
+    return both
+
+
 def compare_arms(results: pd.DataFrame, spec: ExperimentSpec) -> list[stats.Comparison]:
     """Every metric of the spec, for every pair of `spec.pairs()`, paired on (seed, repetition)."""
     ok = results[results["status"] == "ok"]
@@ -96,11 +109,9 @@ def compare_arms(results: pd.DataFrame, spec: ExperimentSpec) -> list[stats.Comp
         if metric not in ok:
             continue
         for i, (a, b) in enumerate(spec.pairs()):
-            va = ok[ok["arm"] == a].set_index(["seed", "repetition"])[metric]
-            vb = ok[ok["arm"] == b].set_index(["seed", "repetition"])[metric]
-            both = pd.concat([va.rename("a"), vb.rename("b")], axis=1, join="inner")
-            out.append(stats.compare(metric, a, b, pd.to_numeric(both["a"], errors="coerce").to_numpy(float),
-                                     pd.to_numeric(both["b"], errors="coerce").to_numpy(float), seed=i))
+            both = paired(ok, a, b, metric)
+            out.append(stats.compare(metric, a, b, both[f"{metric}_a"].to_numpy(float), both[f"{metric}_b"].to_numpy(float),
+                                     seed=i))
     return out
 
 
@@ -115,11 +126,8 @@ def order_checks(results: pd.DataFrame, spec: ExperimentSpec) -> list[stats.Orde
         if metric not in ok:
             continue
         for a, b in spec.pairs():
-            cols = ["seed", "repetition"]
-            both = pd.merge(ok[ok["arm"] == a][cols + [metric, "order"]], ok[ok["arm"] == b][cols + [metric, "order"]],
-                            on=cols, suffixes=("_a", "_b"))
-            check = stats.order_check(metric, a, b, pd.to_numeric(both[f"{metric}_a"], errors="coerce").to_numpy(float),
-                                      pd.to_numeric(both[f"{metric}_b"], errors="coerce").to_numpy(float),
+            both = paired(ok, a, b, metric, "order")
+            check = stats.order_check(metric, a, b, both[f"{metric}_a"].to_numpy(float), both[f"{metric}_b"].to_numpy(float),
                                       (both["order_a"] < both["order_b"]).to_numpy(bool))
             if check is not None:
                 out.append(check)

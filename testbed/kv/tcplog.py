@@ -59,10 +59,10 @@ def busy_state(tcp: Any) -> dict[str, Any] | None:
     frame: `busy_samples` (one per connection per sampler tick, 0.1 s), `loss_state_share` (the share of those in
     the loss state after an RTO, `ca_state` 4), the congestion window at its median and 10th percentile
     (`cwnd_p50_segments`, `cwnd_p10_segments`) and the segment size it counts in (`mss_p50_bytes`; None in a
-    frame from before it was logged). A window of a few segments cannot raise three duplicate ACKs
-    after a loss, so every loss waits out an RTO: a transfer's time then depends on how many losses fell on
-    such windows. At scale S a wire connection holds 1/S of the segments that the emulated line's would
-    (docs/kv.md, "Two modes of the case study under CUBIC, and what set them"). None without busy samples."""
+    frame from before it was logged). A window of a few segments cannot raise three duplicate ACKs after a
+    loss, so such a loss waits out an RTO; and at scale S a wire connection holds 1/S of the segments that the
+    emulated line's would. (On the case study the windows were not what set its two modes: docs/kv.md, "Two
+    modes of the case study under CUBIC, and what set them".) None without busy samples."""
     if tcp is None or not len(tcp):
         return None
     busy = tcp[(tcp["unacked_bytes"] > 0) | (tcp["notsent_bytes"] > 0)]

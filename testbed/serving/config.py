@@ -355,14 +355,13 @@ def plan_run(scenario: Scenario) -> ServingPlan:
         if DTYPE_BYTES[model.spec.kv_dtype] <= 1:
             raise FieldError("policy.kv_compression", f"'{policy.kv_compression}' sends float8; model {model.name}'s KV is "
                              f"{model.spec.kv_dtype} already (use 'none')", scenario.source)
-    if plan.spec.kv_mss_bytes is not None and plan.spec.kv_connector != "tcp":
-        raise FieldError("serving.kv_mss", f"is a TCP setting; the {plan.spec.kv_connector!r} connector has none (set it "
-                         "to null, or kv_connector: tcp)", scenario.source)
+    tcp_only = {"kv_congestion_control": plan.spec.kv_congestion_control, "kv_mss": plan.spec.kv_mss_bytes}
+    for name, value in tcp_only.items():
+        if value is not None and plan.spec.kv_connector != "tcp":
+            raise FieldError(f"serving.{name}", f"is a TCP setting; the {plan.spec.kv_connector!r} connector has none "
+                             "(set it to null, or kv_connector: tcp)", scenario.source)
     cc = plan.spec.kv_congestion_control
     if cc is not None:
-        if plan.spec.kv_connector != "tcp":
-            raise FieldError("serving.kv_congestion_control", f"is a TCP setting; the {plan.spec.kv_connector!r} connector "
-                             "has none (set it to null, or kv_connector: tcp)", scenario.source)
         from testbed.kv.transport import congestion_control_refused
 
         if (why := congestion_control_refused(cc)) is not None:

@@ -218,3 +218,5 @@ def test_a_congestion_control_with_a_connector_that_has_none_is_refused(monkeypa
     monkeypatch.setattr(config, "connector_names", lambda: ("tcp", "memory"))
     err = refused("serving.kv_connector=memory", "serving.kv_congestion_control=cubic")
     assert "serving.kv_congestion_control" in str(err) and "'memory' connector has none" in str(err)
+    err = refused("serving.kv_connector=memory", "serving.kv_mss=536B")  # the same for every TCP-only setting
+    assert "serving.kv_mss" in str(err) and "'memory' connector has none" in str(err)
