@@ -42,10 +42,10 @@ UDP_BUFFER_S = 0.1
 UDP_BUFFER_BYTES = (1 << 20, 8 << 20)
 # iperf3's scheduling: the neighbours stand for other tenants' machines, whose sending does not wait for this
 # host's CPU. At nice 0 a 320-Mbps UDP sender on a busy 2-core host sent 50-75% of its rate for whole dips, and
-# at nice -10 40-72%; with SCHED_RR 5 on both ends it sent its rate with no receive-buffer drop, at a price: in 2
-# of 10 runs the WAN schedule fired ~0.6 s late, which timing fidelity flags (docs/traffic.md, "Neighbours that
-# send what they are configured to"). Below the delay line's and the WAN's threads' 10. Where a real-time
-# priority is refused, nice -10.
+# at nice -10 40-72%; with SCHED_RR 5 on both ends it sent its rate with no receive-buffer drop (docs/traffic.md,
+# "Neighbours that send what they are configured to"). Below the delay line's and the WAN control process's 10
+# (testbed.net.wanctl: in the runner's own threads, the schedule waited behind these for the runner's GIL).
+# Where a real-time priority is refused, nice -10.
 RT_PRIORITY = 5
 NICE = -10
 

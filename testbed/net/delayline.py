@@ -850,6 +850,22 @@ class DelayLineProcess:
         self._ctl_fd = -1
         self._stats_fd = -1
         self._last = DelayLineStats(0, 0, 0, 0, 0, 0, 0)
+        self._attached = False
+
+    @classmethod
+    def attach(cls, ctl_dir: str, out_ifname: str, queue_num: int, config: DelayLineConfig) -> "DelayLineProcess":
+        """A handle on a delay line that another process started (the WAN control process,
+        testbed.net.wanctl): it sends updates and reads stats through the same files, and neither owns
+        nor stops the child."""
+        def no_popen(argv: list[str]) -> subprocess.Popen:
+            raise HostError(f"delay line on {out_ifname}: an attached handle starts no process")
+
+        line = cls(no_popen, out_ifname, queue_num, config)
+        line._attached = True
+        line._ctl_dir = Path(ctl_dir)
+        line._ctl_fd = os.open(line._ctl_dir / "control", os.O_WRONLY | os.O_NONBLOCK)
+        line._stats_fd = os.open(line._ctl_dir / "stats", os.O_RDONLY)
+        return line
 
     def start(self, timeout_s: float = 15.0) -> None:
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -902,7 +918,9 @@ class DelayLineProcess:
 
     def update(self, config: DelayLineConfig) -> None:
         """Apply new delay/jitter/loss/limit to packets arriving from now on (the WAN schedule calls this)."""
-        if self.proc is None or self.proc.poll() is not None:
+        running = (read_stats_file(self._stats_fd)[0] == STATE_RUNNING if self._attached
+                   else self.proc is not None and self.proc.poll() is None)
+        if not running:
             raise HostError(f"delay line on {self.out_ifname} is not running")
         self._send({"op": "update", "config": dataclasses.asdict(config)})
         self.config = config
@@ -935,7 +953,15 @@ class DelayLineProcess:
         return ticks / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        """Stop the child (control message, then SIGTERM, then SIGKILL) and make sure its rule is gone."""
+        """Stop the child (control message, then SIGTERM, then SIGKILL) and make sure its rule is gone.
+        An attached handle only lets go of its files."""
+        if self._attached:
+            for fd in (self._ctl_fd, self._stats_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self._ctl_fd = self._stats_fd = -1
+            self._ctl_dir = None
+            return
         p = self.proc
         if p is not None and p.poll() is None:
             try:

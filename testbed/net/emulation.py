@@ -2,7 +2,7 @@
 
 It builds the Mininet topology (topologies/two_dc.py), gives every host its address and route, turns
 the gateways into routers, sets the host sysctls a run needs (restored afterwards), starts the WAN
-(testbed.net.wan), its schedule and telemetry, and writes a state file (testbed.net.state) so that
+(testbed.net.wan), its schedule and telemetry (in a process of their own, testbed.net.wanctl), and writes a state file (testbed.net.state) so that
 `prfaas net exec/down/clean` can act on it from another process. `stop()` always tears everything
 down, whatever failed before; SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread while a
 network runs, so `with Network(...)` cleans up on Ctrl-C, `kill` and a closed terminal alike.
@@ -28,9 +28,10 @@ from testbed import clock
 from testbed.errors import HostError
 from testbed.interrupts import raise_keyboard_interrupt
 from testbed.net import offloads, shaping, state
-from testbed.net.schedule import ScheduleRunner, expand_schedule
-from testbed.net.telemetry import DEFAULT_PERIOD_S, Telemetry
+from testbed.net.schedule import expand_schedule
+from testbed.net.telemetry import DEFAULT_PERIOD_S
 from testbed.net.wan import GatewayPort, Wan, resolve_backend
+from testbed.net.wanctl import ScheduleFeed, TelemetryFeed, WanControl
 from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS, Scenario
 
@@ -72,8 +73,9 @@ class Network:
         self.t0_s: float | None = None
         self.net: Any = None
         self.wan: Wan | None = None
-        self.schedule: ScheduleRunner | None = None
-        self.telemetry: Telemetry | None = None
+        self.control: WanControl | None = None  # the schedule and telemetry, in their own process
+        self.schedule: ScheduleFeed | None = None
+        self.telemetry: TelemetryFeed | None = None
         self.backend, self.backend_reason = "", ""
         self.offloads: offloads.OffloadDecision | None = None
         self.addresses: dict[str, str] = {}
@@ -168,12 +170,12 @@ class Network:
             self._state["delayline_dirs"] = self.wan.control_dirs()
             state.write_state(self._state_file, self._state)
         self.t0_s = clock.now_s()
-        self.telemetry = Telemetry(self.wan.sample, DIRECTIONS, t0_s=self.t0_s, scale=self.scale, period_s=self.telemetry_period_s)
+        control = WanControl(self.wan, t0_s=self.t0_s, period_s=self.telemetry_period_s)
         for fn in self._listeners:
-            self.telemetry.add_listener(fn)
-        self.schedule = ScheduleRunner(expand_schedule(self.scenario.wan.schedule), self.wan.apply, self.t0_s, warm=self.wan.warm)
-        self.telemetry.start()
-        self.schedule.start()
+            control.telemetry.add_listener(fn)
+        self.control = control.start()
+        self.telemetry, self.schedule = control.telemetry, control.schedule
+        self.schedule.start(expand_schedule(self.scenario.wan.schedule), self.t0_s)
         self._state.update(ready=True, t0_s=self.t0_s, processes=self._tracked_pids(), backend=self.backend, scale=self.scale.factor)
         state.write_state(self._state_file, self._state)
 

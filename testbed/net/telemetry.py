@@ -95,7 +95,12 @@ class Telemetry:
             self._thread.join(timeout=5)
 
     def write_parquet(self, path: Path) -> Path:
-        from testbed.atomic import write_parquet
-        from testbed.rundir import link_frame
+        return write_rows(self.rows, path)
 
-        return write_parquet(path, link_frame(self.rows))
+
+def write_rows(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Telemetry rows -> `link.parquet` at `path`."""
+    from testbed.atomic import write_parquet
+    from testbed.rundir import link_frame
+
+    return write_parquet(path, link_frame(rows))

@@ -67,6 +67,7 @@ class DirectionEmulator(Protocol):
     def update(self, spec: LinkDirectionSpec, plan: shaping.ShapingPlan) -> None: ...
     def sample(self) -> dict[str, Any]: ...
     def stop(self) -> None: ...
+    def detach(self) -> None: ...
 
 
 class _Shaped:
@@ -107,6 +108,14 @@ class _Shaped:
             "rate_bps": self.plan.rate_bps, "queue_limit_bytes": self.plan.queue_bytes,
         }
 
+    def detach(self) -> None:
+        """Let go of an attached direction (`Wan.attached`), leaving its qdiscs and delay line as they are."""
+        line = getattr(self, "line", None)
+        if line is not None:
+            line.stop()  # an attached handle only closes its files
+        with self.lock:
+            self.ipr.close()
+
     def _close(self) -> None:
         with self.lock:
             try:
@@ -119,13 +128,17 @@ class _Shaped:
 class DelayLineEmulator(_Shaped):
     """HTB/TBF (rate, queue) + the userspace NFQUEUE delay line (delay, jitter, loss) of testbed.net.delayline."""
 
-    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, plan: shaping.ShapingPlan, queue_num: int, seed: int) -> None:
+    def __init__(self, port: GatewayPort, spec: LinkDirectionSpec, plan: shaping.ShapingPlan, queue_num: int, seed: int,
+                 attach_dir: str | None = None) -> None:
+        """`attach_dir`: drive the delay line that another process started there (testbed.net.wanctl)."""
         super().__init__(port, spec, plan)
         from testbed.net import delayline
 
         self.delayline_mod = delayline
         self.seed = seed
-        self.line = delayline.DelayLineProcess(port.popen, port.ifname, queue_num, delayline.build_config(spec, seed))
+        config = delayline.build_config(spec, seed)
+        self.line = (delayline.DelayLineProcess.attach(attach_dir, port.ifname, queue_num, config) if attach_dir
+                     else delayline.DelayLineProcess(port.popen, port.ifname, queue_num, config))
 
     def start(self) -> None:
         self._shape()
@@ -188,6 +201,39 @@ class NetemEmulator(_Shaped):
         self._close()
 
 
+@dataclass(frozen=True)
+class WanState:
+    """What changes while a WAN runs: each direction's spec, shaping plan and link state, and netem's table."""
+
+    current: dict[str, LinkDirectionSpec]
+    plans: dict[str, shaping.ShapingPlan]
+    link_up: dict[str, bool]
+    tables: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WanHandoff:
+    """Everything another process needs to drive a running WAN (testbed.net.wanctl): the scenario's WAN,
+    where each direction leaves (gateway, interface, namespace path), its delay line's control directory,
+    and the state now. Plain data, handed to our own child process."""
+
+    spec: WanSpec
+    ports: dict[str, tuple[str, str, str]]
+    backend: str
+    seed: int
+    scale: Scale
+    line_dirs: dict[str, str]
+    state: WanState
+
+
+def nsenter_popen(netns_path: str) -> Popen:
+    """Runs argv in the namespace at `netns_path` (for a process that has no Mininet node to ask)."""
+    def popen(argv: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(["nsenter", f"--net={netns_path}", "--", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    return popen
+
+
 class Wan:
     """Both directions of the WAN; `apply(action)` is what the schedule calls."""
 
@@ -198,6 +244,47 @@ class Wan:
         self.saved: dict[tuple[int, str], dict[str, Any]] = {}
         self.emulators: dict[str, DirectionEmulator] = {}
         self.applied: list[str] = []
+        self.on_change: Callable[[WanState], None] | None = None  # told of every change made here (testbed.net.wanctl)
+
+    def state(self) -> WanState:
+        return WanState(dict(self.current), {d: em.plan for d, em in self.emulators.items()}, dict(self.link_up),
+                        {d: getattr(em, "table", None) for d, em in self.emulators.items()})
+
+    def handoff(self) -> WanHandoff:
+        """What the WAN control process needs to drive this WAN, started here (testbed.net.wanctl)."""
+        ports = {d: (p.gateway, p.ifname, p.netns_path) for d, p in self.ports.items()}
+        line_dirs = {d: str(line.control_dir) for d, em in self.emulators.items()
+                     if (line := getattr(em, "line", None)) is not None and line.control_dir is not None}
+        return WanHandoff(self.spec, ports, self.backend, self.seed, self.scale, line_dirs, self.state())
+
+    @classmethod
+    def attached(cls, h: WanHandoff) -> "Wan":
+        """A WAN that another process started, driven from this one: `apply` and `sample` act on the same
+        kernel objects and delay lines; `stop` lets go of them and leaves them running."""
+        ports = {d: GatewayPort(gw, ifname, ns, nsenter_popen(ns)) for d, (gw, ifname, ns) in h.ports.items()}
+        wan = cls(h.spec, ports, scale=h.scale, backend=h.backend, seed=h.seed)
+        for d in DIRECTIONS:
+            spec, plan = h.state.current[d], h.state.plans[d]
+            if h.backend == "netem":
+                em: DirectionEmulator = NetemEmulator(ports[d], spec, plan)
+                em.table = h.state.tables[d]  # type: ignore[attr-defined]
+            else:
+                em = DelayLineEmulator(ports[d], spec, plan, QUEUE_NUMS[d], h.seed + QUEUE_NUMS[d], attach_dir=h.line_dirs[d])
+            wan.emulators[d] = em
+        wan.adopt(h.state)
+        return wan
+
+    def adopt(self, state: WanState) -> None:
+        """Take `state` as this WAN's own, changing nothing in the kernel (another process made the change)."""
+        self.current, self.link_up = dict(state.current), dict(state.link_up)
+        for d, em in self.emulators.items():
+            em.plan, em.spec = state.plans[d], state.current[d]  # type: ignore[attr-defined]
+            if state.tables.get(d) is not None:
+                em.table = state.tables[d]  # type: ignore[attr-defined]
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self.state())
 
     def plan(self, direction: str, current: dict[str, LinkDirectionSpec] | None = None) -> shaping.ShapingPlan:
         """The shaping plan of `direction` for the current specs (or `current`): its rate, and a queue
@@ -229,6 +316,7 @@ class Wan:
             if d == direction or plan != self.emulators[d].plan:
                 self.emulators[d].update(current[d], plan)
                 self.current[d] = current[d]
+        self._changed()
 
     def set_link_up(self, direction: str, up: bool) -> None:
         if self.link_up[direction] == up:
@@ -238,6 +326,7 @@ class Wan:
         rule = ["FORWARD", *(["1"] if op == "-I" else []), "-o", port.ifname, "-m", "comment", "--comment", DOWN_COMMENT, "-j", "DROP"]
         _run(port.popen, ["iptables-legacy", "-w", op, *rule])
         self.link_up[direction] = up
+        self._changed()
 
     def warm(self) -> None:
         """Ready the calling thread to `apply` without a first-call cost (`ScheduleRunner(warm=...)`)."""
@@ -266,6 +355,15 @@ class Wan:
         out["delay_s"] = self.current[direction].delay_s
         out["loss"] = self.current[direction].loss.mean_rate
         return out
+
+    def detach(self) -> None:
+        """Let go of an attached WAN (`attached`) without changing it."""
+        for em in self.emulators.values():
+            try:
+                em.detach()
+            except Exception:
+                pass  # the namespace may already be gone
+        self.emulators.clear()
 
     def stop(self) -> None:
         errors = []

@@ -149,10 +149,10 @@ def _resolved(scenario: Scenario, plan: ServingPlan) -> Scenario:
 
 def _restart_schedule(net: Any, scenario: Scenario, start_s: float) -> None:
     """Run the scenario's WAN schedule from the workload's start (absolute `testbed.clock` time)."""
-    from testbed.net.schedule import ScheduleRunner, expand_schedule
+    from testbed.net.schedule import expand_schedule
 
-    if net.wan is not None and scenario.wan.schedule:
-        net.schedule = ScheduleRunner(expand_schedule(scenario.wan.schedule), net.wan.apply, start_s, warm=net.wan.warm).start()
+    if net.schedule is not None and scenario.wan.schedule:
+        net.schedule.start(expand_schedule(scenario.wan.schedule), start_s)
 
 
 def _drive(scenario: Scenario, plan: ServingPlan, procs: Processes, live: LiveState, agent: subprocess.Popen,

@@ -1,5 +1,7 @@
 """The schedule changes the WAN at its times (timed from Network.start) and telemetry shows it."""
 
+import os
+import threading
 import time
 
 import pandas as pd
@@ -47,3 +49,60 @@ def test_rate_step_down_and_revert_show_in_telemetry_parquet(tmp_path):
     assert fwd[(fwd.t_s > 3.3) & (fwd.t_s < 3.45)].rate_bps.eq(1e9).all(), fired_at
     down = fwd[~fwd.link_up.astype(bool)].t_s
     assert len(down) >= 2 and 3.5 <= down.min() <= 3.9, (fired_at, down.tolist())
+
+
+def _hold_gil_s(seconds: float) -> float:
+    """Hold this process's GIL for about `seconds` in one C call (a builtin sum over a range runs no bytecode,
+    so no other thread of this process runs until it returns). Returns how long it held it."""
+    t = time.perf_counter()
+    sum(range(2_000_000))
+    n = int(2_000_000 * seconds / max(time.perf_counter() - t, 1e-6))
+    t = time.perf_counter()
+    sum(range(n))
+    return time.perf_counter() - t
+
+
+def test_schedule_and_telemetry_keep_time_while_the_runner_holds_its_gil(tmp_path):
+    """The schedule and the sampler run in the WAN control process (testbed.net.wanctl), which shares no GIL with
+    the runner: while one of the runner's threads holds the runner's GIL for ~1.2 s across an action's time, the
+    action fires on time and the samples keep coming. In the runner's own threads they waited for the GIL: the
+    case study lost telemetry for up to 1.2 s and fired its dip 0.6 s late (docs/scale-out.md)."""
+    sc = parse_scenario({"name": "it-gil", "scale": 1, "duration": "30s",
+                         "topology": {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 0, "decode": 1, "cross": 0}},
+                         "wan": {"rate": "1Gbps", "delay": "5ms", "schedule": [{"at": "1.2s", "rate": "200Mbps"}]}})
+    path = tmp_path / "link.parquet"
+    net = Network(sc, telemetry_path=path)
+    try:
+        net.start()
+        assert net.control.pid != os.getpid() and os.sched_getscheduler(net.control.pid) == os.SCHED_RR
+        while net.since_start_s() < 0.55:
+            time.sleep(0.01)
+        ticks, stop = [], threading.Event()  # a thread of the runner: how long it could not run
+
+        def tick() -> None:
+            while not stop.wait(0.01):
+                ticks.append(time.perf_counter())
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        while len(ticks) < 2:
+            time.sleep(0.01)
+        held_from_s = net.since_start_s()
+        held_s = _hold_gil_s(1.5)
+        held_to_s = net.since_start_s()
+        while net.since_start_s() < held_to_s + 0.3:
+            time.sleep(0.01)
+        stop.set()
+        ticker.join()
+        fired = net.schedule.fired
+        woke_late_s = list(net.schedule.woke_late_s)
+    finally:
+        net.stop()
+    stalled_s = max(b - a for a, b in zip(ticks, ticks[1:]))
+    assert stalled_s >= 0.5 and held_from_s < 1.2 < held_to_s, (stalled_s, held_from_s, held_s, held_to_s)  # the GIL was held across the action's time
+    assert [a.kind for _, a in fired] == ["change"]
+    assert fired[0][0] - 1.2 < 0.1 and woke_late_s[0] < 0.05, (fired, woke_late_s)
+    fwd = pd.read_parquet(path).query("direction == 'prfaas_to_pd'").sort_values("t_s")
+    held = fwd[(fwd.t_s >= held_from_s) & (fwd.t_s <= held_to_s)]
+    assert len(held) >= 0.5 * (held_to_s - held_from_s) / 0.05 and held.t_s.diff().max() < 0.25, held.t_s.tolist()
+    assert fwd[fwd.t_s > 1.35].rate_bps.eq(200e6).all()
