@@ -202,6 +202,7 @@ class RunFidelity:
         self._cpu: dict[str, Any] | None = None
         self._late: list[float] = []
         self._woke: list[float] = []
+        self._sched_errors: list[str] = []
 
     def measure_wan(self, src: str, dst: str) -> dict[str, Any]:
         self.wan = measure_wan(self.net, src, dst)
@@ -225,9 +226,11 @@ class RunFidelity:
         sched = getattr(self.net, "schedule", None)
         self._late = schedule_lateness_s(list(sched.fired)) if sched is not None else []
         self._woke = list(getattr(sched, "woke_late_s", [])) if sched is not None else []
+        self._sched_errors = list(getattr(sched, "errors", [])) if sched is not None else []
 
     def record(self) -> dict[str, Any]:
-        return build_record(self.wan, self.probe.result(), self._late, self._cpu, woke_late_s=self._woke)
+        return build_record(self.wan, self.probe.result(), self._late, self._cpu, woke_late_s=self._woke,
+                            schedule_errors=self._sched_errors)
 
 
 # ----------------------------------------------------------------------------------------- the verdict
@@ -266,6 +269,8 @@ def assess(record: dict[str, Any], tol: Tolerances = TOLERANCES) -> list[str]:
     sched = _num((record.get("schedule") or {}).get("late_p99_s"))
     if sched is not None and sched > tol.schedule_late_p99_s:
         flags.append(f"WAN schedule fired late by {sched * 1e3:.1f} ms at p99 (tolerance {tol.schedule_late_p99_s * 1e3:g} ms)")
+    if errors := (record.get("schedule") or {}).get("errors"):  # the WAN did not follow the scenario
+        flags.append(f"WAN schedule: {len(errors)} error(s), the first: {errors[0]}")
     sent = _num((record.get("cross") or {}).get("udp_sent_ratio_p10"))
     if sent is not None and sent < tol.cross_sent_ratio_p10_min:
         flags.append(f"UDP cross traffic sent {sent:.0%} of its rate or less in 1 report interval of 10 "
@@ -336,7 +341,8 @@ def with_compute(record: dict[str, Any], requests: Any, tol: Tolerances = TOLERA
 
 
 def build_record(wan: dict[str, Any] | None, sleep: dict[str, Any] | None, fired_late_s: list[float],
-                 cpu: dict[str, Any] | None, tol: Tolerances = TOLERANCES, woke_late_s: list[float] | None = None) -> dict[str, Any]:
+                 cpu: dict[str, Any] | None, tol: Tolerances = TOLERANCES, woke_late_s: list[float] | None = None,
+                 schedule_errors: list[str] | None = None) -> dict[str, Any]:
     """The fidelity record of a run (fidelity.json), its verdict included."""
     import socket
 
@@ -344,7 +350,8 @@ def build_record(wan: dict[str, Any] | None, sleep: dict[str, Any] | None, fired
         "node": os.environ.get(NODE_ENV) or socket.gethostname(), "cpus": os.cpu_count(), "wan": wan or {}, "sleep": sleep or {},
         "schedule": {"fired": len(fired_late_s), "late_p99_s": percentile(fired_late_s, 99) if fired_late_s else None,
                      "late_max_s": max(fired_late_s) if fired_late_s else None,
-                     "woke_late_p99_s": percentile(woke_late_s, 99) if woke_late_s else None},
+                     "woke_late_p99_s": percentile(woke_late_s, 99) if woke_late_s else None,
+                     "errors": list(schedule_errors or [])},
         "cpu": cpu or {}, "tolerances": tol.as_dict(),
     }
     return _judged(rec, tol)

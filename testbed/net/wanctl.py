@@ -241,6 +241,11 @@ class WanControl:
             elif op == "done":
                 self.telemetry.errors += msg[1]
                 break
+        died = not self._stopped and self._ready.is_set() and self._failure is None
+        if died:  # gone without being told: no more samples, and no more actions
+            self._proc.join(timeout=1)
+            self.schedule.errors.append(f"the WAN control process ended during the run (exit code {self._proc.exitcode}): "
+                                        "no telemetry and no schedule action after that")
         self._done.set()
         with self._synced:
             self._synced.notify_all()

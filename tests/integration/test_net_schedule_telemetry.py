@@ -106,3 +106,24 @@ def test_schedule_and_telemetry_keep_time_while_the_runner_holds_its_gil(tmp_pat
     held = fwd[(fwd.t_s >= held_from_s) & (fwd.t_s <= held_to_s)]
     assert len(held) >= 0.5 * (held_to_s - held_from_s) / 0.05 and held.t_s.diff().max() < 0.25, held.t_s.tolist()
     assert fwd[fwd.t_s > 1.35].rate_bps.eq(200e6).all()
+
+
+def test_a_wan_control_process_that_dies_is_reported_as_a_schedule_error(tmp_path):
+    """If the WAN control process is killed mid-run, its actions can no longer fire: the run says so (the error
+    reaches `schedule.errors`, which timing fidelity flags), and the network still tears down."""
+    import signal
+
+    sc = parse_scenario({"name": "it-ctl-dies", "scale": 1, "duration": "30s",
+                         "topology": {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 0, "decode": 1, "cross": 0}},
+                         "wan": {"rate": "1Gbps", "delay": "5ms", "schedule": [{"at": "1.5s", "rate": "200Mbps"}]}})
+    net = Network(sc, telemetry_path=tmp_path / "link.parquet")
+    try:
+        net.start()
+        os.kill(net.control.pid, signal.SIGKILL)
+        while net.since_start_s() < 2.0:
+            time.sleep(0.05)
+        fired, errors = net.schedule.fired, list(net.schedule.errors)
+    finally:
+        net.stop()
+    assert fired == [] and len(errors) == 1 and "WAN control process ended during the run (exit code -9)" in errors[0]
+    assert pd.read_parquet(tmp_path / "link.parquet").t_s.max() < 1.0

@@ -157,6 +157,16 @@ def test_schedule_tolerance_is_a_wake_up_plus_one_actions_work():
     assert "schedule fired late by 21.0 ms at p99 (tolerance 20 ms)" in fidelity.assess(good_record(schedule={"late_p99_s": 0.021}))[0]
 
 
+def test_a_schedule_error_flags_the_run():
+    """An action that was not applied (or a WAN control process gone mid-run) means the WAN did not follow the
+    scenario, however late or early the rest fired."""
+    assert fidelity.assess(good_record(schedule={"late_p99_s": 0.003, "errors": []})) == []
+    flags = fidelity.assess(good_record(schedule={"late_p99_s": 0.003, "errors": ["change prfaas_to_pd at 50s: netns gone", "x"]}))
+    assert flags == ["WAN schedule: 2 error(s), the first: change prfaas_to_pd at 50s: netns gone"]
+    rec = fidelity.build_record(None, None, [0.003], None, schedule_errors=["e"])
+    assert rec["schedule"]["errors"] == ["e"] and any("WAN schedule: 1 error(s)" in f for f in rec["flags"])
+
+
 def test_the_schedule_thread_warms_its_netlink_path_before_its_first_action():
     """`warm` runs once on the schedule's own thread, before the first wait (pyroute2 state is per thread);
     a failing warm-up is reported and the actions still fire."""
@@ -173,6 +183,12 @@ def test_the_schedule_thread_warms_its_netlink_path_before_its_first_action():
     r._thread.join(5)
     assert [k for k, _ in calls] == ["warm", "change", "revert"] and len({t for _, t in calls}) == 1
     assert calls[0][1] != threading.get_ident() and len(r.fired) == 2 and r.errors == []
+
+    reports: list[tuple[float, str, float, str | None]] = []  # what the WAN control process relays, after each action
+    r = ScheduleRunner(acts, lambda a: None, clock.now_s(), on_fired=lambda t, a, w, e: reports.append((t, a.kind, w, e))).start()
+    r._thread.join(5)
+    assert [(k, e) for _, k, _, e in reports] == [("change", None), ("revert", None)]
+    assert [t for t, *_ in reports] == [t for t, _ in r.fired] and [w for _, _, w, _ in reports] == r.woke_late_s
 
     def broken() -> None:
         raise OSError("netns gone")
