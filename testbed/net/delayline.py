@@ -473,9 +473,9 @@ def remove_stale_control_dirs(base: str = "/dev/shm", min_age_s: float = 60.0) -
 
 
 def _child_argv(*args: str) -> list[str]:
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    return ["env", f"PYTHONPATH={path}", sys.executable, "-m", "testbed.net.delayline", *args]
+    from testbed import pythonpath
+
+    return ["env", f"PYTHONPATH={pythonpath()}", sys.executable, "-m", "testbed.net.delayline", *args]
 
 
 def cleanup_rules(popen: Popen | None = None, queue_num: int | None = None) -> int:

@@ -14,8 +14,10 @@ The child drives the same kernel objects as the runner's `Wan` (`Wan.attached`: 
 into the gateways' namespaces, the delay lines' control files, `tc` and `iptables` through `nsenter`).
 The runner's `Wan` keeps what it started and tears it down; each side tells the other of every change it
 makes (`Wan.on_change`, `WanState`), so a test or benchmark that changes the WAN directly still sees it
-in telemetry. Messages go over a `multiprocessing` pipe between the runner and its own child (pickled;
-nothing from the network). If the runner dies, the child sees the pipe close and exits.
+in telemetry. The child is `python -m testbed.net.wanctl FD`, not a `multiprocessing` spawn, which would
+run the user's own script again in the child unless it guards its top level with `__main__`. Messages go
+over a socket pair between the runner and its own child (`multiprocessing.connection.Connection`:
+pickled, nothing from the network). If the runner dies, the child sees the socket close and exits.
 
 Parent side: `WanControl` holds the telemetry rows and listeners (`WanControl.telemetry`, the surface of
 `testbed.net.telemetry.Telemetry`) and what the schedule fired (`WanControl.schedule`, that of
@@ -24,17 +26,21 @@ Parent side: `WanControl` holds the telemetry rows and listeners (`WanControl.te
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
+from testbed import pythonpath
 from testbed.errors import HostError
 from testbed.net.schedule import ScheduleAction, ScheduleRunner
 from testbed.net.telemetry import Telemetry, write_rows
-from testbed.net.wan import Wan, WanHandoff, WanState
+from testbed.net.wan import Wan, WanHandoff
 from testbed.scenario import DIRECTIONS
 
 RT_PRIORITY = 10  # the delay lines' priority (testbed.net.delayline), above the neighbours' 5 (traffic/cross.py)
@@ -171,12 +177,17 @@ class WanControl:
         self._stopped = False
 
     def start(self) -> "WanControl":
-        ctx = multiprocessing.get_context("spawn")  # not fork: the runner has threads (and netlink sockets)
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_child_main, args=(child, self.wan.handoff(), self.t0_s, self.period_s),
-                                 name="prfaas-wan-control", daemon=True)
-        self._proc.start()
-        child.close()
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": pythonpath()}
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", "testbed.net.wanctl", str(theirs.fileno())],
+                                          pass_fds=(theirs.fileno(),), env=env)
+        except OSError as e:
+            raise HostError(f"WAN control process did not start: {e}") from e
+        finally:
+            theirs.close()
+        self._conn = Connection(ours.detach())
+        self.send((self.wan.handoff(), self.t0_s, self.period_s))
         threading.Thread(target=self._read, name="wan-control-reader", daemon=True).start()
         if not self._ready.wait(START_TIMEOUT_S) or self._failure is not None:
             why = self._failure or f"no word from it within {START_TIMEOUT_S:g} s"
@@ -196,7 +207,7 @@ class WanControl:
 
     def sync(self) -> None:
         """Wait until every report the child sent before now has been handled here (at most SYNC_TIMEOUT_S)."""
-        if self._stopped or self._proc is None or not self._proc.is_alive():
+        if self._stopped or self._proc is None or self._proc.poll() is not None:
             return
         with self._synced:
             self._sync_next += 1
@@ -243,8 +254,11 @@ class WanControl:
                 break
         died = not self._stopped and self._ready.is_set() and self._failure is None
         if died:  # gone without being told: no more samples, and no more actions
-            self._proc.join(timeout=1)
-            self.schedule.errors.append(f"the WAN control process ended during the run (exit code {self._proc.exitcode}): "
+            try:
+                self._proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+            self.schedule.errors.append(f"the WAN control process ended during the run (exit code {self._proc.returncode}): "
                                         "no telemetry and no schedule action after that")
         self._done.set()
         with self._synced:
@@ -260,11 +274,27 @@ class WanControl:
         if self._proc is None:
             return
         self._done.wait(10)
-        self._proc.join(timeout=5)
-        if self._proc.is_alive():
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             self._proc.kill()
-            self._proc.join(timeout=5)
+            self._proc.wait(timeout=5)
         try:
             self._conn.close()
         except OSError:
             pass
+
+
+def _main(argv: list[str]) -> int:
+    """`python -m testbed.net.wanctl FD`: FD is our end of the socket pair; the first message is the handoff."""
+    conn = Connection(int(argv[0]))
+    try:
+        handoff, t0_s, period_s = conn.recv()
+    except (EOFError, OSError):
+        return 1
+    _child_main(conn, handoff, t0_s, period_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

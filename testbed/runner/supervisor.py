@@ -3,7 +3,6 @@ workers to be ready, and stops every process (SIGTERM, then SIGKILL) with its lo
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -25,9 +24,9 @@ def python_module() -> list[str]:
 
 def env_argv(t0_s: float) -> list[str]:
     """Environment for processes in the hosts (Mininet's popen does not pass ours through)."""
-    repo = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(x for x in (repo, os.environ.get("PYTHONPATH", "")) if x)
-    return ["env", f"{clock.T0_ENV}={t0_s!r}", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1", f"PYTHONPATH={path}",
+    from testbed import pythonpath
+
+    return ["env", f"{clock.T0_ENV}={t0_s!r}", "OMP_NUM_THREADS=1", "MKL_NUM_THREADS=1", f"PYTHONPATH={pythonpath()}",
             "PYTHONUNBUFFERED=1"]
 
 

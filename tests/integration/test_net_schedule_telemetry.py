@@ -127,3 +127,25 @@ def test_a_wan_control_process_that_dies_is_reported_as_a_schedule_error(tmp_pat
         net.stop()
     assert fired == [] and len(errors) == 1 and "WAN control process ended during the run (exit code -9)" in errors[0]
     assert pd.read_parquet(tmp_path / "link.parquet").t_s.max() < 1.0
+
+
+def test_a_user_script_without_a_main_guard_can_start_a_network(tmp_path):
+    """The WAN control process is `python -m testbed.net.wanctl`, not a multiprocessing spawn: a spawn runs the
+    parent's script again in the child, so a lab script that starts a Network at its top level (no
+    `if __name__ == "__main__"`) would fail to start, or start a second network."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    script = tmp_path / "lab.py"
+    script.write_text(
+        "from testbed.net.emulation import Network\n"
+        "from testbed.sections import parse_scenario\n"
+        "sc = parse_scenario({'name': 'lab', 'scale': 1, 'duration': '30s', 'topology': {'prfaas': {'prefill': 1, 'cross': 0},"
+        " 'pd': {'prefill': 0, 'decode': 1, 'cross': 0}}, 'wan': {'rate': '1Gbps', 'delay': '5ms'}})\n"
+        "with Network(sc) as net:\n"
+        "    print('control', net.control.pid, len(net.telemetry.rows) > 0)\n")
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(repo)})
+    assert r.returncode == 0 and r.stdout.count("control ") == 1 and r.stdout.strip().endswith("True"), r.stderr[-2000:]
