@@ -275,6 +275,8 @@ def assess(record: dict[str, Any], tol: Tolerances = TOLERANCES) -> list[str]:
     if sent is not None and sent < tol.cross_sent_ratio_p10_min:
         flags.append(f"UDP cross traffic sent {sent:.0%} of its rate or less in 1 report interval of 10 "
                      f"(tolerance {tol.cross_sent_ratio_p10_min:.0%})")
+    if cross_errors := (record.get("cross") or {}).get("errors"):  # a neighbour missing, or its rate unmeasured
+        flags.append(f"cross traffic: {len(cross_errors)} error(s), the first: {cross_errors[0]}")
     for d, cores in ((record.get("cpu") or {}).get("delayline_cores") or {}).items():
         if cores > tol.delayline_cores_max:
             flags.append(f"delay line {d} used {cores:.2f} cores (tolerance {tol.delayline_cores_max:g})")
@@ -323,9 +325,11 @@ def cross_timing(cross: Any) -> dict[str, Any]:
     return {"udp_intervals": len(ratios), "udp_sent_ratio_p10": percentile(ratios, 10), "udp_sent_ratio_p50": percentile(ratios, 50)}
 
 
-def with_cross(record: dict[str, Any], cross: Any, tol: Tolerances = TOLERANCES) -> dict[str, Any]:
-    """`record` with what the UDP cross traffic sent (`cross_timing`) and its verdict again."""
-    return _judged({**record, "cross": cross_timing(cross)}, tol)
+def with_cross(record: dict[str, Any], cross: Any, errors: list[str] | None = None, notes: list[str] | None = None,
+               tol: Tolerances = TOLERANCES) -> dict[str, Any]:
+    """`record` with what the UDP cross traffic sent (`cross_timing`), the flows' errors (a flow that did not
+    run or left no report: flagged) and notes (recorded), and its verdict again."""
+    return _judged({**record, "cross": {**cross_timing(cross), "errors": list(errors or []), "notes": list(notes or [])}}, tol)
 
 
 def _judged(rec: dict[str, Any], tol: Tolerances) -> dict[str, Any]:

@@ -258,7 +258,8 @@ class CrossTraffic:
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # a flow that did not run, or whose record is missing: the run is flagged
+        self.notes: list[str] = []  # what may make a flow fall short (recorded; its sent rate is judged instead)
         self._t0 = 0.0
         self._stopped = False
 
@@ -283,7 +284,7 @@ class CrossTraffic:
         with self._lock:
             self._procs.add(p)
         if boost_priority(getattr(p, "pid", 0)) != "realtime":
-            self.errors.append(f"{argv[0]} on {host} runs without a real-time priority (SCHED_RR {RT_PRIORITY} refused): "
+            self.notes.append(f"{argv[0]} on {host} runs without a real-time priority (SCHED_RR {RT_PRIORITY} refused): "
                                "on a busy host the flow may send less than its rate (docs/traffic.md)")
         return p
 

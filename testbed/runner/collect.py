@@ -135,4 +135,5 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
         out.link(None)
     out.environment(environment(plan, scenario, scale, env_info, kv_cc, restarts))
     if env_info.get("fidelity") is not None:  # judged again with the compute's own timing and what the neighbours sent
-        out.fidelity(with_cross(with_compute(env_info["fidelity"], df), cross))
+        out.fidelity(with_cross(with_compute(env_info["fidelity"], df), cross, env_info.get("cross_traffic_errors"),
+                                env_info.get("cross_traffic_notes")))

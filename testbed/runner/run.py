@@ -104,6 +104,8 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True, ru
             relay.close()
             for c in cross:
                 c.stop()
+            env_info["cross_traffic_errors"] = [e for c in cross for e in c.errors]  # judged by timing fidelity
+            env_info["cross_traffic_notes"] = [n for c in cross for n in c.notes]
             procs.stop(["loadgen"], grace_s=2.0)
             procs.stop(["router"])  # the router writes scheduler.parquet on SIGTERM
             procs.close()

@@ -83,7 +83,7 @@ def test_udp_flow_achieves_its_configured_rate_and_is_recorded(two_hosts, tmp_pa
     assert 40e6 < mean_bps < 55e6, mean_bps  # loose: 50 Mbps configured, nothing else on the veth
     assert (df["lost_packets"] >= 0).all()
     assert all(p.poll() is not None for p in started), "every iperf3 process ended"
-    assert not ct.errors, ct.errors
+    assert not ct.errors and not ct.notes, (ct.errors, ct.notes)
 
 
 def test_onoff_tcp_flow_is_silent_in_off_periods_and_stop_ends_everything(two_hosts, tmp_path: Path) -> None:

@@ -71,6 +71,7 @@ def assert_complete_run(task: RunTask, outcome: RunOutcome) -> dict[str, Any]:
     assert fid["wan"]["ping_replies"] == 20 and 0.008 < fid["wan"]["rtt_p50_s"] < 0.05 and fid["wan"]["configured_rtt_s"] == 0.010
     assert 0.3 < fid["wan"]["rate_ratio"] <= 1.0
     assert fid["sleep"]["samples"] > 100 and fid["sleep"]["late_p99_s"] >= 0
+    assert fid["schedule"]["errors"] == [] and fid["cross"] == {"errors": [], "notes": []}  # both reach the record (none here)
     assert fid["schedule"]["fired"] == 2 and 0 < fid["cpu"]["window_s"] and set(fid["cpu"]["delayline_cores"]) == {"prfaas_to_pd", "pd_to_prfaas"}
     assert fid["ok"] == (not fid["flags"]) and summary["fidelity_ok"] == fid["ok"] and summary["node"] == fid["node"]
     assert summary["fidelity_sleep_late_p99_s"] == fid["sleep"]["late_p99_s"]

@@ -273,3 +273,10 @@ def test_what_udp_neighbours_sent_is_read_from_iperf3s_sequence_counts_and_a_sho
     assert len(rec["flags"]) == 1 and "UDP cross traffic sent 60% of its rate" in rec["flags"][0]
     assert fidelity.summary_fields(rec)["fidelity_cross_sent_ratio_p10"] == pytest.approx(0.6, rel=1e-3)
     assert fidelity.cross_timing(None) == {} and fidelity.with_cross(good_record(), None)["ok"]
+    # a flow with no report: its rate is not measured (val-cross-surge, 2026-12-06: the surge's iperf3 server wrote
+    # nothing), so the run is flagged; a note (iperf3 refused a real-time priority) is recorded, its sent rate judged
+    rec = fidelity.with_cross(good_record(), intervals([full] * 10), errors=["surge period 0: no throughput report in x"],
+                              notes=["iperf3 on prfaas-x0 runs without a real-time priority"])
+    assert rec["flags"] == ["cross traffic: 1 error(s), the first: surge period 0: no throughput report in x"]
+    assert rec["cross"]["notes"] == ["iperf3 on prfaas-x0 runs without a real-time priority"]
+    assert fidelity.with_cross(good_record(), intervals([full] * 10), notes=["n"])["ok"]
