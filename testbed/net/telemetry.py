@@ -36,8 +36,11 @@ def boost_thread_priority(priority: int = 10) -> bool:
 
 
 class Telemetry:
-    def __init__(self, sample: Callable[[str], dict[str, Any]], directions: tuple[str, ...], *, t0_s: float, scale: Scale | float, period_s: float = DEFAULT_PERIOD_S) -> None:
+    def __init__(self, sample: Callable[[str], dict[str, Any]], directions: tuple[str, ...], *, t0_s: float, scale: Scale | float,
+                 period_s: float = DEFAULT_PERIOD_S, keep_rows: bool = True) -> None:
+        """`keep_rows=False`: hand each sample to the listeners only (the WAN control process, whose runner keeps them)."""
         self._sample = sample
+        self.keep_rows = keep_rows
         self.directions = directions
         self.t0_s, self.scale, self.period_s = t0_s, Scale.of(scale), period_s
         self.rows: list[dict[str, Any]] = []
@@ -71,7 +74,8 @@ class Telemetry:
             s["achieved_bps"] = (s["tx_bytes"] - prev[1]) * 8 / dt if prev and dt > 0 else 0.0
             s["achieved_emulated_bps"] = self.scale.emulated_bps(s["achieved_bps"])
             self._last[d] = (t, s["tx_bytes"])
-            self.rows.append(s)
+            if self.keep_rows:
+                self.rows.append(s)
             out.append(s)
             for fn in list(self.listeners):
                 try:

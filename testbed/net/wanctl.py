@@ -67,7 +67,7 @@ def _child_main(conn: Any, handoff: WanHandoff, t0_s: float, period_s: float) ->
 
     try:
         wan = Wan.attached(handoff)
-        telemetry = Telemetry(wan.sample, DIRECTIONS, t0_s=t0_s, scale=handoff.scale, period_s=period_s)
+        telemetry = Telemetry(wan.sample, DIRECTIONS, t0_s=t0_s, scale=handoff.scale, period_s=period_s, keep_rows=False)
         telemetry.add_listener(lambda row: send(("row", row)))
         wan.warm()
         telemetry.start()

@@ -26,3 +26,13 @@ def test_a_failing_listener_does_not_stop_sampling(monkeypatch):
     tel = Telemetry(lambda d: {"tx_bytes": 0}, ("a", "b"), t0_s=0.0, scale=1)
     tel.add_listener(lambda s: 1 / 0)
     assert len(tel.sample_once()) == 2 and tel.errors == 2
+
+
+def test_a_sampler_that_keeps_no_rows_still_feeds_its_listeners():
+    """The WAN control process samples for hours under `prfaas net up`: its runner keeps the rows, it does not."""
+    tel = Telemetry(lambda d: {"tx_bytes": 0}, ("a", "b"), t0_s=0.0, scale=1, keep_rows=False)
+    seen = []
+    tel.add_listener(seen.append)
+    tel.sample_once()
+    tel.sample_once()
+    assert len(seen) == 4 and tel.rows == []
