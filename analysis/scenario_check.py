@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,6 +23,11 @@ from testbed.scenario import DIRECTIONS, Scenario
 
 FAR_BELOW_CAPACITY = 0.10  # offered KV under 10% of the WAN at every moment: the WAN never matters
 OFFLOAD_POLICIES = ("prfaas", "fixed-threshold", "oracle-step", "naive-heterogeneous")
+UDP_DATAGRAM_BYTES = 1448  # iperf3's UDP payload on the testbed's 1500-byte MTU (27.6 thousand/s carry 320 Mbps)
+# What real-time iperf3 sends on time beside a run, per core of the host (docs/kv.md, session 56, a 2-core VM): the
+# case study's 27.6 thousand datagrams/s and val-cross-surge's 48 thousand at scale 100 held (<= 24 thousand a core);
+# its 97 thousand at scale 50 did not (48 a core: 42-84% sent, compute 16-23% late). Between the two.
+UDP_DATAGRAMS_PER_S_PER_CORE = 30_000
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,20 @@ def cross_traffic_bps(sc: Scenario, start_s: float, end_s: float) -> float:
     return bits / (end_s - start_s)
 
 
+def udp_datagrams_per_s_peak(sc: Scenario, scale: float) -> float:
+    """The most UDP datagrams per second that the cross traffic's rate-limited UDP flows send at once on the wire."""
+    spec = sc.section("cross_traffic")
+    if spec is None:
+        return 0.0
+    periods = [p for f in spec.flows if f.protocol == "udp" for p in f.periods() if p.rate_bps]
+
+    def at(t: float) -> float:
+        return sum(p.rate_bps for p in periods if p.start_s <= t < (math.inf if p.end_s is None else p.end_s))
+
+    peak_bps = max((at(p.start_s) for p in periods), default=0.0)
+    return peak_bps / scale / (UDP_DATAGRAM_BYTES * 8)
+
+
 def _arrival_rate_rps(sc: Scenario, workload: Any) -> float | None:
     """The mean arrival rate the run offers; a trace replay (at its own times or new ones): the requests it
     sends within the run's duration over that duration (a trace runs out, `max_requests` stops it); None
@@ -227,6 +247,12 @@ def _warn(sc: Scenario, rep: CheckReport) -> None:
     if wire_max > rep.host_capacity_bps:
         w.append(f"scale {rep.scale:g}: the wire would carry {units.format_rate(wire_max)}, more than this host's capacity "
                  f"{units.format_rate(rep.host_capacity_bps)}; the shaper, not the scenario, would set the rate (raise scale)")
+    dgrams, cores = udp_datagrams_per_s_peak(sc, rep.scale), os.cpu_count() or 1
+    if dgrams > UDP_DATAGRAMS_PER_S_PER_CORE * cores:
+        w.append(f"cross_traffic: the UDP flows send {dgrams / 1e3:.0f} thousand datagrams/s on the wire at their peak (scale "
+                 f"{rep.scale:g}), more than this host's {cores} core(s) keep on time beside a run (at most {UDP_DATAGRAMS_PER_S_PER_CORE / 1e3:.0f} "
+                 f"thousand a core: a 2-core host kept 24 a core and not 48); the neighbours would fall short and the run be "
+                 f"flagged (raise scale)")
     rtt = rep.directions[0].rtt_s
     for i, e in enumerate(sc.wan.schedule):
         length = e.down_s or e.for_s

@@ -180,3 +180,19 @@ def test_json_output_is_strict_json(name: str, capsys: pytest.CaptureFixture[str
     assert cli.main(["check", name, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert doc["name"] and len(doc["directions"]) == 2 and doc["segments"]
+
+
+def test_udp_neighbours_beyond_what_the_host_keeps_on_time_are_warned_of(monkeypatch: pytest.MonkeyPatch) -> None:
+    """val-cross-surge at scale 50 needs ~97 thousand datagrams/s at its surge, which a 2-core host did not keep on time
+    (docs/kv.md, session 56); at scale 100 (48 thousand) and the case study (27.6 thousand) it did."""
+    from analysis import scenario_check
+
+    monkeypatch.setattr(scenario_check.os, "cpu_count", lambda: 2)
+    assert scenario_check.udp_datagrams_per_s_peak(load_scenario("val-cross-surge"), 50) == pytest.approx(56e9 / 50 / (1448 * 8))
+    assert scenario_check.udp_datagrams_per_s_peak(load_scenario("case-study"), 50) == pytest.approx(27.6e3, rel=0.01)
+    warned = [w for w in check_scenario(load_scenario("val-cross-surge")).warnings if w.startswith("cross_traffic:")]
+    assert len(warned) == 1 and "97 thousand datagrams/s" in warned[0] and "2 core(s)" in warned[0] and "raise scale" in warned[0]
+    for name, sets in (("val-cross-surge", ["scale=100"]), ("case-study", [])):
+        assert not [w for w in check_scenario(load_scenario(name, sets)).warnings if w.startswith("cross_traffic:")], name
+    monkeypatch.setattr(scenario_check.os, "cpu_count", lambda: 4)  # twice the cores: the same scenario fits
+    assert not [w for w in check_scenario(load_scenario("val-cross-surge")).warnings if w.startswith("cross_traffic:")]
