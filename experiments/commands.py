@@ -146,6 +146,7 @@ def _run_report(out: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from analysis.scenario_check import check_scenario
     from experiments.runs import run_once
     from testbed.sections import load_scenario
 
@@ -153,6 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out(scenario.name)
     if out.exists() and (out / rundir.SUMMARY_FILE).exists():
         raise UserError(f"--out {out}: already holds a run ({rundir.SUMMARY_FILE}); choose another directory")
+    for w in check_scenario(scenario).warnings:  # `prfaas check`'s, before the minutes a run takes
+        print(f"warning: {w}", file=sys.stderr)
     run_once(scenario, out, progress=not args.no_progress)
     ended_early = _print_summary(out)
     _run_report(out)

@@ -148,3 +148,25 @@ def test_the_summary_carries_the_busy_kv_connections_windows_and_a_run_prints_th
     capsys.readouterr()
     commands._print_summary(d)
     assert "KV connections: 50% of their busy time recovering from an RTO, cwnd p50 6 segments" in capsys.readouterr().out
+
+
+def test_a_run_prints_what_prfaas_check_warns_of_before_it_starts(tmp_path, monkeypatch, capsys):
+    """`prfaas run val-cross-surge` on a 2-core host: the neighbours' datagram rate is beyond the host (the check's
+    warning) before the run's minutes are spent, not only in the flags afterwards."""
+    import shutil
+
+    from analysis import scenario_check
+    from experiments import commands
+
+    d = write_run_dir(tmp_path / "r", seed=4)
+    monkeypatch.setattr(scenario_check.os, "cpu_count", lambda: 2)
+    started = []
+    monkeypatch.setattr("experiments.runs.run_once", lambda scenario, out, progress=True: started.append(out) or shutil.copytree(d, out))
+    monkeypatch.setattr(commands, "_run_report", lambda out: None)
+    args = commands.argparse.Namespace(scenario="val-cross-surge", overrides=[], out=str(tmp_path / "new"), no_progress=True)
+    commands.cmd_run(args)
+    err = capsys.readouterr().err
+    assert started and "warning: cross_traffic: the UDP flows send 97 thousand datagrams/s" in err
+    args = commands.argparse.Namespace(scenario="val-cross-surge", overrides=["scale=100"], out=str(tmp_path / "new2"), no_progress=True)
+    commands.cmd_run(args)
+    assert "cross_traffic:" not in capsys.readouterr().err
