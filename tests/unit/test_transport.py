@@ -440,8 +440,10 @@ def test_tcp_info_is_sampled_into_telemetry_and_the_congestion_signal(receiver: 
     assert acked == sorted(acked) and acked[-1] > acked[0]
     assert c["goodput_bps"] > 0 and c["rtt_ms"] > 0 and c["cwnd"] >= 2
     assert 0 < c["min_rtt_ms"] <= c["rtt_ms"] + 1e-3 and c["inflight_bytes"] >= 0
-    # loopback loses nothing: every sample is in the open state, never backed off, nothing counted lost
-    assert {(s.ca_state, s.backoff, s.lost_segments) for s in seen} == {(0, 0, 0)}
+    # loopback loses next to nothing: no retransmission timeout ever, and the samples in the open state with nothing
+    # counted lost (a loaded host once dropped a segment at the receiver: CI, 2026-12-06, one sample in recovery)
+    assert all(s.backoff == 0 for s in seen)
+    assert sum((s.ca_state, s.lost_segments) == (0, 0) for s in seen) >= 0.9 * len(seen)
 
 
 def test_the_path_rate_is_reported_while_the_sender_has_work_and_zero_when_idle(receiver: tuple[KVReceiver, Results]) -> None:

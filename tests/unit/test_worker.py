@@ -501,16 +501,19 @@ def test_an_aborted_or_expired_request_lets_go_of_its_cache_before_another_is_pl
         place(slot)
 
     monkeypatch.setattr(worker.compute, "place", placing)
+    # the caches are made before the requests are registered, so that "late" meets its timeout in the batch queue and
+    # not while its KV is still being made (CI, 2026-12-06: a loaded host took more than 0.3 s for the two caches)
+    caches = {rid: synthetic_cache(spec, 40, rid, seed=1) for rid in ("long", "late")}
     try:
-        for rid, n, timeout in (("long", 10**6, None), ("late", 2, 0.3), ("next", 2, None)):
+        for rid, n, timeout in (("long", 10**6, None), ("late", 2, 1.0), ("next", 2, None)):
             slots[rid] = worker.register(DecodeRequest(rid, 41, output_len=n, prompt_token_ids=tuple(range(41)),
                                                        request_timeout_s=timeout))
-        for rid in ("long", "late"):
-            c = synthetic_cache(spec, 40, rid, seed=1)
+        for rid, c in caches.items():
             worker._on_kv(rid, ReceivedKV(rid, True, None, c, c.nbytes, c.nbytes, 1, now_s(), now_s()))
-        slots["long"].events.get(timeout=30)  # "long" holds the only place
+            if rid == "long":
+                slots["long"].events.get(timeout=30)  # "long" holds the only place
         final = slots["late"].events.get(timeout=30)
-        assert final.reason.endswith("in the batch queue of decode instance 0 (request timeout 0.3 s)")
+        assert final.reason.endswith("in the batch queue of decode instance 0 (request timeout 1 s)"), final.reason
         assert slots["late"].kv is None and slots["long"].kv is not None
         c = synthetic_cache(spec, 40, "next", seed=1)
         worker._on_kv("next", ReceivedKV("next", True, None, c, c.nbytes, c.nbytes, 1, now_s(), now_s()))
