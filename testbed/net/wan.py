@@ -109,10 +109,7 @@ class _Shaped:
         }
 
     def detach(self) -> None:
-        """Let go of an attached direction (`Wan.attached`), leaving its qdiscs and delay line as they are."""
-        line = getattr(self, "line", None)
-        if line is not None:
-            line.stop()  # an attached handle only closes its files
+        """Let go of an attached direction (`Wan.attached`), leaving its qdiscs as they are."""
         with self.lock:
             self.ipr.close()
 
@@ -168,6 +165,13 @@ class DelayLineEmulator(_Shaped):
             self.line.stop()
         finally:
             self._close()
+
+    def detach(self) -> None:
+        """Let go of an attached direction, leaving its qdiscs and delay line running (the handle closes its files)."""
+        try:
+            self.line.stop()
+        finally:
+            super().detach()
 
 
 class NetemEmulator(_Shaped):

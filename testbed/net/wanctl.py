@@ -51,11 +51,10 @@ SYNC_TIMEOUT_S = 5.0
 def _child_main(conn: Any, handoff: WanHandoff, t0_s: float, period_s: float) -> None:
     """The WAN control process: sample, fire the schedule when told, report both, until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the runner, which stops us
-    try:  # this thread's policy is inherited by the threads it starts
+    try:  # this thread's policy is inherited by the threads it starts: none waits behind a normal one for the GIL
         os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(RT_PRIORITY))
-        realtime = True
     except OSError:
-        realtime = False
+        pass  # best effort, as for the threads themselves (testbed.net.telemetry.boost_thread_priority)
     lock = threading.Lock()
 
     def send(msg: tuple) -> None:
@@ -69,12 +68,11 @@ def _child_main(conn: Any, handoff: WanHandoff, t0_s: float, period_s: float) ->
         wan = Wan.attached(handoff)
         telemetry = Telemetry(wan.sample, DIRECTIONS, t0_s=t0_s, scale=handoff.scale, period_s=period_s, keep_rows=False)
         telemetry.add_listener(lambda row: send(("row", row)))
-        wan.warm()
         telemetry.start()
     except Exception as exc:
         send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    send(("ready", os.getpid(), realtime))
+    send(("ready",))
     schedule: ScheduleRunner | None = None
 
     def fired(t_s: float, action: ScheduleAction, woke_late_s: float, error: str | None) -> None:
@@ -164,7 +162,6 @@ class WanControl:
         self.telemetry = TelemetryFeed(self)
         self.schedule = ScheduleFeed(self)
         self.pid: int | None = None
-        self.realtime = False
         self._proc: Any = None
         self._conn: Any = None
         self._send_lock = threading.Lock()
@@ -186,6 +183,7 @@ class WanControl:
             raise HostError(f"WAN control process did not start: {e}") from e
         finally:
             theirs.close()
+        self.pid = self._proc.pid
         self._conn = Connection(ours.detach())
         self.send((self.wan.handoff(), self.t0_s, self.period_s))
         threading.Thread(target=self._read, name="wan-control-reader", daemon=True).start()
@@ -244,7 +242,6 @@ class WanControl:
                     self._sync_seen = max(self._sync_seen, msg[1])
                     self._synced.notify_all()
             elif op == "ready":
-                self.pid, self.realtime = msg[1], msg[2]
                 self._ready.set()
             elif op == "failed":
                 self._failure = msg[1]
