@@ -48,6 +48,11 @@ UDP_BUFFER_BYTES = (1 << 20, 8 << 20)
 # Where a real-time priority is refused, nice -10.
 RT_PRIORITY = 5
 NICE = -10
+# A client's own timer (iperf3 -t, whole seconds) is only a backstop, this long past its period's end: a period ends
+# when the runner sends SIGTERM at its end time, the same path every time. With -t at the period's length the two
+# ends raced: a client whose timer ran out a few ms before the SIGTERM was in its end-of-test exchange with the server
+# when the signal came, and in one val-cross-surge run (scale 50, 2026-12-06) the server then wrote no report at all.
+CLIENT_BACKSTOP_S = 2
 
 
 @dataclass(frozen=True)
@@ -180,7 +185,9 @@ def parse_cross_traffic_section(f: Fields) -> CrossTrafficSpec:
 
 
 def iperf3_client_argv(flow: FlowSpec, ip: str, port: int, duration_s: float, rate_bps: float | None, interval_s: float, log: Path) -> list[str]:
-    argv = ["iperf3", "-c", ip, "-p", str(port), "-t", str(max(1, math.ceil(duration_s))), "-i", f"{interval_s:g}",
+    """A client for a period of `duration_s`, which the runner ends at its end time (`CLIENT_BACKSTOP_S`)."""
+    seconds = max(1, math.ceil(duration_s)) + CLIENT_BACKSTOP_S
+    argv = ["iperf3", "-c", ip, "-p", str(port), "-t", str(seconds), "-i", f"{interval_s:g}",
             "-J", "--logfile", str(log)]
     if flow.protocol == "udp":
         argv += ["-u", "-w", str(udp_buffer_bytes(rate_bps, flow.streams))]
@@ -334,16 +341,16 @@ class CrossTraffic:
             self._end(srv, 3.0)
         if cli is not None and not ended and cli.returncode != 0:
             self.errors.append(f"{flow.name} period {k}: iperf3 client exited with {cli.returncode}")
-        self._record(flow, k, period, launched - self._t0, srv_log)
+        self._record(flow, k, period, launched - self._t0, srv_log, srv.returncode)
 
-    def _record(self, flow: FlowSpec, k: int, period: RatePeriod, launched_s: float, srv_log: Path) -> None:
+    def _record(self, flow: FlowSpec, k: int, period: RatePeriod, launched_s: float, srv_log: Path, srv_rc: int | None = None) -> None:
         text = srv_log.read_text() if srv_log.exists() else ""
         rows = [{"t_s": launched_s + iv["end_s"], "flow": flow.name, "protocol": flow.protocol, "src": flow.src, "dst": flow.dst,
                  "period": k, "interval_s": iv["seconds"], "bytes": iv["bytes"], "achieved_bps": iv["bits_per_second"],
                  "configured_bps": math.nan if period.rate_bps is None else period.rate_bps, "lost_packets": iv["lost_packets"],
                  "packets": iv["packets"], "jitter_ms": iv["jitter_ms"]} for iv in parse_iperf3_intervals(text)]
         if not rows:
-            self.errors.append(f"{flow.name} period {k}: no throughput report in {srv_log}")
+            self.errors.append(f"{flow.name} period {k}: no throughput report in {srv_log} (the iperf3 server's exit status: {srv_rc})")
         with self._lock:
             self._rows.extend(rows)
 

@@ -6,6 +6,7 @@ The namespaces stand in for ``prfaas-x0`` and ``pd-x0``; in a run the emulated n
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import subprocess
@@ -84,6 +85,11 @@ def test_udp_flow_achieves_its_configured_rate_and_is_recorded(two_hosts, tmp_pa
     assert (df["lost_packets"] >= 0).all()
     assert all(p.poll() is not None for p in started), "every iperf3 process ended"
     assert not ct.errors and not ct.notes, (ct.errors, ct.notes)
+    # The period (0-3 s) was ended by the runner's SIGTERM at its end, not by the client's own timer (a backstop
+    # 2 s later): iperf3 says so in its log, and the receiver's last report is no later than the period's end.
+    client = json.loads((tmp_path / "cross_traffic_logs" / "udp1.0.client.json").read_text())
+    assert client["start"]["test_start"]["duration"] == 5 and client.get("error", "").startswith("interrupt"), client.get("error")
+    assert df["t_s"].max() <= 3.0 + 0.3, df["t_s"].max()
 
 
 def test_onoff_tcp_flow_is_silent_in_off_periods_and_stop_ends_everything(two_hosts, tmp_path: Path) -> None:
