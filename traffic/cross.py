@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from testbed import clock, units
-from testbed.errors import FieldError
 from testbed.rundir import CROSS_TRAFFIC_FILE, cross_traffic_frame
 from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS

@@ -32,8 +32,8 @@ import yaml
 from torch import nn
 
 from testbed.errors import UserError
-from testbed.models.layers import Block, make_param, rms_norm
-from testbed.models.spec import GQALayer, LinearLayer, MLALayer, ModelSpec
+from testbed.models.layers import Block, make_param
+from testbed.models.spec import GQALayer, ModelSpec
 from testbed.models.torch_model import HybridModel, Variant, resolve_device
 
 WIDTHS_FILE = Path(__file__).resolve().parent / "widths.yaml"

@@ -443,7 +443,7 @@ class LinearMixer(nn.Module):
                  checkpoint_at: int | None) -> tuple[torch.Tensor, LayerKV, LayerKV | None]:
         sp = self.spec
         t = x.shape[0]
-        h, hk, dk, dv = sp.heads, sp.qk_heads, sp.key_dim, sp.value_dim
+        h, dk, dv = sp.heads, sp.key_dim, sp.value_dim
         at = checkpoint_at - start if checkpoint_at is not None and start < checkpoint_at <= start + t else None
         qkv, decay, write = self._project(x)
         conv_state = conv_at = None  # conv_at: the conv inputs at the checkpoint (layers with a short conv)
@@ -483,7 +483,7 @@ class LinearMixer(nn.Module):
         cache entry): the projections, the conv and the recurrent state update run on the whole batch."""
         sp = self.spec
         b = x.shape[0]
-        h, hk, dk, dv = sp.heads, sp.qk_heads, sp.key_dim, sp.value_dim
+        h, dv = sp.heads, sp.value_dim
         qkv, decay, write = self._project(x)
         conv_states: list[torch.Tensor | None] = [None] * b
         if sp.conv_kernel:

@@ -25,7 +25,7 @@ import numpy as np
 import yaml
 
 from testbed.errors import UserError
-from testbed.models.profiles import ComputeProfile, fit_prefill, profile_from_dict
+from testbed.models.profiles import ComputeProfile, fit_prefill
 
 
 @dataclass(frozen=True)

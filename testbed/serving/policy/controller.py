@@ -13,7 +13,7 @@ from collections import deque
 from typing import Any, Callable
 
 from testbed.serving.policy.base import TelemetrySample
-from testbed.serving.policy.estimator import BandwidthEstimator, Estimate, EstimatorSpec
+from testbed.serving.policy.estimator import BandwidthEstimator, Estimate
 from testbed.serving.policy.latency import PrefillTimes
 from testbed.serving.policy.linefit import LineFit
 from testbed.serving.policy.log import SchedulerLog
