@@ -52,6 +52,7 @@ NICE = -10
 # ends raced: a client whose timer ran out a few ms before the SIGTERM was in its end-of-test exchange with the server
 # when the signal came, and in one val-cross-surge run (scale 50, 2026-12-06) the server then wrote no report at all.
 CLIENT_BACKSTOP_S = 2
+IPERF3_MAX_T_S = 86400  # the longest -t iperf3 accepts (a period without an end runs until stop())
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def parse_cross_traffic_section(f: Fields) -> CrossTrafficSpec:
 
 def iperf3_client_argv(flow: FlowSpec, ip: str, port: int, duration_s: float, rate_bps: float | None, interval_s: float, log: Path) -> list[str]:
     """A client for a period of `duration_s`, which the runner ends at its end time (`CLIENT_BACKSTOP_S`)."""
-    seconds = max(1, math.ceil(duration_s)) + CLIENT_BACKSTOP_S
+    seconds = min(max(1, math.ceil(duration_s)) + CLIENT_BACKSTOP_S, IPERF3_MAX_T_S)
     argv = ["iperf3", "-c", ip, "-p", str(port), "-t", str(seconds), "-i", f"{interval_s:g}",
             "-J", "--logfile", str(log)]
     if flow.protocol == "udp":

@@ -64,6 +64,7 @@ def _callables(hosts: dict[str, tuple[str, str]], started: list[subprocess.Popen
 def test_udp_flow_achieves_its_configured_rate_and_is_recorded(two_hosts, tmp_path: Path) -> None:
     spec = parse_cross_traffic_section(Fields({"interval": "0.5s", "flows": [
         {"name": "udp1", "protocol": "udp", "rate": "50Mbps", "stop": "3s"},
+        {"name": "udp2", "protocol": "udp", "rate": "10Mbps"},  # until stop(): its client's -t within iperf3's bounds
     ]}, "cross_traffic"))
     started: list[subprocess.Popen] = []
     popen, host_ip = _callables(two_hosts, started)
@@ -74,12 +75,13 @@ def test_udp_flow_achieves_its_configured_rate_and_is_recorded(two_hosts, tmp_pa
         time.sleep(1.0)
         # both iperf3 ends run at the real-time priority that keeps a neighbour's rate on a busy host
         running = [p for p in started if p.poll() is None]
-        assert len(running) == 2 and all(os.sched_getscheduler(p.pid) == os.SCHED_RR for p in running)
+        assert len(running) == 4 and all(os.sched_getscheduler(p.pid) == os.SCHED_RR for p in running)
         assert all(os.sched_getparam(p.pid).sched_priority == RT_PRIORITY for p in running)
         time.sleep(3.0)
     df = pd.read_parquet(tmp_path / "cross_traffic.parquet")
-    assert set(df["flow"]) == {"udp1"}
-    assert len(df) >= 4  # 0.5 s reports over ~3 s
+    assert set(df["flow"]) == {"udp1", "udp2"}
+    assert len(df[df["flow"] == "udp1"]) >= 4 and len(df[df["flow"] == "udp2"]) >= 6  # 0.5 s reports over ~3 s and ~4 s
+    assert 8e6 < ct.achieved_bps()["udp2"] < 11e6
     mean_bps = ct.achieved_bps()["udp1"]
     assert 40e6 < mean_bps < 55e6, mean_bps  # loose: 50 Mbps configured, nothing else on the veth
     assert (df["lost_packets"] >= 0).all()
@@ -89,7 +91,7 @@ def test_udp_flow_achieves_its_configured_rate_and_is_recorded(two_hosts, tmp_pa
     # 2 s later): iperf3 says so in its log, and the receiver's last report is no later than the period's end.
     client = json.loads((tmp_path / "cross_traffic_logs" / "udp1.0.client.json").read_text())
     assert client["start"]["test_start"]["duration"] == 5 and client.get("error", "").startswith("interrupt"), client.get("error")
-    assert df["t_s"].max() <= 3.0 + 0.3, df["t_s"].max()
+    assert df.loc[df["flow"] == "udp1", "t_s"].max() <= 3.0 + 0.3, df["t_s"].max()
 
 
 def test_onoff_tcp_flow_is_silent_in_off_periods_and_stop_ends_everything(two_hosts, tmp_path: Path) -> None:

@@ -62,6 +62,8 @@ def test_client_command_line() -> None:
     argv = iperf3_client_argv(f, "10.2.0.5", 5301, 2.2, 2.5e9, 0.5, Path("/x/c.json"))
     # -t is a backstop 2 s past the period (3 whole seconds): the runner's SIGTERM at the period's end ends it
     assert argv[:9] == ["iperf3", "-c", "10.2.0.5", "-p", "5301", "-t", "5", "-i", "0.5"]
+    # a period until stop() (24 h) stays within the longest -t iperf3 accepts
+    assert iperf3_client_argv(f, "10.2.0.5", 5301, 24 * 3600.0, 2.5e9, 0.5, Path("c"))[6] == "86400"
     # the flow's rate split over its streams (iperf3 applies -b to each of the -P streams)
     assert "-u" in argv and argv[argv.index("-b") + 1] == "625000000" and argv[argv.index("-P") + 1] == "4"
     # and each stream's socket buffers hold 100 ms of its share (625 Mbps: 7.8 MB), within 1-8 MiB
