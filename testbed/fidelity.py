@@ -69,6 +69,12 @@ class Tolerances:
     # neighbours stand for other tenants' machines, so a run whose neighbours gave way to this host's CPU
     # handed the WAN's room to its own traffic (docs/traffic.md, "Neighbours that send what they are configured to")
     cross_sent_ratio_p10_min: float = 0.9
+    # p99 of how late the router's control loop ticked (`tick_late_s` of its signals rows): one tick of the default
+    # 0.2-s loop. The router is the system under test, at a normal priority beside the emulator's real-time helpers
+    # (delay lines, the WAN control process, the neighbours' iperf3); a host that starves it delays every decision
+    # and signal, which no other figure showed: the case study's real-time neighbours left it 0.4-3.2 s late at p99
+    # on the 2-core VM (docs/scale-out.md, "The router's own time")
+    router_tick_late_p99_s: float = 0.2
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -277,6 +283,10 @@ def assess(record: dict[str, Any], tol: Tolerances = TOLERANCES) -> list[str]:
                      f"(tolerance {tol.cross_sent_ratio_p10_min:.0%})")
     if cross_errors := (record.get("cross") or {}).get("errors"):  # a neighbour missing, or its rate unmeasured
         flags.append(f"cross traffic: {len(cross_errors)} error(s), the first: {cross_errors[0]}")
+    router = _num((record.get("router") or {}).get("tick_late_p99_s"))
+    if router is not None and router > tol.router_tick_late_p99_s:
+        flags.append(f"the router's control loop ticked {router:.2f} s late at p99 (tolerance {tol.router_tick_late_p99_s:g} s): "
+                     "the host starved the system under test")
     for d, cores in ((record.get("cpu") or {}).get("delayline_cores") or {}).items():
         if cores > tol.delayline_cores_max:
             flags.append(f"delay line {d} used {cores:.2f} cores (tolerance {tol.delayline_cores_max:g})")
@@ -332,6 +342,22 @@ def with_cross(record: dict[str, Any], cross: Any, errors: list[str] | None = No
     return _judged({**record, "cross": {**cross_timing(cross), "errors": list(errors or []), "notes": list(notes or [])}}, tol)
 
 
+def router_timing(scheduler: Any) -> dict[str, Any]:
+    """How late the router's control loop ticked, from the scheduler log's ``signals`` rows (`tick_late_s`, one per
+    tick); {} for a log without them (a run recorded before 2026-12-06)."""
+    if scheduler is None or "tick_late_s" not in scheduler or "kind" not in scheduler:
+        return {}
+    late = scheduler.loc[scheduler["kind"] == "signals", "tick_late_s"].dropna().astype(float).tolist()
+    if not late:
+        return {}
+    return {"ticks": len(late), "tick_late_p99_s": percentile(late, 99), "tick_late_max_s": max(late)}
+
+
+def with_router(record: dict[str, Any], scheduler: Any, tol: Tolerances = TOLERANCES) -> dict[str, Any]:
+    """`record` with the router's control-loop timing (`router_timing`) and its verdict again."""
+    return _judged({**record, "router": router_timing(scheduler)}, tol)
+
+
 def _judged(rec: dict[str, Any], tol: Tolerances) -> dict[str, Any]:
     """`rec` with its verdict (`assess`) set: `flags`, and `ok` when there are none."""
     rec["flags"] = assess(rec, tol)
@@ -376,6 +402,7 @@ def summary_fields(record: dict[str, Any]) -> dict[str, Any]:
            for part in COMPUTE_PARTS},
         "fidelity_run_cpu_cores": _num(cpu.get("run_cpu_cores")), "fidelity_host_busy_share": _num(cpu.get("host_busy_share")),
         "fidelity_cross_sent_ratio_p10": _num((record.get("cross") or {}).get("udp_sent_ratio_p10")),
+        "fidelity_router_tick_late_p99_s": _num((record.get("router") or {}).get("tick_late_p99_s")),
     }
 
 

@@ -104,6 +104,7 @@ SCHEDULER_COLUMNS = (
     # signals rows (one per control tick): the policy's belief beside the emulator's ground truth
     "signals", "kv_available_bps", "truth_kv_available_bps", "wan_capacity_bps", "queueing_delay_ms",
     "committed_bytes", "backlogged", "excess_committed_bits",
+    "tick_late_s",  # how late the control loop ran this tick (timing fidelity: testbed.fidelity.router_timing)
 )
 SCHEDULER_REQUIRED = ("t_s",)
 

@@ -730,13 +730,17 @@ class Router:
 
     def _control_loop(self) -> None:
         interval = self.cfg.policy.control.interval_s
+        last = clock.now_s()
         while not self._stop.wait(interval):
             self.policy.on_telemetry(self.queue_sample())
             now = clock.now_s()
             self.policy.tick(now)
-            self.log_signals(now)
+            # how much later than one interval after the last this tick ran: a router the host starves shows here
+            # (timing fidelity, `testbed.fidelity.router_timing`)
+            self.log_signals(now, tick_late_s=max(0.0, now - last - interval))
+            last = now
 
-    def log_signals(self, now_s: float) -> None:
+    def log_signals(self, now_s: float, tick_late_s: float | None = None) -> None:
         """A ``signals`` row: what the policy believes beside the emulator's ground truth."""
         st = self.policy.status()
         with self._lock:
@@ -747,7 +751,8 @@ class Router:
                      estimate_evidence=st.get("estimate_evidence"), estimate_age_s=st.get("estimate_age_s"),
                      estimate_sample_bps=st.get("estimate_sample_bps"), rtt_ms=st.get("rtt_ms"),
                      rtt_floor_ms=st.get("rtt_floor_ms"), estimate_t_s=st.get("estimate_t_s"),
-                     estimate_backlog_bytes=st.get("estimate_backlog_bytes"), min_rtt_ms=st.get("min_rtt_ms"))
+                     estimate_backlog_bytes=st.get("estimate_backlog_bytes"), min_rtt_ms=st.get("min_rtt_ms"),
+                     tick_late_s=tick_late_s)
 
     # -- views
     def state(self) -> dict[str, Any]:

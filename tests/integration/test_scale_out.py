@@ -79,6 +79,10 @@ def assert_complete_run(task: RunTask, outcome: RunOutcome) -> dict[str, Any]:
     assert fid["compute"]["prefill"]["n"] == len(df) and df["prefill_late_s"].notna().all() and (df["prefill_late_s"] >= 0).all()
     assert fid["compute"]["decode"]["n"] == int((df["output_len"] > 1).sum()) and (df["decode_late_s"] >= 0).all()
     assert summary["fidelity_prefill_late_ratio_p90"] == fid["compute"]["prefill"]["late_ratio_p90"]
+    # the router's control loop timed by itself: a tick per signals row of the scheduler log
+    sched = pd.read_parquet(task.out_dir / "scheduler.parquet")
+    assert fid["router"]["ticks"] == int((sched["kind"] == "signals").sum()) > 0 and fid["router"]["tick_late_max_s"] >= 0
+    assert summary["fidelity_router_tick_late_p99_s"] == fid["router"]["tick_late_p99_s"]
     return fid
 
 
