@@ -26,6 +26,7 @@ Per run (`measure`), with the event window = arrivals in [event start, event end
   est_mae      the estimator's median relative error in steady periods (summary.json "estimator")
   detect_s     first time after the event's start at which the estimate was below 50% of its value
                just before (dip-like shapes only; None if never)
+  fidelity_flags  the run's timing-fidelity flags ("" when none; docs/scale-out.md): shown per run, judged all the same
 Ratios (prfaas arm / fixed-threshold, per seed) with a 95% bootstrap CI over seeds of their mean.
 
 Targets (issue 9): long_p90 ratio <= 0.7 with CI upper < 1, xfer_p90 ratio <= 0.7, short_p90 ratio <= 1.3,
@@ -146,6 +147,8 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "kv_cc": run.summary.get("kv_congestion_control"),  # what the KV connections ran: it moves every figure
         # offloads whose full-attention KV crossed in float8 (policy.kv_compression), whole run and in the window
         "fp8_share": float8_share(df[ok]), "fp8_share_event": float8_share(df[win]),
+        # timing fidelity (docs/scale-out.md): a flagged run's figures may be the host's, not the policy's
+        "fidelity_flags": str(run.summary.get("fidelity_flags") or ""),
     }
 
 
@@ -160,6 +163,25 @@ def detection_s(sched: pd.DataFrame, start_s: float) -> float | None:
     ref = float(before["kv_available_bps"].iloc[-1])
     after = sig[(sig["t_s"] >= start_s) & (sig["kv_available_bps"] < 0.5 * ref)]
     return float(after["t_s"].iloc[0] - start_s) if len(after) else None
+
+
+def print_runs(rows: list[dict[str, Any]], console: Console) -> None:
+    """The per-run table, with each run's timing fidelity; a flagged run's reasons under it. Flagged runs are
+    judged all the same (as `prfaas capacity` and `prfaas experiment` do): the reader sees which figures to doubt."""
+    t = Table(title="per run")
+    for c in ("shape", "arm", "seed", "long P90 s", "short P90 s", "xfer P90 s", "SLO", "failed", "est err", "detect s", "signals",
+              "timing"):
+        t.add_column(c)
+    f = lambda x: "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.2f}"  # noqa: E731
+    for r in rows:
+        t.add_row(r["shape"], r["arm"], str(r["seed"]), f(r["long_p90_s"]), f(r["short_p90_s"]), f(r["xfer_p90_s"]), f(r["slo"]),
+                  str(r["failed"]), f(r["est_mae"]), f(r["detect_s"]), r["signals"], "FLAGGED" if r.get("fidelity_flags") else "ok")
+    console.print(t)
+    flagged = [r for r in rows if r.get("fidelity_flags")]
+    for r in flagged:
+        console.print(f"timing fidelity flagged {r['shape']}/{r['arm']}-s{r['seed']}: {r['fidelity_flags']}")
+    if flagged:
+        console.print(f"{len(flagged)} of {len(rows)} runs flagged for timing fidelity (docs/scale-out.md); judged all the same")
 
 
 def bootstrap_ci(x: list[float]) -> tuple[float, float, float]:
@@ -357,14 +379,7 @@ def main() -> int:
                 console.print(f"[red]{key} failed[/]: {o.error}")
     rows = [{"shape": shape, "arm": arm, "seed": seed, **measure(d)} for shape, arm, seed, d in completed(out)]
     (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
-    t = Table(title="per run")
-    for c in ("shape", "arm", "seed", "long P90 s", "short P90 s", "xfer P90 s", "SLO", "failed", "est err", "detect s", "signals"):
-        t.add_column(c)
-    f = lambda x: "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.2f}"  # noqa: E731
-    for r in rows:
-        t.add_row(r["shape"], r["arm"], str(r["seed"]), f(r["long_p90_s"]), f(r["short_p90_s"]), f(r["xfer_p90_s"]), f(r["slo"]),
-                  str(r["failed"]), f(r["est_mae"]), f(r["detect_s"]), r["signals"])
-    console.print(t)
+    print_runs(rows, console)
     ok, judged = compare(rows, console)
     for path in plot_steps(rows, out):
         console.print(f"single-raise sweep: {path}")

@@ -138,3 +138,19 @@ def test_the_arms_of_a_seed_run_together_and_their_order_alternates_from_seed_to
     keys = [t.key for t in tasks(["val-dip"], [1, 2, 3], ["fixed-threshold", "prfaas-observed"], tmp_path, [])]
     assert keys == ["val-dip/fixed-threshold-s1", "val-dip/prfaas-observed-s1", "val-dip/prfaas-observed-s2",
                     "val-dip/fixed-threshold-s2", "val-dip/fixed-threshold-s3", "val-dip/prfaas-observed-s3"]
+
+
+def test_each_runs_timing_fidelity_is_shown_and_a_flagged_runs_reason_printed() -> None:
+    """Session 57: the case study's router ran seconds late for 38 runs and the bench's tables never said so. A run's
+    fidelity flags now reach its row and the output (judged all the same, as `prfaas capacity` does)."""
+    console = Console(record=True, width=250)
+    rows = [row("fixed-threshold", 1, 10.0), {**row("prfaas-observed", 1, 5.0),
+            "fidelity_flags": "the router's control loop ticked 1.20 s late at p99 (tolerance 0.2 s)"}]
+    bench["print_runs"](rows, console)
+    text = console.export_text()
+    assert text.count("FLAGGED") == 1 and text.count(" ok ") >= 1
+    assert "timing fidelity flagged val-rtt-surge/prfaas-observed-s1: the router's control loop ticked 1.20 s late" in text
+    assert "1 of 2 runs flagged for timing fidelity" in text
+    quiet = Console(record=True, width=250)
+    bench["print_runs"]([row("fixed-threshold", 1, 10.0)], quiet)
+    assert "flagged" not in quiet.export_text()
