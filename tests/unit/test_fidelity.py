@@ -285,7 +285,7 @@ def test_what_udp_neighbours_sent_is_read_from_iperf3s_sequence_counts_and_a_sho
 def test_a_router_the_host_starved_is_flagged_from_its_control_ticks():
     """The router logs how late each control tick ran (`tick_late_s` on its signals rows); p99 over one tick of the
     default loop (0.2 s) flags the run. The case study's real-time neighbours left the router 0.4-3.2 s late at p99 on
-    the 2-core VM (2026-12-06) while no other figure was flagged; before them, 0.05-0.17 s."""
+    the 2-core VM (2026-12-06) while no other figure was flagged; before them, 0.05-0.19 s."""
     import pandas as pd
 
     def log(late: list[float]) -> pd.DataFrame:

@@ -141,7 +141,7 @@ def test_the_arms_of_a_seed_run_together_and_their_order_alternates_from_seed_to
 
 
 def test_each_runs_timing_fidelity_is_shown_and_a_flagged_runs_reason_printed() -> None:
-    """Session 57: the case study's router ran seconds late for 38 runs and the bench's tables never said so. A run's
+    """Session 57: the case study's router ran seconds late for 36 runs and the bench's tables never said so. A run's
     fidelity flags now reach its row and the output (judged all the same, as `prfaas capacity` does)."""
     console = Console(record=True, width=250)
     rows = [row("fixed-threshold", 1, 10.0), {**row("prfaas-observed", 1, 5.0),
