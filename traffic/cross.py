@@ -343,7 +343,7 @@ class CrossTraffic:
             self.errors.append(f"{flow.name} period {k}: iperf3 client exited with {cli.returncode}")
         self._record(flow, k, period, launched - self._t0, srv_log, srv.returncode)
 
-    def _record(self, flow: FlowSpec, k: int, period: RatePeriod, launched_s: float, srv_log: Path, srv_rc: int | None = None) -> None:
+    def _record(self, flow: FlowSpec, k: int, period: RatePeriod, launched_s: float, srv_log: Path, srv_rc: int | None) -> None:
         text = srv_log.read_text() if srv_log.exists() else ""
         rows = [{"t_s": launched_s + iv["end_s"], "flow": flow.name, "protocol": flow.protocol, "src": flow.src, "dst": flow.dst,
                  "period": k, "interval_s": iv["seconds"], "bytes": iv["bytes"], "achieved_bps": iv["bits_per_second"],
