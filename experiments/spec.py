@@ -126,7 +126,7 @@ def parse_spec(data: Any, source: str | None = None, base_dir: Path | None = Non
 
 def load_spec(path: str | Path) -> ExperimentSpec:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise UserError(f"{p}: no such experiment file")
     data = read_yaml(p)
     return parse_spec(data, str(p), p.parent.resolve())

@@ -21,7 +21,7 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import REQUIRED, Fields, boolean, number, positive_int
+from testbed.validation import REQUIRED, Fields, boolean, number, positive_int, read_yaml
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -368,12 +368,7 @@ def find_scenario(name_or_path: str) -> Path:
 def read_scenario_file(name_or_path: str, overrides: list[str] | None = None, *, sections: Sequence[Section]) -> Scenario:
     """A scenario file (a path or a ready scenario's name) with ``--set`` overrides applied; see `read_scenario`."""
     path = find_scenario(name_or_path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data = read_yaml(path)
     return read_scenario(apply_overrides(data or {}, overrides or []), str(path), sections=sections)
 
 

@@ -158,10 +158,17 @@ def non_negative(v: Any) -> float:
 
 
 def read_yaml(path: Path) -> Any:
-    """A YAML file's data; a syntax error becomes one line naming the file (the one reader of user YAML files)."""
+    """A YAML file's data (the one reader of user YAML files): a file that cannot be read (a directory, no
+    permission, not UTF-8 text) or a syntax error becomes one line naming the file, and the line where it can."""
     import yaml
 
     try:
         return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (at byte offset {exc.start}); a YAML file is expected") from None
     except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', exc)})") from None

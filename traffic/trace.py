@@ -88,18 +88,22 @@ def read_trace(path: str | Path, skip_bad: bool = False) -> TraceData:
     requests: list[Request] = []
     skipped = 0
     problems: list[str] = []
+    lineno = 0
     with handle:
-        for lineno, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                requests.append(parse_line(text, lineno, f"r{len(requests)}"))
-            except TraceLineError as exc:
-                if not skip_bad:
-                    raise UserError(f"trace {p}: {exc} (use --skip-bad to skip and count bad lines)") from None
-                skipped += 1
-                if len(problems) < KEEP_PROBLEMS:
-                    problems.append(str(exc))
+        try:
+            for lineno, text in enumerate(handle, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    requests.append(parse_line(text, lineno, f"r{len(requests)}"))
+                except TraceLineError as exc:
+                    if not skip_bad:
+                        raise UserError(f"trace {p}: {exc} (use --skip-bad to skip and count bad lines)") from None
+                    skipped += 1
+                    if len(problems) < KEEP_PROBLEMS:
+                        problems.append(str(exc))
+        except UnicodeDecodeError:  # read in blocks: the bad byte lies in the line after the last one read, or soon after
+            raise UserError(f"trace {p}: not UTF-8 text after line {lineno}; a Mooncake JSONL file is expected") from None
     return TraceData(requests, skipped, tuple(problems), str(p))
 
 

@@ -20,11 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-import yaml
-
 from testbed.errors import FieldError, UserError
 from testbed.kv.cache import FULL_KINDS
-from testbed.validation import Fields
+from testbed.validation import Fields, read_yaml
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -342,21 +340,10 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
 
 
-def _read_yaml(path: Path) -> Any:
-    try:
-        return yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}:" if mark else ""
-        raise UserError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
-
-
 @functools.lru_cache(maxsize=None)
 def _load_preset(path: str) -> ModelSpec:
     """Presets are read once per process (specs are immutable)."""
-    return parse_model_spec(_read_yaml(Path(path)), path)
+    return parse_model_spec(read_yaml(Path(path)), path)
 
 
 def load_model_spec(name_or_file: str, base_dir: str | Path | None = None) -> ModelSpec:
@@ -372,7 +359,7 @@ def load_model_spec(name_or_file: str, base_dir: str | Path | None = None) -> Mo
         candidates.append(Path(base_dir) / text)
     for path in candidates:
         if path.is_file():
-            return parse_model_spec(_read_yaml(path), str(path), default_name=path.stem)
+            return parse_model_spec(read_yaml(path), str(path), default_name=path.stem)
     raise UserError(f"model {text!r}: not a preset and no such file; presets: {', '.join(list_presets())}")
 
 

@@ -171,7 +171,7 @@ def test_bad_spec_is_rejected_naming_the_field(data: dict, field: str, message: 
 def test_bad_spec_files_give_one_line_user_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
-    with pytest.raises(UserError, match=r"bad.yaml: line \d+: is not valid YAML"):
+    with pytest.raises(UserError, match=r"bad.yaml: not valid YAML at line \d+"):
         load_model_spec(str(bad))
     with pytest.raises(UserError, match="not a preset and no such file; presets: deepseek-v3"):
         load_model_spec("no-such-model")

@@ -101,3 +101,15 @@ def test_units(text, parse, expected):
 def test_queue_units(text, kind, value):
     q = units.parse_queue(text)
     assert (q.kind, q.value) == (kind, value)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda d: d, "cannot read (Is a directory)"),
+    (lambda d: (d / "s.yaml").write_bytes(b"wan: {rate: \xff}\n") and d / "s.yaml", "not UTF-8 text (at byte offset 12)"),
+    (lambda d: (d / "s.yaml").write_text("wan:\n  rate: [1,\n") and d / "s.yaml", "not valid YAML at line 3"),
+])
+def test_a_scenario_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, make, words):
+    path = make(tmp_path)
+    with pytest.raises(UserError) as err:
+        load_scenario(str(path))
+    assert str(err.value).startswith(f"{path}: ") and words in str(err.value)

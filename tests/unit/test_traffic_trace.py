@@ -81,6 +81,14 @@ def test_missing_file_is_a_user_error(tmp_path: Path) -> None:
         read_trace(tmp_path / "nope.jsonl")
 
 
+def test_a_trace_that_is_not_utf8_is_one_user_error_even_with_skip_bad(tmp_path: Path) -> None:
+    p = tmp_path / "bin.jsonl"
+    p.write_bytes((GOOD + "\n").encode() + b"\xff\xfe\n")
+    for skip in (False, True):
+        with pytest.raises(UserError, match=r"bin.jsonl: not UTF-8 text after line \d+"):
+            read_trace(p, skip_bad=skip)
+
+
 def test_batch_round_trip_and_take() -> None:
     reqs = [Request("r0", 0.0, 600, 3, (1, 2), 4), Request("r1", 1.0, 100, 2, (9,)), Request("r2", 2.0, 1100, 1, (1, 2, 3))]
     b = RequestBatch.from_requests(reqs)
