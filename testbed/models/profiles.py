@@ -192,6 +192,8 @@ def measured_profile(path: Path, chip: str = "this-host", model: str = "measured
         text = path.read_text()
     except OSError as exc:
         raise UserError(f"{where}: cannot read measured profile ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{where}: measured profile is not UTF-8 text (at byte offset {exc.start}); CSV or JSON is expected") from None
     if path.suffix == ".json":
         try:
             data = json.loads(text)

@@ -208,3 +208,13 @@ def test_a_cpu_clock_is_refused_on_a_gpu() -> None:
     with pytest.raises(UserError, match="--clock: cpu .* on a CUDA device use wall or auto"):
         clock_for(plan, "cuda")
     assert clock_for(plan, "cpu")[0] == "cpu" and clock_for(dataclasses.replace(plan, clock="auto"), "cuda")[0] == "wall"
+
+
+def test_a_measured_profile_that_is_not_utf8_is_one_user_error(tmp_path: Path) -> None:
+    from testbed.errors import UserError
+    from testbed.models.profiles import measured_profile
+
+    bad = tmp_path / "m.csv"
+    bad.write_bytes(b"tokens,prefill_s\n\xff,1\n")
+    with pytest.raises(UserError, match=r"m.csv: measured profile is not UTF-8 text \(at byte offset 17\)"):
+        measured_profile(bad)
