@@ -1,6 +1,5 @@
 """`prfaas net up --detach / exec / down`, bad input, and `prfaas clean` after a SIGKILLed run."""
 
-import os
 import signal
 import subprocess
 import sys

@@ -3,8 +3,6 @@
 Bounds are loose sanity bounds (a shared 2-core host); the tight figures are benchmarks/wan_fidelity.py.
 """
 
-import subprocess
-
 import pytest
 
 from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss

@@ -14,7 +14,7 @@ import torch
 from testbed.cli import main as cli_main
 from testbed.models import full
 from testbed.models.profiles import load_profile
-from testbed.models.profiling import (Measurement, ProfilePlan, fit_decode, fit_errors, measure, measured_phi,
+from testbed.models.profiling import (Measurement, ProfilePlan, fit_decode, fit_errors, measured_phi,
                                       profile_document, write_profile)
 from testbed.models.spec import load_model_spec
 from testbed.models.torch_model import tiny_spec
