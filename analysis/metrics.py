@@ -65,6 +65,15 @@ def ttft_s(df: pd.DataFrame) -> pd.Series:
     return df["first_token_s"] - df["arrival_s"]
 
 
+def client_ttft_s(df: pd.DataFrame) -> pd.Series:
+    """Time to first token as the client saw it (``client_first_token_s - client_arrival_s``), as vLLM's ``bench
+    serve`` measures it: the router's `ttft_s` plus two intra-datacenter hops and the router's intake (docs/scale-out.md,
+    "The client and the router's intake"); empty for a frame without the client's columns."""
+    if "client_first_token_s" not in df or "client_arrival_s" not in df:
+        return pd.Series([], dtype=float)
+    return (df["client_first_token_s"] - df["client_arrival_s"]).dropna()
+
+
 def tpot_s(df: pd.DataFrame) -> pd.Series:
     """Time per output token after the first: (finish - first token) / (output_len - 1); NaN for 1-token outputs."""
     n = (df["output_len"].astype(float) - 1).where(lambda x: x > 0)
@@ -353,6 +362,7 @@ def summarize(requests: pd.DataFrame, link: pd.DataFrame | None = None, *, scale
         "output_tokens_per_s": float(good["output_len"].sum()) / duration_s if duration_s and len(good) else None,
         "ttft_s": stats(ttft),
         "ttft_short_s": stats(ttft_s(short)) if len(short) else stats([]),
+        "ttft_client_s": stats(client_ttft_s(first)) if len(first) else stats([]),
         "tpot_s": {k: v for k, v in stats(tpot, (50, 90)).items()},
         "offload_fraction": float(off.mean()) if total else None,
         "kv_float8_fraction": float8_share(df),  # of the offloads: float8 KV on the WAN (policy.kv_compression)

@@ -41,6 +41,7 @@ DEFAULT_METRICS: dict[str, bool | None] = {
     "prefix_cache.hit_tokens": True,
 }
 KNOWN_DIRECTIONS: dict[str, bool | None] = {**DEFAULT_METRICS, "ttft_s.p99": False, "ttft_s.mean": False, "tpot_s.p90": False,
+                                            "ttft_client_s.p90": False, "ttft_client_s.p99": False,
                                             "egress_gbps.mean": None, "prefix_cache.efficiency": True}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 

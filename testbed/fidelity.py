@@ -19,7 +19,7 @@ measures its own (docs/scale-out.md, "Timing fidelity"):
 
 `assess` compares the record with `TOLERANCES` (`with_compute` adds the compute figures once the run's
 requests are collected) and returns one line per figure outside them; a run
-with any is *flagged*: ``summary.json`` carries ``fidelity_ok: false`` and ``fidelity_flags``, and every
+with any is *flagged*: ``summary.json`` carries ``fidelity_ok: false`` and ``fidelity_flags``, and nearly every
 report that uses the run says so. The record is ``fidelity.json`` in the run directory.
 
 The probe is ``python -m testbed.fidelity probe --out FILE [--sleep-ms MS]``: it sleeps until SIGTERM,
@@ -75,6 +75,15 @@ class Tolerances:
     # and signal, which no other figure showed: the case study's real-time neighbours left it 0.4-3.2 s late at p99
     # on the 2-core VM (docs/scale-out.md, "The router's own time")
     router_tick_late_p99_s: float = 0.2
+    # p99 of how late the client sent a request against the workload's schedule (`client_send_late_s`, open loop),
+    # and of how long a request the client had sent took to reach the router's record (its `arrival_s` less the
+    # client's: two intra-datacenter hops, ~1 ms, plus the client's connect and the router's accept and parse). The
+    # client and the router are the system under test at a normal priority too; a run's TTFT starts at the router's
+    # stamp, so a late intake is a late start that no TTFT shows. 1/25 of the case study's short-request P90 TTFT
+    # (~2.5 s); the reproductions' 40 runs stay within 26 ms, session 58's six validation shapes within 81 ms, and nearly every
+    # case-study run with its neighbours on the 2-core VM (131 of 136) exceeds it (docs/scale-out.md, "The client and the router's intake")
+    client_send_late_p99_s: float = 0.1
+    intake_late_p99_s: float = 0.1
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -287,6 +296,15 @@ def assess(record: dict[str, Any], tol: Tolerances = TOLERANCES) -> list[str]:
     if router is not None and router > tol.router_tick_late_p99_s:
         flags.append(f"the router's control loop ticked {router:.2f} s late at p99 (tolerance {tol.router_tick_late_p99_s:g} s): "
                      "the host starved the system under test")
+    client = record.get("client") or {}
+    sent = _num(client.get("send_late_p99_s"))
+    if sent is not None and sent > tol.client_send_late_p99_s:
+        flags.append(f"the client sent requests {sent:.2f} s behind the workload's schedule at p99 "
+                     f"(tolerance {tol.client_send_late_p99_s:g} s)")
+    intake = _num(client.get("intake_late_p99_s"))
+    if intake is not None and intake > tol.intake_late_p99_s:
+        flags.append(f"requests reached the router's record {intake:.2f} s after the client sent them at p99 "
+                     f"(tolerance {tol.intake_late_p99_s:g} s): their TTFT starts that much late")
     for d, cores in ((record.get("cpu") or {}).get("delayline_cores") or {}).items():
         if cores > tol.delayline_cores_max:
             flags.append(f"delay line {d} used {cores:.2f} cores (tolerance {tol.delayline_cores_max:g})")
@@ -318,6 +336,30 @@ def compute_timing(requests: Any) -> dict[str, Any]:
             out[part] = {"n": len(ratios), "late_ratio_p50": percentile(ratios, 50), "late_ratio_p90": percentile(ratios, 90),
                          "late_p99_s": percentile(late.tolist(), 99)}
     return out
+
+
+def client_timing(requests: Any) -> dict[str, Any]:
+    """How late the client sent the requests against the workload's schedule (``client_send_late_s``; open loop
+    only, and none in a run recorded before 2026-12-06) and how long each request the client sent took to reach the
+    router's record (``arrival_s - client_arrival_s``, where the router kept one). {} when neither is known."""
+    out: dict[str, Any] = {}
+    if requests is None or not len(requests):
+        return out
+    if "client_send_late_s" in requests:
+        late = requests["client_send_late_s"].dropna().astype(float).tolist()
+        if late:
+            out.update(sent=len(late), send_late_p99_s=percentile(late, 99), send_late_max_s=max(late))
+    if "client_arrival_s" in requests and "arrival_s" in requests:
+        both = requests[requests["client_arrival_s"] != requests["arrival_s"]]  # equal: the router kept no record
+        intake = (both["arrival_s"] - both["client_arrival_s"]).dropna().astype(float).tolist()
+        if intake:
+            out.update(taken_in=len(intake), intake_late_p99_s=percentile(intake, 99), intake_late_max_s=max(intake))
+    return out
+
+
+def with_client(record: dict[str, Any], requests: Any, tol: Tolerances = TOLERANCES) -> dict[str, Any]:
+    """`record` with the client's sending and the router's intake (`client_timing`) and its verdict again."""
+    return _judged({**record, "client": client_timing(requests)}, tol)
 
 
 def cross_timing(cross: Any) -> dict[str, Any]:
@@ -403,6 +445,8 @@ def summary_fields(record: dict[str, Any]) -> dict[str, Any]:
         "fidelity_run_cpu_cores": _num(cpu.get("run_cpu_cores")), "fidelity_host_busy_share": _num(cpu.get("host_busy_share")),
         "fidelity_cross_sent_ratio_p10": _num((record.get("cross") or {}).get("udp_sent_ratio_p10")),
         "fidelity_router_tick_late_p99_s": _num((record.get("router") or {}).get("tick_late_p99_s")),
+        "fidelity_client_send_late_p99_s": _num((record.get("client") or {}).get("send_late_p99_s")),
+        "fidelity_intake_late_p99_s": _num((record.get("client") or {}).get("intake_late_p99_s")),
     }
 
 

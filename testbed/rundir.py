@@ -68,7 +68,7 @@ ROUTER_RECORD_COLUMNS = (
 # What the client agent saw of a request (work/client.jsonl).
 CLIENT_DISCONNECTED = "client disconnected"  # the router's reason for a request whose client went away mid-stream
 CLIENT_COLUMNS = ("client_arrival_s", "client_first_token_s", "client_finish_s", "tokens_received", "client_status",
-                  "client_reason", "text")
+                  "client_reason", "client_send_late_s", "text")
 # From the generated workload.
 WORKLOAD_COLUMNS = ("scheduled_arrival_s", "session_id", "block_hashes")
 
@@ -81,7 +81,9 @@ REQUEST_DTYPES: dict[str, str] = {
     "prefill_paused_s": FLOAT,  # of prefill_end_s - prefill_start_s, paused while preempting prefills ran
     "kv_dtype": STRING,  # the dtype the decision routed its full-attention KV to cross in (policy.kv_compression)
     "client_arrival_s": FLOAT, "client_first_token_s": FLOAT, "client_finish_s": FLOAT, "tokens_received": INT,
-    "client_status": STRING, "client_reason": STRING, "text": STRING,
+    "client_status": STRING, "client_reason": STRING,
+    "client_send_late_s": FLOAT,  # how much later than the workload's schedule the client sent it (open loop; since 2026-12-06)
+    "text": STRING,
     "scheduled_arrival_s": FLOAT, "session_id": INT, "block_hashes": LIST,  # the prompt's 512-token block ids
 }
 assert tuple(REQUEST_DTYPES) == ROUTER_RECORD_COLUMNS + CLIENT_COLUMNS + WORKLOAD_COLUMNS

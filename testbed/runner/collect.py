@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed import rundir
-from testbed.fidelity import with_compute, with_cross, with_router
+from testbed.fidelity import with_client, with_compute, with_cross, with_router
 from testbed.kv.pool import state_bytes
 from testbed.kv.tcplog import cc_restarts, read_tcp_logs
 from testbed.scenario import Scenario
@@ -135,6 +135,7 @@ def collect(out: rundir.RunDirWriter, plan: ServingPlan, scenario: Scenario, req
     if not (out.path / rundir.LINK_FILE).exists():  # NET writes it when the network stops
         out.link(None)
     out.environment(environment(plan, scenario, scale, env_info, kv_cc, restarts))
-    if env_info.get("fidelity") is not None:  # judged again with the compute's own timing, what the neighbours sent and the router's ticks
-        out.fidelity(with_router(with_cross(with_compute(env_info["fidelity"], df), cross, env_info.get("cross_traffic_errors"),
-                                            env_info.get("cross_traffic_notes")), sched_df))
+    if env_info.get("fidelity") is not None:  # judged again with the compute's own timing, the client's sending and the
+        # router's intake, what the neighbours sent and the router's ticks
+        rec = with_client(with_compute(env_info["fidelity"], df), df)
+        out.fidelity(with_router(with_cross(rec, cross, env_info.get("cross_traffic_errors"), env_info.get("cross_traffic_notes")), sched_df))

@@ -98,12 +98,15 @@ class Client:
             time.sleep(0.2)
         return False
 
-    def one(self, req: dict[str, Any]) -> None:
-        """One streamed completion; the row says what the client saw, failures with their reason."""
+    def one(self, req: dict[str, Any], due_s: float | None = None) -> None:
+        """One streamed completion; the row says what the client saw, failures with their reason. `due_s`: when
+        the workload's schedule asked for it (open loop; the `now_s` clock), so the row says how late it went out."""
         rid = str(req["request_id"])
-        row: dict[str, Any] = {"request_id": rid, "client_arrival_s": now_s() - run_t0(), "client_first_token_s": None,
+        sent_s = now_s()
+        row: dict[str, Any] = {"request_id": rid, "client_arrival_s": sent_s - run_t0(), "client_first_token_s": None,
                                "client_finish_s": None, "tokens_received": 0, "client_status": "failed",
-                               "client_reason": None, "route": None, "text": ""}
+                               "client_reason": None, "route": None, "text": "",
+                               "client_send_late_s": None if due_s is None else max(0.0, sent_s - due_s)}
         body = {"model": self.cfg.model, "prompt": "", "max_tokens": int(req["output_len"]), "stream": True,
                 "prfaas": {"request_id": rid, "input_len": int(req["input_len"]), "block_hashes": list(req["block_hashes"])}}
         conn = self._conn(self.cfg.request_timeout_s)
@@ -177,10 +180,11 @@ class Client:
     def run_open(self, requests: list[dict[str, Any]], start: float) -> list[threading.Thread]:
         threads = []
         for req in requests:
-            delay = start + float(req["arrival_s"]) - now_s()
+            due_s = start + float(req["arrival_s"])
+            delay = due_s - now_s()
             if (delay > 0 and self.stop.wait(delay)) or self.stop.is_set():
                 break
-            t = threading.Thread(target=self.one, args=(req,), daemon=True)
+            t = threading.Thread(target=self.one, args=(req, due_s), daemon=True)
             t.start()
             threads.append(t)
         return threads
@@ -249,7 +253,8 @@ class Client:
             if rid not in self.started_ids:
                 self.out.write(json.dumps({"request_id": rid, "client_arrival_s": None, "client_first_token_s": None,
                                            "client_finish_s": None, "tokens_received": 0, "client_status": "failed",
-                                           "client_reason": f"{self.stopped} (not sent)", "route": None, "text": ""}) + "\n")
+                                           "client_reason": f"{self.stopped} (not sent)", "route": None, "text": "",
+                                           "client_send_late_s": None}) + "\n")
 
 
 def _abort(sock: Any) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import threading
 import time
@@ -83,6 +82,11 @@ def assert_complete_run(task: RunTask, outcome: RunOutcome) -> dict[str, Any]:
     sched = pd.read_parquet(task.out_dir / "scheduler.parquet")
     assert fid["router"]["ticks"] == int((sched["kind"] == "signals").sum()) > 0 and fid["router"]["tick_late_max_s"] >= 0
     assert summary["fidelity_router_tick_late_p99_s"] == fid["router"]["tick_late_p99_s"]
+    # the client's sending against the schedule (open loop: every request) and the router's intake of each
+    assert fid["client"]["sent"] == len(df) == fid["client"]["taken_in"] and (df["client_send_late_s"] >= 0).all()
+    assert (df["arrival_s"] >= df["client_arrival_s"]).all() and fid["client"]["intake_late_max_s"] >= fid["client"]["intake_late_p99_s"] >= 0
+    assert summary["fidelity_intake_late_p99_s"] == fid["client"]["intake_late_p99_s"]
+    assert summary["fidelity_client_send_late_p99_s"] == fid["client"]["send_late_p99_s"]
     return fid
 
 

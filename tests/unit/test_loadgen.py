@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from analysis.metrics import drain_cut, early_stop, summarize
+from testbed.clock import now_s
 from testbed.runner.collect import requests_frame
 from testbed.serving import loadgen
 from testbed.serving.early_stop import MARGIN_S
@@ -137,6 +138,22 @@ def test_open_loop_sends_at_arrival_times_with_the_testbed_extension(router: Sta
     assert out["r2"]["text"] == " t0 t1 t2 t3"
     assert out["r2"]["client_first_token_s"] <= out["r2"]["client_finish_s"]
     assert out["fail0"]["client_status"] == "failed" and "decode instance 0: gone" in out["fail0"]["client_reason"]
+    # each row says how late the client sent it against the schedule (the same loose bound); "fail0", listed after
+    # r3 with an arrival time of 0, went out with r3, 0.9 s behind
+    late = {k: r["client_send_late_s"] for k, r in out.items()}
+    assert all(0.0 <= late[f"r{i}"] < 0.5 for i in range(4)) and late["fail0"] >= 0.9 - 0.02, late
+
+
+def test_the_client_records_how_far_behind_its_schedule_it_sent(router: StandIn, tmp_path: Path):
+    """A schedule whose times have passed (a client starved of a core) is sent at once, and each row says by how
+    much it was late: what `fidelity.client_timing` judges."""
+    cfg = LoadConfig("127.0.0.1", router.port, "", str(tmp_path / "out.jsonl"), request_timeout_s=10)
+    client = Client(cfg)
+    for t in client.run_open(reqs(3, 0.5), now_s() - 2.0):  # due 2.0, 1.5 and 1.0 s ago
+        t.join(10)
+    client.out.close()
+    late = [rows(tmp_path / "out.jsonl")[f"r{i}"]["client_send_late_s"] for i in range(3)]
+    assert [round(x - due, 1) for x, due in zip(late, (2.0, 1.5, 1.0))] == [0.0, 0.0, 0.0], late
 
 
 def test_closed_loop_keeps_at_most_the_users_in_flight(router: StandIn, tmp_path: Path):
@@ -147,6 +164,7 @@ def test_closed_loop_keeps_at_most_the_users_in_flight(router: StandIn, tmp_path
     client.out.close()
     assert len(rows(tmp_path / "out.jsonl")) == 8
     assert router.peak == 2
+    assert all(r["client_send_late_s"] is None for r in rows(tmp_path / "out.jsonl").values())  # no schedule to be late for
 
 
 def test_a_router_that_never_answers_is_reported_after_the_startup_timeout(tmp_path: Path):

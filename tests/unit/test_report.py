@@ -57,6 +57,17 @@ def test_summarize_computes_ttft_tpot_throughput_and_offload_by_hand():
     assert s["offload_fraction"] == pytest.approx(1 / 3)
     assert s["egress_gbps"]["mean"] == pytest.approx(1000 * 8 * 10 / 4.0 / 1e9)  # wire bytes x scale over 4 s
     assert s["ttft_short_s"]["mean"] == pytest.approx(3.0)
+    assert s["ttft_client_s"]["mean"] is None  # no client columns: not measured
+
+
+def test_the_client_side_ttft_adds_the_routers_intake_to_the_routers_ttft():
+    """As vLLM's bench serve measures it: from the client's send to the first token it read. A request the router took
+    in 0.5 s late shows 0.5 s more than its router-side TTFT; a failed request counts in neither."""
+    df = _requests(arrival_s=[0.5, 1.0, 2.0], first_token_s=[1.5, 4.0, np.nan], finish_s=[2.0, 5.0, np.nan], output_len=[11, 21, 5],
+                   client_arrival_s=[0.0, 0.999, 1.999], client_first_token_s=[1.501, 4.001, np.nan])
+    s = metrics.summarize(df, None, scale=1, duration_s=4.0)
+    assert s["ttft_s"]["p50"] == pytest.approx(2.0) and s["ttft_client_s"]["p50"] == pytest.approx(2.2515)
+    assert metrics.client_ttft_s(df).round(3).tolist() == [1.501, 3.002]
 
 
 def test_egress_from_link_telemetry_differences_cumulative_bytes():
