@@ -27,6 +27,8 @@ Per run (`measure`), with the event window = arrivals in [event start, event end
   detect_s     first time after the event's start at which the estimate was below 50% of its value
                just before (dip-like shapes only; None if never)
   fidelity_flags  the run's timing-fidelity flags ("" when none; docs/scale-out.md): shown per run, judged all the same
+Requests are timed by the router's stamps, or with --ttft-clock client by the client's (send to first token read,
+as vLLM's bench serve times them; the event window then holds the requests the client sent in it).
 Ratios (prfaas arm / fixed-threshold, per seed) with a 95% bootstrap CI over seeds of their mean.
 
 Targets (issue 9): long_p90 ratio <= 0.7 with CI upper < 1, xfer_p90 ratio <= 0.7, short_p90 ratio <= 1.3,
@@ -34,7 +36,7 @@ no failures, SLO(prfaas) >= SLO(fixed) + 10 pp on the rate drops (DIP_SHAPES) an
 all-local's; estimator median error <= 20%, a 5x dip detected within 2 s (STEP_DIP_SHAPES). Exit 1 if a target is missed.
 
 Run as root: python benchmarks/signals_bench.py [--shapes val-dip,...] [--seeds 1,2,...] [--arms ...]
-  [--set KEY=VALUE ...] [--out DIR] [--measure DIR] [--executor local:N]
+  [--set KEY=VALUE ...] [--out DIR] [--measure DIR] [--executor local:N] [--ttft-clock router|client]
 The runs go through the experiments engine (experiments/engine.py: resumable, any executor); this
 script only names the tasks and judges the results.
 The full matrix (10 shapes x 5 seeds x 5 arms = 250 runs of ~2 min): the defaults. `--quick`: val-dip,
@@ -117,7 +119,13 @@ def p90(x: pd.Series) -> float | None:
     return float(np.percentile(x, 90)) if len(x) else None
 
 
-def measure(run_dir: Path) -> dict[str, Any]:
+TTFT_CLOCKS = {"router": ("arrival_s", "first_token_s"), "client": ("client_arrival_s", "client_first_token_s")}
+
+
+def measure(run_dir: Path, ttft_clock: str = "router") -> dict[str, Any]:
+    """One run's figures. `ttft_clock`: whose stamps time a request (arrival and first token, and so the event window
+    and TTFT): the router's (the default) or the client's, as vLLM's `bench serve` times it; they differ by the
+    router's intake, which the run's fidelity figure judges (docs/scale-out.md, "The client and the router's intake")."""
     from analysis.metrics import float8_share
     from analysis.rundir import load_run
 
@@ -130,9 +138,11 @@ def measure(run_dir: Path) -> dict[str, Any]:
     slo = units.parse_duration_s((sc.get("serving") or {}).get("slo", {}).get("ttft", "10s"))
     off = run.schedule_offset_s
     df = run.requests.copy()
-    df["ttft"] = pd.to_numeric(df["first_token_s"], errors="coerce") - pd.to_numeric(df["arrival_s"], errors="coerce")
+    arrival_col, first_col = TTFT_CLOCKS[ttft_clock]
+    arrival = pd.to_numeric(df[arrival_col], errors="coerce") if arrival_col in df else pd.Series(np.nan, index=df.index)
+    df["ttft"] = (pd.to_numeric(df[first_col], errors="coerce") if first_col in df else np.nan) - arrival
     ok = df["status"] == "ok"
-    win = ok & (df["arrival_s"] >= event[0] + off) & (df["arrival_s"] < event[1] + off)
+    win = ok & (arrival >= event[0] + off) & (arrival < event[1] + off)
     long_ = win & (df["input_len"] > t_base)
     short = win & (df["input_len"] <= t_base)
     xfer = pd.to_numeric(df["transfer_end_s"], errors="coerce") - pd.to_numeric(df["transfer_start_s"], errors="coerce")
@@ -354,6 +364,8 @@ def main() -> int:
     ap.add_argument("--measure", metavar="DIR", help="only re-read the run directories under DIR")
     ap.add_argument("--executor", default="local", help="experiments executor: local, local:N, ray:ADDR (docs/experiments.md)")
     ap.add_argument("--quick", action="store_true", help="val-dip, seeds 1-2, prfaas-observed/prfaas-oracle/fixed-threshold")
+    ap.add_argument("--ttft-clock", choices=tuple(TTFT_CLOCKS), default="router",
+                    help="time requests by the router's stamps (default) or the client's, as vLLM's bench serve does")
     a = ap.parse_args()
     console = wide_console()
     if a.quick:
@@ -377,8 +389,8 @@ def main() -> int:
         for key, o in run_tasks(todo, make_executor(a.executor), label="signals bench").items():
             if o.status == "failed":
                 console.print(f"[red]{key} failed[/]: {o.error}")
-    rows = [{"shape": shape, "arm": arm, "seed": seed, **measure(d)} for shape, arm, seed, d in completed(out)]
-    (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
+    rows = [{"shape": shape, "arm": arm, "seed": seed, **measure(d, a.ttft_clock)} for shape, arm, seed, d in completed(out)]
+    (out / ("results.json" if a.ttft_clock == "router" else f"results-{a.ttft_clock}.json")).write_text(json.dumps(rows, indent=1, default=str))
     print_runs(rows, console)
     ok, judged = compare(rows, console)
     for path in plot_steps(rows, out):

@@ -154,3 +154,28 @@ def test_each_runs_timing_fidelity_is_shown_and_a_flagged_runs_reason_printed() 
     quiet = Console(record=True, width=250)
     bench["print_runs"]([row("fixed-threshold", 1, 10.0)], quiet)
     assert "flagged" not in quiet.export_text()
+
+
+def test_the_client_clock_times_requests_by_the_clients_stamps(tmp_path: Path) -> None:
+    """`--ttft-clock client` (session 59): TTFT from the client's send to the first token it read, as vLLM's bench serve
+    times a request. A client that saw every first token 0.5 s after the router sent it reads every TTFT 0.5 s longer;
+    a run without the client's columns has no such figure, not a crash."""
+    import pandas as pd
+    import pytest
+
+    from testbed.rundir import REQUESTS_FILE
+    from tests.unit.rundir_factory import write_run_dir
+
+    d = write_run_dir(tmp_path / "run", duration_s=60, rate_rps=8, dip=None)
+    router = bench["measure"](d)
+    df = pd.read_parquet(d / REQUESTS_FILE)
+    df["client_arrival_s"], df["client_first_token_s"] = df["arrival_s"], df["first_token_s"] + 0.5
+    df.to_parquet(d / REQUESTS_FILE)
+    assert bench["measure"](d) == router  # the router's clock (the default) does not read the client's columns
+    client = bench["measure"](d, "client")
+    assert client["long_p90_s"] == pytest.approx(router["long_p90_s"] + 0.5)
+    assert client["short_p90_s"] == pytest.approx(router["short_p90_s"] + 0.5)
+    assert client["xfer_p90_s"] == pytest.approx(router["xfer_p90_s"]) and client["slo"] <= router["slo"]
+    gone = df.drop(columns=["client_arrival_s", "client_first_token_s"])
+    gone.to_parquet(d / REQUESTS_FILE)
+    assert bench["measure"](d, "client")["long_p90_s"] is None
