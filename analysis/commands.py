@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.atomic import make_dirs
 from testbed.errors import UserError
 
 
@@ -58,8 +60,8 @@ def _print_json(doc: Any) -> None:
 def cmd_model(args: argparse.Namespace) -> int:
     from analysis import throughput_model as tm
 
-    if args.step <= 0:
-        raise UserError("--step must be > 0 tokens")
+    if not math.isfinite(args.step) or args.step <= 0:
+        raise UserError(f"--step: {args.step:g} must be a finite number > 0 (tokens)")
     if args.paper_case_study:
         cm, homo, dist = tm.paper_case_study()
         inputs = dict(tm.CASE_STUDY_INPUTS)
@@ -146,8 +148,7 @@ def cmd_wall(args: argparse.Namespace) -> int:
                 parts.append(bw.measure(m, lengths, args.variant, args.device, progress=lambda: bar.advance(task)))
         measured = pd.concat(parts, ignore_index=True)
         if args.save:
-            d = Path(args.save)
-            d.mkdir(parents=True, exist_ok=True)
+            d = make_dirs(args.save)
             for m, part in measured.groupby("model"):
                 part[["tokens", "prefill_s", "kv_bytes", "phi_gbps", "source"]].to_csv(d / f"measured-{m}.csv", index=False)
     if args.gpus < 1:

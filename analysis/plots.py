@@ -20,6 +20,7 @@ import pandas as pd  # noqa: E402
 
 from analysis.metrics import cut_mask, egress_series_bps, kv_egress_series_bps, offloaded_mask, ok_mask, tpot_s, ttft_s  # noqa: E402
 from analysis.rundir import Run  # noqa: E402
+from testbed.atomic import make_dirs  # noqa: E402
 from testbed import units  # noqa: E402
 from testbed.kv.tcplog import CONNECTION  # noqa: E402
 from testbed.scale import Scale  # noqa: E402
@@ -46,7 +47,7 @@ def missing_units(fig: plt.Figure) -> list[str]:
 
 
 def save(fig: plt.Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     fig.savefig(path)
     plt.close(fig)
     return path

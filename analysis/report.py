@@ -19,6 +19,7 @@ import yaml
 from analysis import plots
 from analysis.metrics import model_ideal
 from analysis.rundir import Run, load_run
+from testbed.atomic import make_dirs
 from testbed.errors import UserError
 
 
@@ -162,7 +163,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
                      f"<h3>environment.json</h3><pre>{html.escape(json.dumps(r.environment.to_json(), indent=2, default=str))}</pre>"
                      f"<h3>summary.json</h3><pre>{html.escape(json.dumps(r.summary, indent=2))}</pre></details>")
     parts.append("</body></html>")
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     path = out / "report.html"
     path.write_text("\n".join(parts))
     return path

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from testbed import rundir
+from testbed.atomic import make_dirs
 from testbed.errors import UserError
 
 KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
@@ -210,6 +212,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 
 def _positive(name: str, v: float) -> None:
+    if not math.isfinite(v):
+        raise UserError(f"{name}: {v:g} is not a finite number")
     if v <= 0:
         raise UserError(f"{name}: {v:g} must be > 0")
 
@@ -224,7 +228,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     _positive("--repetitions", args.repetitions)
     _positive("--tolerance", args.tolerance)
     _positive("--max-probes", args.max_probes)
-    out = Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}")
+    if args.start is not None:
+        _positive("--start", args.start)
+    out = make_dirs(Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}"))  # before the plan
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
                            max_probes=args.max_probes, start_rps=args.start, executor=make_executor(args.executor),
                            progress=not args.json, early_stop=not args.no_early_stop)
@@ -275,7 +281,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         _positive("--repetitions", args.repetitions)
     if args.paired_from is not None and not args.paired:
         raise UserError(f"--paired-from {args.paired_from}: it names the first seed of a paired test; add --paired N")
-    out = Path(args.out) if args.out else _default_out("reproduce-case-study")
+    out = make_dirs(Path(args.out) if args.out else _default_out("reproduce-case-study"))  # before the plan
     if args.paired:
         from experiments.capacity_paired import check_seed_count
         from experiments.reproduce import paired_test_seeds

@@ -151,10 +151,9 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
     import json
     import time
 
-    from testbed.atomic import write_json
+    from testbed.atomic import make_dirs, write_json
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_dirs(out)
     path, kept = out / "reproduce.json", None
     if path.exists():
         try:

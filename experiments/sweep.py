@@ -17,7 +17,7 @@ from typing import Any
 
 from experiments.engine import SKIPPED, check_run, resolve_scenario_ref, run_tasks
 from experiments.executor import Executor, RunTask
-from testbed.atomic import write_json, write_parquet
+from testbed.atomic import make_dirs, write_json, write_parquet
 from testbed.errors import UserError
 
 
@@ -44,6 +44,9 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
             raise UserError(f"--grid {it!r}: needs a key and at least one value")
         if key.strip() in (k for k, _ in out):
             raise UserError(f"--grid: key {key.strip()!r} given twice")
+        if len(set(values)) < len(values):  # two points with the same overrides would be one run directory
+            twice = next(v for v in values if values.count(v) > 1)
+            raise UserError(f"--grid {it!r}: value {twice!r} given twice")
         out.append((key.strip(), values))
     return out
 
@@ -68,7 +71,7 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
         o = outcomes[p.name]
         status = o.status if o.status in ("ok", SKIPPED) else f"failed: {o.error}"
         manifest["points"][p.name] = {"overrides": list(p.overrides), "status": status}
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     from experiments.experiment import RESULTS_FILE, results_frame, run_row
 
     rows = [run_row(outcomes[p.name], out.resolve(), experiment=f"sweep {Path(scenario).stem}", arm=p.name, order=i + 1,

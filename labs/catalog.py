@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from testbed.atomic import make_dirs
 from testbed.errors import UserError
 
 LABS_DIR = Path(__file__).resolve().parent
@@ -60,7 +61,7 @@ def get_lab(number: int) -> Lab:
 def start_lab(lab: Lab, dest: Path, *, force: bool = False) -> list[Path]:
     """Copy the lab's student files into `dest` (scenarios, questions, answers template, scripts) and make
     its ``runs/`` folder. Refuses to overwrite an answers file unless `force`."""
-    dest.mkdir(parents=True, exist_ok=True)
+    make_dirs(dest)
     if (dest / lab.answers).exists() and not force:
         raise UserError(f"{dest / lab.answers} exists already (your answers?); use another --dir or --force")
     out = []

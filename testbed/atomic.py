@@ -19,12 +19,26 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable
 
+from testbed.errors import UserError
+
+
+def make_dirs(path: str | Path) -> Path:
+    """Create folder `path` and its parents, as ``mkdir -p`` (nothing if it exists). A path that cannot be a
+    folder -- a file in its place or on the way, no permission, a read-only file system -- is one `UserError`
+    naming it: output paths come from users (``--out``, ``--plots``)."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{p}: cannot create this folder ({exc.strerror or exc})") from None
+    return p
+
 
 def replace_with(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """Call `write(tmp)` to write the new file beside `path`, then rename it over `path` (creating its
     directory); returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     tmp = _new_temporary(path)
     try:
         write(tmp)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from testbed.atomic import write_json, write_parquet, write_text
+from testbed.atomic import make_dirs, write_json, write_parquet, write_text
 from testbed.errors import UserError
 from testbed.validation import read_yaml
 
@@ -228,8 +228,7 @@ class RunDirWriter:
     (`testbed.atomic`: a run killed while it writes leaves the old file or none, never a part)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path = make_dirs(path)
 
     @property
     def work(self) -> Path:

@@ -98,6 +98,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise UserError(f"--duration: {exc}") from None
     if duration_s is None and spec.trace is None:
         duration_s = 60.0
+    if args.seed is not None and args.seed < 0:
+        raise UserError(f"--seed: {args.seed} must be a whole number >= 0")
     seed = args.seed if args.seed is not None else (seed if seed is not None else 1)
     batch = generate_batch(spec, seed, duration_s)
     out = Path(args.out)

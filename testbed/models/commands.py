@@ -7,6 +7,7 @@ import argparse
 import json
 
 from testbed import units
+from testbed.atomic import make_dirs
 from testbed.errors import UserError
 from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, list_presets, load_model_spec
 
@@ -151,6 +152,7 @@ def run_profile(args: argparse.Namespace) -> int:
         raise UserError("--repeats: must be at least 1")
     batches = _token_list(args.batches, "--batches", least=1) or (1,)
     spec = load_model_spec(args.model)  # refuses an unknown model before anything is built
+    make_dirs(Path(args.out).parent)  # and an --out that cannot be written, before minutes of timing
     plan = ProfilePlan(spec.name if Path(args.model).suffix not in (".yaml", ".yml") else args.model, args.variant,
                        args.device, _token_list(args.lengths, "--lengths"), batches,
                        _token_list(args.contexts, "--contexts"), args.repeats, depth=args.depth, layers=args.layers,

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from testbed.atomic import write_json
+from testbed.atomic import make_dirs, write_json
+from testbed.errors import UserError
 
 
 def test_a_write_replaces_the_file_whole_and_leaves_no_temporary(tmp_path):
@@ -51,3 +52,16 @@ def test_the_file_gets_the_mode_a_plain_write_gives_it(tmp_path):
     finally:
         os.umask(old)
     assert (plain.stat().st_mode & 0o777) == 0o644 and (written.stat().st_mode & 0o777) == 0o644
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_user_error_naming_it(tmp_path):
+    """`--out`/`--plots` paths come from users: a file in the way was a FileExistsError or NotADirectoryError traceback."""
+    assert make_dirs(tmp_path / "a" / "b") == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
+    assert make_dirs(tmp_path / "a") == tmp_path / "a"  # an existing folder is fine
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UserError, match=r"f: cannot create this folder \(File exists\)"):
+        make_dirs(tmp_path / "f")
+    with pytest.raises(UserError, match=r"f/sub: cannot create this folder \(Not a directory\)"):
+        make_dirs(tmp_path / "f" / "sub")
+    with pytest.raises(UserError, match="cannot create this folder"):  # and a file written there says the same
+        write_json(tmp_path / "f" / "sub" / "x.json", {})

@@ -262,3 +262,15 @@ def test_a_run_flagged_for_timing_fidelity_keeps_its_verdict_and_is_named_in_the
     lines = capacity.flagged_lines(doc["flagged_runs"], "prfaas_pd")
     assert lines[0].startswith("prfaas_pd: timing fidelity flagged for 1 run(s)") and "2 req/s seed 2 (pass): WAN goodput 0.84" in lines[1]
     assert capacity.flagged_lines([]) == []
+
+
+def test_the_capacity_command_refuses_a_non_finite_or_non_positive_option_before_any_run(tmp_path, capsys) -> None:
+    """`--tolerance nan` passed the `> 0` check and started probes; `--start -5` and `--start inf` were tracebacks."""
+    from testbed.cli import main
+
+    for opt, bad, why in (("--tolerance", "nan", "is not a finite number"), ("--tolerance", "inf", "is not a finite number"),
+                          ("--start", "-5", "must be > 0"), ("--start", "inf", "is not a finite number"),
+                          ("--start", "0", "must be > 0"), ("--repetitions", "0", "must be > 0")):
+        assert main(["capacity", "quick", opt, bad, "--out", str(tmp_path / "c")]) == 2
+        assert capsys.readouterr().err.strip() == f"prfaas: error: {opt}: {bad} {why}"
+    assert not (tmp_path / "c").exists()  # refused before its folder, let alone a run

@@ -216,6 +216,8 @@ def test_sweep_refuses_a_bad_grid_and_bad_points_before_running(tmp_path):
         parse_grid(["wan.rate"])
     with pytest.raises(UserError, match="twice"):
         parse_grid(["seed=1", "seed=2"])
+    with pytest.raises(UserError, match="value '1' given twice"):  # two points, one run directory (was a ValueError traceback)
+        parse_grid(["seed=1,2,1"])
     assert len(expand(parse_grid(["a=1,2,3", "b=x,y"]))) == 6
     ran = []
     with pytest.raises(UserError, match="wan.rate"):

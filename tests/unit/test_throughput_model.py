@@ -174,6 +174,18 @@ def test_model_command_refuses_a_bad_step(capsys):
 
     assert main(["model", "--paper-case-study", "--step", "0"]) == 2
     assert "--step" in capsys.readouterr().err
+    for bad in ("nan", "inf"):  # were a numpy traceback and a hang
+        assert main(["model", "--paper-case-study", "--step", bad]) == 2
+        assert capsys.readouterr().err.strip() == f"prfaas: error: --step: {bad} must be a finite number > 0 (tokens)"
+
+
+def test_model_plots_into_a_path_that_cannot_be_a_folder_is_one_line(tmp_path, capsys):
+    from testbed.cli import main
+
+    (tmp_path / "file").write_text("x")
+    assert main(["model", "--paper-case-study", "--plots", str(tmp_path / "file" / "plots")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"prfaas: error: {tmp_path / 'file' / 'plots'}: cannot create this folder (Not a directory)"]
 
 
 def test_case_study_scenario_file_gives_the_same_model_as_the_builtin_case_study():
