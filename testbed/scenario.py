@@ -93,14 +93,25 @@ class LinkDirectionSpec:
 
 
 _DIRECTION_KEYS = ("rate", "delay", "jitter", "jitter_distribution", "reorder", "loss", "queue")
+# The longest one-way delay or jitter a WAN direction takes. No path on Earth is a tenth of it (a geostationary hop is
+# ~0.27 s), so a larger value is a typo; the delay line failed on 1000h with an internal struct error (2026-12-06).
+MAX_WAN_DELAY_S = 10.0
+
+
+def wan_delay_s(v: object) -> float:
+    """A WAN delay or jitter: a duration up to `MAX_WAN_DELAY_S`."""
+    s = units.parse_duration_s(v)
+    if s > MAX_WAN_DELAY_S:
+        raise ValueError(f"{v!r} is longer than {MAX_WAN_DELAY_S:g}s, the most a WAN direction's delay or jitter may be")
+    return s
 
 
 def _read_direction(f: Fields, base: LinkDirectionSpec | None) -> LinkDirectionSpec:
     d = base or LinkDirectionSpec(rate_bps=0.0)
     out = LinkDirectionSpec(
         rate_bps=f.get("rate", units.parse_rate_bps, d.rate_bps if base else REQUIRED),
-        delay_s=f.get("delay", units.parse_duration_s, d.delay_s),
-        jitter_s=f.get("jitter", units.parse_duration_s, d.jitter_s),
+        delay_s=f.get("delay", wan_delay_s, d.delay_s),
+        jitter_s=f.get("jitter", wan_delay_s, d.jitter_s),
         jitter_distribution=f.choice("jitter_distribution", JITTER_DISTRIBUTIONS, d.jitter_distribution),
         reorder=f.get("reorder", boolean, d.reorder),
         loss=f.get("loss", lambda v: parse_loss(v, f.name("loss"), f.source), d.loss),
@@ -137,9 +148,9 @@ def _read_event(f: Fields) -> ScheduleEvent:
     if f.has("rate"):
         changes.append(("rate_bps", f.get("rate", units.parse_rate_bps)))
     if f.has("delay"):
-        changes.append(("delay_s", f.get("delay", units.parse_duration_s)))
+        changes.append(("delay_s", f.get("delay", wan_delay_s)))
     if f.has("jitter"):
-        changes.append(("jitter_s", f.get("jitter", units.parse_duration_s)))
+        changes.append(("jitter_s", f.get("jitter", wan_delay_s)))
     if f.has("loss"):
         changes.append(("loss", f.get("loss", lambda v: parse_loss(v, f.name("loss"), f.source))))
     down = f.get("down", lambda v: units.parse_duration_s(v, allow_zero=False), 0.0)

@@ -41,6 +41,8 @@ def _split(text: object, what: str) -> tuple[float, str]:
     if isinstance(text, bool):
         raise ValueError(f"{text!r} is not {what}")
     if isinstance(text, (int, float)):
+        if not math.isfinite(text):  # YAML's .nan and .inf are floats: not a quantity
+            raise ValueError(f"{text!r} is not {what}")
         return float(text), ""
     m = _RE.match(str(text))
     if not m:

@@ -20,6 +20,10 @@ BAD = [
     (wan(rate="10Gbs"), "wan.rate", "rate unit"),
     (wan(delay="10"), "wan.delay", "time unit"),
     (wan(delay="-1ms"), "wan.delay", "negative"),
+    (wan(delay="1000h"), "wan.delay", "longer than 10s"),  # the delay line failed on it with an internal struct error
+    (wan(jitter="11s", reorder=True), "wan.jitter", "longer than 10s"),
+    (wan(schedule=[{"at": "1s", "delay": "1h"}]), "wan.schedule[0].delay", "longer than 10s"),
+    (wan(rate=float("nan")), "wan.rate", "is not a positive number with a unit"),  # YAML's .nan reached the shaper
     (wan(loss="150%"), "wan.loss", "out of range"),
     (wan(loss={"model": "gilbert-elliott", "p": "1%", "r": "0%"}), "wan.loss.r", "bad state"),
     (wan(loss={"model": "bursty"}), "wan.loss.model", "random, gilbert-elliott"),
@@ -113,3 +117,12 @@ def test_a_scenario_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, mak
     with pytest.raises(UserError) as err:
         load_scenario(str(path))
     assert str(err.value).startswith(f"{path}: ") and words in str(err.value)
+
+
+def test_a_yaml_nan_or_inf_is_not_a_quantity():
+    """YAML's .nan and .inf are floats: a NaN arrival rate passed (`prfaas check` printed "offered nan req/s")."""
+    for parse in (units.parse_request_rate_rps, units.parse_duration_s, units.parse_rate_bps):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            with pytest.raises(ValueError, match="is not"):
+                parse(bad)
+    assert units.parse_request_rate_rps(2) == 2.0 and units.parse_duration_s(0) == 0.0
