@@ -88,6 +88,11 @@ def parse_workload_section(f: Fields) -> WorkloadSpec:
     return spec
 
 
+# The most requests one batch draws: 55 hours at 5 req/s, past any run here (a case-study run is ~250), and far below
+# what fills memory (each request keeps its prompt's block ids). `duration: 1e9s` drew until killed (2026-12-06).
+MAX_REQUESTS = 1_000_000
+
+
 def generate_batch(spec: WorkloadSpec | None, seed: int, duration_s: float | None) -> RequestBatch:
     """Every request arriving in [0, duration_s) (a trace: all when duration_s is None), sorted by arrival.
 
@@ -100,6 +105,10 @@ def generate_batch(spec: WorkloadSpec | None, seed: int, duration_s: float | Non
         return _from_trace(spec, rng_arrivals, duration_s)
     if duration_s is None or duration_s <= 0:
         raise UserError("a synthetic workload needs a duration > 0 (scenario duration or --duration)")
+    expected = spec.arrivals.mean_rate_rps() * duration_s
+    if expected > MAX_REQUESTS:  # refused before drawing: the draw itself is what fills memory (max_requests cuts after it)
+        raise UserError(f"the workload would draw about {expected:,.0f} requests ({spec.arrivals.mean_rate_rps():g} req/s for "
+                        f"{duration_s:g} s); at most {MAX_REQUESTS:,} in one batch: shorten the duration or lower the rate")
     times = spec.arrivals.times(rng_arrivals, duration_s)
     if spec.max_requests is not None:
         times = times[: spec.max_requests]

@@ -52,6 +52,14 @@ def test_max_requests_caps_the_count() -> None:
     assert len(generate_batch(parse({"arrivals": {"rate": 100}, "max_requests": 50}), 1, 10.0)) == 50
 
 
+def test_a_workload_of_more_than_a_million_requests_is_refused_before_it_is_drawn() -> None:
+    """`traffic generate --duration 1e9s` drew arrivals until it was killed (2026-12-06): the count is checked first."""
+    from testbed.errors import UserError
+
+    with pytest.raises(UserError, match=r"about 1,500,000,000 requests \(1.5 req/s for 1e\+09 s\); at most 1,000,000"):
+        generate_batch(parse({"arrivals": {"rate": 1.5}}), 1, 1e9)
+
+
 def test_trace_replay_keeps_per_second_arrival_counts(mooncake_trace: Path) -> None:
     spec = parse({"trace": {"path": str(mooncake_trace)}})
     b = generate_batch(spec, 1, None)
