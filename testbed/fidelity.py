@@ -15,11 +15,15 @@ measures its own (docs/scale-out.md, "Timing fidelity"):
   only where the compute figures are absent (torch mode), recorded always;
 - how late the WAN schedule fired: how late its thread woke, and how late each action had taken effect
   (woke late + the time to reshape the qdisc and update the delay line; `schedule_lateness_s`);
+- what the UDP neighbours sent against their rate (`cross_timing`) and how late the router's control loop ticked
+  (`router_timing`);
+- how late the client sent each request against the workload's schedule and how long a sent request took to
+  reach the router's record (`client_timing`): a run's TTFT starts at the router's stamp;
 - the CPU the run's processes used (``run_cpu_cores``) and how busy the host was, for `doctor`.
 
 `assess` compares the record with `TOLERANCES` (`with_compute` adds the compute figures once the run's
 requests are collected) and returns one line per figure outside them; a run
-with any is *flagged*: ``summary.json`` carries ``fidelity_ok: false`` and ``fidelity_flags``, and nearly every
+with any is *flagged*: ``summary.json`` carries ``fidelity_ok: false`` and ``fidelity_flags``, and every
 report that uses the run says so. The record is ``fidelity.json`` in the run directory.
 
 The probe is ``python -m testbed.fidelity probe --out FILE [--sleep-ms MS]``: it sleeps until SIGTERM,
