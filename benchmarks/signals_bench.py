@@ -119,14 +119,14 @@ def p90(x: pd.Series) -> float | None:
     return float(np.percentile(x, 90)) if len(x) else None
 
 
-TTFT_CLOCKS = {"router": ("arrival_s", "first_token_s"), "client": ("client_arrival_s", "client_first_token_s")}
+TTFT_CLOCKS = {"router": "arrival_s", "client": "client_arrival_s"}  # whose stamps time a request: its arrival column
 
 
 def measure(run_dir: Path, ttft_clock: str = "router") -> dict[str, Any]:
     """One run's figures. `ttft_clock`: whose stamps time a request (arrival and first token, and so the event window
     and TTFT): the router's (the default) or the client's, as vLLM's `bench serve` times it; they differ by the
     router's intake, which the run's fidelity figure judges (docs/scale-out.md, "The client and the router's intake")."""
-    from analysis.metrics import float8_share
+    from analysis.metrics import client_ttft_s, float8_share, ttft_s
     from analysis.rundir import load_run
 
     run = load_run(run_dir)
@@ -138,9 +138,9 @@ def measure(run_dir: Path, ttft_clock: str = "router") -> dict[str, Any]:
     slo = units.parse_duration_s((sc.get("serving") or {}).get("slo", {}).get("ttft", "10s"))
     off = run.schedule_offset_s
     df = run.requests.copy()
-    arrival_col, first_col = TTFT_CLOCKS[ttft_clock]
+    arrival_col = TTFT_CLOCKS[ttft_clock]
     arrival = pd.to_numeric(df[arrival_col], errors="coerce") if arrival_col in df else pd.Series(np.nan, index=df.index)
-    df["ttft"] = (pd.to_numeric(df[first_col], errors="coerce") if first_col in df else np.nan) - arrival
+    df["ttft"] = (ttft_s if ttft_clock == "router" else client_ttft_s)(df)  # aligned on the index: NaN where not known
     ok = df["status"] == "ok"
     win = ok & (arrival >= event[0] + off) & (arrival < event[1] + off)
     long_ = win & (df["input_len"] > t_base)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.atomic import make_dirs, write_json
 from testbed.errors import HostError, UserError
 
 
@@ -234,6 +235,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.streams < 1 or args.duration <= 0:
         raise UserError("calibrate: --streams must be >= 1 and --duration > 0")
     scenario = load_scenario(args.scenario, args.overrides)
+    if args.json_file:
+        make_dirs(args.json_file.parent)  # an unwritable --json is refused before the network, not after the measuring
     con = Console()
     with con.status("bringing up the network") as status:
         with Network(scenario) as net:
@@ -241,7 +244,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             desc = net.describe()
     print_table(cal, con)
     if args.json_file:
-        args.json_file.parent.mkdir(parents=True, exist_ok=True)
-        args.json_file.write_text(json.dumps({"calibration": cal.as_dict(), "network": desc}, indent=1))
+        write_json(args.json_file, {"calibration": cal.as_dict(), "network": desc}, indent=1)
         con.print(f"wrote {args.json_file}")
     return 0
