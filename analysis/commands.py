@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from testbed.atomic import make_dirs
 from testbed.errors import UserError
+from testbed.validation import at_least_one, option, positive_number
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -20,7 +20,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     src.add_argument("--paper-case-study", action="store_true", help="the paper's case study (32 H200 + 64 H20, 100 Gbps)")
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override (with --scenario)")
     m.add_argument("--reading", choices=("literal", "mean"), default="literal", help="primary reading of Eq. 3 (the other is shown beside it)")
-    m.add_argument("--step", type=float, default=64.0, metavar="TOKENS", help="threshold grid step (default 64 tokens)")
+    m.add_argument("--step", type=option(positive_number), default=64.0, metavar="TOKENS", help="threshold grid step (default 64 tokens)")
     m.add_argument("--json", action="store_true", help="print JSON")
     m.add_argument("--plots", metavar="DIR", help="write Lambda-vs-t and Lambda-vs-split figures here")
     m.set_defaults(func=cmd_model)
@@ -35,7 +35,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     w.add_argument("--lengths", default="128,256,512", help="token counts to measure (comma separated; default 128,256,512)")
     w.add_argument("--variant", default="faithful", help="torch model variant (faithful keeps the real KV geometry)")
     w.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    w.add_argument("--gpus", type=int, default=512, help="cluster size for Eq. 2 (default 512)")
+    w.add_argument("--gpus", type=option(at_least_one, whole=True), default=512, help="cluster size for Eq. 2 (default 512)")
     w.add_argument("--save", metavar="DIR", help="write measured points as DIR/measured-MODEL.csv (a profile for `load_profile`)")
     w.add_argument("--json", action="store_true")
     w.add_argument("--plots", metavar="DIR", help="write the bandwidth-wall figure here")
@@ -60,8 +60,6 @@ def _print_json(doc: Any) -> None:
 def cmd_model(args: argparse.Namespace) -> int:
     from analysis import throughput_model as tm
 
-    if not math.isfinite(args.step) or args.step <= 0:
-        raise UserError(f"--step: {args.step:g} must be a finite number > 0 (tokens)")
     if args.paper_case_study:
         cm, homo, dist = tm.paper_case_study()
         inputs = dict(tm.CASE_STUDY_INPUTS)
@@ -151,8 +149,6 @@ def cmd_wall(args: argparse.Namespace) -> int:
             d = make_dirs(args.save)
             for m, part in measured.groupby("model"):
                 part[["tokens", "prefill_s", "kv_bytes", "phi_gbps", "source"]].to_csv(d / f"measured-{m}.csv", index=False)
-    if args.gpus < 1:
-        raise UserError("--gpus must be at least 1")
     cluster = bw.cluster_table(args.gpus)
     doc: dict[str, Any] = {"published": published.to_dict("records"), "cluster_egress": cluster.to_dict("records")}
     if measured is not None:

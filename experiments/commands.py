@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any, Sequence
 from testbed import rundir
 from testbed.atomic import make_dirs
 from testbed.errors import UserError
+from testbed.validation import at_least_one, option, positive_int, positive_number
 
 KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
 
@@ -54,11 +54,11 @@ def register(sub: "argparse._SubParsersAction") -> None:
     c.add_argument("scenario", metavar="SCENARIO")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override")
     c.add_argument("--out", metavar="DIR", help="where the probe runs go (default: runs/capacity-<scenario>-<time>)")
-    c.add_argument("--repetitions", type=int, default=3,
+    c.add_argument("--repetitions", type=option(at_least_one, whole=True), default=3,
                    help="runs (seeds 1..N) that decide a marginal rate at the edge by majority (default 3)")
-    c.add_argument("--tolerance", type=float, default=0.1, help="stop when (hi - lo) / lo is below this (default 0.1)")
-    c.add_argument("--max-probes", type=int, default=8, help="most rates tried (default 8)")
-    c.add_argument("--start", type=float, metavar="RPS", help="first rate (default: the throughput model's Lambda_max)")
+    c.add_argument("--tolerance", type=option(positive_number), default=0.1, help="stop when (hi - lo) / lo is below this (default 0.1)")
+    c.add_argument("--max-probes", type=option(at_least_one, whole=True), default=8, help="most rates tried (default 8)")
+    c.add_argument("--start", type=option(positive_number), metavar="RPS", help="first rate (default: the throughput model's Lambda_max)")
     c.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
     c.add_argument("--json", action="store_true")
     _executor_option(c)
@@ -68,15 +68,15 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("target", choices=("case-study",))
     r.add_argument("--quick", action="store_true", help="45-s runs, 128-token answers, 15%% tolerance (docs/experiments.md)")
     r.add_argument("--out", metavar="DIR", help="default: runs/reproduce-case-study-<time>")
-    r.add_argument("--repetitions", type=int, help="runs that decide a marginal rate (default: 2 with --quick, 3 without)")
+    r.add_argument("--repetitions", type=option(at_least_one, whole=True), help="runs that decide a marginal rate (default: 2 with --quick, 3 without)")
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
                    help="comma-separated configurations to measure")
     r.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
-    r.add_argument("--paired", type=int, default=0, metavar="N",
+    r.add_argument("--paired", type=option(positive_int, whole=True), default=0, metavar="N",
                    help="then test the order of each two configurations adjacent by Lambda_max: both at the geometric mean "
                         "of theirs on N seeds the searches did not run, McNemar's exact test (docs/experiments.md, "
                         "'Paired order'; N >= 6, 10-12 to see a clear order)")
-    r.add_argument("--paired-from", type=int, metavar="SEED",
+    r.add_argument("--paired-from", type=option(positive_int, whole=True), metavar="SEED",
                    help="the paired test's first seed (default: the one after the searches' seeds); a second test of "
                         "the same pair starts after the first one's seeds (an overlap is refused) and is a second look: "
                         "with k tests of a pair an order needs p < 0.05 / k (the report says so)")
@@ -211,13 +211,6 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return 1 if res["failed"] else 0
 
 
-def _positive(name: str, v: float) -> None:
-    if not math.isfinite(v):
-        raise UserError(f"{name}: {v:g} is not a finite number")
-    if v <= 0:
-        raise UserError(f"{name}: {v:g} must be > 0")
-
-
 def cmd_capacity(args: argparse.Namespace) -> int:
     import json
 
@@ -225,11 +218,6 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from experiments.executor import make_executor
     from testbed.atomic import write_json
 
-    _positive("--repetitions", args.repetitions)
-    _positive("--tolerance", args.tolerance)
-    _positive("--max-probes", args.max_probes)
-    if args.start is not None:
-        _positive("--start", args.start)
     out = make_dirs(Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}"))  # before the plan
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
                            max_probes=args.max_probes, start_rps=args.start, executor=make_executor(args.executor),
@@ -277,8 +265,6 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     bad = [x for x in only if x not in CONFIGURATIONS]
     if bad or not only:
         raise UserError(f"--only {args.only!r}: choose from {', '.join(CONFIGURATIONS)}")
-    if args.repetitions is not None:
-        _positive("--repetitions", args.repetitions)
     if args.paired_from is not None and not args.paired:
         raise UserError(f"--paired-from {args.paired_from}: it names the first seed of a paired test; add --paired N")
     out = make_dirs(Path(args.out) if args.out else _default_out("reproduce-case-study"))  # before the plan

@@ -8,6 +8,7 @@ rate unit; use ...``), which the CLI prints as one line with exit status 2. Valu
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -15,7 +16,7 @@ from typing import Any, Callable, TypeVar
 from testbed.errors import FieldError, UserError
 
 __all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "mapping", "non_negative", "number",
-           "positive_int", "positive_number", "string", "text"]
+           "option", "positive_int", "positive_number", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -144,10 +145,9 @@ def mapping(v: Any) -> dict[str, Any]:
 
 
 def at_least_one(v: Any) -> int:
-    n = positive_int(v)
-    if n < 1:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{v!r} is not a whole number >= 1")
-    return n
+    return v
 
 
 def non_negative(v: Any) -> float:
@@ -172,3 +172,23 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', exc)})") from None
+
+
+def option(parse: Callable[[Any], T], whole: bool = False) -> Callable[[str], T]:
+    """A command-line option's argparse `type=`: the text read as a whole number (`whole`) or a number, then checked
+    by one of the readers above, so a CLI option and a scenario field refuse a value in the same words. argparse
+    prints a refusal as one line naming the option (``argument --tolerance: nan is not a number``), exit status 2."""
+
+    def read(text: str) -> T:
+        try:
+            value: Any = int(text) if whole else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole number' if whole else 'number'}") from None
+        try:
+            return parse(value)
+        except ValueError as exc:  # the readers name the value as read (0.0, inf); say it as typed (0, 1e400)
+            why = str(exc)
+            raise argparse.ArgumentTypeError(text + why[len(repr(value)):] if why.startswith(repr(value)) else why) from None
+
+    read.__name__ = parse.__name__
+    return read

@@ -11,7 +11,7 @@ from typing import Any
 
 from testbed import units
 from testbed.errors import UserError
-from testbed.validation import Fields, read_yaml
+from testbed.validation import Fields, option, positive_int, read_yaml
 from testbed.scenario import apply_overrides, find_scenario
 from testbed.sections import load_scenario
 from testbed.blocks import BLOCK_TOKENS
@@ -32,7 +32,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     g.add_argument("source", metavar="SCENARIO_OR_SPEC", help="a scenario (name or file) with a workload: section, or a YAML file holding only a workload section")
     g.add_argument("--out", required=True, metavar="FILE", help="output JSONL file")
     g.add_argument("--duration", metavar="TIME", help="e.g. 10min (default: the scenario's duration, else 60s)")
-    g.add_argument("--seed", type=int, help="default: the scenario's seed, else 1")
+    g.add_argument("--seed", type=option(positive_int, whole=True), help="default: the scenario's seed, else 1")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field")
     g.set_defaults(func=cmd_generate)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -98,8 +98,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise UserError(f"--duration: {exc}") from None
     if duration_s is None and spec.trace is None:
         duration_s = 60.0
-    if args.seed is not None and args.seed < 0:
-        raise UserError(f"--seed: {args.seed} must be a whole number >= 0")
     seed = args.seed if args.seed is not None else (seed if seed is not None else 1)
     batch = generate_batch(spec, seed, duration_s)
     out = Path(args.out)

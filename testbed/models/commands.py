@@ -9,6 +9,7 @@ import json
 from testbed import units
 from testbed.atomic import make_dirs
 from testbed.errors import UserError
+from testbed.validation import at_least_one, option, positive_int
 from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, list_presets, load_model_spec
 
 KIND_LABELS = {"gqa": "full attention (GQA/MHA)", "mla": "full attention (MLA)", "linear": "linear (fixed state)", "swa": "sliding window"}
@@ -42,15 +43,15 @@ def register(sub: "argparse._SubParsersAction") -> None:
     q.add_argument("--lengths", help="prefill lengths, e.g. 256,512,1K (default: by device and variant)")
     q.add_argument("--batches", default="1,2,4,8", help="decode batch sizes (default 1,2,4,8)")
     q.add_argument("--contexts", help="decode context lengths (default: the shortest and longest prefill length)")
-    q.add_argument("--repeats", type=int, default=3, help="timed prefill runs per length after an untimed one, fastest kept (default 3)")
-    q.add_argument("--depth", type=int, help="build only the first N layers (reduced depth for small hosts)")
+    q.add_argument("--repeats", type=option(at_least_one, whole=True), default=3, help="timed prefill runs per length after an untimed one, fastest kept (default 3)")
+    q.add_argument("--depth", type=option(at_least_one, whole=True), help="build only the first N layers (reduced depth for small hosts)")
     q.add_argument("--layers", default="auto", help="full variant: all, sample (one timed block per layer kind, "
                    "extrapolated) or auto (all when it fits in half the free memory)")
     q.add_argument("--validate", action="store_true", help="full variant: also time the whole model at the shortest length "
                    "and print the extrapolation's error")
     q.add_argument("--clock", default="auto", help="wall, cpu (this process's CPU time; refused with --device cuda) or auto: wall on CUDA, cpu on the "
                    "CPU (robust on a shared host; with several torch threads it sums them)")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=option(positive_int, whole=True), default=0)
     q.set_defaults(func=run_profile)
 
 
@@ -148,8 +149,6 @@ def run_profile(args: argparse.Namespace) -> int:
         raise UserError(f"--layers: {args.layers!r} is not allowed; use one of: auto, all, sample")
     if args.clock not in ("auto", "wall", "cpu"):
         raise UserError(f"--clock: {args.clock!r} is not allowed; use one of: auto, wall, cpu")
-    if args.repeats < 1:
-        raise UserError("--repeats: must be at least 1")
     batches = _token_list(args.batches, "--batches", least=1) or (1,)
     spec = load_model_spec(args.model)  # refuses an unknown model before anything is built
     make_dirs(Path(args.out).parent)  # and an --out that cannot be written, before minutes of timing

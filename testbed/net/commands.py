@@ -14,6 +14,7 @@ from typing import Any
 
 from testbed.atomic import make_dirs, write_json
 from testbed.errors import HostError, UserError
+from testbed.validation import at_least_one, option, positive_number
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -49,8 +50,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     cal.add_argument("scenario", nargs="?", default="net-default")
     cal.add_argument("--json", dest="json_file", type=Path, metavar="FILE", help="write the figures as JSON")
     cal.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    cal.add_argument("--streams", type=int, default=4)
-    cal.add_argument("--duration", type=float, default=5.0, help="seconds per iperf3 run")
+    cal.add_argument("--streams", type=option(at_least_one, whole=True), default=4)
+    cal.add_argument("--duration", type=option(positive_number), default=5.0, help="seconds per iperf3 run")
     cal.set_defaults(func=cmd_calibrate)
 
 
@@ -232,8 +233,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from testbed.net.emulation import Network
     from testbed.sections import load_scenario
 
-    if args.streams < 1 or args.duration <= 0:
-        raise UserError("calibrate: --streams must be >= 1 and --duration > 0")
     scenario = load_scenario(args.scenario, args.overrides)
     if args.json_file:
         make_dirs(args.json_file.parent)  # an unwritable --json is refused before the network, not after the measuring

@@ -268,9 +268,13 @@ def test_the_capacity_command_refuses_a_non_finite_or_non_positive_option_before
     """`--tolerance nan` passed the `> 0` check and started probes; `--start -5` and `--start inf` were tracebacks."""
     from testbed.cli import main
 
-    for opt, bad, why in (("--tolerance", "nan", "is not a finite number"), ("--tolerance", "inf", "is not a finite number"),
-                          ("--start", "-5", "must be > 0"), ("--start", "inf", "is not a finite number"),
-                          ("--start", "0", "must be > 0"), ("--repetitions", "0", "must be > 0")):
-        assert main(["capacity", "quick", opt, bad, "--out", str(tmp_path / "c")]) == 2
-        assert capsys.readouterr().err.strip() == f"prfaas: error: {opt}: {bad} {why}"
+    for opt, bad, why in (("--tolerance", "nan", "is not a number"), ("--tolerance", "inf", "is not a number"),
+                          ("--start", "-5", "must be > 0"), ("--start", "inf", "is not a number"),
+                          ("--start", "0", "must be > 0"), ("--repetitions", "0", "is not a whole number >= 1"),
+                          ("--max-probes", "1.5", "is not a whole number")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["capacity", "quick", opt, bad, "--out", str(tmp_path / "c")])
+        assert exit_.value.code == 2
+        shown = repr(bad) if bad == "1.5" else bad  # text that is not a whole number is quoted, as typed
+        assert capsys.readouterr().err.strip() == f"prfaas capacity: error: argument {opt}: {shown} {why}"
     assert not (tmp_path / "c").exists()  # refused before its folder, let alone a run

@@ -126,3 +126,26 @@ def test_a_yaml_nan_or_inf_is_not_a_quantity():
             with pytest.raises(ValueError, match="is not"):
                 parse(bad)
     assert units.parse_request_rate_rps(2) == 2.0 and units.parse_duration_s(0) == 0.0
+
+
+def test_a_cli_option_is_refused_in_the_words_of_the_scenario_readers() -> None:
+    """`validation.option`: one reader per kind of number for CLI options and scenario fields alike; the value is
+    named as typed (`0`, `1e400`), not as parsed (`0.0`, `inf`)."""
+    import argparse
+    import re
+
+    from testbed.validation import at_least_one, option, positive_int, positive_number
+
+    cases = ((positive_number, False, "2.5", 2.5, None), (positive_number, False, "0", None, "0 must be > 0"),
+             (positive_number, False, "nan", None, "nan is not a number"), (positive_number, False, "1e400", None, "1e400 is not a number"),
+             (positive_number, False, "x", None, "'x' is not a number"), (at_least_one, True, "3", 3, None),
+             (at_least_one, True, "0", None, "0 is not a whole number >= 1"), (at_least_one, True, "-2", None, "-2 is not a whole number >= 1"),
+             (at_least_one, True, "1.5", None, "'1.5' is not a whole number"), (positive_int, True, "0", 0, None),
+             (positive_int, True, "-1", None, "-1 is not a whole number >= 0"))
+    for parse, whole, text, value, why in cases:
+        read = option(parse, whole=whole)
+        if why is None:
+            assert read(text) == value and type(read(text)) is type(value)
+        else:
+            with pytest.raises(argparse.ArgumentTypeError, match=f"^{re.escape(why)}$"):
+                read(text)
