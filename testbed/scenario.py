@@ -186,6 +186,15 @@ class WanSpec:
         The one RTT of the project: BDP queues, calibration and the run's records all use it."""
         return self.prfaas_to_pd.delay_s + self.pd_to_prfaas.delay_s
 
+    def only_delays(self, direction: str) -> bool:
+        """Whether `direction`, at every point of the schedule, delays each packet by the same amount: no loss, no
+        jitter, no reordering (what an open-loop UDP neighbour may skip; `testbed.net.wan.Wan.pass_open_loop_udp`)."""
+        d = self.direction(direction)
+        if d.jitter_s > 0 or d.reorder or d.loss.mean_rate > 0:
+            return False
+        return not any(direction in e.directions and ((k == "jitter_s" and v > 0) or (k == "loss" and v.mean_rate > 0))
+                       for e in self.schedule for k, v in e.changes)
+
     @property
     def max_rate_bps(self) -> float:
         rates = [self.prfaas_to_pd.rate_bps, self.pd_to_prfaas.rate_bps]

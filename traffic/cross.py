@@ -111,6 +111,11 @@ class CrossTrafficSpec:
         flows = tuple(replace(f, rate_bps=div(f.rate_bps), schedule=tuple((at, div(r)) for at, r in f.schedule)) for f in self.flows)
         return replace(self, flows=flows)
 
+    def open_loop_udp(self, base_port: int = BASE_PORT) -> list[tuple[str, str, int]]:
+        """(sending host, receiving host, server port) of each UDP flow, as `CrossTraffic` numbers their ports:
+        constant-rate senders, which the WAN's delay does not pace (`testbed.net.emulation.Network.pass_open_loop_udp`)."""
+        return [(f.src, f.dst, base_port + i) for i, f in enumerate(self.flows) if f.protocol == "udp"]
+
 
 def _host(v: Any) -> str:
     if not isinstance(v, str) or not HOST_RE.match(v):

@@ -414,6 +414,22 @@ def rule_spec(out_ifname: str, queue_num: int) -> list[str]:
             "-j", "NFQUEUE", "--queue-num", str(queue_num), "--queue-bypass"]
 
 
+def udp_pass_rule(out_ifname: str, src_ip: str, dport: int) -> list[str]:
+    """An ACCEPT for one UDP flow ahead of the NFQUEUE rule: its datagrams go straight to the shaper, undelayed.
+    Tagged like the NFQUEUE rule, so `cleanup_rules` removes it with the rest."""
+    return ["-o", out_ifname, "-p", "udp", "-s", src_ip, "-m", "udp", "--dport", str(dport),
+            "-m", "comment", "--comment", RULE_TAG, "-j", "ACCEPT"]
+
+
+def nfqueue_rule_number(listing: str, out_ifname: str) -> int | None:
+    """The 1-based position in FORWARD (`iptables -S FORWARD` output) of the NFQUEUE rule for `out_ifname`."""
+    rules = [shlex.split(line) for line in listing.splitlines() if line.startswith("-A FORWARD ")]
+    for i, tokens in enumerate(rules, start=1):
+        if "NFQUEUE" in tokens and "-o" in tokens and tokens[tokens.index("-o") + 1] == out_ifname:
+            return i
+    return None
+
+
 def _iptables(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([iptables_binary(), "-w", "10", *args], capture_output=True, text=True, timeout=30)
 

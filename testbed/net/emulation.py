@@ -79,6 +79,7 @@ class Network:
         self.backend, self.backend_reason = "", ""
         self.offloads: offloads.OffloadDecision | None = None
         self.addresses: dict[str, str] = {}
+        self.udp_undelayed: list[str] = []  # open-loop UDP flows that skip the delay line (`pass_open_loop_udp`)
         self._listeners: list[Callable[[dict], None]] = []
         self._procs: list[subprocess.Popen] = []
         self._state_file: Path | None = None
@@ -317,6 +318,19 @@ class Network:
     def hosts(self) -> list[str]:
         return sorted(self.addresses)
 
+    def pass_open_loop_udp(self, src_host: str, dst_host: str, dport: int) -> bool:
+        """Let the constant-rate UDP flow from `src_host` to `dst_host`:`dport` skip the delay line where that changes
+        nothing it does to the WAN (`Wan.pass_open_loop_udp`); recorded in `describe()`. Returns whether it skips."""
+        if self.wan is None:
+            raise HostError("the network is not running")
+        src_dc, dst_dc = (h.split("-", 1)[0] for h in (src_host, dst_host))
+        if {src_dc, dst_dc} != {"prfaas", "pd"}:
+            return False  # within one datacenter: no WAN on its path
+        if self.wan.pass_open_loop_udp(f"{src_dc}_to_{dst_dc}", self.host_ip(src_host), dport):
+            self.udp_undelayed.append(f"{src_host} -> {dst_host}:{dport}")
+            return True
+        return False
+
     def rx_bytes(self, host: str) -> int:
         """Bytes received on the host's interface (its kernel counter: frames with their Ethernet header,
         the unit of the configured rate). Read at the receiver, it measures the WAN independently of the
@@ -383,6 +397,7 @@ class Network:
             "schedule_fired": [f"{t:.3f}s {a.describe()}" for t, a in (self.schedule.fired if self.schedule else [])],
             "schedule_errors": list(self.schedule.errors) if self.schedule else [],
             "telemetry_period_s": self.telemetry_period_s, "hosts": dict(self.addresses),
+            "udp_undelayed": list(self.udp_undelayed),
         }
 
 

@@ -307,6 +307,26 @@ class Wan:
             self.emulators[d] = em
             em.start()
 
+    def pass_open_loop_udp(self, direction: str, src_ip: str, dport: int) -> bool:
+        """Let one open-loop UDP flow (a constant-bit-rate neighbour, `traffic.cross`) skip the delay line but not the
+        shaper, where skipping changes nothing it does to the WAN: with the delay-line backend, on a direction that at
+        every point of the schedule only delays (`WanSpec.only_delays`). A datagram's delay does not change when a
+        constant-rate sender sends the next one, so the shaper sees the same stream, and the delay line no longer
+        spends a core's fraction on copying it through userspace (docs/traffic.md, "Neighbours and the delay line").
+        Returns whether the flow now skips the line."""
+        if self.backend == "netem" or not self.spec.only_delays(direction):
+            return False
+        from testbed.net import delayline
+
+        port, binary = self.ports[direction], delayline.iptables_binary()
+        proc = port.popen([binary, "-w", "10", "-S", "FORWARD"])
+        out, _ = proc.communicate(timeout=10)
+        n = delayline.nfqueue_rule_number(out.decode() if isinstance(out, bytes) else str(out), port.ifname)
+        if n is None:
+            raise HostError(f"delay line on {port.ifname}: no NFQUEUE rule to put the UDP flow to port {dport} ahead of")
+        _run(port.popen, [binary, "-w", "10", "-I", "FORWARD", str(n), *delayline.udp_pass_rule(port.ifname, src_ip, dport)])
+        return True
+
     def control_dirs(self) -> list[str]:
         """The delay lines' control directories (none with netem)."""
         return [str(d) for em in self.emulators.values() if (d := getattr(getattr(em, "line", None), "control_dir", None))]

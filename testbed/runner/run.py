@@ -71,6 +71,9 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True, ru
         fidelity = RunFidelity(net, work / "timing-probe.json")
         try:
             calibration = _measure_rtt(net, fidelity, plan)
+            if scenario.section("cross_traffic") is not None:  # before any traffic (CrossTraffic numbers the same ports)
+                for src, dst, port in scenario.section("cross_traffic").open_loop_udp():
+                    net.pass_open_loop_udp(src, dst, port)
             for inst in plan.instances:
                 cfg = configs.worker_config(inst, plan, scenario, scale, work)
                 procs.start(inst.name, inst.host, python_module() + ["testbed.serving.worker", "--role", inst.role, "--config", str(cfg)])

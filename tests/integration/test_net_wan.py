@@ -90,6 +90,46 @@ def test_link_down_drops_everything_and_up_restores(net):
     assert net.run("prfaas-p0", ["ping", "-c", "2", "-i", "0.1", net.host_ip("pd-d0")]).returncode == 0
 
 
+def _send_udp(net, src: str, dst: str, port: int, count: int) -> None:
+    import sys
+
+    code = (f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"for _ in range({count}): s.sendto(b'x' * 200, ('{net.host_ip(dst)}', {port}))")
+    assert net.run(src, [sys.executable, "-c", code]).returncode == 0
+
+
+def test_an_open_loop_udp_flow_skips_the_delay_line_but_not_the_link(net):
+    """Datagrams to the passed port reach the shaper without the delay line; other UDP still goes through it; a link
+    `down` (inserted above everything) still drops them."""
+    if net.backend == "netem":
+        assert not net.pass_open_loop_udp("prfaas-p0", "pd-d0", 5390)  # netem delays in the kernel: nothing to skip
+        return
+    line = net.wan.emulators["prfaas_to_pd"].line
+    assert net.pass_open_loop_udp("prfaas-p0", "pd-d0", 5390)
+    assert net.describe()["udp_undelayed"] == ["prfaas-p0 -> pd-d0:5390"]
+    rules = net.run("prfaas-gw", ["iptables-legacy", "-S", "FORWARD"]).stdout.splitlines()
+    accept = next(i for i, r in enumerate(rules) if "--dport 5390" in r)
+    assert "-j ACCEPT" in rules[accept] and "NFQUEUE" in rules[accept + 1] and net.host_ip("prfaas-p0") in rules[accept]
+    before = line.stats().forwarded_packets
+    _send_udp(net, "prfaas-p0", "pd-d0", 5390, 300)
+    passed = line.stats().forwarded_packets
+    _send_udp(net, "prfaas-p0", "pd-d0", 5391, 300)
+    import time
+
+    time.sleep(0.1)  # 10 ms of delay, then the line forwards them
+    delayed = line.stats().forwarded_packets
+    assert passed - before < 30, (before, passed)  # the passed flow: none of its 300 through the line
+    assert delayed - passed >= 300, (passed, delayed)  # another port: every datagram through the line
+    assert not net.pass_open_loop_udp("prfaas-p0", "prfaas-p0", 5392)  # no WAN between a datacenter's own hosts
+    net.wan.apply(ScheduleAction(0, 96, ("prfaas_to_pd",), "down"))
+    try:
+        rules = net.run("prfaas-gw", ["iptables-legacy", "-S", "FORWARD"]).stdout.splitlines()
+        drop = next(i for i, r in enumerate(rules) if "prfaas-wan-down" in r)
+        assert drop < next(i for i, r in enumerate(rules) if "--dport 5390" in r)  # the outage covers the passed flow
+    finally:
+        net.wan.apply(ScheduleAction(0, 96, ("prfaas_to_pd",), "up"))
+
+
 def bfifo_limits(net) -> dict[str, int]:
     """The queue limit the kernel holds on each WAN egress (the bfifo 10:), in bytes."""
     import json

@@ -61,3 +61,70 @@ def test_a_rate_change_resizes_burst_and_bdp_queue_at_the_current_round_trip() -
     wan.set_direction(there, replace(wan.current[there], rate_bps=20e9))  # 0.4 Gbps on the wire
     plan = wan.emulators[there].plan
     assert (plan.rate_bps, plan.burst_bytes, plan.queue_bytes) == (0.4e9, shaping.MIN_BURST_BYTES, int(0.4e9 * 0.040 / 8))
+
+
+class FakeGateway:
+    """Stands in for a gateway's namespace (a fake inside this unit test only): answers `iptables -S` with a
+    listing and records every other command."""
+
+    def __init__(self, listing: str) -> None:
+        self.listing, self.commands = listing, []
+
+    def popen(self, argv: list[str]):
+        import subprocess
+
+        self.commands.append(argv)
+        out = self.listing if "-S" in argv else ""
+        return subprocess.Popen(["printf", "%s", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+LISTING = ("-P FORWARD ACCEPT\n"
+           "-A FORWARD -o prfaas-gw-wan -m comment --comment prfaas-wan-down -j DROP\n"
+           "-A FORWARD -o pd-gw-wan -m comment --comment prfaas-delayline -j NFQUEUE --queue-num 12 --queue-bypass\n"
+           "-A FORWARD -o prfaas-gw-wan -m comment --comment prfaas-delayline -j NFQUEUE --queue-num 11 --queue-bypass\n")
+
+
+def test_an_open_loop_udp_flow_skips_the_delay_line_only_where_the_direction_only_delays() -> None:
+    from testbed.net.delayline import nfqueue_rule_number, udp_pass_rule
+    from testbed.net.wan import GatewayPort
+    from testbed.sections import parse_scenario
+
+    assert nfqueue_rule_number(LISTING, "prfaas-gw-wan") == 3 and nfqueue_rule_number(LISTING, "pd-gw-wan") == 2
+    assert nfqueue_rule_number(LISTING, "other") is None
+
+    def wan(**extra):
+        sc = parse_scenario({"name": "t", "wan": {"rate": "10Gbps", "delay": "5ms", **extra}})
+        gw = FakeGateway(LISTING)
+        ports = {"prfaas_to_pd": GatewayPort("prfaas-gw", "prfaas-gw-wan", "/proc/1/ns/net", gw.popen),
+                 "pd_to_prfaas": GatewayPort("pd-gw", "pd-gw-wan", "/proc/1/ns/net", gw.popen)}
+        return Wan(sc.wan, ports, scale=Scale(1), backend="delayline", seed=1), gw, sc.wan
+
+    w, gw, spec = wan(schedule=[{"at": "10s", "delay": "40ms"}, {"at": "20s", "rate": "1Gbps"}])
+    assert spec.only_delays("prfaas_to_pd") and w.pass_open_loop_udp("prfaas_to_pd", "10.1.0.20", 5301)
+    insert = gw.commands[-1]
+    assert insert[insert.index("-I"):insert.index("-I") + 3] == ["-I", "FORWARD", "3"]  # right above the NFQUEUE rule
+    assert insert[insert.index("-I") + 3:] == udp_pass_rule("prfaas-gw-wan", "10.1.0.20", 5301)
+    assert udp_pass_rule("x", "10.1.0.20", 5301)[-2:] == ["-j", "ACCEPT"] and "udp" in udp_pass_rule("x", "1.2.3.4", 1)
+
+    for extra in ({"loss": "0.1%"}, {"jitter": "1ms"},
+                  {"schedule": [{"at": "5s", "loss": {"model": "gilbert-elliott", "p": "1%", "r": "30%"}, "for": "5s",
+                                 "direction": "prfaas_to_pd"}]},
+                  {"schedule": [{"at": "5s", "jitter": "2ms"}]}):
+        w, gw, spec = wan(**extra)
+        assert not spec.only_delays("prfaas_to_pd")
+        assert not w.pass_open_loop_udp("prfaas_to_pd", "10.1.0.20", 5301) and gw.commands == []  # kept in the line
+    w, gw, spec = wan(schedule=[{"at": "5s", "loss": "1%", "direction": "pd_to_prfaas"}])  # the other direction's loss
+    assert spec.only_delays("prfaas_to_pd") and not spec.only_delays("pd_to_prfaas")
+    w, gw, spec = wan()
+    w.backend = "netem"  # netem delays in the kernel at no cost to the host: nothing to skip
+    assert not w.pass_open_loop_udp("prfaas_to_pd", "10.1.0.20", 5301) and gw.commands == []
+
+
+def test_the_open_loop_udp_flows_are_numbered_as_cross_traffic_numbers_their_ports() -> None:
+    from testbed.validation import Fields
+    from traffic.cross import BASE_PORT, parse_cross_traffic_section
+
+    spec = parse_cross_traffic_section(Fields({"flows": [
+        {"name": "a", "protocol": "udp", "rate": "1Gbps"}, {"name": "b", "protocol": "tcp"},
+        {"name": "c", "protocol": "udp", "rate": "1Gbps", "src": "pd-x0", "dst": "prfaas-x0"}]}, "cross_traffic"))
+    assert spec.open_loop_udp() == [("prfaas-x0", "pd-x0", BASE_PORT), ("pd-x0", "prfaas-x0", BASE_PORT + 2)]
