@@ -189,9 +189,15 @@ def detokenize(token_id: int) -> str:
 
 
 class BadRequest(Exception):
-    def __init__(self, param: str, message: str) -> None:
+    """A client mistake: answered with HTTP `status` and an OpenAI-style error naming `param`."""
+
+    def __init__(self, param: str, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.param = param
+        self.status = status
+
+
+MAX_BODY_BYTES = 64 << 20  # a request body above this is refused (413) before any of it is read
 
 
 @dataclass
@@ -853,6 +859,7 @@ def _chunk(c: Completion, created: int, text: str, finish: str | None, extra: di
 def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"  # one response per connection; a stream ends when we close
+        timeout = router.cfg.request_timeout_s  # for the request line, headers and body (`_body` lifts it after)
 
         def log_message(self, fmt: str, *args: Any) -> None:  # the records are the log
             return None
@@ -886,11 +893,29 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
                 self._error(404, f"no such path {path}")
 
         def _body(self) -> Any:
-            n = int(self.headers.get("Content-Length") or 0)
+            """The JSON body, exactly Content-Length bytes of it, read within the request timeout (`timeout`)."""
+            if self.headers.get("Transfer-Encoding"):
+                raise BadRequest("Transfer-Encoding", "is not supported; send the body with a Content-Length", 411)
+            raw = (self.headers.get("Content-Length") or "0").strip()
+            if not (raw.isascii() and raw.isdigit()):
+                raise BadRequest("Content-Length", f"{raw!r} is not a whole number of bytes >= 0")
+            n = int(raw)
+            if n > MAX_BODY_BYTES:
+                raise BadRequest("Content-Length", f"{n} bytes is above the limit of {MAX_BODY_BYTES}", 413)
             try:
-                return json.loads(self.rfile.read(n) or b"null")
+                data = self.rfile.read(n)
+            except TimeoutError:
+                raise BadRequest("body", f"the {n} bytes of Content-Length did not arrive within {self.timeout} s") from None
+            finally:
+                self.connection.settimeout(None)  # the answer may take as long as the request does
+            if len(data) < n:
+                raise BadRequest("body", f"Content-Length says {n} bytes but the body ended after {len(data)}")
+            try:
+                return json.loads(data or b"null")
             except ValueError as exc:
                 raise BadRequest("body", f"not valid JSON: {exc}") from None
+            except RecursionError:
+                raise BadRequest("body", "JSON nested too deeply") from None
 
         def do_POST(self) -> None:
             path = self.path.split("?")[0]
@@ -907,7 +932,7 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
                 else:
                     self._error(404, f"no such path {path}")
             except BadRequest as exc:
-                self._error(400, f"{exc.param}: {exc}", exc.param)
+                self._error(exc.status, f"{exc.param}: {exc}", exc.param)
 
         def _completion(self, c: Completion) -> None:
             created = int(time.time())

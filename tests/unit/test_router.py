@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -449,6 +450,45 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
     code, out = post(r, "/v1/telemetry", {"egress_bps": "fast"})
     assert code == 400 and out["error"]["param"] == "egress_bps"
     assert r.records() == []
+
+
+def raw_request(r: Router, data: bytes, half_close: bool = False, timeout: float = 10) -> tuple[int, Any]:
+    """Send `data` as it is on a fresh connection; the answer's status and JSON body."""
+    with socket.create_connection(("127.0.0.1", r.address[1]), timeout=timeout) as s:
+        s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def post_head(path: str, *headers: str) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n").encode()
+
+
+def test_a_body_that_is_not_exactly_its_content_length_of_json_gets_an_error_naming_the_header(router, capsys) -> None:
+    r = router(request_timeout_s=1.0)
+    body = b'{"prompt": "a b", "max_tokens": 1}'
+    for head, data, half_close, code, param, says in (
+            (post_head("/v1/completions", "Content-Length: abc"), body, False, 400, "Content-Length", "not a whole number"),
+            (post_head("/v1/completions", "Content-Length: -1"), body, False, 400, "Content-Length", "not a whole number"),
+            (post_head("/v1/completions", "Transfer-Encoding: chunked"), b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body), False,
+             411, "Transfer-Encoding", "not supported"),
+            (post_head("/v1/completions", f"Content-Length: {1 << 40}"), b"", False, 413, "Content-Length", "above the limit"),
+            (post_head("/v1/completions", "Content-Length: 1000"), body, True, 400, "body", f"ended after {len(body)}"),
+            (post_head("/v1/completions", "Content-Length: 1000"), body, False, 400, "body", "did not arrive within 1.0 s"),
+            (post_head("/v1/telemetry", "Content-Length: 200000"), b"[" * 100000 + b"]" * 100000, False, 400, "body",
+             "nested too deeply")):
+        t0 = time.monotonic()
+        got, out = raw_request(r, head + data, half_close)
+        assert (got, out["error"]["param"]) == (code, param) and says in out["error"]["message"], out
+        assert time.monotonic() - t0 < 5
+    assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200  # still serving
+    assert [x["status"] for x in r.records()] == ["ok"]  # nothing of the refused bodies was served
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_text_prompts_tokenise_deterministically_into_block_hashes() -> None:
