@@ -315,9 +315,7 @@ class Router:
 
     # -- lifecycle
     def start(self) -> tuple[str, int]:
-        self._server = ThreadingHTTPServer((self.cfg.host, self.cfg.port), make_handler(self), bind_and_activate=False)
-        self._server.daemon_threads = True
-        self._server.request_queue_size = 256  # a backlog of 5 reset clients when a burst of requests arrived at once
+        self._server = _Server((self.cfg.host, self.cfg.port), make_handler(self), bind_and_activate=False)
         try:
             self._server.server_bind()
             self._server.server_activate()
@@ -846,6 +844,17 @@ def _sse_events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------- HTTP
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # a backlog of 5 reset clients when a burst of requests arrived at once
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (before its answer, mid-request) is the client's business: no traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipe, ConnectionReset, ConnectionAborted
+            return
+        super().handle_error(request, client_address)
 
 
 def _chunk(c: Completion, created: int, text: str, finish: str | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -488,6 +489,21 @@ def test_a_body_that_is_not_exactly_its_content_length_of_json_gets_an_error_nam
         assert time.monotonic() - t0 < 5
     assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200  # still serving
     assert [x["status"] for x in r.records()] == ["ok"]  # nothing of the refused bodies was served
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_client_that_hangs_up_before_its_answer_leaves_no_traceback(router, capsys) -> None:
+    r = router()
+    body = json.dumps({"prompt": "a b", "max_tokens": 2}).encode()
+    s = socket.create_connection(("127.0.0.1", r.address[1]), timeout=10)
+    s.sendall(post_head("/v1/completions", f"Content-Length: {len(body)}") + body)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()  # a reset: the router's answer finds no one
+    deadline = time.monotonic() + 10
+    while not r.records() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # the answer's write comes after the record
+    assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200
     assert "Traceback" not in capsys.readouterr().err
 
 
