@@ -865,6 +865,10 @@ def _chunk(c: Completion, created: int, text: str, finish: str | None, extra: di
     return out
 
 
+ENDPOINTS = {"GET": ("/v1/models", "/metrics", "/v1/state", "/v1/records", "/v1/scheduler", "/healthz"),
+             "POST": ("/v1/completions", "/v1/telemetry")}  # docs/router.md "HTTP API"
+
+
 def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"  # one response per connection; a stream ends when we close
@@ -884,6 +888,18 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
         def _error(self, code: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> None:
             self._send(code, {"error": {"message": message, "type": kind, "param": param, "code": None}})
 
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """The stdlib's own refusals (a method it has no ``do_`` for, a malformed request line) as JSON too."""
+            self.close_connection = True
+            self._error(code, message or self.responses.get(code, ("error",))[0])
+
+        def _no_path(self, path: str) -> None:
+            use = next((m for m, paths in ENDPOINTS.items() if path in paths), None)
+            if use is None:
+                self._error(404, f"no such path {path}")
+            else:
+                self._error(405, f"{self.command} is not allowed on {path}; use {use}")
+
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path == "/v1/models":
@@ -899,7 +915,7 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
             elif path == "/healthz":
                 self._send(200, {"ok": True})
             else:
-                self._error(404, f"no such path {path}")
+                self._no_path(path)
 
         def _body(self) -> Any:
             """The JSON body, exactly Content-Length bytes of it, read within the request timeout (`timeout`)."""
@@ -939,7 +955,7 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
                         router.on_wan_sample(s)
                     self._send(200, {"ok": True})
                 else:
-                    self._error(404, f"no such path {path}")
+                    self._no_path(path)
             except BadRequest as exc:
                 self._error(exc.status, f"{exc.param}: {exc}", exc.param)
 

@@ -507,6 +507,21 @@ def test_a_client_that_hangs_up_before_its_answer_leaves_no_traceback(router, ca
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_a_wrong_method_or_a_malformed_request_line_gets_a_json_error(router) -> None:
+    r = router()
+    code, out = raw_request(r, b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert code == 405 and out["error"]["message"] == "GET is not allowed on /v1/completions; use POST"
+    code, out = raw_request(r, post_head("/metrics", "Content-Length: 0"))
+    assert code == 405 and out["error"]["message"] == "POST is not allowed on /metrics; use GET"
+    code, out = raw_request(r, b"PUT /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert code == 501 and "PUT" in out["error"]["message"]
+    with socket.create_connection(("127.0.0.1", r.address[1]), timeout=10) as s:  # answered HTTP/0.9 style: body only
+        s.sendall(b"\x00garbage\r\n\r\n")
+        assert "Bad request syntax" in json.loads(s.makefile("rb").read())["error"]["message"]
+    assert raw_request(r, b"GET /nope HTTP/1.1\r\n\r\n")[0] == 404
+    assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200
+
+
 def test_text_prompts_tokenise_deterministically_into_block_hashes() -> None:
     a = tokenize("one two three " * 400, 32000)
     assert a == tokenize("one two three " * 400, 32000) and len(a) == 1200 and max(a) < 32000
