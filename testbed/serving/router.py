@@ -250,11 +250,15 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
         if not token_ids:
             raise BadRequest("prompt", "is empty")
         n, hashes = len(token_ids), block_hashes_of(token_ids)
+    stream, model = body.get("stream"), body.get("model")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("stream", f"{stream!r} is not true or false")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model", f"{model!r} is not a string")
     rid = ext.get("request_id") or f"cmpl-{uuid.uuid4().hex[:16]}"
     if cfg.compute == "torch" and token_ids is None:
         token_ids = prompt_token_ids(hashes, n, cfg.vocab_size, str(rid))
-    return Completion(str(rid), n, max_tokens, hashes, token_ids, bool(body.get("stream", False)),
-                      str(body.get("model") or cfg.model))
+    return Completion(str(rid), n, max_tokens, hashes, token_ids, bool(stream), model or cfg.model)
 
 
 # ------------------------------------------------------------------------------------------- router

@@ -445,7 +445,9 @@ def test_metrics_carry_latency_histograms_by_route_and_cluster(router) -> None:
 def test_bad_client_requests_get_400_naming_the_field(router) -> None:
     r = router()
     for body, param in (({"prompt": "x", "max_tokens": 0}, "max_tokens"), ({"max_tokens": 2}, "prompt"),
-                        ({"prfaas": {"block_hashes": [1, 2, 3], "input_len": 100}}, "prfaas.block_hashes")):
+                        ({"prfaas": {"block_hashes": [1, 2, 3], "input_len": 100}}, "prfaas.block_hashes"),
+                        ({"prompt": "x", "stream": "false"}, "stream"), ({"prompt": "x", "stream": 1}, "stream"),
+                        ({"prompt": "x", "model": ["prfaas"]}, "model")):
         code, out = post(r, "/v1/completions", body)
         assert code == 400 and out["error"]["param"] == param
     code, out = post(r, "/v1/telemetry", {"egress_bps": "fast"})
