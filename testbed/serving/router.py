@@ -47,7 +47,7 @@ from testbed.serving.policy.signals import GroundTruth, admit
 from testbed.serving.protocol import (
     DECODE_PREFIX_HEADER, DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, ProbeRequest, TokenEvent,
     WorkerState,
-    decode_event,
+    decode_event, request_id,
 )
 from testbed.serving.policy import (
     ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
@@ -256,9 +256,13 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
     if model is not None and not isinstance(model, str):
         raise BadRequest("model", f"{model!r} is not a string")
     rid = ext.get("request_id") or f"cmpl-{uuid.uuid4().hex[:16]}"
+    try:
+        rid = request_id(rid)
+    except ValueError as exc:
+        raise BadRequest("prfaas.request_id", str(exc)) from None
     if cfg.compute == "torch" and token_ids is None:
-        token_ids = prompt_token_ids(hashes, n, cfg.vocab_size, str(rid))
-    return Completion(str(rid), n, max_tokens, hashes, token_ids, bool(stream), model or cfg.model)
+        token_ids = prompt_token_ids(hashes, n, cfg.vocab_size, rid)
+    return Completion(rid, n, max_tokens, hashes, token_ids, bool(stream), model or cfg.model)
 
 
 # ------------------------------------------------------------------------------------------- router

@@ -447,7 +447,9 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
     for body, param in (({"prompt": "x", "max_tokens": 0}, "max_tokens"), ({"max_tokens": 2}, "prompt"),
                         ({"prfaas": {"block_hashes": [1, 2, 3], "input_len": 100}}, "prfaas.block_hashes"),
                         ({"prompt": "x", "stream": "false"}, "stream"), ({"prompt": "x", "stream": 1}, "stream"),
-                        ({"prompt": "x", "model": ["prfaas"]}, "model")):
+                        ({"prompt": "x", "model": ["prfaas"]}, "model"),
+                        ({"prompt": "x", "prfaas": {"request_id": "r" * 256}}, "prfaas.request_id"),
+                        ({"prompt": "x", "prfaas": {"request_id": {"id": 1}}}, "prfaas.request_id")):
         code, out = post(r, "/v1/completions", body)
         assert code == 400 and out["error"]["param"] == param
     code, out = post(r, "/v1/telemetry", {"egress_bps": "fast"})
