@@ -239,7 +239,10 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
             raise BadRequest("prfaas.block_hashes", f"{len(hashes)} hashes for {n} tokens; at most one per {BLOCK_TOKENS} tokens")
         token_ids = None
     elif isinstance(prompt, str):
-        token_ids = tokenize(prompt, cfg.vocab_size)
+        try:
+            token_ids = tokenize(prompt, cfg.vocab_size)
+        except UnicodeEncodeError:  # JSON's "\ud800": a lone surrogate, not a character
+            raise BadRequest("prompt", "is not valid Unicode text (a lone surrogate)") from None
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if any(t < 0 or t >= cfg.vocab_size for t in prompt):
             raise BadRequest("prompt", f"token ids must lie in [0, {cfg.vocab_size})")

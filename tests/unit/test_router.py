@@ -449,7 +449,8 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
                         ({"prompt": "x", "stream": "false"}, "stream"), ({"prompt": "x", "stream": 1}, "stream"),
                         ({"prompt": "x", "model": ["prfaas"]}, "model"),
                         ({"prompt": "x", "prfaas": {"request_id": "r" * 256}}, "prfaas.request_id"),
-                        ({"prompt": "x", "prfaas": {"request_id": {"id": 1}}}, "prfaas.request_id")):
+                        ({"prompt": "x", "prfaas": {"request_id": {"id": 1}}}, "prfaas.request_id"),
+                        ({"prompt": "a \ud800 b"}, "prompt")):
         code, out = post(r, "/v1/completions", body)
         assert code == 400 and out["error"]["param"] == param
     code, out = post(r, "/v1/telemetry", {"egress_bps": "fast"})
