@@ -39,7 +39,7 @@ from testbed.errors import FieldError, UserError
 from testbed.rundir import CLIENT_DISCONNECTED, ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
 from testbed.models.spec import DTYPE_BYTES, parse_dtype
 from testbed.scale import Scale
-from testbed.validation import Fields, boolean, positive_int, positive_number
+from testbed.validation import Fields, boolean, number, positive_int, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
@@ -597,13 +597,24 @@ class Router:
         """A WAN sample from the run: wire units unless ``units == "emulated"``."""
         to_em = Scale() if s.get("units") == "emulated" else self.scale
         vals = {}
+
+        def reading(name: str) -> float | None:
+            v = s.get(name)
+            if v is None:
+                return None
+            try:
+                x = number(v)
+            except ValueError:
+                x = -1.0
+            if x < 0:
+                raise BadRequest(name, f"{v!r} is not a number >= 0")
+            return x
+
         for name, convert in (("egress_bps", to_em.emulated_bps), ("capacity_bps", to_em.emulated_bps),
                               ("backlog_bytes", to_em.emulated_bytes), ("drops", float)):
-            v = s.get(name)
+            v = reading(name)
             if v is not None:
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                    raise BadRequest(name, f"{v!r} is not a number >= 0")
-                vals[name] = convert(float(v))
+                vals[name] = convert(v)
         t = s.get("t_s")
         t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else clock.now_s()
         with self._lock:

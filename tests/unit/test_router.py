@@ -453,8 +453,9 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
                         ({"prompt": "a \ud800 b"}, "prompt")):
         code, out = post(r, "/v1/completions", body)
         assert code == 400 and out["error"]["param"] == param
-    code, out = post(r, "/v1/telemetry", {"egress_bps": "fast"})
-    assert code == 400 and out["error"]["param"] == "egress_bps"
+    for sample, param in (({"egress_bps": "fast"}, "egress_bps"), ({"backlog_bytes": 10 ** 400}, "backlog_bytes")):
+        code, out = post(r, "/v1/telemetry", sample)
+        assert code == 400 and out["error"]["param"] == param
     assert r.records() == []
 
 
