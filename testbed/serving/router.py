@@ -595,7 +595,10 @@ class Router:
     # -- telemetry and control
     def on_wan_sample(self, s: dict[str, Any]) -> None:
         """A WAN sample from the run: wire units unless ``units == "emulated"``."""
-        to_em = Scale() if s.get("units") == "emulated" else self.scale
+        units = s.get("units") or "wire"
+        if units not in ("wire", "emulated"):
+            raise BadRequest("units", f"{units!r} is not allowed; use one of: wire, emulated")
+        to_em = Scale() if units == "emulated" else self.scale
         vals = {}
 
         def reading(name: str) -> float | None:
@@ -615,8 +618,8 @@ class Router:
             v = reading(name)
             if v is not None:
                 vals[name] = convert(v)
-        t = s.get("t_s")
-        t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else clock.now_s()
+        t = reading("t_s")
+        t = clock.now_s() if t is None else t
         with self._lock:
             self._wan.update(vals)
             self._wan["t_s"] = t

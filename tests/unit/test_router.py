@@ -453,10 +453,12 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
                         ({"prompt": "a \ud800 b"}, "prompt")):
         code, out = post(r, "/v1/completions", body)
         assert code == 400 and out["error"]["param"] == param
-    for sample, param in (({"egress_bps": "fast"}, "egress_bps"), ({"backlog_bytes": 10 ** 400}, "backlog_bytes")):
+    for sample, param in (({"egress_bps": "fast"}, "egress_bps"), ({"backlog_bytes": 10 ** 400}, "backlog_bytes"),
+                          ({"t_s": float("nan"), "egress_bps": 1}, "t_s"), ({"t_s": "now", "egress_bps": 1}, "t_s"),
+                          ({"units": "bits", "egress_bps": 1}, "units")):
         code, out = post(r, "/v1/telemetry", sample)
         assert code == 400 and out["error"]["param"] == param
-    assert r.records() == []
+    assert r.records() == [] and r.state()["wan"]["egress_bps"] == 0.0  # no refused sample was taken
 
 
 def raw_request(r: Router, data: bytes, half_close: bool = False, timeout: float = 10) -> tuple[int, Any]:
