@@ -41,6 +41,7 @@ from testbed.models.spec import DTYPE_BYTES, parse_dtype
 from testbed.scale import Scale
 from testbed.validation import Fields, boolean, number, positive_int, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
+from testbed.serving.httpio import BodyError, Server, read_json_body
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
@@ -197,9 +198,6 @@ class BadRequest(Exception):
         self.status = status
 
 
-MAX_BODY_BYTES = 64 << 20  # a request body above this is refused (413) before any of it is read
-
-
 @dataclass
 class Completion:
     """A parsed client request."""
@@ -326,7 +324,7 @@ class Router:
 
     # -- lifecycle
     def start(self) -> tuple[str, int]:
-        self._server = _Server((self.cfg.host, self.cfg.port), make_handler(self), bind_and_activate=False)
+        self._server = Server((self.cfg.host, self.cfg.port), make_handler(self), bind_and_activate=False)
         try:
             self._server.server_bind()
             self._server.server_activate()
@@ -871,17 +869,6 @@ def _sse_events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------- HTTP
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256  # a backlog of 5 reset clients when a burst of requests arrived at once
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hung up (before its answer, mid-request) is the client's business: no traceback."""
-        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipe, ConnectionReset, ConnectionAborted
-            return
-        super().handle_error(request, client_address)
-
-
 def _chunk(c: Completion, created: int, text: str, finish: str | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     out = {"id": c.request_id, "object": "text_completion", "created": created, "model": c.model,
            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
@@ -943,29 +930,10 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
                 self._no_path(path)
 
         def _body(self) -> Any:
-            """The JSON body, exactly Content-Length bytes of it, read within the request timeout (`timeout`)."""
-            if self.headers.get("Transfer-Encoding"):
-                raise BadRequest("Transfer-Encoding", "is not supported; send the body with a Content-Length", 411)
-            raw = (self.headers.get("Content-Length") or "0").strip()
-            if not (raw.isascii() and raw.isdigit()):
-                raise BadRequest("Content-Length", f"{raw!r} is not a whole number of bytes >= 0")
-            n = int(raw)
-            if n > MAX_BODY_BYTES:
-                raise BadRequest("Content-Length", f"{n} bytes is above the limit of {MAX_BODY_BYTES}", 413)
             try:
-                data = self.rfile.read(n)
-            except TimeoutError:
-                raise BadRequest("body", f"the {n} bytes of Content-Length did not arrive within {self.timeout} s") from None
-            finally:
-                self.connection.settimeout(None)  # the answer may take as long as the request does
-            if len(data) < n:
-                raise BadRequest("body", f"Content-Length says {n} bytes but the body ended after {len(data)}")
-            try:
-                return json.loads(data or b"null")
-            except ValueError as exc:
-                raise BadRequest("body", f"not valid JSON: {exc}") from None
-            except RecursionError:
-                raise BadRequest("body", "JSON nested too deeply") from None
+                return read_json_body(self)
+            except BodyError as exc:
+                raise BadRequest(exc.field, exc.message, exc.status) from None
 
         def do_POST(self) -> None:
             path = self.path.split("?")[0]
