@@ -105,9 +105,16 @@ def boolean(v: Any) -> bool:
 
 
 def number(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    """A finite number (not a boolean) as a float; an integer beyond a float's range is refused, not an OverflowError."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"{v!r} is not a number")
-    return float(v)
+    try:
+        x = float(v)
+    except OverflowError:
+        raise ValueError(f"{v!r} is not a number (beyond a float's range)") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{v!r} is not a number")
+    return x
 
 
 def positive_number(v: Any) -> float:

@@ -55,6 +55,7 @@ RECORD = struct.Struct("<IBQQQ")  # layer_index, slot, offset, length, checksum 
 
 BODIES = {FRAME_DATA: DATA_BODY, FRAME_TRAILER: TRAILER_BODY, FRAME_ACK: ACK_BODY, FRAME_ABORT: ACK_BODY}
 MAX_REASON_BYTES = 1024
+MAX_REQUEST_ID_BYTES = 255  # a request id's UTF-8 length is one byte of every header
 
 # dtype code on the wire -> torch dtype name, and each one's bytes per element
 DTYPES: dict[int, str] = {
@@ -172,8 +173,8 @@ def _itemsize(dtype: str) -> int:
 
 def _rid_bytes(request_id: str) -> bytes:
     rid = request_id.encode("utf-8")
-    if not 1 <= len(rid) <= 255:
-        raise WireError(f"request_id: must be 1..255 UTF-8 bytes, got {len(rid)}")
+    if not 1 <= len(rid) <= MAX_REQUEST_ID_BYTES:
+        raise WireError(f"request_id: must be 1..{MAX_REQUEST_ID_BYTES} UTF-8 bytes, got {len(rid)}")
     return rid
 
 

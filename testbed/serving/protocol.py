@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, TypeVar
 
 from testbed.kv.transport import FillStop
+from testbed.kv.wire import MAX_REQUEST_ID_BYTES
 from testbed.models.spec import parse_dtype
 from testbed.validation import (
     Fields, at_least_one, boolean, integers, mapping, non_negative, positive_int, positive_number, string, text,
@@ -40,6 +41,18 @@ def _read(cls: type[M], data: Any, source: str, path: str, fields: Callable[[Fie
     out = cls(**fields(f))
     f.done()
     return out
+
+
+def request_id(v: Any) -> str:
+    """A request id the KV wire can carry: a non-empty string of at most `MAX_REQUEST_ID_BYTES` UTF-8 bytes."""
+    rid = text(v)
+    try:
+        n = len(rid.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(f"{rid!r} is not valid Unicode (a lone surrogate)") from None
+    if n > MAX_REQUEST_ID_BYTES:
+        raise ValueError(f"is {n} UTF-8 bytes; at most {MAX_REQUEST_ID_BYTES} (the KV wire's limit)")
+    return rid
 
 
 def _json(msg: Any) -> dict[str, Any]:
@@ -109,7 +122,7 @@ class PrefillRequest:
     @classmethod
     def from_json(cls, data: Any, source: str = "POST /v1/prefill") -> "PrefillRequest":
         def fields(f: Fields) -> dict[str, Any]:
-            out = {"request_id": f.get("request_id", text), "input_len": f.get("input_len", at_least_one),
+            out = {"request_id": f.get("request_id", request_id), "input_len": f.get("input_len", at_least_one),
                    "decode": KVDestination.read(f.section("decode")) if f.has("decode") else f.get("decode", mapping),
                    "cached_len": f.get("cached_len", positive_int, 0), "decode_prefix_len": f.get("decode_prefix_len", positive_int, 0),
                    "block_hashes": f.get("block_hashes", integers, ()),
@@ -146,7 +159,7 @@ class DecodeRequest:
     @classmethod
     def from_json(cls, data: Any, source: str = "POST /v1/decode") -> "DecodeRequest":
         return _read(cls, data, source, "", lambda f: {
-            "request_id": f.get("request_id", text), "input_len": f.get("input_len", at_least_one),
+            "request_id": f.get("request_id", request_id), "input_len": f.get("input_len", at_least_one),
             "output_len": f.get("output_len", at_least_one, 1), "prompt_token_ids": f.get("prompt_token_ids", integers, None),
             "block_hashes": f.get("block_hashes", integers, ()), "kv_dtype": f.get("kv_dtype", parse_dtype, None),
             **_deadline(f, None)})

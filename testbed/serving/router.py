@@ -39,15 +39,16 @@ from testbed.errors import FieldError, UserError
 from testbed.rundir import CLIENT_DISCONNECTED, ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
 from testbed.models.spec import DTYPE_BYTES, parse_dtype
 from testbed.scale import Scale
-from testbed.validation import Fields, boolean, positive_int, positive_number
+from testbed.validation import Fields, boolean, number, positive_int, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
+from testbed.serving.httpio import BodyError, Server, read_json_body
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
 from testbed.serving.protocol import (
     DECODE_PREFIX_HEADER, DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, ProbeRequest, TokenEvent,
     WorkerState,
-    decode_event,
+    decode_event, request_id,
 )
 from testbed.serving.policy import (
     ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
@@ -189,9 +190,12 @@ def detokenize(token_id: int) -> str:
 
 
 class BadRequest(Exception):
-    def __init__(self, param: str, message: str) -> None:
+    """A client mistake: answered with HTTP `status` and an OpenAI-style error naming `param`."""
+
+    def __init__(self, param: str, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.param = param
+        self.status = status
 
 
 @dataclass
@@ -233,7 +237,10 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
             raise BadRequest("prfaas.block_hashes", f"{len(hashes)} hashes for {n} tokens; at most one per {BLOCK_TOKENS} tokens")
         token_ids = None
     elif isinstance(prompt, str):
-        token_ids = tokenize(prompt, cfg.vocab_size)
+        try:
+            token_ids = tokenize(prompt, cfg.vocab_size)
+        except UnicodeEncodeError:  # JSON's "\ud800": a lone surrogate, not a character
+            raise BadRequest("prompt", "is not valid Unicode text (a lone surrogate)") from None
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if any(t < 0 or t >= cfg.vocab_size for t in prompt):
             raise BadRequest("prompt", f"token ids must lie in [0, {cfg.vocab_size})")
@@ -244,11 +251,19 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
         if not token_ids:
             raise BadRequest("prompt", "is empty")
         n, hashes = len(token_ids), block_hashes_of(token_ids)
+    stream, model = body.get("stream"), body.get("model")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("stream", f"{stream!r} is not true or false")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model", f"{model!r} is not a string")
     rid = ext.get("request_id") or f"cmpl-{uuid.uuid4().hex[:16]}"
+    try:
+        rid = request_id(rid)
+    except ValueError as exc:
+        raise BadRequest("prfaas.request_id", str(exc)) from None
     if cfg.compute == "torch" and token_ids is None:
-        token_ids = prompt_token_ids(hashes, n, cfg.vocab_size, str(rid))
-    return Completion(str(rid), n, max_tokens, hashes, token_ids, bool(body.get("stream", False)),
-                      str(body.get("model") or cfg.model))
+        token_ids = prompt_token_ids(hashes, n, cfg.vocab_size, rid)
+    return Completion(rid, n, max_tokens, hashes, token_ids, bool(stream), model or cfg.model)
 
 
 # ------------------------------------------------------------------------------------------- router
@@ -309,9 +324,7 @@ class Router:
 
     # -- lifecycle
     def start(self) -> tuple[str, int]:
-        self._server = ThreadingHTTPServer((self.cfg.host, self.cfg.port), make_handler(self), bind_and_activate=False)
-        self._server.daemon_threads = True
-        self._server.request_queue_size = 256  # a backlog of 5 reset clients when a burst of requests arrived at once
+        self._server = Server((self.cfg.host, self.cfg.port), make_handler(self), bind_and_activate=False)
         try:
             self._server.server_bind()
             self._server.server_activate()
@@ -580,17 +593,31 @@ class Router:
     # -- telemetry and control
     def on_wan_sample(self, s: dict[str, Any]) -> None:
         """A WAN sample from the run: wire units unless ``units == "emulated"``."""
-        to_em = Scale() if s.get("units") == "emulated" else self.scale
+        units = s.get("units") or "wire"
+        if units not in ("wire", "emulated"):
+            raise BadRequest("units", f"{units!r} is not allowed; use one of: wire, emulated")
+        to_em = Scale() if units == "emulated" else self.scale
         vals = {}
+
+        def reading(name: str) -> float | None:
+            v = s.get(name)
+            if v is None:
+                return None
+            try:
+                x = number(v)
+            except ValueError:
+                x = -1.0
+            if x < 0:
+                raise BadRequest(name, f"{v!r} is not a number >= 0")
+            return x
+
         for name, convert in (("egress_bps", to_em.emulated_bps), ("capacity_bps", to_em.emulated_bps),
                               ("backlog_bytes", to_em.emulated_bytes), ("drops", float)):
-            v = s.get(name)
+            v = reading(name)
             if v is not None:
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                    raise BadRequest(name, f"{v!r} is not a number >= 0")
-                vals[name] = convert(float(v))
-        t = s.get("t_s")
-        t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else clock.now_s()
+                vals[name] = convert(v)
+        t = reading("t_s")
+        t = clock.now_s() if t is None else t
         with self._lock:
             self._wan.update(vals)
             self._wan["t_s"] = t
@@ -850,9 +877,14 @@ def _chunk(c: Completion, created: int, text: str, finish: str | None, extra: di
     return out
 
 
+ENDPOINTS = {"GET": ("/v1/models", "/metrics", "/v1/state", "/v1/records", "/v1/scheduler", "/healthz"),
+             "POST": ("/v1/completions", "/v1/telemetry")}  # docs/router.md "HTTP API"
+
+
 def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"  # one response per connection; a stream ends when we close
+        timeout = router.cfg.request_timeout_s  # for the request line, headers and body (`_body` lifts it after)
 
         def log_message(self, fmt: str, *args: Any) -> None:  # the records are the log
             return None
@@ -867,6 +899,18 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
 
         def _error(self, code: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> None:
             self._send(code, {"error": {"message": message, "type": kind, "param": param, "code": None}})
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """The stdlib's own refusals (a method it has no ``do_`` for, a malformed request line) as JSON too."""
+            self.close_connection = True
+            self._error(code, message or self.responses.get(code, ("error",))[0])
+
+        def _no_path(self, path: str) -> None:
+            use = next((m for m, paths in ENDPOINTS.items() if path in paths), None)
+            if use is None:
+                self._error(404, f"no such path {path}")
+            else:
+                self._error(405, f"{self.command} is not allowed on {path}; use {use}")
 
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
@@ -883,14 +927,13 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
             elif path == "/healthz":
                 self._send(200, {"ok": True})
             else:
-                self._error(404, f"no such path {path}")
+                self._no_path(path)
 
         def _body(self) -> Any:
-            n = int(self.headers.get("Content-Length") or 0)
             try:
-                return json.loads(self.rfile.read(n) or b"null")
-            except ValueError as exc:
-                raise BadRequest("body", f"not valid JSON: {exc}") from None
+                return read_json_body(self)
+            except BodyError as exc:
+                raise BadRequest(exc.field, exc.message, exc.status) from None
 
         def do_POST(self) -> None:
             path = self.path.split("?")[0]
@@ -905,9 +948,9 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
                         router.on_wan_sample(s)
                     self._send(200, {"ok": True})
                 else:
-                    self._error(404, f"no such path {path}")
+                    self._no_path(path)
             except BadRequest as exc:
-                self._error(400, f"{exc.param}: {exc}", exc.param)
+                self._error(exc.status, f"{exc.param}: {exc}", exc.param)
 
         def _completion(self, c: Completion) -> None:
             created = int(time.time())

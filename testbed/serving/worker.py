@@ -21,7 +21,7 @@ import sys
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -30,6 +30,7 @@ from testbed.atomic import write_json
 from testbed.errors import FieldError
 from testbed.blocks import BLOCK_TOKENS
 from testbed.kv.transport import PROBE_PREFIX
+from testbed.serving.httpio import BodyError, Server, read_json_body
 from testbed.serving.kvmanager import prefilled_blocks
 from testbed.serving.protocol import (
     DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
@@ -808,9 +809,15 @@ class DecodeWorker:
 def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = worker.cfg.request_timeout_s  # for the request line, headers and body (`read_json_body` lifts it)
 
         def log_message(self, fmt: str, *args: Any) -> None:  # quiet: the run keeps its own records
             return
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """The stdlib's own refusals (a method it has no ``do_`` for, a malformed request line) as JSON too."""
+            self.close_connection = True
+            self._json(code, {"error": message or self.responses.get(code, ("error",))[0]})
 
         def _json(self, code: int, obj: dict[str, Any]) -> None:
             data = json.dumps(obj).encode()
@@ -828,18 +835,15 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
             else:
                 self._json(404, {"error": f"no such path {self.path}"})
 
-        def _body(self) -> dict[str, Any] | None:
-            try:
-                n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n) or b"{}")
-                return body if isinstance(body, dict) else None
-            except (ValueError, json.JSONDecodeError):
-                return None
-
         def do_POST(self) -> None:
-            body = self._body()
             try:
-                if body is None:
+                body = read_json_body(self)
+            except BodyError as exc:
+                self.close_connection = True  # what is left of a refused body is not read
+                self._json(exc.status, {"error": str(exc)})
+                return
+            try:
+                if body is not None and not isinstance(body, dict):
                     self._json(400, {"error": "body must be a JSON object"})
                 elif self.path == "/v1/prefill" and isinstance(worker, PrefillWorker):
                     self._json(200, worker.submit(PrefillRequest.from_json(body)).to_json())
@@ -874,14 +878,9 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256  # the default backlog of 5 drops SYNs when the router opens many streams at once
-
-
 def serve(cfg: WorkerConfig) -> None:
     worker = PrefillWorker(cfg) if cfg.role == "prefill" else DecodeWorker(cfg)
-    server = _Server((cfg.bind, cfg.port), make_handler(worker))
+    server = Server((cfg.bind, cfg.port), make_handler(worker))
 
     def stop(signum: int, frame: Any) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()

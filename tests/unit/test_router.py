@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -443,12 +445,89 @@ def test_metrics_carry_latency_histograms_by_route_and_cluster(router) -> None:
 def test_bad_client_requests_get_400_naming_the_field(router) -> None:
     r = router()
     for body, param in (({"prompt": "x", "max_tokens": 0}, "max_tokens"), ({"max_tokens": 2}, "prompt"),
-                        ({"prfaas": {"block_hashes": [1, 2, 3], "input_len": 100}}, "prfaas.block_hashes")):
+                        ({"prfaas": {"block_hashes": [1, 2, 3], "input_len": 100}}, "prfaas.block_hashes"),
+                        ({"prompt": "x", "stream": "false"}, "stream"), ({"prompt": "x", "stream": 1}, "stream"),
+                        ({"prompt": "x", "model": ["prfaas"]}, "model"),
+                        ({"prompt": "x", "prfaas": {"request_id": "r" * 256}}, "prfaas.request_id"),
+                        ({"prompt": "x", "prfaas": {"request_id": {"id": 1}}}, "prfaas.request_id"),
+                        ({"prompt": "a \ud800 b"}, "prompt")):
         code, out = post(r, "/v1/completions", body)
         assert code == 400 and out["error"]["param"] == param
-    code, out = post(r, "/v1/telemetry", {"egress_bps": "fast"})
-    assert code == 400 and out["error"]["param"] == "egress_bps"
-    assert r.records() == []
+    for sample, param in (({"egress_bps": "fast"}, "egress_bps"), ({"backlog_bytes": 10 ** 400}, "backlog_bytes"),
+                          ({"t_s": float("nan"), "egress_bps": 1}, "t_s"), ({"t_s": "now", "egress_bps": 1}, "t_s"),
+                          ({"units": "bits", "egress_bps": 1}, "units")):
+        code, out = post(r, "/v1/telemetry", sample)
+        assert code == 400 and out["error"]["param"] == param
+    assert r.records() == [] and r.state()["wan"]["egress_bps"] == 0.0  # no refused sample was taken
+
+
+def raw_request(r: Router, data: bytes, half_close: bool = False, timeout: float = 10) -> tuple[int, Any]:
+    """Send `data` as it is on a fresh connection; the answer's status and JSON body."""
+    with socket.create_connection(("127.0.0.1", r.address[1]), timeout=timeout) as s:
+        s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def post_head(path: str, *headers: str) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n").encode()
+
+
+def test_a_body_that_is_not_exactly_its_content_length_of_json_gets_an_error_naming_the_header(router, capsys) -> None:
+    r = router(request_timeout_s=1.0)
+    body = b'{"prompt": "a b", "max_tokens": 1}'
+    for head, data, half_close, code, param, says in (
+            (post_head("/v1/completions", "Content-Length: abc"), body, False, 400, "Content-Length", "not a whole number"),
+            (post_head("/v1/completions", "Content-Length: -1"), body, False, 400, "Content-Length", "not a whole number"),
+            (post_head("/v1/completions", "Transfer-Encoding: chunked"), b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body), False,
+             411, "Transfer-Encoding", "not supported"),
+            (post_head("/v1/completions", f"Content-Length: {1 << 40}"), b"", False, 413, "Content-Length", "above the limit"),
+            (post_head("/v1/completions", "Content-Length: 1000"), body, True, 400, "body", f"ended after {len(body)}"),
+            (post_head("/v1/completions", "Content-Length: 1000"), body, False, 400, "body", "did not arrive within 1.0 s"),
+            (post_head("/v1/telemetry", "Content-Length: 200000"), b"[" * 100000 + b"]" * 100000, False, 400, "body",
+             "nested too deeply")):
+        t0 = time.monotonic()
+        got, out = raw_request(r, head + data, half_close)
+        assert (got, out["error"]["param"]) == (code, param) and says in out["error"]["message"], out
+        assert time.monotonic() - t0 < 5
+    assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200  # still serving
+    assert [x["status"] for x in r.records()] == ["ok"]  # nothing of the refused bodies was served
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_client_that_hangs_up_before_its_answer_leaves_no_traceback(router, capsys) -> None:
+    r = router()
+    body = json.dumps({"prompt": "a b", "max_tokens": 2}).encode()
+    s = socket.create_connection(("127.0.0.1", r.address[1]), timeout=10)
+    s.sendall(post_head("/v1/completions", f"Content-Length: {len(body)}") + body)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()  # a reset: the router's answer finds no one
+    deadline = time.monotonic() + 10
+    while not r.records() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # the answer's write comes after the record
+    assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_wrong_method_or_a_malformed_request_line_gets_a_json_error(router) -> None:
+    r = router()
+    code, out = raw_request(r, b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert code == 405 and out["error"]["message"] == "GET is not allowed on /v1/completions; use POST"
+    code, out = raw_request(r, post_head("/metrics", "Content-Length: 0"))
+    assert code == 405 and out["error"]["message"] == "POST is not allowed on /metrics; use GET"
+    code, out = raw_request(r, b"PUT /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert code == 501 and "PUT" in out["error"]["message"]
+    with socket.create_connection(("127.0.0.1", r.address[1]), timeout=10) as s:  # answered HTTP/0.9 style: body only
+        s.sendall(b"\x00garbage\r\n\r\n")
+        assert "Bad request syntax" in json.loads(s.makefile("rb").read())["error"]["message"]
+    assert raw_request(r, b"GET /nope HTTP/1.1\r\n\r\n")[0] == 404
+    assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200
 
 
 def test_text_prompts_tokenise_deterministically_into_block_hashes() -> None:

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,7 +20,8 @@ import pytest
 from testbed.kv.pool import chain_block_hashes
 from testbed.kv.wire import Trailer, encode_trailer, profile_frames, transfer_digest
 from testbed.models.spec import load_model_spec
-from testbed.serving.worker import DECODE_PREFIX_HEADER, WorkerConfig
+from testbed.serving.httpio import Server
+from testbed.serving.worker import DECODE_PREFIX_HEADER, WorkerConfig, make_handler
 
 pytestmark = pytest.mark.timeout(120)
 KV_TIMEOUT_S = 6.0  # from the decode request to the whole KV: prefill (0.72 s) + transfer, with room for a loaded host
@@ -202,6 +204,46 @@ def test_bad_bodies_and_wrong_paths_get_http_errors(workers):
     status, raw = request(pre.port, "POST", "/v1/prefill", {"request_id": "y", "input_len": 10, "decode": {"host": "h", "kv_port": "x", "instance": 0}})
     assert status == 400 and json.loads(raw)["error"] == "POST /v1/prefill: decode.kv_port: 'x' is not a whole number >= 0"
     assert json.loads(request(dec.port, "GET", "/healthz")[1])["role"] == "decode"
+
+
+def test_a_body_that_is_not_exactly_its_content_length_of_json_gets_one_line_and_no_thread_waits(capsys) -> None:
+    """The control handler alone (a stand-in worker: the body is refused before the role matters)."""
+    stub = SimpleNamespace(cfg=SimpleNamespace(role="prefill", instance=0, request_timeout_s=1.0))
+    srv = Server(("127.0.0.1", 0), make_handler(stub))
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    port = srv.server_address[1]
+
+    def send(data: bytes, half_close: bool = False) -> tuple[int, str]:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(data)
+            if half_close:
+                s.shutdown(socket.SHUT_WR)
+            r = http.client.HTTPResponse(s)
+            r.begin()
+            return r.status, json.loads(r.read())["error"]
+
+    def head(*headers: str) -> bytes:
+        return ("POST /v1/prefill HTTP/1.1\r\nHost: x\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n").encode()
+
+    try:
+        for data, half_close, code, says in (
+                (head("Content-Length: abc") + b"{}", False, 400, "Content-Length: 'abc' is not a whole number"),
+                (head("Content-Length: -1") + b"{}", False, 400, "Content-Length: '-1' is not a whole number"),
+                (head(f"Content-Length: {1 << 40}"), False, 413, "Content-Length: 1099511627776 bytes is above the limit"),
+                (head("Transfer-Encoding: chunked") + b"2\r\n{}\r\n0\r\n\r\n", False, 411, "Transfer-Encoding: is not supported"),
+                (head("Content-Length: 100") + b"{}", True, 400, "body: Content-Length says 100 bytes but the body ended after 2"),
+                (head("Content-Length: 100") + b"{}", False, 400, "body: the 100 bytes of Content-Length did not arrive within 1.0 s"),
+                (head("Content-Length: 200000") + b"[" * 100000 + b"]" * 100000, False, 400, "body: JSON nested too deeply"),
+                (b"PUT /v1/prefill HTTP/1.1\r\nHost: x\r\n\r\n", False, 501, "Unsupported method ('PUT')")):
+            t0 = time.monotonic()
+            got, error = send(data, half_close)
+            assert got == code and says in error, error
+            assert time.monotonic() - t0 < 5
+        assert send(head("Content-Length: 2") + b"{}") == (404, "no such path /v1/prefill on a prefill worker")  # still serving
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_a_probe_crosses_to_the_decode_workers_receiver_is_dropped_there_and_answers_with_tcp_info(workers):
