@@ -37,13 +37,25 @@ QUEUE_HELP = "a size (e.g. 2MB), a packet count (e.g. 1000p) or a multiple of th
 TOKENS_HELP = "a whole number of tokens, optionally with K (x1024) or M (x1024^2), e.g. 32K"
 
 
+def finite_number(v: object, what: str) -> float:
+    """An int or float (not a bool) as a finite float, else ``ValueError`` saying `v` is not `what`. YAML's
+    ``.nan`` / ``.inf`` are floats and a whole number past 1.8e308 (``10**400``) has no float: neither is a quantity."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{v!r} is not {what}")
+    try:
+        x = float(v)
+    except OverflowError:
+        raise ValueError(f"a {len(str(abs(v)))}-digit number is out of range; use {what}") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{v!r} is not {what}")
+    return x
+
+
 def _split(text: object, what: str) -> tuple[float, str]:
     if isinstance(text, bool):
         raise ValueError(f"{text!r} is not {what}")
     if isinstance(text, (int, float)):
-        if not math.isfinite(text):  # YAML's .nan and .inf are floats: not a quantity
-            raise ValueError(f"{text!r} is not {what}")
-        return float(text), ""
+        return finite_number(text, what), ""
     m = _RE.match(str(text))
     if not m:
         raise ValueError(f"{text!r} is not {what}")

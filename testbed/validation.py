@@ -8,10 +8,10 @@ rate unit; use ...``), which the CLI prints as one line with exit status 2. Valu
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from testbed import units
 from testbed.errors import FieldError, UserError
 
 __all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "mapping", "non_negative", "number",
@@ -104,9 +104,7 @@ def boolean(v: Any) -> bool:
 
 
 def number(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"{v!r} is not a number")
-    return float(v)
+    return units.finite_number(v, "a number")
 
 
 def positive_number(v: Any) -> float:

@@ -126,3 +126,12 @@ def test_a_yaml_nan_or_inf_is_not_a_quantity():
             with pytest.raises(ValueError, match="is not"):
                 parse(bad)
     assert units.parse_request_rate_rps(2) == 2.0 and units.parse_duration_s(0) == 0.0
+
+
+def test_a_whole_number_past_the_float_range_is_refused_naming_the_field():
+    """YAML reads 10**400 as a Python int, which has no float: it was an OverflowError traceback (`--set scale=1000...`)."""
+    big = 10**400
+    for data, field in ((wan(rate=big), "wan.rate"), ({**wan(), "scale": big}, "scale"), ({**wan(), "duration": big}, "duration")):
+        with pytest.raises(FieldError, match="401-digit number is out of range") as exc:
+            parse_scenario(data)
+        assert exc.value.field == field
