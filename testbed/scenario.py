@@ -346,17 +346,25 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """``--set wan.rate=20Gbps`` style overrides; the value is read as YAML (``--set seed=3``)."""
     out = yaml.safe_load(yaml.safe_dump(data)) or {}
+    if not isinstance(out, dict):  # a list or scalar file: its reader refuses it, naming the file
+        return out
     for item in overrides:
         if "=" not in item:
             raise UserError(f"--set {item!r}: use key=value, e.g. --set wan.rate=20Gbps")
         key, value = item.split("=", 1)
         parts = key.strip().split(".")
+        if not all(p.strip() for p in parts):
+            raise UserError(f"--set {item!r}: the key has an empty part; use a dotted path such as wan.rate=20Gbps")
         node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise UserError(f"--set {key}: {p!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(value)
+        try:
+            node[parts[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise UserError(f"--set {item!r}: the value is not valid YAML ({getattr(exc, 'problem', None) or exc}); "
+                            "quote a string, e.g. --set 'name=\"a: b\"'") from None
     return out
 
 

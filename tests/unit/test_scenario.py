@@ -135,3 +135,24 @@ def test_a_whole_number_past_the_float_range_is_refused_naming_the_field():
         with pytest.raises(FieldError, match="401-digit number is out of range") as exc:
             parse_scenario(data)
         assert exc.value.field == field
+
+
+@pytest.mark.parametrize("item, words", [
+    ("wan.rate=[", "the value is not valid YAML"),  # a YAML error was a traceback
+    ("wan.rate=!!python/object:os.system x", "the value is not valid YAML"),
+    ("=5", "the key has an empty part"),  # was "scenario: : unknown key"
+    ("wan..rate=1Gbps", "the key has an empty part"),
+])
+def test_a_bad_override_is_one_user_error_naming_it(item, words):
+    with pytest.raises(UserError, match=words) as err:
+        apply_overrides({"wan": {"rate": "10Gbps"}}, [item])
+    assert f"--set {item!r}" in str(err.value)
+
+
+def test_overrides_on_a_file_that_is_not_a_mapping_are_refused_naming_the_file(tmp_path):
+    """A list file with --set was an AttributeError traceback ('list' object has no attribute 'setdefault')."""
+    path = tmp_path / "s.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(FieldError, match="must be a mapping") as err:
+        load_scenario(str(path), ["wan.rate=1Gbps"])
+    assert str(err.value).startswith(f"{path}: scenario: ")
