@@ -21,7 +21,7 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import REQUIRED, Fields, boolean, number, positive_int, read_yaml
+from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, positive_int, read_yaml
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -361,7 +361,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(node, dict):
                 raise UserError(f"--set {key}: {p!r} is not a section")
         try:
-            node[parts[-1]] = yaml.safe_load(value)
+            node[parts[-1]] = load_yaml(value)
         except yaml.YAMLError as exc:
             raise UserError(f"--set {item!r}: the value is not valid YAML ({getattr(exc, 'problem', None) or exc}); "
                             "quote a string, e.g. --set 'name=\"a: b\"'") from None

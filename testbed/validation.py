@@ -14,7 +14,7 @@ from typing import Any, Callable, TypeVar
 from testbed import units
 from testbed.errors import FieldError, UserError
 
-__all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "mapping", "non_negative", "number",
+__all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml", "mapping", "non_negative", "number",
            "positive_int", "positive_number", "string", "text"]
 
 T = TypeVar("T")
@@ -155,13 +155,39 @@ def non_negative(v: Any) -> float:
     return x
 
 
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load`, except that a key given twice in one mapping is a `yaml.YAMLError` naming both lines:
+    PyYAML keeps the last silently, so a second ``threshold:`` a few lines down replaced the first unseen."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then a key of base: an override, not a repeat
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if first is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice in one mapping (first at line {first.line + 1}); keep one",
+                        key_node.start_mark)
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
+
+
 def read_yaml(path: Path) -> Any:
     """A YAML file's data (the one reader of user YAML files): a file that cannot be read (a directory, no
-    permission, not UTF-8 text) or a syntax error becomes one line naming the file, and the line where it can."""
+    permission, not UTF-8 text), a syntax error or a key given twice becomes one line naming the file, and the
+    line where it can."""
     import yaml
 
     try:
-        return yaml.safe_load(path.read_text())
+        return load_yaml(path.read_text())
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:

@@ -156,3 +156,18 @@ def test_overrides_on_a_file_that_is_not_a_mapping_are_refused_naming_the_file(t
     with pytest.raises(FieldError, match="must be a mapping") as err:
         load_scenario(str(path), ["wan.rate=1Gbps"])
     assert str(err.value).startswith(f"{path}: scenario: ")
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys silently: a second `threshold:` replaced the first unseen."""
+    path = tmp_path / "s.yaml"
+    path.write_text("wan:\n  rate: 10Gbps\n  delay: 5ms\n  rate: 1Gbps\n")
+    with pytest.raises(UserError) as err:
+        load_scenario(str(path))
+    assert str(err.value) == (f"{path}: not valid YAML at line 4 (key 'rate' is given twice in one mapping "
+                              "(first at line 2); keep one)")
+    with pytest.raises(UserError, match="given twice"):
+        apply_overrides({}, ["wan={rate: 1Gbps, rate: 2Gbps}"])
+    from testbed.validation import load_yaml
+
+    assert load_yaml("b: &b {x: 1, y: 2}\nc: {<<: *b, x: 3}\n")["c"] == {"x": 3, "y": 2}
