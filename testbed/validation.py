@@ -79,8 +79,10 @@ class Fields:
     def items(self, key: str) -> list["Fields"]:
         """A list of mappings, each read as `Fields` named ``key[i]``."""
         self._read.add(key)
-        raw = self.data.get(key) or []
-        if not isinstance(raw, list):
+        raw = self.data.get(key)
+        if raw is None:
+            raw = []
+        if not isinstance(raw, list):  # an empty mapping, string or 0 is not an empty list either
             raise self.error(key, f"must be a list, got {type(raw).__name__}")
         return [Fields(v, f"{self.name(key)}[{i}]", self.source) for i, v in enumerate(raw)]
 

@@ -171,3 +171,12 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
     from testbed.validation import load_yaml
 
     assert load_yaml("b: &b {x: 1, y: 2}\nc: {<<: *b, x: 3}\n")["c"] == {"x": 3, "y": 2}
+
+
+@pytest.mark.parametrize("value", [{}, "", 0, False])
+def test_an_empty_non_list_is_not_an_empty_list(value):
+    """`wan.schedule: {}` (or '', 0) passed as no schedule: `Fields.items` took anything falsy for []."""
+    with pytest.raises(FieldError, match="must be a list") as exc:
+        parse_scenario(wan(schedule=value))
+    assert exc.value.field == "wan.schedule"
+    assert parse_scenario(wan(schedule=None)).wan.schedule == ()
