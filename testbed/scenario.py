@@ -21,7 +21,7 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, positive_int, read_yaml
+from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, positive_int, read_yaml
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -375,10 +375,10 @@ def builtin_scenarios_dir() -> Path:
 def find_scenario(name_or_path: str) -> Path:
     """A path, or the name of a ready scenario in topologies/ (``quick`` -> topologies/quick.yaml)."""
     p = Path(name_or_path)
-    if p.exists():
+    if path_exists(p):
         return p
     cand = builtin_scenarios_dir() / f"{name_or_path}.yaml"
-    if cand.exists():
+    if path_exists(cand):
         return cand
     ready = sorted(x.stem for x in builtin_scenarios_dir().glob("*.yaml"))
     raise UserError(f"scenario {name_or_path!r}: no such file, and not a ready scenario (ready: {', '.join(ready) or 'none'})")

@@ -15,7 +15,7 @@ from testbed import units
 from testbed.errors import FieldError, UserError
 
 __all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml", "mapping", "non_negative", "number",
-           "positive_int", "positive_number", "string", "text"]
+           "path_exists", "path_is_file", "positive_int", "positive_number", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -180,6 +180,23 @@ def load_yaml(text: str) -> Any:
             return super().construct_mapping(node, deep)
 
     return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
+
+
+def path_exists(path: Path | str) -> bool:
+    """`Path.exists`, except that a name no file can have (longer than the system allows, a NUL byte) is
+    simply not there: `Path.exists` raised OSError (ENAMETOOLONG) or ValueError, a traceback for a typo."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def path_is_file(path: Path | str) -> bool:
+    """`Path.is_file`, with `path_exists`'s reading of an impossible name."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def read_yaml(path: Path) -> Any:

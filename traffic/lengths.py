@@ -17,7 +17,7 @@ from scipy import special
 
 from testbed import units
 from testbed.errors import FieldError
-from testbed.validation import Fields, number
+from testbed.validation import Fields, number, path_exists
 
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "empirical", "mixture")
 
@@ -194,7 +194,7 @@ def _parse_empirical(f: Fields, base_dir: Path | None) -> Empirical:
     from traffic.trace import read_trace
 
     path = f.get("trace", lambda v: Path(str(v)))
-    if base_dir is not None and not path.is_absolute() and not path.exists():
+    if base_dir is not None and not path.is_absolute() and not path_exists(path):
         path = base_dir / path
     column = f.choice("field", ("input_length", "output_length"), "input_length")
     reqs = read_trace(path).requests

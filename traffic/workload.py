@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from testbed.errors import UserError
-from testbed.validation import Fields, boolean, positive_int, positive_number
+from testbed.validation import Fields, boolean, path_exists, path_is_file, positive_int, positive_number
 from traffic.arrivals import ArrivalProcess, ClosedLoop, Poisson, TraceTimes, parse_arrivals
 from traffic.lengths import PAPER_INPUT, PAPER_OUTPUT, LengthDist, parse_length
 from traffic.request import Request, RequestBatch
@@ -50,9 +50,9 @@ class WorkloadSpec:
 
 def _resolve(path: str, source: str | None) -> Path:
     p = Path(path).expanduser()
-    if not p.is_absolute() and not p.exists() and source:
+    if not p.is_absolute() and not path_exists(p) and source:
         alt = Path(source).resolve().parent / p
-        if alt.exists():
+        if path_exists(alt):
             return alt
     return p
 
@@ -64,7 +64,7 @@ def parse_workload_section(f: Fields) -> WorkloadSpec:
     if f.has("trace"):
         t = f.section("trace")
         path = _resolve(t.get("path", str), f.source)
-        if not path.is_file():
+        if not path_is_file(path):
             raise t.error("path", f"{path} is not a file (a Mooncake JSONL trace)")
         trace = TraceSource(str(path), t.get("time_scale", positive_number, 1.0), t.get("skip_bad", boolean, False))
         t.done()

@@ -180,3 +180,18 @@ def test_an_empty_non_list_is_not_an_empty_list(value):
         parse_scenario(wan(schedule=value))
     assert exc.value.field == "wan.schedule"
     assert parse_scenario(wan(schedule=None)).wan.schedule == ()
+
+
+@pytest.mark.parametrize("key, value", [
+    ("model", {"name": "x" * 300}),  # Path.exists raised OSError (ENAMETOOLONG): a traceback
+    ("model", {"name": "x" * 300 + ".yaml"}),
+    ("model", {"name": "a\0b"}),  # ValueError: embedded null byte
+    ("serving", {"profiles": {"pd": "x" * 300 + ".yaml"}}),
+    ("workload", {"trace": {"path": "x" * 300}}),
+])
+def test_a_name_no_file_can_have_is_no_such_file(key, value):
+    with pytest.raises(FieldError) as exc:
+        parse_scenario({**wan(), key: value}, "topologies/quick.yaml")
+    assert exc.value.field.startswith(key + ".")
+    with pytest.raises(UserError, match="no such file"):
+        load_scenario("x" * 300)
