@@ -28,6 +28,10 @@ SIZE_UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 TOKEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
+# The most tokens a count may be: 16M, past any model's context (the longest published is ~10M) and still a small
+# number for the arrays a workload draws. `workload.input: 1e30` was a numpy OverflowError traceback, a 10**30-token
+# uniform range another, and `policy.threshold: 1e30` passed (2026-12-06).
+MAX_TOKENS = 16 * 1024 * 1024
 
 RATE_HELP = "a positive number with a unit: bps, Kbps, Mbps, Gbps, Tbps (e.g. 100Gbps)"
 DURATION_HELP = "a number with a unit: us, ms, s, min, h (e.g. 10ms)"
@@ -126,6 +130,8 @@ def parse_tokens(text: object) -> int:
     n = value * TOKEN_UNITS[unit]
     if n < 0 or abs(n - round(n)) > 1e-9 * max(1.0, n):
         raise ValueError(f"{text!r} is not {TOKENS_HELP}")
+    if n > MAX_TOKENS:
+        raise ValueError(f"{text!r} is more than 16M tokens, past any model's context; use {TOKENS_HELP}")
     return int(round(n))
 
 

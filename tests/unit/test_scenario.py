@@ -195,3 +195,16 @@ def test_a_name_no_file_can_have_is_no_such_file(key, value):
     assert exc.value.field.startswith(key + ".")
     with pytest.raises(UserError, match="no such file"):
         load_scenario("x" * 300)
+
+
+@pytest.mark.parametrize("section, value, field", [
+    ("workload", {"input": "1e30"}, "workload.input"),  # numpy's OverflowError: a traceback
+    ("workload", {"input": {"dist": "uniform", "min": 1, "max": 10**30}}, "workload.input.max"),  # 'high is out of bounds'
+    ("policy", {"threshold": "1e30"}, "policy.threshold"),  # passed
+    ("policy", {"max_threshold": "17M"}, "policy.max_threshold"),
+])
+def test_a_token_count_past_16M_is_refused_naming_the_field(section, value, field):
+    with pytest.raises(FieldError, match="more than 16M tokens") as exc:
+        parse_scenario({**wan(), section: value})
+    assert exc.value.field == field
+    assert units.parse_tokens("16M") == units.MAX_TOKENS
