@@ -100,10 +100,7 @@ MAX_WAN_DELAY_S = 10.0
 
 def wan_delay_s(v: object) -> float:
     """A WAN delay or jitter: a duration up to `MAX_WAN_DELAY_S`."""
-    s = units.parse_duration_s(v)
-    if s > MAX_WAN_DELAY_S:
-        raise ValueError(f"{v!r} is longer than {MAX_WAN_DELAY_S:g}s, the most a WAN direction's delay or jitter may be")
-    return s
+    return units.parse_duration_s(v, most_s=MAX_WAN_DELAY_S, most=f"{MAX_WAN_DELAY_S:g}s, the most a WAN direction's delay or jitter may be")
 
 
 def _read_direction(f: Fields, base: LinkDirectionSpec | None) -> LinkDirectionSpec:

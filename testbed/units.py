@@ -28,6 +28,11 @@ SIZE_UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 TOKEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
+# The longest duration and the highest rate a value may be: a week (no emulated run or timeout comes near; Python's
+# waits overflow at ~292 years) and 1000 Tbps (past any link; a tc rate overflows at ~1.5e20 bit/s). Both accepted
+# 1e30 before (`duration: 1e30s` was "valid" until the workload refused it at run time; 2026-12-06).
+MAX_DURATION_S = 7 * 24 * 3600.0
+MAX_RATE_BPS = 1e15
 # The most tokens a count may be: 16M, past any model's context (the longest published is ~10M) and still a small
 # number for the arrays a workload draws. `workload.input: 1e30` was a numpy OverflowError traceback, a 10**30-token
 # uniform range another, and `policy.threshold: 1e30` passed (2026-12-06).
@@ -77,11 +82,15 @@ def parse_rate_bps(text: object) -> float:
     bps = value * RATE_UNITS[unit]
     if bps <= 0:
         raise ValueError(f"{text!r} must be positive; use {RATE_HELP}")
+    if bps > MAX_RATE_BPS:
+        raise ValueError(f"{text!r} is more than 1000Tbps, past any network link; use {RATE_HELP}")
     return bps
 
 
-def parse_duration_s(text: object, *, allow_zero: bool = True) -> float:
-    """``"10ms"`` -> 0.01. A bare ``0`` is accepted (zero needs no unit); other bare numbers are not."""
+def parse_duration_s(text: object, *, allow_zero: bool = True, most_s: float = MAX_DURATION_S,
+                     most: str = "a week (168h), the most a duration may be") -> float:
+    """``"10ms"`` -> 0.01. A bare ``0`` is accepted (zero needs no unit); other bare numbers are not. Longer than
+    `most_s` is refused, the message saying "longer than `most`"."""
     value, unit = _split(text, DURATION_HELP)
     if unit == "" and value == 0:
         return 0.0 if allow_zero else _refuse_zero(text)
@@ -90,6 +99,8 @@ def parse_duration_s(text: object, *, allow_zero: bool = True) -> float:
     seconds = value * DURATION_UNITS[unit]
     if seconds < 0:
         raise ValueError(f"{text!r} must not be negative; use {DURATION_HELP}")
+    if seconds > most_s:
+        raise ValueError(f"{text!r} is longer than {most}")
     if seconds == 0 and not allow_zero:
         _refuse_zero(text)
     return seconds

@@ -208,3 +208,16 @@ def test_a_token_count_past_16M_is_refused_naming_the_field(section, value, fiel
         parse_scenario({**wan(), section: value})
     assert exc.value.field == field
     assert units.parse_tokens("16M") == units.MAX_TOKENS
+
+
+@pytest.mark.parametrize("data, field, words", [
+    ({**wan(), "duration": "1e30s"}, "duration", "longer than a week"),  # "valid" until the workload refused it at run time
+    ({**wan(), "serving": {"slo": {"ttft": "1e30s"}}}, "serving.slo.ttft", "longer than a week"),
+    (wan(rate="1e30Gbps"), "wan.rate", "more than 1000Tbps"),  # passed: a BDP of 1e26 GiB
+    ({**wan(), "topology": {"lan_rate": "2000Tbps"}}, "topology.lan_rate", "more than 1000Tbps"),
+])
+def test_a_duration_past_a_week_or_a_rate_past_1000Tbps_is_refused(data, field, words):
+    with pytest.raises(FieldError, match=words) as exc:
+        parse_scenario(data)
+    assert exc.value.field == field
+    assert units.parse_duration_s("168h") == units.MAX_DURATION_S and units.parse_rate_bps("1000Tbps") == units.MAX_RATE_BPS
