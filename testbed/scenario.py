@@ -21,7 +21,7 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, positive_int, read_yaml
+from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, positive_int, read_yaml, text
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -276,6 +276,16 @@ class Section:
     check: Callable[["Scenario"], None] | None = None
 
 
+def scenario_name(v: Any) -> str:
+    """A plain name (a whole number reads as one): it names the run's directory, runs/<name>-<time>. Any value
+    passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]", ``name: ../../x`` wrote its run two levels up."""
+    name = text(str(v) if isinstance(v, int) and not isinstance(v, bool) else v)
+    if "/" in name or "\\" in name or "\0" in name or name in (".", ".."):
+        raise ValueError(f"{name!r} is not a plain name (it names the run's directory runs/<name>-<time>); "
+                         "use letters, digits, '-', '_' or '.', without '/'")
+    return name
+
+
 def parse_scale(v: Any) -> float | str:
     if v == "auto":
         return "auto"
@@ -318,7 +328,7 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
     """A scenario from its YAML data: the network part, and each of `sections` the data has (any other
     key is refused). Whole scenarios: `testbed.sections.parse_scenario`."""
     f = Fields(data, "", source)
-    name = f.get("name", str, Path(source).stem if source else "scenario")
+    name = f.get("name", scenario_name, Path(source).stem if source else "scenario")
     sc = Scenario(
         name=name,
         seed=f.get("seed", positive_int, 1),

@@ -25,7 +25,7 @@ from testbed import clock, units
 from testbed.rundir import CROSS_TRAFFIC_FILE, cross_traffic_frame
 from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS
-from testbed.validation import Fields, positive_int
+from testbed.validation import Fields, positive_int, text
 
 PROTOCOLS = ("tcp", "udp")
 PATTERNS = ("constant", "onoff", "schedule")
@@ -123,7 +123,7 @@ def _rate_or_off(v: Any) -> float | None:
 
 
 def _read_flow(f: Fields, index: int) -> FlowSpec:
-    name = f.get("name", str, f"flow{index}")
+    name = f.get("name", text, f"flow{index}")
     protocol = f.choice("protocol", PROTOCOLS, "tcp")
     direction = f.choice("direction", DIRECTIONS, "prfaas_to_pd")
     default_src, default_dst = ("prfaas-x0", "pd-x0") if direction == "prfaas_to_pd" else ("pd-x0", "prfaas-x0")
@@ -145,7 +145,7 @@ def _read_flow(f: Fields, index: int) -> FlowSpec:
         on_s=f.get("on", lambda v: units.parse_duration_s(v, allow_zero=False), 0.0),
         off_s=f.get("off", lambda v: units.parse_duration_s(v, allow_zero=False), 0.0),
         schedule=tuple(sched),
-        congestion=f.get("congestion", str, None),
+        congestion=f.get("congestion", text, None),
     )
     if spec.streams < 1:
         raise f.error("streams", "needs at least 1 stream")

@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from testbed.errors import UserError
-from testbed.validation import Fields, boolean, path_exists, path_is_file, positive_int, positive_number
+from testbed.validation import Fields, boolean, path_exists, path_is_file, positive_int, positive_number, text
 from traffic.arrivals import ArrivalProcess, ClosedLoop, Poisson, TraceTimes, parse_arrivals
 from traffic.lengths import PAPER_INPUT, PAPER_OUTPUT, LengthDist, parse_length
 from traffic.request import Request, RequestBatch
@@ -63,7 +63,7 @@ def parse_workload_section(f: Fields) -> WorkloadSpec:
     trace = None
     if f.has("trace"):
         t = f.section("trace")
-        path = _resolve(t.get("path", str), f.source)
+        path = _resolve(t.get("path", text), f.source)
         if not path_is_file(path):
             raise t.error("path", f"{path} is not a file (a Mooncake JSONL trace)")
         trace = TraceSource(str(path), t.get("time_scale", positive_number, 1.0), t.get("skip_bad", boolean, False))

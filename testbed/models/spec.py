@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from testbed.errors import FieldError, UserError
 from testbed.kv.cache import FULL_KINDS
-from testbed.validation import Fields, path_exists, path_is_file, read_yaml
+from testbed.validation import Fields, path_exists, path_is_file, read_yaml, text
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -386,7 +386,7 @@ class ModelSection:
 
 
 def parse_model_section(f: Fields) -> ModelSection:
-    name = f.get("name", str)
+    name = f.get("name", text)
     base = Path(f.source).parent if f.source else None
     try:
         spec = load_model_spec(name, base)
@@ -403,7 +403,7 @@ def parse_model_section(f: Fields) -> ModelSection:
         state_dtype=spec.state_dtype,
         device=f.choice("device", DEVICES, "auto"),
         seed=f.get("seed", _whole(0), None),
-        profile=f.get("profile", str, None),
+        profile=f.get("profile", text, None),
     )
     f.done()
     return section

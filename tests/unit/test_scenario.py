@@ -221,3 +221,17 @@ def test_a_duration_past_a_week_or_a_rate_past_1000Tbps_is_refused(data, field, 
         parse_scenario(data)
     assert exc.value.field == field
     assert units.parse_duration_s("168h") == units.MAX_DURATION_S and units.parse_rate_bps("1000Tbps") == units.MAX_RATE_BPS
+
+
+@pytest.mark.parametrize("data, field, words", [
+    ({**wan(), "name": "../../x"}, "name", "not a plain name"),  # the run directory runs/<name>-<time> went two levels up
+    ({**wan(), "name": [1, 2]}, "name", "not a non-empty string"),  # ran as "[1, 2]"
+    ({**wan(), "name": ""}, "name", "not a non-empty string"),
+    ({**wan(), "model": {"name": "paper-1t-hybrid", "profile": [1]}}, "model.profile", "not a non-empty string"),
+    ({**wan(), "cross_traffic": {"flows": [{"name": {"a": 1}}]}}, "cross_traffic.flows[0].name", "not a non-empty string"),
+])
+def test_names_are_plain_strings(data, field, words):
+    with pytest.raises(FieldError, match=words) as exc:
+        parse_scenario(data)
+    assert exc.value.field == field
+    assert parse_scenario({**wan(), "name": 2026}).name == "2026"
