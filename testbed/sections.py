@@ -13,7 +13,7 @@ from testbed.models.spec import parse_model_section
 from testbed.scenario import Scenario, Section, read_scenario, read_scenario_file
 from testbed.serving.config import check_scenario, parse_serving_section
 from testbed.serving.policy import parse_policy_section
-from traffic.cross import parse_cross_traffic_section
+from traffic.cross import check_cross_traffic, parse_cross_traffic_section
 from traffic.workload import parse_workload_section
 
 SECTIONS: tuple[Section, ...] = (
@@ -21,7 +21,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("workload", parse_workload_section),
     Section("policy", parse_policy_section),
     Section("serving", parse_serving_section, check=check_scenario),
-    Section("cross_traffic", parse_cross_traffic_section),
+    Section("cross_traffic", parse_cross_traffic_section, check=check_cross_traffic),
 )
 
 

@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterator
 from testbed import clock, units
 from testbed.rundir import CROSS_TRAFFIC_FILE, cross_traffic_frame
 from testbed.scale import Scale
-from testbed.scenario import DIRECTIONS
+from testbed.errors import FieldError
+from testbed.scenario import DIRECTIONS, Scenario
 from testbed.validation import Fields, positive_int, text
 
 PROTOCOLS = ("tcp", "udp")
@@ -182,6 +183,20 @@ def parse_cross_traffic_section(f: Fields) -> CrossTrafficSpec:
         raise f.error("interval", "iperf3 reports at most every 0.1s")
     f.done()
     return spec
+
+
+def check_cross_traffic(scenario: Scenario) -> None:
+    """Every flow's endpoints are hosts of the topology (``prfaas-x<i>`` needs topology.prfaas.cross > i): a flow on
+    a host the topology lacks passed `prfaas check` and failed the run once its network was up."""
+    spec: CrossTrafficSpec = scenario.section("cross_traffic")
+    for i, flow in enumerate(spec.flows):
+        for end, host in (("src", flow.src), ("dst", flow.dst)):
+            dc, index = host.split("-x")
+            have = scenario.topology.datacenter(dc).cross_hosts
+            if int(index) >= have:
+                hosts = f" or use {', '.join(f'{dc}-x{k}' for k in range(have))}" if have else ""
+                raise FieldError(f"cross_traffic.flows[{i}].{end}", f"{host} is not a host of the topology: topology.{dc}.cross "
+                                 f"is {have}; raise it{hosts}", scenario.source)
 
 
 def iperf3_client_argv(flow: FlowSpec, ip: str, port: int, duration_s: float, rate_bps: float | None, interval_s: float, log: Path) -> list[str]:

@@ -235,3 +235,14 @@ def test_names_are_plain_strings(data, field, words):
         parse_scenario(data)
     assert exc.value.field == field
     assert parse_scenario({**wan(), "name": 2026}).name == "2026"
+
+
+def test_a_cross_traffic_flow_on_a_host_the_topology_lacks_is_refused():
+    """`prfaas check` passed it; the run failed once its network was up (quick.yaml has topology.prfaas.cross: 0)."""
+    topo = {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 1, "decode": 1, "cross": 1}}
+    with pytest.raises(FieldError, match="prfaas-x0 is not a host of the topology: topology.prfaas.cross is 0; raise it$") as exc:
+        parse_scenario({**wan(), "topology": topo, "cross_traffic": {"flows": [{"protocol": "tcp"}]}})
+    assert exc.value.field == "cross_traffic.flows[0].src"
+    with pytest.raises(FieldError, match="raise it or use pd-x0") as exc:
+        parse_scenario({**wan(), "topology": topo, "cross_traffic": {"flows": [{"direction": "pd_to_prfaas", "src": "pd-x2", "dst": "prfaas-x0"}]}})
+    assert exc.value.field == "cross_traffic.flows[0].src"
