@@ -209,7 +209,30 @@ def parse_wan(f: Fields) -> WanSpec:
         if e.at_s < last:
             raise FieldError(f"{f.name('schedule')}[{i}].at", f"{e.at_s:g}s comes before the previous entry ({last:g}s); entries must be in time order", f.source)
         last = e.at_s
+    _check_windows(f, events)
     return WanSpec(backend, shaper, dirs["prfaas_to_pd"], dirs["pd_to_prfaas"], events)
+
+
+_FIELD_KEYS = {"rate_bps": "rate", "delay_s": "delay", "jitter_s": "jitter", "loss": "loss"}
+
+
+def _check_windows(f: Fields, events: Sequence[ScheduleEvent]) -> None:
+    """No entry changes a field of a direction (or takes it down) while an earlier entry's `for` (or `down`) window
+    on it is open: the earlier revert restores the value from before *its* change, so a 10-20s dip and a 15-25s one
+    left the line at the first dip's rate for good, and `prfaas check` drew another timeline (2026-12-06)."""
+    open_until: dict[tuple[str, str], tuple[float, int]] = {}  # (direction, field) -> (window end, entry index)
+    for i, e in enumerate(events):
+        keys = [k for k, _ in e.changes] + (["down"] if e.down_s else [])
+        for d in e.directions:
+            for k in keys:
+                end, j = open_until.get((d, k), (-1.0, -1))
+                if e.at_s < end:
+                    what = "is down" if k == "down" else f"has its {_FIELD_KEYS[k]} changed"
+                    raise FieldError(f"{f.name('schedule')}[{i}].at", f"{e.at_s:g}s: {d} {what} by entry {j} until {end:g}s, "
+                                     f"whose end would undo this entry; start at {end:g}s or later, or shorten entry {j}", f.source)
+                length = e.down_s if k == "down" else e.for_s
+                if length is not None:
+                    open_until[(d, k)] = (e.at_s + length, i)
 
 
 @dataclass(frozen=True)

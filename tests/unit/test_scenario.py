@@ -246,3 +246,24 @@ def test_a_cross_traffic_flow_on_a_host_the_topology_lacks_is_refused():
     with pytest.raises(FieldError, match="raise it or use pd-x0") as exc:
         parse_scenario({**wan(), "topology": topo, "cross_traffic": {"flows": [{"direction": "pd_to_prfaas", "src": "pd-x2", "dst": "prfaas-x0"}]}})
     assert exc.value.field == "cross_traffic.flows[0].src"
+
+
+@pytest.mark.parametrize("schedule, words", [
+    # the second dip's revert restored the first dip's rate: the line stayed at 1Gbps for good
+    ([{"at": "10s", "rate": "1Gbps", "for": "10s"}, {"at": "15s", "rate": "2Gbps", "for": "10s"}], "has its rate changed by entry 0 until 20s"),
+    ([{"at": "10s", "rate": "1Gbps", "for": "10s"}, {"at": "12s", "rate": "3Gbps"}], "has its rate changed by entry 0 until 20s"),
+    ([{"at": "10s", "down": "10s"}, {"at": "12s", "down": "2s"}], "is down by entry 0 until 20s"),
+])
+def test_an_entry_inside_an_earlier_window_on_the_same_field_is_refused(schedule, words):
+    with pytest.raises(FieldError, match=words) as exc:
+        parse_scenario(wan(schedule=schedule))
+    assert exc.value.field == "wan.schedule[1].at"
+
+
+def test_windows_on_other_fields_directions_or_back_to_back_are_allowed():
+    for schedule in ([{"at": "10s", "rate": "1Gbps", "for": "10s"}, {"at": "20s", "rate": "2Gbps", "for": "5s"}],
+                     [{"at": "10s", "rate": "1Gbps", "for": "10s"}, {"at": "12s", "loss": "1%", "for": "20s"}],
+                     [{"at": "10s", "rate": "1Gbps", "for": "10s", "direction": "prfaas_to_pd"},
+                      {"at": "12s", "rate": "2Gbps", "direction": "pd_to_prfaas"}],
+                     [{"at": "10s", "down": "10s"}, {"at": "12s", "rate": "2Gbps"}]):
+        assert len(parse_scenario(wan(schedule=schedule)).wan.schedule) == 2
