@@ -210,7 +210,33 @@ def parse_wan(f: Fields) -> WanSpec:
             raise FieldError(f"{f.name('schedule')}[{i}].at", f"{e.at_s:g}s comes before the previous entry ({last:g}s); entries must be in time order", f.source)
         last = e.at_s
     _check_windows(f, events)
+    _check_scheduled_jitter(f, events, dirs)
     return WanSpec(backend, shaper, dirs["prfaas_to_pd"], dirs["pd_to_prfaas"], events)
+
+
+def _check_scheduled_jitter(f: Fields, events: Sequence[ScheduleEvent], dirs: dict[str, LinkDirectionSpec]) -> None:
+    """The rule `_read_direction` applies to the base values (jitter <= delay with in-order delivery) at every
+    change and revert of the schedule: ``{at: 1s, jitter: 100ms}`` on a 5 ms line passed."""
+    steps = sorted([(e.at_s, i, False) for i, e in enumerate(events) if e.changes]
+                   + [(e.at_s + e.for_s, i, True) for i, e in enumerate(events) if e.changes and e.for_s is not None],
+                   key=lambda x: x[0])  # stable: the order `testbed.net.schedule.expand_schedule` fires them in
+    state = {d: {"delay_s": spec.delay_s, "jitter_s": spec.jitter_s} for d, spec in dirs.items()}
+    saved: dict[tuple[int, str], dict[str, float]] = {}
+    for t, i, revert in steps:
+        e = events[i]
+        changed = {k: v for k, v in e.changes if k in ("delay_s", "jitter_s")}
+        for d in e.directions:
+            if revert:
+                state[d].update(saved.pop((i, d), {}))
+            else:
+                saved[(i, d)] = {k: state[d][k] for k in changed}
+                state[d].update(changed)
+            delay, jitter = state[d]["delay_s"], state[d]["jitter_s"]
+            if changed and jitter > delay and not dirs[d].reorder:
+                key = "for" if revert else ("jitter" if "jitter_s" in changed else "delay")
+                raise FieldError(f"{f.name('schedule')}[{i}].{key}", f"at {t:g}s {d}'s jitter {units.format_duration(jitter)} would be "
+                                 f"larger than its delay {units.format_duration(delay)}; with in-order delivery jitter must be "
+                                 f"<= delay (or set reorder: true)", f.source)
 
 
 _FIELD_KEYS = {"rate_bps": "rate", "delay_s": "delay", "jitter_s": "jitter", "loss": "loss"}

@@ -267,3 +267,16 @@ def test_windows_on_other_fields_directions_or_back_to_back_are_allowed():
                       {"at": "12s", "rate": "2Gbps", "direction": "pd_to_prfaas"}],
                      [{"at": "10s", "down": "10s"}, {"at": "12s", "rate": "2Gbps"}]):
         assert len(parse_scenario(wan(schedule=schedule)).wan.schedule) == 2
+
+
+@pytest.mark.parametrize("schedule, field", [
+    ([{"at": "1s", "jitter": "100ms"}], "wan.schedule[0].jitter"),  # passed on a 10 ms line (the base values are refused)
+    ([{"at": "1s", "delay": "1ms", "for": "5s"}, {"at": "2s", "jitter": "5ms"}], "wan.schedule[1].jitter"),
+    ([{"at": "1s", "delay": "50ms", "for": "5s"}, {"at": "2s", "jitter": "20ms"}], "wan.schedule[0].for"),  # the revert to 10 ms
+])
+def test_scheduled_jitter_larger_than_the_delay_is_refused_with_in_order_delivery(schedule, field):
+    with pytest.raises(FieldError, match="with in-order delivery jitter must be <= delay") as exc:
+        parse_scenario(wan(schedule=schedule))
+    assert exc.value.field == field
+    assert parse_scenario(wan(schedule=schedule, reorder=True)).wan.schedule
+    assert parse_scenario(wan(schedule=[{"at": "1s", "delay": "50ms", "jitter": "20ms", "for": "5s"}])).wan.schedule
