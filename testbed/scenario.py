@@ -21,7 +21,7 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import REQUIRED, Fields, boolean, number, positive_int, read_yaml
+from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, positive_int, read_yaml, text
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -100,10 +100,7 @@ MAX_WAN_DELAY_S = 10.0
 
 def wan_delay_s(v: object) -> float:
     """A WAN delay or jitter: a duration up to `MAX_WAN_DELAY_S`."""
-    s = units.parse_duration_s(v)
-    if s > MAX_WAN_DELAY_S:
-        raise ValueError(f"{v!r} is longer than {MAX_WAN_DELAY_S:g}s, the most a WAN direction's delay or jitter may be")
-    return s
+    return units.parse_duration_s(v, most_s=MAX_WAN_DELAY_S, most=f"{MAX_WAN_DELAY_S:g}s, the most a WAN direction's delay or jitter may be")
 
 
 def _read_direction(f: Fields, base: LinkDirectionSpec | None) -> LinkDirectionSpec:
@@ -221,7 +218,56 @@ def parse_wan(f: Fields) -> WanSpec:
         if e.at_s < last:
             raise FieldError(f"{f.name('schedule')}[{i}].at", f"{e.at_s:g}s comes before the previous entry ({last:g}s); entries must be in time order", f.source)
         last = e.at_s
+    _check_windows(f, events)
+    _check_scheduled_jitter(f, events, dirs)
     return WanSpec(backend, shaper, dirs["prfaas_to_pd"], dirs["pd_to_prfaas"], events)
+
+
+def _check_scheduled_jitter(f: Fields, events: Sequence[ScheduleEvent], dirs: dict[str, LinkDirectionSpec]) -> None:
+    """The rule `_read_direction` applies to the base values (jitter <= delay with in-order delivery) at every
+    change and revert of the schedule: ``{at: 1s, jitter: 100ms}`` on a 5 ms line passed."""
+    steps = sorted([(e.at_s, i, False) for i, e in enumerate(events) if e.changes]
+                   + [(e.at_s + e.for_s, i, True) for i, e in enumerate(events) if e.changes and e.for_s is not None],
+                   key=lambda x: x[0])  # stable: the order `testbed.net.schedule.expand_schedule` fires them in
+    state = {d: {"delay_s": spec.delay_s, "jitter_s": spec.jitter_s} for d, spec in dirs.items()}
+    saved: dict[tuple[int, str], dict[str, float]] = {}
+    for t, i, revert in steps:
+        e = events[i]
+        changed = {k: v for k, v in e.changes if k in ("delay_s", "jitter_s")}
+        for d in e.directions:
+            if revert:
+                state[d].update(saved.pop((i, d), {}))
+            else:
+                saved[(i, d)] = {k: state[d][k] for k in changed}
+                state[d].update(changed)
+            delay, jitter = state[d]["delay_s"], state[d]["jitter_s"]
+            if changed and jitter > delay and not dirs[d].reorder:
+                key = "for" if revert else ("jitter" if "jitter_s" in changed else "delay")
+                raise FieldError(f"{f.name('schedule')}[{i}].{key}", f"at {t:g}s {d}'s jitter {units.format_duration(jitter)} would be "
+                                 f"larger than its delay {units.format_duration(delay)}; with in-order delivery jitter must be "
+                                 f"<= delay (or set reorder: true)", f.source)
+
+
+_FIELD_KEYS = {"rate_bps": "rate", "delay_s": "delay", "jitter_s": "jitter", "loss": "loss"}
+
+
+def _check_windows(f: Fields, events: Sequence[ScheduleEvent]) -> None:
+    """No entry changes a field of a direction (or takes it down) while an earlier entry's `for` (or `down`) window
+    on it is open: the earlier revert restores the value from before *its* change, so a 10-20s dip and a 15-25s one
+    left the line at the first dip's rate for good, and `prfaas check` drew another timeline (2026-12-06)."""
+    open_until: dict[tuple[str, str], tuple[float, int]] = {}  # (direction, field) -> (window end, entry index)
+    for i, e in enumerate(events):
+        keys = [k for k, _ in e.changes] + (["down"] if e.down_s else [])
+        for d in e.directions:
+            for k in keys:
+                end, j = open_until.get((d, k), (-1.0, -1))
+                if e.at_s < end:
+                    what = "is down" if k == "down" else f"has its {_FIELD_KEYS[k]} changed"
+                    raise FieldError(f"{f.name('schedule')}[{i}].at", f"{e.at_s:g}s: {d} {what} by entry {j} until {end:g}s, "
+                                     f"whose end would undo this entry; start at {end:g}s or later, or shorten entry {j}", f.source)
+                length = e.down_s if k == "down" else e.for_s
+                if length is not None:
+                    open_until[(d, k)] = (e.at_s + length, i)
 
 
 @dataclass(frozen=True)
@@ -288,6 +334,16 @@ class Section:
     check: Callable[["Scenario"], None] | None = None
 
 
+def scenario_name(v: Any) -> str:
+    """A plain name (a whole number reads as one): it names the run's directory, runs/<name>-<time>. Any value
+    passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]", ``name: ../../x`` wrote its run two levels up."""
+    name = text(str(v) if isinstance(v, int) and not isinstance(v, bool) else v)
+    if "/" in name or "\\" in name or "\0" in name or name in (".", ".."):
+        raise ValueError(f"{name!r} is not a plain name (it names the run's directory runs/<name>-<time>); "
+                         "use letters, digits, '-', '_' or '.', without '/'")
+    return name
+
+
 def parse_scale(v: Any) -> float | str:
     if v == "auto":
         return "auto"
@@ -330,7 +386,7 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
     """A scenario from its YAML data: the network part, and each of `sections` the data has (any other
     key is refused). Whole scenarios: `testbed.sections.parse_scenario`."""
     f = Fields(data, "", source)
-    name = f.get("name", str, Path(source).stem if source else "scenario")
+    name = f.get("name", scenario_name, Path(source).stem if source else "scenario")
     sc = Scenario(
         name=name,
         seed=f.get("seed", positive_int, 1),
@@ -355,17 +411,25 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """``--set wan.rate=20Gbps`` style overrides; the value is read as YAML (``--set seed=3``)."""
     out = yaml.safe_load(yaml.safe_dump(data)) or {}
+    if not isinstance(out, dict):  # a list or scalar file: its reader refuses it, naming the file
+        return out
     for item in overrides:
         if "=" not in item:
             raise UserError(f"--set {item!r}: use key=value, e.g. --set wan.rate=20Gbps")
         key, value = item.split("=", 1)
         parts = key.strip().split(".")
+        if not all(p.strip() for p in parts):
+            raise UserError(f"--set {item!r}: the key has an empty part; use a dotted path such as wan.rate=20Gbps")
         node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise UserError(f"--set {key}: {p!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(value)
+        try:
+            node[parts[-1]] = load_yaml(value)
+        except yaml.YAMLError as exc:
+            raise UserError(f"--set {item!r}: the value is not valid YAML ({getattr(exc, 'problem', None) or exc}); "
+                            "quote a string, e.g. --set 'name=\"a: b\"'") from None
     return out
 
 
@@ -376,10 +440,10 @@ def builtin_scenarios_dir() -> Path:
 def find_scenario(name_or_path: str) -> Path:
     """A path, or the name of a ready scenario in topologies/ (``quick`` -> topologies/quick.yaml)."""
     p = Path(name_or_path)
-    if p.exists():
+    if path_exists(p):
         return p
     cand = builtin_scenarios_dir() / f"{name_or_path}.yaml"
-    if cand.exists():
+    if path_exists(cand):
         return cand
     ready = sorted(x.stem for x in builtin_scenarios_dir().glob("*.yaml"))
     raise UserError(f"scenario {name_or_path!r}: no such file, and not a ready scenario (ready: {', '.join(ready) or 'none'})")

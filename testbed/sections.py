@@ -13,15 +13,15 @@ from testbed.models.spec import parse_model_section
 from testbed.scenario import Scenario, Section, read_scenario, read_scenario_file
 from testbed.serving.config import check_scenario, parse_serving_section
 from testbed.serving.policy import parse_policy_section
-from traffic.cross import parse_cross_traffic_section
-from traffic.workload import parse_workload_section
+from traffic.cross import check_cross_traffic, parse_cross_traffic_section
+from traffic.workload import check_workload, parse_workload_section
 
 SECTIONS: tuple[Section, ...] = (
     Section("model", parse_model_section),
-    Section("workload", parse_workload_section),
+    Section("workload", parse_workload_section, check=check_workload),
     Section("policy", parse_policy_section),
     Section("serving", parse_serving_section, check=check_scenario),
-    Section("cross_traffic", parse_cross_traffic_section),
+    Section("cross_traffic", parse_cross_traffic_section, check=check_cross_traffic),
 )
 
 

@@ -28,6 +28,15 @@ SIZE_UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 TOKEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
+# The longest duration and the highest rate a value may be: a week (no emulated run or timeout comes near; Python's
+# waits overflow at ~292 years) and 1000 Tbps (past any link; a tc rate overflows at ~1.5e20 bit/s). Both accepted
+# 1e30 before (`duration: 1e30s` was "valid" until the workload refused it at run time; 2026-12-06).
+MAX_DURATION_S = 7 * 24 * 3600.0
+MAX_RATE_BPS = 1e15
+# The most tokens a count may be: 16M, past any model's context (the longest published is ~10M) and still a small
+# number for the arrays a workload draws. `workload.input: 1e30` was a numpy OverflowError traceback, a 10**30-token
+# uniform range another, and `policy.threshold: 1e30` passed (2026-12-06).
+MAX_TOKENS = 16 * 1024 * 1024
 
 RATE_HELP = "a positive number with a unit: bps, Kbps, Mbps, Gbps, Tbps (e.g. 100Gbps)"
 DURATION_HELP = "a number with a unit: us, ms, s, min, h (e.g. 10ms)"
@@ -37,13 +46,25 @@ QUEUE_HELP = "a size (e.g. 2MB), a packet count (e.g. 1000p) or a multiple of th
 TOKENS_HELP = "a whole number of tokens, optionally with K (x1024) or M (x1024^2), e.g. 32K"
 
 
+def finite_number(v: object, what: str) -> float:
+    """An int or float (not a bool) as a finite float, else ``ValueError`` saying `v` is not `what`. YAML's
+    ``.nan`` / ``.inf`` are floats and a whole number past 1.8e308 (``10**400``) has no float: neither is a quantity."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{v!r} is not {what}")
+    try:
+        x = float(v)
+    except OverflowError:
+        raise ValueError(f"a {len(str(abs(v)))}-digit number is out of range; use {what}") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{v!r} is not {what}")
+    return x
+
+
 def _split(text: object, what: str) -> tuple[float, str]:
     if isinstance(text, bool):
         raise ValueError(f"{text!r} is not {what}")
     if isinstance(text, (int, float)):
-        if not math.isfinite(text):  # YAML's .nan and .inf are floats: not a quantity
-            raise ValueError(f"{text!r} is not {what}")
-        return float(text), ""
+        return finite_number(text, what), ""
     m = _RE.match(str(text))
     if not m:
         raise ValueError(f"{text!r} is not {what}")
@@ -61,11 +82,15 @@ def parse_rate_bps(text: object) -> float:
     bps = value * RATE_UNITS[unit]
     if bps <= 0:
         raise ValueError(f"{text!r} must be positive; use {RATE_HELP}")
+    if bps > MAX_RATE_BPS:
+        raise ValueError(f"{text!r} is more than 1000Tbps, past any network link; use {RATE_HELP}")
     return bps
 
 
-def parse_duration_s(text: object, *, allow_zero: bool = True) -> float:
-    """``"10ms"`` -> 0.01. A bare ``0`` is accepted (zero needs no unit); other bare numbers are not."""
+def parse_duration_s(text: object, *, allow_zero: bool = True, most_s: float = MAX_DURATION_S,
+                     most: str = "a week (168h), the most a duration may be") -> float:
+    """``"10ms"`` -> 0.01. A bare ``0`` is accepted (zero needs no unit); other bare numbers are not. Longer than
+    `most_s` is refused, the message saying "longer than `most`"."""
     value, unit = _split(text, DURATION_HELP)
     if unit == "" and value == 0:
         return 0.0 if allow_zero else _refuse_zero(text)
@@ -74,6 +99,8 @@ def parse_duration_s(text: object, *, allow_zero: bool = True) -> float:
     seconds = value * DURATION_UNITS[unit]
     if seconds < 0:
         raise ValueError(f"{text!r} must not be negative; use {DURATION_HELP}")
+    if seconds > most_s:
+        raise ValueError(f"{text!r} is longer than {most}")
     if seconds == 0 and not allow_zero:
         _refuse_zero(text)
     return seconds
@@ -114,6 +141,8 @@ def parse_tokens(text: object) -> int:
     n = value * TOKEN_UNITS[unit]
     if n < 0 or abs(n - round(n)) > 1e-9 * max(1.0, n):
         raise ValueError(f"{text!r} is not {TOKENS_HELP}")
+    if n > MAX_TOKENS:
+        raise ValueError(f"{text!r} is more than 16M tokens, past any model's context; use {TOKENS_HELP}")
     return int(round(n))
 
 

@@ -9,14 +9,14 @@ rate unit; use ...``), which the CLI prints as one line with exit status 2. Valu
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from testbed import units
 from testbed.errors import FieldError, UserError
 
-__all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "mapping", "non_negative", "number",
-           "option", "positive_int", "positive_number", "string", "text"]
+__all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml", "mapping", "non_negative", "number",
+           "option", "path_exists", "path_is_file", "positive_int", "positive_number", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -80,8 +80,10 @@ class Fields:
     def items(self, key: str) -> list["Fields"]:
         """A list of mappings, each read as `Fields` named ``key[i]``."""
         self._read.add(key)
-        raw = self.data.get(key) or []
-        if not isinstance(raw, list):
+        raw = self.data.get(key)
+        if raw is None:
+            raw = []
+        if not isinstance(raw, list):  # an empty mapping, string or 0 is not an empty list either
             raise self.error(key, f"must be a list, got {type(raw).__name__}")
         return [Fields(v, f"{self.name(key)}[{i}]", self.source) for i, v in enumerate(raw)]
 
@@ -105,16 +107,7 @@ def boolean(v: Any) -> bool:
 
 
 def number(v: Any) -> float:
-    """A finite number (not a boolean) as a float; an integer beyond a float's range is refused, not an OverflowError."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"{v!r} is not a number")
-    try:
-        x = float(v)
-    except OverflowError:
-        raise ValueError(f"{v!r} is not a number (beyond a float's range)") from None
-    if not math.isfinite(x):
-        raise ValueError(f"{v!r} is not a number")
-    return x
+    return units.finite_number(v, "a number")
 
 
 def positive_number(v: Any) -> float:
@@ -164,13 +157,56 @@ def non_negative(v: Any) -> float:
     return x
 
 
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load`, except that a key given twice in one mapping is a `yaml.YAMLError` naming both lines:
+    PyYAML keeps the last silently, so a second ``threshold:`` a few lines down replaced the first unseen."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then a key of base: an override, not a repeat
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if first is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice in one mapping (first at line {first.line + 1}); keep one",
+                        key_node.start_mark)
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
+
+
+def path_exists(path: Path | str) -> bool:
+    """`Path.exists`, except that a name no file can have (longer than the system allows, a NUL byte) is
+    simply not there: `Path.exists` raised OSError (ENAMETOOLONG) or ValueError, a traceback for a typo."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def path_is_file(path: Path | str) -> bool:
+    """`Path.is_file`, with `path_exists`'s reading of an impossible name."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def read_yaml(path: Path) -> Any:
     """A YAML file's data (the one reader of user YAML files): a file that cannot be read (a directory, no
-    permission, not UTF-8 text) or a syntax error becomes one line naming the file, and the line where it can."""
+    permission, not UTF-8 text), a syntax error or a key given twice becomes one line naming the file, and the
+    line where it can."""
     import yaml
 
     try:
-        return yaml.safe_load(path.read_text())
+        return load_yaml(path.read_text())
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:

@@ -24,8 +24,9 @@ from typing import Any, Callable, Iterator
 from testbed import clock, units
 from testbed.rundir import CROSS_TRAFFIC_FILE, cross_traffic_frame
 from testbed.scale import Scale
-from testbed.scenario import DIRECTIONS
-from testbed.validation import Fields, positive_int
+from testbed.errors import FieldError
+from testbed.scenario import DIRECTIONS, Scenario
+from testbed.validation import Fields, positive_int, text
 
 PROTOCOLS = ("tcp", "udp")
 PATTERNS = ("constant", "onoff", "schedule")
@@ -128,7 +129,7 @@ def _rate_or_off(v: Any) -> float | None:
 
 
 def _read_flow(f: Fields, index: int) -> FlowSpec:
-    name = f.get("name", str, f"flow{index}")
+    name = f.get("name", text, f"flow{index}")
     protocol = f.choice("protocol", PROTOCOLS, "tcp")
     direction = f.choice("direction", DIRECTIONS, "prfaas_to_pd")
     default_src, default_dst = ("prfaas-x0", "pd-x0") if direction == "prfaas_to_pd" else ("pd-x0", "prfaas-x0")
@@ -150,7 +151,7 @@ def _read_flow(f: Fields, index: int) -> FlowSpec:
         on_s=f.get("on", lambda v: units.parse_duration_s(v, allow_zero=False), 0.0),
         off_s=f.get("off", lambda v: units.parse_duration_s(v, allow_zero=False), 0.0),
         schedule=tuple(sched),
-        congestion=f.get("congestion", str, None),
+        congestion=f.get("congestion", text, None),
     )
     if spec.streams < 1:
         raise f.error("streams", "needs at least 1 stream")
@@ -187,6 +188,20 @@ def parse_cross_traffic_section(f: Fields) -> CrossTrafficSpec:
         raise f.error("interval", "iperf3 reports at most every 0.1s")
     f.done()
     return spec
+
+
+def check_cross_traffic(scenario: Scenario) -> None:
+    """Every flow's endpoints are hosts of the topology (``prfaas-x<i>`` needs topology.prfaas.cross > i): a flow on
+    a host the topology lacks passed `prfaas check` and failed the run once its network was up."""
+    spec: CrossTrafficSpec = scenario.section("cross_traffic")
+    for i, flow in enumerate(spec.flows):
+        for end, host in (("src", flow.src), ("dst", flow.dst)):
+            dc, index = host.split("-x")
+            have = scenario.topology.datacenter(dc).cross_hosts
+            if int(index) >= have:
+                hosts = f" or use {', '.join(f'{dc}-x{k}' for k in range(have))}" if have else ""
+                raise FieldError(f"cross_traffic.flows[{i}].{end}", f"{host} is not a host of the topology: topology.{dc}.cross "
+                                 f"is {have}; raise it{hosts}", scenario.source)
 
 
 def iperf3_client_argv(flow: FlowSpec, ip: str, port: int, duration_s: float, rate_bps: float | None, interval_s: float, log: Path) -> list[str]:

@@ -16,8 +16,8 @@ import numpy as np
 from scipy import special
 
 from testbed import units
-from testbed.errors import FieldError
-from testbed.validation import Fields, number
+from testbed.errors import FieldError, UserError
+from testbed.validation import Fields, number, path_exists
 
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "empirical", "mixture")
 
@@ -161,7 +161,8 @@ def parse_length(value: Any, path: str, source: str | None = None, base_dir: Pat
             raise f.error("max", f"the truncation range [{out.low}, {out.high}] must satisfy 1 <= min < max")
         a, b = out._cdf_bounds()
         if b - a < 1e-12:
-            raise f.error("mu", f"exp(mu) = {math.exp(out.mu):.3g} puts no probability in [{out.low}, {out.high}]")
+            median = math.exp(out.mu) if out.mu < 709 else math.inf  # exp(1e30) overflowed: a traceback
+            raise f.error("mu", f"exp(mu) = {median:.3g} with sigma {out.sigma:g} puts no probability in [{out.low}, {out.high}]")
     elif dist == "empirical":
         out = _parse_empirical(f, base_dir)
     else:
@@ -177,8 +178,8 @@ def parse_length(value: Any, path: str, source: str | None = None, base_dir: Pat
             weights.append(w)
             dists.append(parse_length(rest, c.path, source, base_dir))
         total = sum(weights)
-        if total <= 0:
-            raise f.error("components", "the weights must add up to more than 0")
+        if not 0 < total < math.inf:  # 1e308 + 1e308 is inf: numpy's draw failed on the NaN shares
+            raise f.error("components", f"the weights must add up to more than 0 and less than 1e308 (they add up to {total:g})")
         out = Mixture(tuple(w / total for w in weights), tuple(dists))
     f.done()
     return out
@@ -194,10 +195,13 @@ def _parse_empirical(f: Fields, base_dir: Path | None) -> Empirical:
     from traffic.trace import read_trace
 
     path = f.get("trace", lambda v: Path(str(v)))
-    if base_dir is not None and not path.is_absolute() and not path.exists():
+    if base_dir is not None and not path.is_absolute() and not path_exists(path):
         path = base_dir / path
     column = f.choice("field", ("input_length", "output_length"), "input_length")
-    reqs = read_trace(path).requests
+    try:
+        reqs = read_trace(path).requests
+    except UserError as exc:  # the trace's own error, named by this field
+        raise f.error("trace", str(exc)) from None
     if not reqs:
         raise f.error("trace", f"{path} has no requests")
     attr = "input_len" if column == "input_length" else "output_len"

@@ -15,8 +15,9 @@ from typing import Iterator
 
 import numpy as np
 
-from testbed.errors import UserError
-from testbed.validation import Fields, boolean, positive_int, positive_number
+from testbed.errors import FieldError, UserError
+from testbed.scenario import Scenario
+from testbed.validation import Fields, boolean, path_exists, path_is_file, positive_int, positive_number, text
 from traffic.arrivals import ArrivalProcess, ClosedLoop, Poisson, TraceTimes, parse_arrivals
 from traffic.lengths import PAPER_INPUT, PAPER_OUTPUT, LengthDist, parse_length
 from traffic.request import Request, RequestBatch
@@ -50,9 +51,9 @@ class WorkloadSpec:
 
 def _resolve(path: str, source: str | None) -> Path:
     p = Path(path).expanduser()
-    if not p.is_absolute() and not p.exists() and source:
+    if not p.is_absolute() and not path_exists(p) and source:
         alt = Path(source).resolve().parent / p
-        if alt.exists():
+        if path_exists(alt):
             return alt
     return p
 
@@ -63,8 +64,8 @@ def parse_workload_section(f: Fields) -> WorkloadSpec:
     trace = None
     if f.has("trace"):
         t = f.section("trace")
-        path = _resolve(t.get("path", str), f.source)
-        if not path.is_file():
+        path = _resolve(t.get("path", text), f.source)
+        if not path_is_file(path):
             raise t.error("path", f"{path} is not a file (a Mooncake JSONL trace)")
         trace = TraceSource(str(path), t.get("time_scale", positive_number, 1.0), t.get("skip_bad", boolean, False))
         t.done()
@@ -93,6 +94,25 @@ def parse_workload_section(f: Fields) -> WorkloadSpec:
 MAX_REQUESTS = 1_000_000
 
 
+def too_many_requests(spec: WorkloadSpec, duration_s: float) -> str | None:
+    """Why a synthetic workload would draw more than `MAX_REQUESTS` in `duration_s` (max_requests cuts after the
+    draw), or None."""
+    expected = spec.arrivals.mean_rate_rps() * duration_s
+    if expected <= MAX_REQUESTS:
+        return None
+    count = f"{expected:,.0f}" if expected < 1e12 else f"{expected:.3g}"
+    return (f"would draw about {count} requests ({spec.arrivals.mean_rate_rps():g} req/s for {duration_s:g} s); "
+            f"at most {MAX_REQUESTS:,} in one batch: shorten the duration or lower the rate")
+
+
+def check_workload(scenario: Scenario) -> None:
+    """The workload against the scenario's duration: `prfaas check` passed `arrivals.rate: 1e30` (or 10^12 closed-loop
+    users), which the run refused only once its network was up."""
+    spec: WorkloadSpec = scenario.section("workload")
+    if spec.trace is None and (why := too_many_requests(spec, scenario.duration_s)) is not None:
+        raise FieldError("workload.arrivals", why, scenario.source)
+
+
 def generate_batch(spec: WorkloadSpec | None, seed: int, duration_s: float | None) -> RequestBatch:
     """Every request arriving in [0, duration_s) (a trace: all when duration_s is None), sorted by arrival.
 
@@ -105,10 +125,8 @@ def generate_batch(spec: WorkloadSpec | None, seed: int, duration_s: float | Non
         return _from_trace(spec, rng_arrivals, duration_s)
     if duration_s is None or duration_s <= 0:
         raise UserError("a synthetic workload needs a duration > 0 (scenario duration or --duration)")
-    expected = spec.arrivals.mean_rate_rps() * duration_s
-    if expected > MAX_REQUESTS:  # refused before drawing: the draw itself is what fills memory (max_requests cuts after it)
-        raise UserError(f"the workload would draw about {expected:,.0f} requests ({spec.arrivals.mean_rate_rps():g} req/s for "
-                        f"{duration_s:g} s); at most {MAX_REQUESTS:,} in one batch: shorten the duration or lower the rate")
+    if (why := too_many_requests(spec, duration_s)) is not None:  # before drawing: the draw is what fills memory
+        raise UserError(f"the workload {why}")
     times = spec.arrivals.times(rng_arrivals, duration_s)
     if spec.max_requests is not None:
         times = times[: spec.max_requests]

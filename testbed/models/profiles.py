@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from testbed.errors import UserError
-from testbed.validation import read_yaml
+from testbed.validation import path_exists, path_is_file, read_yaml
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 # Short names: a chip alone means that chip running the paper's 1T hybrid (the case study's profiles).
@@ -235,12 +235,12 @@ def load_profile(name_or_file: str | Path) -> ComputeProfile:
     p = Path(name_or_file)
     if p.suffix in (".csv", ".json"):
         return measured_profile(p)
-    if p.suffix in (".yaml", ".yml") and p.exists():
+    if p.suffix in (".yaml", ".yml") and path_exists(p):
         path = p
     else:
         path = PROFILES_DIR / f"{ALIASES.get(str(name_or_file), name_or_file)}.yaml"
-        if not path.exists():
-            if p.is_file():  # a file, but not a kind a profile can be
+        if not path_exists(path):
+            if path_is_file(p):  # a file, but not a kind a profile can be
                 raise UserError(f"profile {str(name_or_file)!r}: a profile file ends in .yaml or .yml (a profile), or .csv or "
                                 f".json (measured points); this one ends in {repr(p.suffix) if p.suffix else 'no suffix'}")
             raise UserError(f"profile {str(name_or_file)!r}: no such file, and not a ready profile (ready: {', '.join(available_profiles())})")

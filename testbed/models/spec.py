@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from testbed.errors import FieldError, UserError
 from testbed.kv.cache import FULL_KINDS
-from testbed.validation import Fields, read_yaml
+from testbed.validation import Fields, path_exists, path_is_file, read_yaml, text
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -352,13 +352,13 @@ def load_model_spec(name_or_file: str, base_dir: str | Path | None = None) -> Mo
     if not text:
         raise UserError(f"model name is empty; presets: {', '.join(list_presets())}")
     preset = PRESETS_DIR / f"{text.lower()}.yaml"
-    if "/" not in text and not text.endswith((".yaml", ".yml")) and preset.exists():
+    if "/" not in text and not text.endswith((".yaml", ".yml")) and path_exists(preset):
         return _load_preset(str(preset))
     candidates = [Path(text)]
     if base_dir is not None and not Path(text).is_absolute():
         candidates.append(Path(base_dir) / text)
     for path in candidates:
-        if path.is_file():
+        if path_is_file(path):
             return parse_model_spec(read_yaml(path), str(path), default_name=path.stem)
     raise UserError(f"model {text!r}: not a preset and no such file; presets: {', '.join(list_presets())}")
 
@@ -386,7 +386,7 @@ class ModelSection:
 
 
 def parse_model_section(f: Fields) -> ModelSection:
-    name = f.get("name", str)
+    name = f.get("name", text)
     base = Path(f.source).parent if f.source else None
     try:
         spec = load_model_spec(name, base)
@@ -403,7 +403,7 @@ def parse_model_section(f: Fields) -> ModelSection:
         state_dtype=spec.state_dtype,
         device=f.choice("device", DEVICES, "auto"),
         seed=f.get("seed", _whole(0), None),
-        profile=f.get("profile", str, None),
+        profile=f.get("profile", text, None),
     )
     f.done()
     return section

@@ -16,7 +16,7 @@ from testbed import units
 from testbed.errors import FieldError
 from testbed.kv.connector import connector_names
 from testbed.scenario import Scenario
-from testbed.validation import Fields, boolean, positive_int, positive_number
+from testbed.validation import Fields, boolean, path_exists, positive_int, positive_number
 
 COMPUTE_MODES = ("profile", "torch")
 ROLES = ("prfaas_prefill", "pd_prefill", "pd_decode")
@@ -84,7 +84,7 @@ def _profile_name(path: str, source: str | None) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
         name = str(v)
         beside = Path(source).parent / name if source else None
-        if beside is not None and not Path(name).is_absolute() and Path(name).suffix in (".yaml", ".yml", ".csv", ".json") and beside.exists():
+        if beside is not None and not Path(name).is_absolute() and Path(name).suffix in (".yaml", ".yml", ".csv", ".json") and path_exists(beside):
             name = str(beside)  # a profile file next to the scenario (e.g. one `prfaas profile` wrote)
         try:
             from testbed.models.profiles import load_profile

@@ -149,3 +149,157 @@ def test_a_cli_option_is_refused_in_the_words_of_the_scenario_readers() -> None:
         else:
             with pytest.raises(argparse.ArgumentTypeError, match=f"^{re.escape(why)}$"):
                 read(text)
+
+
+def test_a_whole_number_past_the_float_range_is_refused_naming_the_field():
+    """YAML reads 10**400 as a Python int, which has no float: it was an OverflowError traceback (`--set scale=1000...`)."""
+    big = 10**400
+    for data, field in ((wan(rate=big), "wan.rate"), ({**wan(), "scale": big}, "scale"), ({**wan(), "duration": big}, "duration")):
+        with pytest.raises(FieldError, match="401-digit number is out of range") as exc:
+            parse_scenario(data)
+        assert exc.value.field == field
+
+
+@pytest.mark.parametrize("item, words", [
+    ("wan.rate=[", "the value is not valid YAML"),  # a YAML error was a traceback
+    ("wan.rate=!!python/object:os.system x", "the value is not valid YAML"),
+    ("=5", "the key has an empty part"),  # was "scenario: : unknown key"
+    ("wan..rate=1Gbps", "the key has an empty part"),
+])
+def test_a_bad_override_is_one_user_error_naming_it(item, words):
+    with pytest.raises(UserError, match=words) as err:
+        apply_overrides({"wan": {"rate": "10Gbps"}}, [item])
+    assert f"--set {item!r}" in str(err.value)
+
+
+def test_overrides_on_a_file_that_is_not_a_mapping_are_refused_naming_the_file(tmp_path):
+    """A list file with --set was an AttributeError traceback ('list' object has no attribute 'setdefault')."""
+    path = tmp_path / "s.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(FieldError, match="must be a mapping") as err:
+        load_scenario(str(path), ["wan.rate=1Gbps"])
+    assert str(err.value).startswith(f"{path}: scenario: ")
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys silently: a second `threshold:` replaced the first unseen."""
+    path = tmp_path / "s.yaml"
+    path.write_text("wan:\n  rate: 10Gbps\n  delay: 5ms\n  rate: 1Gbps\n")
+    with pytest.raises(UserError) as err:
+        load_scenario(str(path))
+    assert str(err.value) == (f"{path}: not valid YAML at line 4 (key 'rate' is given twice in one mapping "
+                              "(first at line 2); keep one)")
+    with pytest.raises(UserError, match="given twice"):
+        apply_overrides({}, ["wan={rate: 1Gbps, rate: 2Gbps}"])
+    from testbed.validation import load_yaml
+
+    assert load_yaml("b: &b {x: 1, y: 2}\nc: {<<: *b, x: 3}\n")["c"] == {"x": 3, "y": 2}
+
+
+@pytest.mark.parametrize("value", [{}, "", 0, False])
+def test_an_empty_non_list_is_not_an_empty_list(value):
+    """`wan.schedule: {}` (or '', 0) passed as no schedule: `Fields.items` took anything falsy for []."""
+    with pytest.raises(FieldError, match="must be a list") as exc:
+        parse_scenario(wan(schedule=value))
+    assert exc.value.field == "wan.schedule"
+    assert parse_scenario(wan(schedule=None)).wan.schedule == ()
+
+
+@pytest.mark.parametrize("key, value", [
+    ("model", {"name": "x" * 300}),  # Path.exists raised OSError (ENAMETOOLONG): a traceback
+    ("model", {"name": "x" * 300 + ".yaml"}),
+    ("model", {"name": "a\0b"}),  # ValueError: embedded null byte
+    ("serving", {"profiles": {"pd": "x" * 300 + ".yaml"}}),
+    ("workload", {"trace": {"path": "x" * 300}}),
+])
+def test_a_name_no_file_can_have_is_no_such_file(key, value):
+    with pytest.raises(FieldError) as exc:
+        parse_scenario({**wan(), key: value}, "topologies/quick.yaml")
+    assert exc.value.field.startswith(key + ".")
+    with pytest.raises(UserError, match="no such file"):
+        load_scenario("x" * 300)
+
+
+@pytest.mark.parametrize("section, value, field", [
+    ("workload", {"input": "1e30"}, "workload.input"),  # numpy's OverflowError: a traceback
+    ("workload", {"input": {"dist": "uniform", "min": 1, "max": 10**30}}, "workload.input.max"),  # 'high is out of bounds'
+    ("policy", {"threshold": "1e30"}, "policy.threshold"),  # passed
+    ("policy", {"max_threshold": "17M"}, "policy.max_threshold"),
+])
+def test_a_token_count_past_16M_is_refused_naming_the_field(section, value, field):
+    with pytest.raises(FieldError, match="more than 16M tokens") as exc:
+        parse_scenario({**wan(), section: value})
+    assert exc.value.field == field
+    assert units.parse_tokens("16M") == units.MAX_TOKENS
+
+
+@pytest.mark.parametrize("data, field, words", [
+    ({**wan(), "duration": "1e30s"}, "duration", "longer than a week"),  # "valid" until the workload refused it at run time
+    ({**wan(), "serving": {"slo": {"ttft": "1e30s"}}}, "serving.slo.ttft", "longer than a week"),
+    (wan(rate="1e30Gbps"), "wan.rate", "more than 1000Tbps"),  # passed: a BDP of 1e26 GiB
+    ({**wan(), "topology": {"lan_rate": "2000Tbps"}}, "topology.lan_rate", "more than 1000Tbps"),
+])
+def test_a_duration_past_a_week_or_a_rate_past_1000Tbps_is_refused(data, field, words):
+    with pytest.raises(FieldError, match=words) as exc:
+        parse_scenario(data)
+    assert exc.value.field == field
+    assert units.parse_duration_s("168h") == units.MAX_DURATION_S and units.parse_rate_bps("1000Tbps") == units.MAX_RATE_BPS
+
+
+@pytest.mark.parametrize("data, field, words", [
+    ({**wan(), "name": "../../x"}, "name", "not a plain name"),  # the run directory runs/<name>-<time> went two levels up
+    ({**wan(), "name": [1, 2]}, "name", "not a non-empty string"),  # ran as "[1, 2]"
+    ({**wan(), "name": ""}, "name", "not a non-empty string"),
+    ({**wan(), "model": {"name": "paper-1t-hybrid", "profile": [1]}}, "model.profile", "not a non-empty string"),
+    ({**wan(), "cross_traffic": {"flows": [{"name": {"a": 1}}]}}, "cross_traffic.flows[0].name", "not a non-empty string"),
+])
+def test_names_are_plain_strings(data, field, words):
+    with pytest.raises(FieldError, match=words) as exc:
+        parse_scenario(data)
+    assert exc.value.field == field
+    assert parse_scenario({**wan(), "name": 2026}).name == "2026"
+
+
+def test_a_cross_traffic_flow_on_a_host_the_topology_lacks_is_refused():
+    """`prfaas check` passed it; the run failed once its network was up (quick.yaml has topology.prfaas.cross: 0)."""
+    topo = {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 1, "decode": 1, "cross": 1}}
+    with pytest.raises(FieldError, match="prfaas-x0 is not a host of the topology: topology.prfaas.cross is 0; raise it$") as exc:
+        parse_scenario({**wan(), "topology": topo, "cross_traffic": {"flows": [{"protocol": "tcp"}]}})
+    assert exc.value.field == "cross_traffic.flows[0].src"
+    with pytest.raises(FieldError, match="raise it or use pd-x0") as exc:
+        parse_scenario({**wan(), "topology": topo, "cross_traffic": {"flows": [{"direction": "pd_to_prfaas", "src": "pd-x2", "dst": "prfaas-x0"}]}})
+    assert exc.value.field == "cross_traffic.flows[0].src"
+
+
+@pytest.mark.parametrize("schedule, words", [
+    # the second dip's revert restored the first dip's rate: the line stayed at 1Gbps for good
+    ([{"at": "10s", "rate": "1Gbps", "for": "10s"}, {"at": "15s", "rate": "2Gbps", "for": "10s"}], "has its rate changed by entry 0 until 20s"),
+    ([{"at": "10s", "rate": "1Gbps", "for": "10s"}, {"at": "12s", "rate": "3Gbps"}], "has its rate changed by entry 0 until 20s"),
+    ([{"at": "10s", "down": "10s"}, {"at": "12s", "down": "2s"}], "is down by entry 0 until 20s"),
+])
+def test_an_entry_inside_an_earlier_window_on_the_same_field_is_refused(schedule, words):
+    with pytest.raises(FieldError, match=words) as exc:
+        parse_scenario(wan(schedule=schedule))
+    assert exc.value.field == "wan.schedule[1].at"
+
+
+def test_windows_on_other_fields_directions_or_back_to_back_are_allowed():
+    for schedule in ([{"at": "10s", "rate": "1Gbps", "for": "10s"}, {"at": "20s", "rate": "2Gbps", "for": "5s"}],
+                     [{"at": "10s", "rate": "1Gbps", "for": "10s"}, {"at": "12s", "loss": "1%", "for": "20s"}],
+                     [{"at": "10s", "rate": "1Gbps", "for": "10s", "direction": "prfaas_to_pd"},
+                      {"at": "12s", "rate": "2Gbps", "direction": "pd_to_prfaas"}],
+                     [{"at": "10s", "down": "10s"}, {"at": "12s", "rate": "2Gbps"}]):
+        assert len(parse_scenario(wan(schedule=schedule)).wan.schedule) == 2
+
+
+@pytest.mark.parametrize("schedule, field", [
+    ([{"at": "1s", "jitter": "100ms"}], "wan.schedule[0].jitter"),  # passed on a 10 ms line (the base values are refused)
+    ([{"at": "1s", "delay": "1ms", "for": "5s"}, {"at": "2s", "jitter": "5ms"}], "wan.schedule[1].jitter"),
+    ([{"at": "1s", "delay": "50ms", "for": "5s"}, {"at": "2s", "jitter": "20ms"}], "wan.schedule[0].for"),  # the revert to 10 ms
+])
+def test_scheduled_jitter_larger_than_the_delay_is_refused_with_in_order_delivery(schedule, field):
+    with pytest.raises(FieldError, match="with in-order delivery jitter must be <= delay") as exc:
+        parse_scenario(wan(schedule=schedule))
+    assert exc.value.field == field
+    assert parse_scenario(wan(schedule=schedule, reorder=True)).wan.schedule
+    assert parse_scenario(wan(schedule=[{"at": "1s", "delay": "50ms", "jitter": "20ms", "for": "5s"}])).wan.schedule

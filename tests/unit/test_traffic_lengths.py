@@ -79,3 +79,16 @@ def test_empirical_from_trace(mooncake_trace) -> None:
     d = parse_length({"dist": "empirical", "trace": str(mooncake_trace), "field": "output_length"}, "w.output")
     assert isinstance(d, Empirical) and len(d.values) == 3993
     assert d.mean() == pytest.approx(149.12, abs=0.01)
+
+
+@pytest.mark.parametrize("value, field, words", [
+    ({"dist": "lognormal", "mu": 1e30, "sigma": 1.0}, "w.input.mu", "exp(mu) = inf"),  # math.exp overflowed: a traceback
+    ({"dist": "mixture", "components": [{"weight": 1e308, "dist": "fixed", "tokens": 5},
+                                        {"weight": 1e308, "dist": "fixed", "tokens": 6}]},
+     "w.input.components", "add up to inf"),  # numpy's draw failed on NaN shares: a traceback
+    ({"dist": "empirical", "trace": "/nonexistent.jsonl"}, "w.input.trace", "cannot open"),  # the error named no field
+])
+def test_lengths_out_of_reach_are_refused_naming_the_field(value, field, words):
+    with pytest.raises(FieldError) as exc:
+        parse_length(value, "w.input")
+    assert exc.value.field == field and words in str(exc.value)

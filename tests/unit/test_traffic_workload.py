@@ -120,3 +120,15 @@ cross_traffic:
 
 def test_no_workload_section_means_the_defaults() -> None:
     assert generate(None, 5, 30.0) == generate(WorkloadSpec(), 5, 30.0)
+
+
+@pytest.mark.parametrize("arrivals", [{"process": "poisson", "rate": 1e30},
+                                      {"process": "closed", "users": 10**12, "think": "1s"}])
+def test_a_workload_past_the_batch_limit_is_refused_when_the_scenario_loads(arrivals):
+    """`prfaas check` passed it; the run refused it only once its network was up (generate_batch)."""
+    from testbed.errors import FieldError
+    from testbed.sections import parse_scenario
+
+    with pytest.raises(FieldError, match="at most 1,000,000 in one batch") as exc:
+        parse_scenario({"wan": {"rate": "10Gbps"}, "duration": "30s", "workload": {"arrivals": arrivals}})
+    assert exc.value.field == "workload.arrivals"
