@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
-from testbed import clock
+from testbed import clock, units
 from testbed.blocks import BLOCK_TOKENS, prompt_token_ids
 from testbed.errors import FieldError, UserError
 from testbed.rundir import CLIENT_DISCONNECTED, ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
@@ -211,6 +211,16 @@ class Completion:
     model: str
 
 
+def _token_count(v: Any, param: str, needed: str = "") -> int:
+    """A request's token count: a whole number from 1 to `units.MAX_TOKENS` (past any model's context; a decode of
+    10**21 tokens would hold its batch slot for good, as vLLM refuses more than `max_model_len`)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise BadRequest(param, f"{v!r} is not a whole number >= 1{needed}")
+    if v > units.MAX_TOKENS:
+        raise BadRequest(param, f"{v} is more than {units.MAX_TOKENS} tokens (16M), past any model's context")
+    return v
+
+
 def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
     """An OpenAI completions body, plus the testbed extension ``"prfaas": {"block_hashes", "input_len",
     "request_id"}`` for hashed prompts without token text."""
@@ -219,9 +229,7 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
     ext = body.get("prfaas") or {}
     if not isinstance(ext, dict):
         raise BadRequest("prfaas", "must be an object")
-    max_tokens = body.get("max_tokens", 16)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise BadRequest("max_tokens", f"{max_tokens!r} is not a whole number >= 1")
+    max_tokens = _token_count(body.get("max_tokens", 16), "max_tokens")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -230,9 +238,7 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
         hashes = ext["block_hashes"]
         if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
             raise BadRequest("prfaas.block_hashes", "must be a list of integers")
-        n = ext.get("input_len")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise BadRequest("prfaas.input_len", f"{n!r} is not a whole number >= 1 (needed with block_hashes)")
+        n = _token_count(ext.get("input_len"), "prfaas.input_len", " (needed with block_hashes)")
         if len(hashes) > math.ceil(n / BLOCK_TOKENS):
             raise BadRequest("prfaas.block_hashes", f"{len(hashes)} hashes for {n} tokens; at most one per {BLOCK_TOKENS} tokens")
         token_ids = None

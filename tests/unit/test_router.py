@@ -450,7 +450,9 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
                         ({"prompt": "x", "model": ["prfaas"]}, "model"),
                         ({"prompt": "x", "prfaas": {"request_id": "r" * 256}}, "prfaas.request_id"),
                         ({"prompt": "x", "prfaas": {"request_id": {"id": 1}}}, "prfaas.request_id"),
-                        ({"prompt": "a \ud800 b"}, "prompt")):
+                        ({"prompt": "a \ud800 b"}, "prompt"), ({"prompt": "x", "max_tokens": 10 ** 21}, "max_tokens"),
+                        ({"prompt": "x", "max_tokens": 16 * 2 ** 20 + 1}, "max_tokens"),
+                        ({"prfaas": {"block_hashes": [1], "input_len": 10 ** 21}}, "prfaas.input_len")):
         code, out = post(r, "/v1/completions", body)
         assert code == 400 and out["error"]["param"] == param
     for sample, param in (({"egress_bps": "fast"}, "egress_bps"), ({"backlog_bytes": 10 ** 400}, "backlog_bytes"),
