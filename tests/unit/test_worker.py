@@ -202,7 +202,7 @@ def test_bad_bodies_and_wrong_paths_get_http_errors(workers):
     status, raw = request(pre.port, "POST", "/v1/prefill", {"request_id": "y"})
     assert status == 400 and json.loads(raw)["error"] == "POST /v1/prefill: input_len: is required"
     status, raw = request(pre.port, "POST", "/v1/prefill", {"request_id": "y", "input_len": 10, "decode": {"host": "h", "kv_port": "x", "instance": 0}})
-    assert status == 400 and json.loads(raw)["error"] == "POST /v1/prefill: decode.kv_port: 'x' is not a whole number >= 0"
+    assert status == 400 and json.loads(raw)["error"] == "POST /v1/prefill: decode.kv_port: 'x' is not a whole number >= 1"
     assert json.loads(request(dec.port, "GET", "/healthz")[1])["role"] == "decode"
 
 
