@@ -27,6 +27,8 @@ class LengthDist(Protocol):
 
     def mean(self) -> float: ...
 
+    def least(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class Fixed:
@@ -37,6 +39,9 @@ class Fixed:
 
     def mean(self) -> float:
         return float(self.tokens)
+
+    def least(self) -> int:
+        return self.tokens
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,9 @@ class Uniform:
 
     def mean(self) -> float:
         return (self.low + self.high) / 2.0
+
+    def least(self) -> int:
+        return self.low
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,9 @@ class TruncatedLogNormal:
         den = special.ndtr(beta) - special.ndtr(alpha)
         return float(math.exp(self.mu + s * s / 2) * num / den)
 
+    def least(self) -> int:
+        return self.low
+
     def survival(self, tokens: float) -> float:
         """P(X > tokens), the offload fraction p of the paper's Eq. 6 for a threshold t."""
         if tokens >= self.high:
@@ -108,6 +119,9 @@ class Empirical:
     def mean(self) -> float:
         return float(np.mean(self.values))
 
+    def least(self) -> int:
+        return min(self.values)
+
 
 @dataclass(frozen=True)
 class Mixture:
@@ -126,6 +140,10 @@ class Mixture:
 
     def mean(self) -> float:
         return float(sum(w * c.mean() for w, c in zip(self.weights, self.components)))
+
+    def least(self) -> int:
+        """The least value a sample can take: of the components that have any weight."""
+        return min(c.least() for w, c in zip(self.weights, self.components) if w > 0)
 
 
 PAPER_INPUT = TruncatedLogNormal(mu=9.90, sigma=1.00, low=128, high=128 * 1024)

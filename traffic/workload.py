@@ -85,6 +85,8 @@ def parse_workload_section(f: Fields) -> WorkloadSpec:
     )
     if isinstance(spec.arrivals, TraceTimes) and trace is None:
         raise f.error("arrivals", "process: trace needs a workload.trace to take the timestamps from")
+    if trace is None and spec.input.least() < 1:  # `prfaas check` passed it; the run refused it once one was drawn
+        raise f.error("input", f"can draw a prompt of {spec.input.least()} tokens; every prompt needs at least 1 token")
     f.done()
     return spec
 

@@ -132,3 +132,21 @@ def test_a_workload_past_the_batch_limit_is_refused_when_the_scenario_loads(arri
     with pytest.raises(FieldError, match="at most 1,000,000 in one batch") as exc:
         parse_scenario({"wan": {"rate": "10Gbps"}, "duration": "30s", "workload": {"arrivals": arrivals}})
     assert exc.value.field == "workload.arrivals"
+
+
+def test_an_input_that_can_draw_an_empty_prompt_is_refused_at_load() -> None:
+    """`workload.input: 0` (or a range, list or mixture that reaches 0) passed `prfaas check`; the run refused it only
+    once it drew a 0. Output lengths may be 0."""
+    import pytest
+
+    from testbed.errors import FieldError
+    from testbed.validation import Fields
+    from traffic.workload import parse_workload_section
+
+    for bad in (0, {"dist": "uniform", "min": 0, "max": 10}, {"dist": "empirical", "values": [5, 0, 7]},
+                {"dist": "mixture", "components": [{"weight": 0.5, "dist": "fixed", "tokens": 0},
+                                                   {"weight": 0.5, "dist": "fixed", "tokens": 9}]}):
+        with pytest.raises(FieldError, match="can draw a prompt of 0 tokens") as exc:
+            parse_workload_section(Fields({"input": bad}, "workload"))
+        assert exc.value.field == "workload.input"
+    assert parse_workload_section(Fields({"input": 1, "output": 0}, "workload")).input.least() == 1
