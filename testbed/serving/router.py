@@ -597,8 +597,16 @@ class Router:
             self._changed(inst, healthy=False)
 
     # -- telemetry and control
-    def on_wan_sample(self, s: dict[str, Any]) -> None:
-        """A WAN sample from the run: wire units unless ``units == "emulated"``."""
+    def on_wan_samples(self, samples: list[Any]) -> None:
+        """WAN samples from the run (`POST /v1/telemetry`): every one is checked before any is taken, so a refused
+        list leaves the router as it was."""
+        for t, vals in [self._wan_reading(s) for s in samples]:
+            self._take_wan(t, vals)
+
+    def _wan_reading(self, s: Any) -> tuple[float, dict[str, float]]:
+        """One sample's time and readings in emulated units: wire units unless ``units == "emulated"``."""
+        if not isinstance(s, dict):
+            raise BadRequest("body", "a sample must be a JSON object")
         units = s.get("units") or "wire"
         if units not in ("wire", "emulated"):
             raise BadRequest("units", f"{units!r} is not allowed; use one of: wire, emulated")
@@ -623,7 +631,9 @@ class Router:
             if v is not None:
                 vals[name] = convert(v)
         t = reading("t_s")
-        t = clock.now_s() if t is None else t
+        return (clock.now_s() if t is None else t), vals
+
+    def _take_wan(self, t: float, vals: dict[str, float]) -> None:
         with self._lock:
             self._wan.update(vals)
             self._wan["t_s"] = t
@@ -948,10 +958,7 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
                     self._completion(parse_completion(self._body(), router.cfg))
                 elif path == "/v1/telemetry":
                     body = self._body()
-                    for s in body if isinstance(body, list) else [body]:
-                        if not isinstance(s, dict):
-                            raise BadRequest("body", "a sample must be a JSON object")
-                        router.on_wan_sample(s)
+                    router.on_wan_samples(body if isinstance(body, list) else [body])
                     self._send(200, {"ok": True})
                 else:
                     self._no_path(path)

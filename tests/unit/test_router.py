@@ -461,6 +461,11 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
         code, out = post(r, "/v1/telemetry", sample)
         assert code == 400 and out["error"]["param"] == param
     assert r.records() == [] and r.state()["wan"]["egress_bps"] == 0.0  # no refused sample was taken
+    code, out = post(r, "/v1/telemetry", [{"egress_bps": 5e9}, {"egress_bps": -1}])  # a good sample, then a bad one
+    assert code == 400 and out["error"]["param"] == "egress_bps"
+    assert r.state()["wan"]["egress_bps"] == 0.0  # the list is refused whole: not even its good sample was taken
+    assert post(r, "/v1/telemetry", [{"egress_bps": 5e9}, "x"])[0] == 400 and r.state()["wan"]["egress_bps"] == 0.0
+    assert post(r, "/v1/telemetry", [{"egress_bps": 5e9}])[0] == 200 and r.state()["wan"]["egress_bps"] > 0
 
 
 def raw_request(r: Router, data: bytes, half_close: bool = False, timeout: float = 10) -> tuple[int, Any]:
