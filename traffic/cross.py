@@ -115,7 +115,11 @@ class CrossTrafficSpec:
     def open_loop_udp(self, base_port: int = BASE_PORT) -> list[tuple[str, str, int]]:
         """(sending host, receiving host, server port) of each UDP flow, as `CrossTraffic` numbers their ports:
         constant-rate senders, which the WAN's delay does not pace (`testbed.net.emulation.Network.pass_open_loop_udp`)."""
-        return [(f.src, f.dst, base_port + i) for i, f in enumerate(self.flows) if f.protocol == "udp"]
+        return [(f.src, f.dst, port) for f, port in zip(self.flows, self.ports(base_port)) if f.protocol == "udp"]
+
+    def ports(self, base_port: int = BASE_PORT) -> list[int]:
+        """Each flow's iperf3 server port, in the order of `flows` (the one numbering of them)."""
+        return [base_port + i for i in range(len(self.flows))]
 
 
 def _host(v: Any) -> str:
@@ -301,8 +305,8 @@ class CrossTraffic:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._t0 = clock.now_s()
         ips = {f.name: self._host_ip(f.dst) for f in self.spec.flows}  # fail before starting anything
-        for i, flow in enumerate(self.spec.flows):
-            t = threading.Thread(target=self._run_flow, args=(flow, ips[flow.name], self._base_port + i), name=f"cross-{flow.name}", daemon=True)
+        for flow, port in zip(self.spec.flows, self.spec.ports(self._base_port)):
+            t = threading.Thread(target=self._run_flow, args=(flow, ips[flow.name], port), name=f"cross-{flow.name}", daemon=True)
             self._threads.append(t)
             t.start()
 

@@ -39,7 +39,7 @@ from testbed.errors import FieldError, UserError
 from testbed.rundir import CLIENT_DISCONNECTED, ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
 from testbed.models.spec import DTYPE_BYTES, parse_dtype
 from testbed.scale import Scale
-from testbed.validation import Fields, boolean, number, positive_int, positive_number
+from testbed.validation import Fields, boolean, non_negative, positive_int, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
 from testbed.serving.httpio import BodyError, Server, read_json_body
 from testbed.serving.kvmanager import KVManager
@@ -618,12 +618,9 @@ class Router:
             if v is None:
                 return None
             try:
-                x = number(v)
+                return non_negative(v)
             except ValueError:
-                x = -1.0
-            if x < 0:
-                raise BadRequest(name, f"{v!r} is not a number >= 0")
-            return x
+                raise BadRequest(name, f"{v!r} is not a number >= 0") from None
 
         for name, convert in (("egress_bps", to_em.emulated_bps), ("capacity_bps", to_em.emulated_bps),
                               ("backlog_bytes", to_em.emulated_bytes), ("drops", float)):
