@@ -114,7 +114,7 @@ def describe_action(a: Any) -> str:
 
 def capacity_segments(sc: Scenario) -> list[tuple[float, float, float, str]]:
     """(start_s, end_s, PrfaaS->PD emulated rate, what changed) over the run, from the schedule's actions."""
-    from testbed.net.schedule import expand_schedule
+    from testbed.scenario import expand_schedule
 
     base = sc.wan.prfaas_to_pd.rate_bps
     rate, down = base, 0
@@ -194,7 +194,7 @@ def check_scenario(sc: Scenario) -> CheckReport:
         scale_src = f"auto (host capacity {units.format_rate(cap_bps)} from {cap_src})"
     else:
         scale_src = "scenario"
-    from testbed.net.schedule import expand_schedule
+    from testbed.scenario import expand_schedule
 
     rep = CheckReport(sc.name, sc.source, scale, scale_src, cap_bps, sc.duration_s, direction_plans(sc, scale),
                       [(a.at_s, describe_action(a)) for a in expand_schedule(sc.wan.schedule)], [])

@@ -125,7 +125,7 @@ def measure_point(net, backend: str, rate_mbps: float, delay_ms: float, duration
     """Goodput (with ping beside it: the RTT under load), idle RTT, base RTT (delay 0) and 1% loss at one
     point. Returns the base RTT p50 (s)."""
     from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss
-    from testbed.net.schedule import ScheduleAction
+    from testbed.scenario import ScheduleAction
     from testbed.scenario import LossSpec
 
     judged = backend == "netem"
@@ -232,7 +232,7 @@ def bench_schedule(net, rate_mbps: float, delay_ms: float, duration_s: float, ba
     """Rate, delay and link down changed on the live netem qdisc through Wan.apply (what the schedule calls).
     `base_s`: the path's base RTT (delay 0) at this point, taken off the RTT as in measure_point."""
     from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt
-    from testbed.net.schedule import ScheduleAction
+    from testbed.scenario import ScheduleAction
     from testbed.scenario import DIRECTIONS
 
     new_rate, new_delay = rate_mbps / 2, delay_ms * 2

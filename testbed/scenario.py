@@ -138,6 +138,39 @@ class ScheduleEvent:
     for_s: float | None = None
 
 
+@dataclass(frozen=True)
+class ScheduleAction:
+    at_s: float
+    event_index: int
+    directions: tuple[str, ...]
+    kind: str  # "change" | "revert" | "down" | "up"
+    changes: tuple[tuple[str, Any], ...] = ()
+
+    def describe(self) -> str:
+        what = ", ".join(f"{k}={_fmt(v)}" for k, v in self.changes) if self.changes else ""
+        return f"{self.kind} {'+'.join(self.directions)} {what}".strip()
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def expand_schedule(events: Sequence[ScheduleEvent]) -> list[ScheduleAction]:
+    """Events -> actions in time order; at equal times, the scenario's order is kept (an entry's down, up,
+    change, revert in that order). The one timeline: `testbed.net.schedule.ScheduleRunner` fires it,
+    `prfaas check` draws it and `_check_scheduled_jitter` walks it."""
+    actions: list[ScheduleAction] = []
+    for i, e in enumerate(events):
+        if e.down_s:
+            actions.append(ScheduleAction(e.at_s, i, e.directions, "down"))
+            actions.append(ScheduleAction(e.at_s + e.down_s, i, e.directions, "up"))
+        if e.changes:
+            actions.append(ScheduleAction(e.at_s, i, e.directions, "change", e.changes))
+            if e.for_s is not None:
+                actions.append(ScheduleAction(e.at_s + e.for_s, i, e.directions, "revert", e.changes))
+    return sorted(actions, key=lambda a: a.at_s)
+
+
 def _read_event(f: Fields) -> ScheduleEvent:
     at = f.get("at", units.parse_duration_s)
     direction = f.choice("direction", ("both",) + DIRECTIONS, "both")
@@ -225,25 +258,22 @@ def parse_wan(f: Fields) -> WanSpec:
 
 def _check_scheduled_jitter(f: Fields, events: Sequence[ScheduleEvent], dirs: dict[str, LinkDirectionSpec]) -> None:
     """The rule `_read_direction` applies to the base values (jitter <= delay with in-order delivery) at every
-    change and revert of the schedule: ``{at: 1s, jitter: 100ms}`` on a 5 ms line passed."""
-    steps = sorted([(e.at_s, i, False) for i, e in enumerate(events) if e.changes]
-                   + [(e.at_s + e.for_s, i, True) for i, e in enumerate(events) if e.changes and e.for_s is not None],
-                   key=lambda x: x[0])  # stable: the order `testbed.net.schedule.expand_schedule` fires them in
+    change and revert of the schedule, walked in the order a run fires them (`expand_schedule`): ``{at: 1s,
+    jitter: 100ms}`` on a 5 ms line passed. A revert restores what its entry's change found, as `Wan.apply` does."""
     state = {d: {"delay_s": spec.delay_s, "jitter_s": spec.jitter_s} for d, spec in dirs.items()}
     saved: dict[tuple[int, str], dict[str, float]] = {}
-    for t, i, revert in steps:
-        e = events[i]
-        changed = {k: v for k, v in e.changes if k in ("delay_s", "jitter_s")}
-        for d in e.directions:
-            if revert:
-                state[d].update(saved.pop((i, d), {}))
-            else:
-                saved[(i, d)] = {k: state[d][k] for k in changed}
+    for a in expand_schedule(events):
+        changed = {k: v for k, v in a.changes if k in ("delay_s", "jitter_s")}
+        for d in a.directions:
+            if a.kind == "revert":
+                state[d].update(saved.pop((a.event_index, d), {}))
+            elif a.kind == "change":
+                saved[(a.event_index, d)] = {k: state[d][k] for k in changed}
                 state[d].update(changed)
             delay, jitter = state[d]["delay_s"], state[d]["jitter_s"]
             if changed and jitter > delay and not dirs[d].reorder:
-                key = "for" if revert else ("jitter" if "jitter_s" in changed else "delay")
-                raise FieldError(f"{f.name('schedule')}[{i}].{key}", f"at {t:g}s {d}'s jitter {units.format_duration(jitter)} would be "
+                key = "for" if a.kind == "revert" else ("jitter" if "jitter_s" in changed else "delay")
+                raise FieldError(f"{f.name('schedule')}[{a.event_index}].{key}", f"at {a.at_s:g}s {d}'s jitter {units.format_duration(jitter)} would be "
                                  f"larger than its delay {units.format_duration(delay)}; with in-order delivery jitter must be "
                                  f"<= delay (or set reorder: true)", f.source)
 

@@ -28,12 +28,11 @@ from testbed import clock
 from testbed.errors import HostError
 from testbed.interrupts import raise_keyboard_interrupt
 from testbed.net import offloads, shaping, state
-from testbed.net.schedule import expand_schedule
 from testbed.net.telemetry import DEFAULT_PERIOD_S
 from testbed.net.wan import GatewayPort, Wan, resolve_backend
 from testbed.net.wanctl import ScheduleFeed, TelemetryFeed, WanControl
 from testbed.scale import Scale
-from testbed.scenario import DIRECTIONS, Scenario
+from testbed.scenario import DIRECTIONS, Scenario, expand_schedule
 
 DEFAULT_CAPACITY_BPS = 5e9
 HOST_TCP_MEM = "4096 131072 67108864"  # per-namespace TCP buffers: room for a 10 Gbps x 40 ms BDP

@@ -1,7 +1,8 @@
-"""The WAN schedule: scenario events -> timed actions (with reverts) -> a thread that fires them.
+"""The WAN schedule: the timed actions of `testbed.scenario.expand_schedule` -> a thread that fires them.
 
-`expand_schedule` is pure: an event with ``for`` becomes a change and a revert; ``down: 3s`` becomes a
-link-down and a link-up. The `ScheduleRunner` fires each action at t0 + at_s on the one clock
+The expansion is pure and lives with the scenario (an event with ``for`` becomes a change and a revert;
+``down: 3s`` becomes a link-down and a link-up), so the scenario's own checks walk the very timeline a run
+fires. The `ScheduleRunner` fires each action at t0 + at_s on the one clock
 (`testbed.clock.now_s`), t0 being `Network.start()`. A revert restores the values the changed fields
 had just before its event fired (later events keep the fields they changed themselves).
 
@@ -17,43 +18,11 @@ sleeper; then `apply` does a few netlink requests (and, for netem changes or lin
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from testbed import clock
 from testbed.net.telemetry import boost_thread_priority
-from testbed.scenario import ScheduleEvent
-
-
-@dataclass(frozen=True)
-class ScheduleAction:
-    at_s: float
-    event_index: int
-    directions: tuple[str, ...]
-    kind: str  # "change" | "revert" | "down" | "up"
-    changes: tuple[tuple[str, Any], ...] = ()
-
-    def describe(self) -> str:
-        what = ", ".join(f"{k}={_fmt(v)}" for k, v in self.changes) if self.changes else ""
-        return f"{self.kind} {'+'.join(self.directions)} {what}".strip()
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def expand_schedule(events: tuple[ScheduleEvent, ...] | list[ScheduleEvent]) -> list[ScheduleAction]:
-    """Events -> actions in time order; at equal times, the scenario's order is kept."""
-    actions: list[ScheduleAction] = []
-    for i, e in enumerate(events):
-        if e.down_s:
-            actions.append(ScheduleAction(e.at_s, i, e.directions, "down"))
-            actions.append(ScheduleAction(e.at_s + e.down_s, i, e.directions, "up"))
-        if e.changes:
-            actions.append(ScheduleAction(e.at_s, i, e.directions, "change", e.changes))
-            if e.for_s is not None:
-                actions.append(ScheduleAction(e.at_s + e.for_s, i, e.directions, "revert", e.changes))
-    return sorted(actions, key=lambda a: a.at_s)
+from testbed.scenario import ScheduleAction
 
 
 class ScheduleRunner:

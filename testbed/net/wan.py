@@ -22,9 +22,8 @@ from typing import Any, Callable, Protocol
 
 from testbed.errors import HostError
 from testbed.net import netem, shaping
-from testbed.net.schedule import ScheduleAction
 from testbed.scale import Scale
-from testbed.scenario import DIRECTIONS, LinkDirectionSpec, WanSpec
+from testbed.scenario import DIRECTIONS, LinkDirectionSpec, ScheduleAction, WanSpec
 
 Popen = Callable[[list[str]], subprocess.Popen]
 DOWN_COMMENT = "prfaas-wan-down"

@@ -38,10 +38,10 @@ from typing import Any, Callable
 
 from testbed import pythonpath
 from testbed.errors import HostError
-from testbed.net.schedule import ScheduleAction, ScheduleRunner
+from testbed.net.schedule import ScheduleRunner
 from testbed.net.telemetry import Telemetry, write_rows
 from testbed.net.wan import Wan, WanHandoff
-from testbed.scenario import DIRECTIONS
+from testbed.scenario import DIRECTIONS, ScheduleAction
 
 RT_PRIORITY = 10  # the delay lines' priority (testbed.net.delayline), above the neighbours' 5 (traffic/cross.py)
 START_TIMEOUT_S = 30.0

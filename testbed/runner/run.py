@@ -154,7 +154,7 @@ def _resolved(scenario: Scenario, plan: ServingPlan) -> Scenario:
 
 def _restart_schedule(net: Any, scenario: Scenario, start_s: float) -> None:
     """Run the scenario's WAN schedule from the workload's start (absolute `testbed.clock` time)."""
-    from testbed.net.schedule import expand_schedule
+    from testbed.scenario import expand_schedule
 
     if net.schedule is not None and scenario.wan.schedule:
         net.schedule.start(expand_schedule(scenario.wan.schedule), start_s)

@@ -8,8 +8,7 @@ import pytest
 from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss
 from testbed.net.emulation import Network
 from testbed.net.netem import netem_available
-from testbed.net.schedule import ScheduleAction
-from testbed.scenario import LossSpec
+from testbed.scenario import LossSpec, ScheduleAction
 from testbed.sections import parse_scenario
 
 DIRS = ("prfaas_to_pd", "pd_to_prfaas")

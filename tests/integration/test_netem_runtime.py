@@ -19,8 +19,7 @@ from scipy.stats import binom
 
 from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss, measure_udp_reordering
 from testbed.net.emulation import Network
-from testbed.net.schedule import ScheduleAction
-from testbed.scenario import LossSpec
+from testbed.scenario import LossSpec, ScheduleAction
 from testbed.sections import parse_scenario
 from topologies.two_dc import lan_ifname, wan_ifname
 

@@ -173,7 +173,8 @@ def test_the_schedule_thread_warms_its_netlink_path_before_its_first_action():
     import threading
 
     from testbed import clock
-    from testbed.net.schedule import ScheduleAction, ScheduleRunner
+    from testbed.net.schedule import ScheduleRunner
+    from testbed.scenario import ScheduleAction
 
     calls: list[tuple[str, int]] = []
     acts = [ScheduleAction(0.05, 0, ("prfaas_to_pd",), "change", (("rate_bps", 1e9),)),

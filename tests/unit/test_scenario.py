@@ -4,8 +4,7 @@ import pytest
 
 from testbed import units
 from testbed.errors import FieldError, UserError
-from testbed.net.schedule import expand_schedule
-from testbed.scenario import apply_overrides
+from testbed.scenario import apply_overrides, expand_schedule
 from testbed.sections import load_scenario, parse_scenario
 
 
@@ -303,3 +302,15 @@ def test_scheduled_jitter_larger_than_the_delay_is_refused_with_in_order_deliver
     assert exc.value.field == field
     assert parse_scenario(wan(schedule=schedule, reorder=True)).wan.schedule
     assert parse_scenario(wan(schedule=[{"at": "1s", "delay": "50ms", "jitter": "20ms", "for": "5s"}])).wan.schedule
+
+
+def test_the_jitter_check_walks_the_timeline_a_run_fires():
+    """At one instant an entry's revert fires before a later entry's change (`expand_schedule`): jitter 8 ms on the
+    10 ms line until 10 s, then the delay down to 5 ms at 10 s is never 8 ms of jitter on 5 ms of delay. The check
+    walked all changes before all reverts and refused it (until 2026-12-07)."""
+    schedule = [{"at": "5s", "jitter": "8ms", "for": "5s"}, {"at": "10s", "delay": "5ms"}]
+    kinds = [(a.at_s, a.kind) for a in expand_schedule(parse_scenario(wan(schedule=schedule)).wan.schedule)]
+    assert kinds == [(5.0, "change"), (10.0, "revert"), (10.0, "change")]
+    with pytest.raises(FieldError, match="with in-order delivery jitter must be <= delay") as exc:  # a second later, it is
+        parse_scenario(wan(schedule=[{"at": "5s", "jitter": "8ms", "for": "6s"}, {"at": "10s", "delay": "5ms"}]))
+    assert exc.value.field == "wan.schedule[1].delay"

@@ -4,10 +4,9 @@ current rate and the current round trip (both directions' delays), not the ones 
 from dataclasses import replace
 
 from testbed.net import shaping
-from testbed.net.schedule import expand_schedule
 from testbed.net.wan import Wan
 from testbed.scale import Scale
-from testbed.scenario import DIRECTIONS
+from testbed.scenario import DIRECTIONS, expand_schedule
 from testbed.sections import load_scenario
 from testbed.units import parse_queue
 
