@@ -78,6 +78,7 @@ class Network:
         self.backend, self.backend_reason = "", ""
         self.offloads: offloads.OffloadDecision | None = None
         self.addresses: dict[str, str] = {}
+        self.datacenters: dict[str, str] = {}  # host -> "prfaas" | "pd" (`topologies.two_dc.addressing`)
         self.udp_undelayed: list[str] = []  # open-loop UDP flows that skip the delay line (`pass_open_loop_udp`)
         self._listeners: list[Callable[[dict], None]] = []
         self._procs: list[subprocess.Popen] = []
@@ -121,7 +122,8 @@ class Network:
 
         setLogLevel("warning")
         topo_spec = self.scenario.topology
-        self.addresses = addressing(topo_spec).ips
+        addr = addressing(topo_spec)
+        self.addresses, self.datacenters = addr.ips, addr.datacenter
         with state.locked():
             self.tag = state.claim_tag(self.tag, _root_links())
             self._state_file = state.state_path(os.getpid(), self.tag)
@@ -322,10 +324,11 @@ class Network:
         nothing it does to the WAN (`Wan.pass_open_loop_udp`); recorded in `describe()`. Returns whether it skips."""
         if self.wan is None:
             raise HostError("the network is not running")
-        src_dc, dst_dc = (h.split("-", 1)[0] for h in (src_host, dst_host))
-        if {src_dc, dst_dc} != {"prfaas", "pd"}:
+        src_ip, _ = self.host_ip(src_host), self.host_ip(dst_host)  # hosts of this network, or the error naming them
+        src_dc, dst_dc = self.datacenters[src_host], self.datacenters[dst_host]
+        if src_dc == dst_dc:
             return False  # within one datacenter: no WAN on its path
-        if self.wan.pass_open_loop_udp(f"{src_dc}_to_{dst_dc}", self.host_ip(src_host), dport):
+        if self.wan.pass_open_loop_udp(f"{src_dc}_to_{dst_dc}", src_ip, dport):
             self.udp_undelayed.append(f"{src_host} -> {dst_host}:{dport}")
             return True
         return False

@@ -5,6 +5,7 @@ Bounds are loose sanity bounds (a shared 2-core host); the tight figures are ben
 
 import pytest
 
+from testbed.errors import HostError
 from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss
 from testbed.net.emulation import Network
 from testbed.net.netem import netem_available
@@ -120,6 +121,8 @@ def test_an_open_loop_udp_flow_skips_the_delay_line_but_not_the_link(net):
     assert passed - before < 30, (before, passed)  # the passed flow: none of its 300 through the line
     assert delayed - passed >= 300, (passed, delayed)  # another port: every datagram through the line
     assert not net.pass_open_loop_udp("prfaas-p0", "prfaas-p0", 5392)  # no WAN between a datacenter's own hosts
+    with pytest.raises(HostError, match="no host 'prfaas-x9'"):  # the datacenter comes from the topology, not the name
+        net.pass_open_loop_udp("prfaas-x9", "pd-d0", 5393)
     net.wan.apply(ScheduleAction(0, 96, ("prfaas_to_pd",), "down"))
     try:
         rules = net.run("prfaas-gw", ["iptables-legacy", "-S", "FORWARD"]).stdout.splitlines()
