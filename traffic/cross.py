@@ -194,6 +194,13 @@ def parse_cross_traffic_section(f: Fields) -> CrossTrafficSpec:
     return spec
 
 
+def cross_traffic_rates(spec: CrossTrafficSpec) -> list[tuple[str, float]]:
+    """Every flow's rates, named by field: what the scenario's `scale` divides onto the wire (`Section.rates`)."""
+    rates = [(f"cross_traffic.flows[{i}].rate", f.rate_bps) for i, f in enumerate(spec.flows) if f.rate_bps is not None]
+    return rates + [(f"cross_traffic.flows[{i}].schedule[{j}].rate", r) for i, f in enumerate(spec.flows)
+                    for j, (_, r) in enumerate(f.schedule) if r is not None]
+
+
 def check_cross_traffic(scenario: Scenario) -> None:
     """Every flow's endpoints are hosts of the topology (``prfaas-x<i>`` needs topology.prfaas.cross > i): a flow on
     a host the topology lacks passed `prfaas check` and failed the run once its network was up."""
