@@ -25,7 +25,7 @@ from typing import Any
 
 
 from testbed.errors import FieldError, UserError
-from testbed.validation import Fields, positive_int, read_yaml
+from testbed.validation import Fields, path_name, positive_int, read_yaml
 
 # metric -> True when higher is better, False when lower is better, None when it has no direction
 DEFAULT_METRICS: dict[str, bool | None] = {
@@ -111,6 +111,10 @@ def parse_spec(data: Any, source: str | None = None, base_dir: Path | None = Non
     for arm_name, ov in raw_arms.items():
         if not NAME_RE.match(str(arm_name)):
             raise f.error(f"arms.{arm_name}", "an arm name may hold letters, digits and _ . + - only")
+        try:
+            path_name(str(arm_name), "its runs' directory DIR/runs/<arm>")
+        except ValueError as exc:
+            raise f.error("arms", str(exc)) from None
         arms.append(Arm(str(arm_name), _overrides(ov, f"arms.{arm_name}", source)))
     seeds = f.get("seeds", _seeds, (1,))
     reps = f.get("repetitions", positive_int, 1)

@@ -21,7 +21,7 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, positive_int, read_yaml, text
+from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, path_name, positive_int, read_yaml, text
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -337,13 +337,10 @@ class Section:
 
 
 def scenario_name(v: Any) -> str:
-    """A plain name (a whole number reads as one): it names the run's directory, runs/<name>-<time>. Any value
-    passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]", ``name: ../../x`` wrote its run two levels up."""
-    name = text(str(v) if isinstance(v, int) and not isinstance(v, bool) else v)
-    if "/" in name or "\\" in name or "\0" in name or name in (".", ".."):
-        raise ValueError(f"{name!r} is not a plain name (it names the run's directory runs/<name>-<time>); "
-                         "use letters, digits, '-', '_' or '.', without '/'")
-    return name
+    """A plain name (a whole number reads as one): it names the run's directory, runs/<name>-<time> (`path_name`:
+    without '/', at most `MAX_NAME_BYTES`). Any value passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]",
+    ``name: ../../x`` wrote its run two levels up."""
+    return path_name(text(str(v) if isinstance(v, int) and not isinstance(v, bool) else v), "the run's directory runs/<name>-<time>")
 
 
 def parse_scale(v: Any) -> float | str:

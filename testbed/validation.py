@@ -15,11 +15,17 @@ from typing import Any, Callable, TypeVar
 from testbed import units
 from testbed.errors import FieldError, UserError
 
-__all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml", "mapping", "non_negative", "number",
-           "option", "path_exists", "path_is_file", "positive_int", "positive_number", "string", "text"]
+__all__ = ["MAX_NAME_BYTES", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml", "mapping", "non_negative",
+           "number", "option", "path_exists", "path_is_file", "path_name", "positive_int", "positive_number", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
+# The longest name that a file's or directory's name is built from (a scenario's, an experiment arm's, a cross-traffic
+# flow's): 200 bytes of UTF-8. A file or directory name is at most 255 bytes (NAME_MAX on ext4, xfs, btrfs, tmpfs); the
+# most the testbed adds to one is 16 bytes to a scenario's (the run directory runs/<name>-YYYYmmdd-HHMMSS) and
+# ".<period>.server.json" to a flow's (its iperf3 logs), so 200 leaves room for both and a later suffix. A
+# 300-character scenario name passed `prfaas check`, then `prfaas run` died on OSError "File name too long" (2026-12-07).
+MAX_NAME_BYTES = 200
 
 
 class Fields:
@@ -98,6 +104,21 @@ def positive_int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{v!r} is not a whole number >= 0")
     return v
+
+
+def path_name(name: str, names: str) -> str:
+    """`name` when it can be (part of) one file's or directory's name, which `names` says (for the message): no '/',
+    '\\' or NUL, not '.' or '..', Unicode text (no lone surrogate) and at most `MAX_NAME_BYTES` bytes of UTF-8."""
+    if "/" in name or "\\" in name or "\0" in name or name in (".", ".."):
+        raise ValueError(f"{name!r} is not a plain name (it names {names}); use letters, digits, '-', '_' or '.', without '/'")
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        raise ValueError(f"{name!r} is not valid Unicode text (a lone surrogate); it names {names}") from None
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"{name[:24]!r}... is {size} bytes long; a name is at most {MAX_NAME_BYTES} bytes (it names {names}, "
+                         "and a file or directory name is at most 255)")
+    return name
 
 
 def boolean(v: Any) -> bool:

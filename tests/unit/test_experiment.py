@@ -47,6 +47,15 @@ def test_spec_reads_arms_seeds_and_pairs_and_names_bad_fields():
             parse_spec({**SPEC, **bad}, "s.yaml")
 
 
+def test_an_arm_name_is_at_most_200_bytes_as_it_names_a_directory():
+    """An arm's runs go to DIR/runs/<arm>/: a 300-character arm name was an OSError at the first run."""
+    assert parse_spec({**SPEC, "arms": {"a" * 200: {}}, "baseline": None}).arms[0].name == "a" * 200
+    with pytest.raises(UserError) as exc:
+        parse_spec({**SPEC, "arms": {"a" * 201: {}}, "baseline": None}, "s.yaml")
+    assert str(exc.value) == ("s.yaml: arms: 'aaaaaaaaaaaaaaaaaaaaaaaa'... is 201 bytes long; a name is at most 200 bytes (it names its "
+                              "runs' directory DIR/runs/<arm>, and a file or directory name is at most 255)")
+
+
 def test_experiment_writes_one_row_per_run_and_paired_comparisons_then_resumes(tmp_path):
     ex = Synthetic()
     res = run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
