@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from testbed import rundir
 from testbed.atomic import make_dirs
 from testbed.errors import UserError
-from testbed.validation import at_least_one, option, positive_int, positive_number
+from testbed.validation import at_least_one, option, positive_int, positive_number, random_seed
 
 KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
 
@@ -76,7 +76,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="then test the order of each two configurations adjacent by Lambda_max: both at the geometric mean "
                         "of theirs on N seeds the searches did not run, McNemar's exact test (docs/experiments.md, "
                         "'Paired order'; N >= 6, 10-12 to see a clear order)")
-    r.add_argument("--paired-from", type=option(positive_int, whole=True), metavar="SEED",
+    r.add_argument("--paired-from", type=option(random_seed, whole=True), metavar="SEED",
                    help="the paired test's first seed (default: the one after the searches' seeds); a second test of "
                         "the same pair starts after the first one's seeds (an overlap is refused) and is a second look: "
                         "with k tests of a pair an order needs p < 0.05 / k (the report says so)")

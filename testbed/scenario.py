@@ -21,7 +21,7 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, path_name, positive_int, read_yaml, text
+from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, path_name, positive_int, random_seed, read_yaml, text
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -417,7 +417,7 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
     name = f.get("name", scenario_name, Path(source).stem if source else "scenario")
     sc = Scenario(
         name=name,
-        seed=f.get("seed", positive_int, 1),
+        seed=f.get("seed", random_seed, 1),
         scale=f.get("scale", parse_scale, 1.0),
         duration_s=f.get("duration", lambda v: units.parse_duration_s(v, allow_zero=False), 60.0),
         topology=parse_topology(f.section("topology")),

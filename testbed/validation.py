@@ -15,8 +15,8 @@ from typing import Any, Callable, TypeVar
 from testbed import units
 from testbed.errors import FieldError, UserError
 
-__all__ = ["MAX_NAME_BYTES", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml", "mapping", "non_negative",
-           "number", "option", "path_exists", "path_is_file", "path_name", "positive_int", "positive_number", "string", "text"]
+__all__ = ["MAX_NAME_BYTES", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml", "mapping", "non_negative",
+           "number", "option", "path_exists", "path_is_file", "path_name", "positive_int", "positive_number", "random_seed", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -26,6 +26,14 @@ REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be
 # ".<period>.server.json" to a flow's (its iperf3 logs), so 200 leaves room for both and a later suffix. A
 # 300-character scenario name passed `prfaas check`, then `prfaas run` died on OSError "File name too long" (2026-12-07).
 MAX_NAME_BYTES = 200
+# The largest random seed: 2**32 - 1, a range every consumer of a seed takes with the offsets the testbed adds (a WAN
+# direction's delay line seed + 1 and + 2, a profiling batch's seed + i): random.Random and numpy's SeedSequence take any
+# whole number >= 0, torch.manual_seed one below 2**64 (past it "Overflow when unpacking long long": `seed: 10**400`
+# passed the scenario reader and failed a torch run's workers, 2026-12-07), numpy's legacy RandomState one below 2**32,
+# an int64 parquet column (an experiment's `seed`) one below 2**63, and JSON read by a browser is exact below 2**53.
+# 4.29 billion seeds are more than any experiment runs. Scenarios, workload and model sections, experiment specs and
+# every --seed option read a seed with `random_seed`.
+MAX_SEED = 2**32 - 1
 
 
 class Fields:
@@ -103,6 +111,14 @@ class Fields:
 def positive_int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{v!r} is not a whole number >= 0")
+    return v
+
+
+def random_seed(v: Any) -> int:
+    """A random seed: a whole number from 0 to `MAX_SEED` (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SEED:
+        shown = f"a {len(str(abs(v)))}-digit number" if isinstance(v, int) and abs(v) >= 10**20 else repr(v)
+        raise ValueError(f"{shown} is not a seed; use a whole number from 0 to {MAX_SEED} (2**32 - 1)")
     return v
 
 

@@ -121,6 +121,11 @@ def test_the_seeds_are_ones_the_searches_did_not_run_and_fewer_than_six_are_refu
         cp.fresh_seeds(3, 6, first=3)
     with pytest.raises(ValueError, match="at least 6 .* cannot reach p < 0.05"):
         cp.fresh_seeds(3, 5)
+    assert cp.fresh_seeds(3, 6, first=2**32 - 6)[-1] == 2**32 - 1  # the last seed any reader takes (`validation.MAX_SEED`)
+    with pytest.raises(ValueError) as exc:
+        cp.fresh_seeds(3, 6, first=2**32 - 5)
+    assert str(exc.value) == ("seeds 4294967291..4294967296: a seed is at most 4294967295 (2**32 - 1, `validation.MAX_SEED`); "
+                              "start at 4294967290 or lower")
 
 
 def test_the_cli_refuses_a_paired_test_it_cannot_run_before_any_run(monkeypatch, tmp_path):
@@ -148,6 +153,22 @@ def test_the_cli_refuses_a_paired_test_it_cannot_run_before_any_run(monkeypatch,
     args.paired, args.paired_from = 0, 10
     with pytest.raises(UserError, match="--paired-from 10: .* add --paired N"):
         commands.cmd_reproduce(args)
+
+
+def test_a_paired_from_past_the_largest_seed_is_refused_when_the_options_are_read(tmp_path, capsys, monkeypatch):
+    from experiments import reproduce
+    from testbed.cli import main
+
+    def must_not_run(*a, **kw):
+        raise AssertionError("a refused --paired-from must not start the reproduction")
+
+    monkeypatch.setattr(reproduce, "reproduce_case_study", must_not_run)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", "case-study", "--paired", "6", "--paired-from", str(10**30)])
+    assert exit_.value.code == 2 and not any(tmp_path.iterdir())
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("prfaas reproduce: error: argument --paired-from: a 31-digit number is "
+                                                                "not a seed; use a whole number from 0 to 4294967295 (2**32 - 1)")
 
 
 def test_the_report_prints_each_paired_order_in_words_from_the_json(monkeypatch, tmp_path, capsys):
