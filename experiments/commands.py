@@ -267,8 +267,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise UserError(f"--only {args.only!r}: choose from {', '.join(CONFIGURATIONS)}")
     if args.paired_from is not None and not args.paired:
         raise UserError(f"--paired-from {args.paired_from}: it names the first seed of a paired test; add --paired N")
-    out = make_dirs(Path(args.out) if args.out else _default_out("reproduce-case-study"))  # before the plan
-    if args.paired:
+    out = Path(args.out) if args.out else _default_out("reproduce-case-study")
+    if args.paired:  # checked before the folder is made: a refused invocation left an empty runs/reproduce-case-study-<time>
         from experiments.capacity_paired import check_seed_count
         from experiments.reproduce import paired_test_seeds
 
@@ -282,6 +282,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
         except ValueError as e:
             raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
+    make_dirs(out)  # before the plan, after every refusal
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
                                executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop,
                                paired_seeds=args.paired, paired_from=args.paired_from)

@@ -155,6 +155,29 @@ def test_the_cli_refuses_a_paired_test_it_cannot_run_before_any_run(monkeypatch,
         commands.cmd_reproduce(args)
 
 
+def test_a_refused_paired_test_leaves_no_folder_behind(monkeypatch, tmp_path):
+    """The output folder was made before the paired checks: a refused --paired-from left an empty
+    runs/reproduce-case-study-<time> (or the --out folder) behind."""
+    from experiments import commands, reproduce
+    from testbed.errors import UserError
+
+    monkeypatch.setattr(reproduce, "reproduce_case_study", lambda *a, **kw: pytest.fail("a refused --paired must not start the reproduction"))
+    monkeypatch.chdir(tmp_path)
+    for out in (None, str(tmp_path / "named")):
+        args = argparse.Namespace(only="homogeneous_pd,prfaas_pd", repetitions=None, out=out, quick=True, executor="local",
+                                  json=False, no_early_stop=False, paired=6, paired_from=2)  # quick searches ran seeds 1..2
+        with pytest.raises(UserError) as exc:
+            commands.cmd_reproduce(args)
+        assert str(exc.value) == ("--paired-from 2: first seed 2: the searches ran seeds 1..2; a paired test needs seeds they did "
+                                  "not run (from 3)")
+        args.paired_from = None
+        args.only = "homogeneous_pd"
+        with pytest.raises(UserError) as exc:
+            commands.cmd_reproduce(args)
+        assert str(exc.value) == "--paired 6: the order test needs two configurations, --only names 1"
+        assert list(tmp_path.iterdir()) == []
+
+
 def test_a_paired_from_past_the_largest_seed_is_refused_when_the_options_are_read(tmp_path, capsys, monkeypatch):
     from experiments import reproduce
     from testbed.cli import main
