@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from experiments.capacity import RunVerdict
+from testbed.validation import MAX_SEED
 
 Evaluate = Callable[[float, Sequence[int]], list[RunVerdict]]
 ALPHA = 0.05
@@ -63,6 +64,9 @@ def fresh_seeds(search_repetitions: int, n: int, first: int | None = None) -> li
     if first <= search_repetitions:
         raise ValueError(f"first seed {first}: the searches ran seeds 1..{search_repetitions}; a paired test needs "
                          f"seeds they did not run (from {search_repetitions + 1})")
+    if first + n - 1 > MAX_SEED:
+        raise ValueError(f"seeds {first}..{first + n - 1}: a seed is at most {MAX_SEED} (2**32 - 1, `validation.MAX_SEED`); "
+                         f"start at {MAX_SEED - n + 1} or lower")
     return list(range(first, first + n))
 
 

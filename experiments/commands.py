@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from testbed import rundir
 from testbed.atomic import make_dirs
 from testbed.errors import UserError
-from testbed.validation import at_least_one, option, positive_int, positive_number
+from testbed.validation import at_least_one, option, positive_int, positive_number, random_seed
 
 KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
 
@@ -76,7 +76,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="then test the order of each two configurations adjacent by Lambda_max: both at the geometric mean "
                         "of theirs on N seeds the searches did not run, McNemar's exact test (docs/experiments.md, "
                         "'Paired order'; N >= 6, 10-12 to see a clear order)")
-    r.add_argument("--paired-from", type=option(positive_int, whole=True), metavar="SEED",
+    r.add_argument("--paired-from", type=option(random_seed, whole=True), metavar="SEED",
                    help="the paired test's first seed (default: the one after the searches' seeds); a second test of "
                         "the same pair starts after the first one's seeds (an overlap is refused) and is a second look: "
                         "with k tests of a pair an order needs p < 0.05 / k (the report says so)")
@@ -267,8 +267,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise UserError(f"--only {args.only!r}: choose from {', '.join(CONFIGURATIONS)}")
     if args.paired_from is not None and not args.paired:
         raise UserError(f"--paired-from {args.paired_from}: it names the first seed of a paired test; add --paired N")
-    out = make_dirs(Path(args.out) if args.out else _default_out("reproduce-case-study"))  # before the plan
-    if args.paired:
+    out = Path(args.out) if args.out else _default_out("reproduce-case-study")
+    if args.paired:  # checked before the folder is made: a refused invocation left an empty runs/reproduce-case-study-<time>
         from experiments.capacity_paired import check_seed_count
         from experiments.reproduce import paired_test_seeds
 
@@ -282,6 +282,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
         except ValueError as e:
             raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
+    make_dirs(out)  # before the plan, after every refusal
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
                                executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop,
                                paired_seeds=args.paired, paired_from=args.paired_from)

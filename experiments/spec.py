@@ -25,7 +25,7 @@ from typing import Any
 
 
 from testbed.errors import FieldError, UserError
-from testbed.validation import Fields, positive_int, read_yaml
+from testbed.validation import Fields, path_name, positive_int, random_seed, read_yaml
 
 # metric -> True when higher is better, False when lower is better, None when it has no direction
 DEFAULT_METRICS: dict[str, bool | None] = {
@@ -87,11 +87,16 @@ def _seeds(value: Any) -> tuple[int, ...]:
     if isinstance(value, int):
         if value < 1:
             raise ValueError(f"{value} must be >= 1")
+        try:
+            random_seed(value)
+        except ValueError as exc:
+            raise ValueError(f"a count runs seeds 1 to the count, and {exc}") from None
         return tuple(range(1, value + 1))
-    if isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
-        if len(set(value)) != len(value):
+    if isinstance(value, list) and value:
+        seeds = tuple(random_seed(s) for s in value)  # a seed of every run's scenario, read as the scenario reads it
+        if len(set(seeds)) != len(seeds):
             raise ValueError("seeds repeat; use repetitions to run a seed again")
-        return tuple(value)
+        return seeds
     raise ValueError("give a count (e.g. 3) or a list of whole numbers >= 0 (e.g. [1, 2])")
 
 
@@ -111,6 +116,10 @@ def parse_spec(data: Any, source: str | None = None, base_dir: Path | None = Non
     for arm_name, ov in raw_arms.items():
         if not NAME_RE.match(str(arm_name)):
             raise f.error(f"arms.{arm_name}", "an arm name may hold letters, digits and _ . + - only")
+        try:
+            path_name(str(arm_name), "its runs' directory DIR/runs/<arm>")
+        except ValueError as exc:
+            raise f.error("arms", str(exc)) from None
         arms.append(Arm(str(arm_name), _overrides(ov, f"arms.{arm_name}", source)))
     seeds = f.get("seeds", _seeds, (1,))
     reps = f.get("repetitions", positive_int, 1)

@@ -21,7 +21,7 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, positive_int, read_yaml, text
+from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, path_name, positive_int, random_seed, read_yaml, text
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -362,16 +362,15 @@ class Section:
     key: str
     parse: Callable[[Fields], Any]
     check: Callable[["Scenario"], None] | None = None
+    # the section's rates that `scale` divides onto the wire, each named by its field (`Scenario.check_wire_rates`)
+    rates: Callable[[Any], Sequence[tuple[str, float]]] | None = None
 
 
 def scenario_name(v: Any) -> str:
-    """A plain name (a whole number reads as one): it names the run's directory, runs/<name>-<time>. Any value
-    passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]", ``name: ../../x`` wrote its run two levels up."""
-    name = text(str(v) if isinstance(v, int) and not isinstance(v, bool) else v)
-    if "/" in name or "\\" in name or "\0" in name or name in (".", ".."):
-        raise ValueError(f"{name!r} is not a plain name (it names the run's directory runs/<name>-<time>); "
-                         "use letters, digits, '-', '_' or '.', without '/'")
-    return name
+    """A plain name (a whole number reads as one): it names the run's directory, runs/<name>-<time> (`path_name`:
+    without '/', at most `MAX_NAME_BYTES`). Any value passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]",
+    ``name: ../../x`` wrote its run two levels up."""
+    return path_name(text(str(v) if isinstance(v, int) and not isinstance(v, bool) else v), "the run's directory runs/<name>-<time>")
 
 
 def parse_scale(v: Any) -> float | str:
@@ -394,16 +393,45 @@ class Scenario:
     sections: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     source: str | None = None
+    section_rates: tuple[tuple[str, float], ...] = field(default=(), compare=False, repr=False)  # `Section.rates`
 
     def section(self, key: str) -> Any:
         """A typed section (``model``, ``workload``, ...) or None when the file has none."""
         return self.sections.get(key)
 
+    def wire_rates(self) -> list[tuple[str, float]]:
+        """Every rate `scale` divides onto the wire, named: the WAN's (each direction's, each scheduled one), the
+        LAN's, and the sections' (`Section.rates`: cross traffic)."""
+        rates = [(f"the {d} WAN rate", self.wan.direction(d).rate_bps) for d in DIRECTIONS]
+        rates += [(f"wan.schedule[{i}].rate", v) for i, e in enumerate(self.wan.schedule) for k, v in e.changes if k == "rate_bps"]
+        if self.topology.lan_rate_bps:
+            rates.append(("topology.lan_rate", self.topology.lan_rate_bps))
+        return rates + list(self.section_rates)
+
+    def check_wire_rates(self, scale: Scale, said: str, auto: bool = False) -> None:
+        """Refuse a scale that puts a rate below `units.MIN_WIRE_RATE_BPS` on the wire (`said`: the scale as the
+        error shows it; `auto`: resolved from the host's capacity): ``scale: 1e30`` ran a 100 Gbps WAN at 1e-19 bit/s,
+        past what the kernel's shaper can take."""
+        name, lowest = min(self.wire_rates(), key=lambda r: r[1])
+        wire = scale.wire_bps(lowest)
+        if wire < units.MIN_WIRE_RATE_BPS:
+            most = math.floor(lowest / units.MIN_WIRE_RATE_BPS)
+            raise_it = f", or raise that rate to {units.format_rate(units.MIN_WIRE_RATE_BPS * scale.factor)} or more" if auto else ""
+            raise FieldError("scale", f"{said} puts {name}, {units.format_rate(lowest)}, at {wire:.9g} bps on the wire, below "
+                             f"8 Kbps, the lowest rate the wire can be shaped at; use a scale of at most {most} (that rate / "
+                             f"8 Kbps){raise_it}", self.source)
+
     def resolve_scale(self, capacity_bps: float) -> Scale:
-        """`scale: auto` -> the smallest S >= 1 with every scheduled WAN rate / S <= the host's capacity."""
+        """`scale: auto` -> the smallest S >= 1 with every scheduled WAN rate / S <= the host's capacity. Either way
+        no rate may fall below the lowest wire rate (`check_wire_rates`)."""
         if self.scale != "auto":
-            return Scale(float(self.scale))
-        return Scale(max(1.0, math.ceil(self.wan.max_rate_bps / capacity_bps)))
+            scale = Scale(float(self.scale))
+            self.check_wire_rates(scale, f"{scale.factor:.12g}")
+            return scale
+        scale = Scale(max(1.0, math.ceil(self.wan.max_rate_bps / capacity_bps)))
+        said = f"auto (here {scale.factor:.12g}, for a host capacity of {units.format_rate(capacity_bps)})"
+        self.check_wire_rates(scale, said, auto=True)
+        return scale
 
     def with_scale(self, scale: Scale | float) -> "Scenario":
         factor = Scale.of(scale).factor
@@ -419,7 +447,7 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
     name = f.get("name", scenario_name, Path(source).stem if source else "scenario")
     sc = Scenario(
         name=name,
-        seed=f.get("seed", positive_int, 1),
+        seed=f.get("seed", random_seed, 1),
         scale=f.get("scale", parse_scale, 1.0),
         duration_s=f.get("duration", lambda v: units.parse_duration_s(v, allow_zero=False), 60.0),
         topology=parse_topology(f.section("topology")),
@@ -435,6 +463,10 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
     for s in sections:
         if s.check is not None and s.key in sc.sections:
             s.check(sc)
+    sc = replace(sc, section_rates=tuple(r for s in sections if s.rates is not None and s.key in sc.sections
+                                         for r in s.rates(sc.sections[s.key])))
+    if sc.scale != "auto":  # the wire rates at this scale (`check_wire_rates`); `auto`'s once a host's capacity resolves it
+        sc.resolve_scale(0.0)
     return sc
 
 

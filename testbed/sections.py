@@ -1,7 +1,7 @@
 """Every scenario section beyond the network, with the package that owns it; whole scenarios are read here.
 
 `SECTIONS` is the one table: a new section is a line here naming its owner's parser (and, if it has
-one, its check across sections). `load_scenario` / `parse_scenario` read a whole scenario with it;
+one, its check across sections, and the rates `scale` divides onto the wire). `load_scenario` / `parse_scenario` read a whole scenario with it;
 `testbed.scenario` (the network schema, `Scenario`) stays below the packages that own sections.
 """
 
@@ -13,7 +13,7 @@ from testbed.models.spec import parse_model_section
 from testbed.scenario import Scenario, Section, read_scenario, read_scenario_file
 from testbed.serving.config import check_scenario, parse_serving_section
 from testbed.serving.policy import parse_policy_section
-from traffic.cross import check_cross_traffic, parse_cross_traffic_section
+from traffic.cross import check_cross_traffic, cross_traffic_rates, parse_cross_traffic_section
 from traffic.workload import check_workload, parse_workload_section
 
 SECTIONS: tuple[Section, ...] = (
@@ -21,7 +21,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("workload", parse_workload_section, check=check_workload),
     Section("policy", parse_policy_section),
     Section("serving", parse_serving_section, check=check_scenario),
-    Section("cross_traffic", parse_cross_traffic_section, check=check_cross_traffic),
+    Section("cross_traffic", parse_cross_traffic_section, check=check_cross_traffic, rates=cross_traffic_rates),
 )
 
 

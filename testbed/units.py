@@ -33,6 +33,14 @@ TOKEN_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
 # 1e30 before (`duration: 1e30s` was "valid" until the workload refused it at run time; 2026-12-06).
 MAX_DURATION_S = 7 * 24 * 3600.0
 MAX_RATE_BPS = 1e15
+# The lowest rate the wire may be shaped or paced at: 8 Kbps (1000 bytes/s). Every rate of a scenario is one the wire
+# carries (divided by `scale`), so it is the lowest a rate may be, and `scale` may not take one below it. tc hands the
+# kernel a shaper's burst as a 32-bit count of 64-ns ticks (at most ~275 s), and the shaper's smallest burst (two
+# 64 KiB GSO packets, `testbed.net.shaping.MIN_BURST_BYTES`) lasts longer than that below 3.82 Kbps: HTB and TBF both
+# failed to install there (pyroute2: "'I' format requires 0 <= number <= 4294967295"), and below 8 bit/s the rate is
+# 0 bytes/s, tc's unit. iperf3 (cross traffic) reads a rate under 1 bit/s as 0, unlimited. 8 Kbps is twice the burst
+# bound and a whole number of bytes/s. `scale: 1e30` put a 100 Gbps WAN at 1e-19 bit/s and passed (2026-12-07).
+MIN_WIRE_RATE_BPS = 8e3
 # The most tokens a count may be: 16M, past any model's context (the longest published is ~10M) and still a small
 # number for the arrays a workload draws. `workload.input: 1e30` was a numpy OverflowError traceback, a 10**30-token
 # uniform range another, and `policy.threshold: 1e30` passed (2026-12-06).
@@ -82,6 +90,8 @@ def parse_rate_bps(text: object) -> float:
     bps = value * RATE_UNITS[unit]
     if bps <= 0:
         raise ValueError(f"{text!r} must be positive; use {RATE_HELP}")
+    if bps < MIN_WIRE_RATE_BPS:
+        raise ValueError(f"{text!r} is less than 8Kbps, the lowest rate the wire can be shaped at; use 8Kbps or more")
     if bps > MAX_RATE_BPS:
         raise ValueError(f"{text!r} is more than 1000Tbps, past any network link; use {RATE_HELP}")
     return bps

@@ -15,11 +15,25 @@ from typing import Any, Callable, TypeVar
 from testbed import units
 from testbed.errors import FieldError, UserError
 
-__all__ = ["REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml", "mapping", "non_negative", "number",
-           "option", "path_exists", "path_is_file", "positive_int", "positive_number", "string", "text"]
+__all__ = ["MAX_NAME_BYTES", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml", "mapping", "non_negative",
+           "number", "option", "path_exists", "path_is_file", "path_name", "positive_int", "positive_number", "random_seed", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
+# The longest name that a file's or directory's name is built from (a scenario's, an experiment arm's, a cross-traffic
+# flow's): 200 bytes of UTF-8. A file or directory name is at most 255 bytes (NAME_MAX on ext4, xfs, btrfs, tmpfs); the
+# most the testbed adds to one is 16 bytes to a scenario's (the run directory runs/<name>-YYYYmmdd-HHMMSS) and
+# ".<period>.server.json" to a flow's (its iperf3 logs), so 200 leaves room for both and a later suffix. A
+# 300-character scenario name passed `prfaas check`, then `prfaas run` died on OSError "File name too long" (2026-12-07).
+MAX_NAME_BYTES = 200
+# The largest random seed: 2**32 - 1, a range every consumer of a seed takes with the offsets the testbed adds (a WAN
+# direction's delay line seed + 1 and + 2, a profiling batch's seed + i): random.Random and numpy's SeedSequence take any
+# whole number >= 0, torch.manual_seed one below 2**64 (past it "Overflow when unpacking long long": `seed: 10**400`
+# passed the scenario reader and failed a torch run's workers, 2026-12-07), numpy's legacy RandomState one below 2**32,
+# an int64 parquet column (an experiment's `seed`) one below 2**63, and JSON read by a browser is exact below 2**53.
+# 4.29 billion seeds are more than any experiment runs. Scenarios, workload and model sections, experiment specs and
+# every --seed option read a seed with `random_seed`.
+MAX_SEED = 2**32 - 1
 
 
 class Fields:
@@ -98,6 +112,29 @@ def positive_int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{v!r} is not a whole number >= 0")
     return v
+
+
+def random_seed(v: Any) -> int:
+    """A random seed: a whole number from 0 to `MAX_SEED` (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SEED:
+        shown = f"a {len(str(abs(v)))}-digit number" if isinstance(v, int) and abs(v) >= 10**20 else repr(v)
+        raise ValueError(f"{shown} is not a seed; use a whole number from 0 to {MAX_SEED} (2**32 - 1)")
+    return v
+
+
+def path_name(name: str, names: str) -> str:
+    """`name` when it can be (part of) one file's or directory's name, which `names` says (for the message): no '/',
+    '\\' or NUL, not '.' or '..', Unicode text (no lone surrogate) and at most `MAX_NAME_BYTES` bytes of UTF-8."""
+    if "/" in name or "\\" in name or "\0" in name or name in (".", ".."):
+        raise ValueError(f"{name!r} is not a plain name (it names {names}); use letters, digits, '-', '_' or '.', without '/'")
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        raise ValueError(f"{name!r} is not valid Unicode text (a lone surrogate); it names {names}") from None
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"{name[:24]!r}... is {size} bytes long; a name is at most {MAX_NAME_BYTES} bytes (it names {names}, "
+                         "and a file or directory name is at most 255)")
+    return name
 
 
 def boolean(v: Any) -> bool:

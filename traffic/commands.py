@@ -11,7 +11,7 @@ from typing import Any
 
 from testbed import units
 from testbed.errors import UserError
-from testbed.validation import Fields, option, positive_int, read_yaml
+from testbed.validation import Fields, option, random_seed, read_yaml
 from testbed.scenario import apply_overrides, find_scenario
 from testbed.sections import load_scenario
 from testbed.blocks import BLOCK_TOKENS
@@ -32,7 +32,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     g.add_argument("source", metavar="SCENARIO_OR_SPEC", help="a scenario (name or file) with a workload: section, or a YAML file holding only a workload section")
     g.add_argument("--out", required=True, metavar="FILE", help="output JSONL file")
     g.add_argument("--duration", metavar="TIME", help="e.g. 10min (default: the scenario's duration, else 60s)")
-    g.add_argument("--seed", type=option(positive_int, whole=True), help="default: the scenario's seed, else 1")
+    g.add_argument("--seed", type=option(random_seed, whole=True), help="default: the scenario's seed, else 1")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field")
     g.set_defaults(func=cmd_generate)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

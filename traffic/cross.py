@@ -26,7 +26,7 @@ from testbed.rundir import CROSS_TRAFFIC_FILE, cross_traffic_frame
 from testbed.scale import Scale
 from testbed.errors import FieldError
 from testbed.scenario import DIRECTIONS, Scenario
-from testbed.validation import Fields, positive_int, text
+from testbed.validation import Fields, path_name, positive_int, text
 
 PROTOCOLS = ("tcp", "udp")
 PATTERNS = ("constant", "onoff", "schedule")
@@ -133,7 +133,7 @@ def _rate_or_off(v: Any) -> float | None:
 
 
 def _read_flow(f: Fields, index: int) -> FlowSpec:
-    name = f.get("name", text, f"flow{index}")
+    name = f.get("name", lambda v: path_name(text(v), "its iperf3 logs <name>.<period>.server.json"), f"flow{index}")
     protocol = f.choice("protocol", PROTOCOLS, "tcp")
     direction = f.choice("direction", DIRECTIONS, "prfaas_to_pd")
     default_src, default_dst = ("prfaas-x0", "pd-x0") if direction == "prfaas_to_pd" else ("pd-x0", "prfaas-x0")
@@ -192,6 +192,13 @@ def parse_cross_traffic_section(f: Fields) -> CrossTrafficSpec:
         raise f.error("interval", "iperf3 reports at most every 0.1s")
     f.done()
     return spec
+
+
+def cross_traffic_rates(spec: CrossTrafficSpec) -> list[tuple[str, float]]:
+    """Every flow's rates, named by field: what the scenario's `scale` divides onto the wire (`Section.rates`)."""
+    rates = [(f"cross_traffic.flows[{i}].rate", f.rate_bps) for i, f in enumerate(spec.flows) if f.rate_bps is not None]
+    return rates + [(f"cross_traffic.flows[{i}].schedule[{j}].rate", r) for i, f in enumerate(spec.flows)
+                    for j, (_, r) in enumerate(f.schedule) if r is not None]
 
 
 def check_cross_traffic(scenario: Scenario) -> None:

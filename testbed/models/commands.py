@@ -9,7 +9,7 @@ import json
 from testbed import units
 from testbed.atomic import make_dirs
 from testbed.errors import UserError
-from testbed.validation import at_least_one, option, positive_int
+from testbed.validation import at_least_one, option, random_seed
 from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, list_presets, load_model_spec
 
 KIND_LABELS = {"gqa": "full attention (GQA/MHA)", "mla": "full attention (MLA)", "linear": "linear (fixed state)", "swa": "sliding window"}
@@ -51,7 +51,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "and print the extrapolation's error")
     q.add_argument("--clock", default="auto", help="wall, cpu (this process's CPU time; refused with --device cuda) or auto: wall on CUDA, cpu on the "
                    "CPU (robust on a shared host; with several torch threads it sums them)")
-    q.add_argument("--seed", type=option(positive_int, whole=True), default=0)
+    q.add_argument("--seed", type=option(random_seed, whole=True), default=0)
     q.set_defaults(func=run_profile)
 
 

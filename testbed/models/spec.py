@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from testbed.errors import FieldError, UserError
 from testbed.kv.cache import FULL_KINDS
-from testbed.validation import Fields, path_exists, path_is_file, read_yaml, text
+from testbed.validation import Fields, path_exists, path_is_file, random_seed, read_yaml, text
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -402,7 +402,7 @@ def parse_model_section(f: Fields) -> ModelSection:
         variant=f.choice("variant", VARIANTS, "tiny"),
         state_dtype=spec.state_dtype,
         device=f.choice("device", DEVICES, "auto"),
-        seed=f.get("seed", _whole(0), None),
+        seed=f.get("seed", random_seed, None),
         profile=f.get("profile", text, None),
     )
     f.done()

@@ -604,30 +604,31 @@ class Router:
             self._take_wan(t, vals)
 
     def _wan_reading(self, s: Any) -> tuple[float, dict[str, float]]:
-        """One sample's time and readings in emulated units: wire units unless ``units == "emulated"``."""
+        """One sample's time and readings in emulated units: wire units unless ``units == "emulated"``. Any other
+        key is refused, naming it and the allowed ones (`Fields.done`): a typo such as ``capacity_bp`` was ignored,
+        and the policy kept the configured capacity while the sender believed it had sent the real one."""
         if not isinstance(s, dict):
             raise BadRequest("body", "a sample must be a JSON object")
-        units = s.get("units") or "wire"
-        if units not in ("wire", "emulated"):
-            raise BadRequest("units", f"{units!r} is not allowed; use one of: wire, emulated")
-        to_em = Scale() if units == "emulated" else self.scale
-        vals = {}
+        f = Fields(s)
 
-        def reading(name: str) -> float | None:
-            v = s.get(name)
-            if v is None:
-                return None
+        def reading(v: Any) -> float:
             try:
                 return non_negative(v)
             except ValueError:
-                raise BadRequest(name, f"{v!r} is not a number >= 0") from None
+                raise ValueError(f"{v!r} is not a number >= 0") from None
 
-        for name, convert in (("egress_bps", to_em.emulated_bps), ("capacity_bps", to_em.emulated_bps),
-                              ("backlog_bytes", to_em.emulated_bytes), ("drops", float)):
-            v = reading(name)
-            if v is not None:
-                vals[name] = convert(v)
-        t = reading("t_s")
+        try:
+            to_em = Scale() if f.choice("units", ("wire", "emulated"), "wire") == "emulated" else self.scale
+            vals = {}
+            for name, convert in (("egress_bps", to_em.emulated_bps), ("capacity_bps", to_em.emulated_bps),
+                                  ("backlog_bytes", to_em.emulated_bytes), ("drops", float)):
+                v = f.get(name, reading, None)
+                if v is not None:
+                    vals[name] = convert(v)
+            t = f.get("t_s", reading, None)
+            f.done()
+        except FieldError as exc:
+            raise BadRequest(exc.field, exc.message) from None
         return (clock.now_s() if t is None else t), vals
 
     def _take_wan(self, t: float, vals: dict[str, float]) -> None:

@@ -121,6 +121,11 @@ def test_the_seeds_are_ones_the_searches_did_not_run_and_fewer_than_six_are_refu
         cp.fresh_seeds(3, 6, first=3)
     with pytest.raises(ValueError, match="at least 6 .* cannot reach p < 0.05"):
         cp.fresh_seeds(3, 5)
+    assert cp.fresh_seeds(3, 6, first=2**32 - 6)[-1] == 2**32 - 1  # the last seed any reader takes (`validation.MAX_SEED`)
+    with pytest.raises(ValueError) as exc:
+        cp.fresh_seeds(3, 6, first=2**32 - 5)
+    assert str(exc.value) == ("seeds 4294967291..4294967296: a seed is at most 4294967295 (2**32 - 1, `validation.MAX_SEED`); "
+                              "start at 4294967290 or lower")
 
 
 def test_the_cli_refuses_a_paired_test_it_cannot_run_before_any_run(monkeypatch, tmp_path):
@@ -148,6 +153,45 @@ def test_the_cli_refuses_a_paired_test_it_cannot_run_before_any_run(monkeypatch,
     args.paired, args.paired_from = 0, 10
     with pytest.raises(UserError, match="--paired-from 10: .* add --paired N"):
         commands.cmd_reproduce(args)
+
+
+def test_a_refused_paired_test_leaves_no_folder_behind(monkeypatch, tmp_path):
+    """The output folder was made before the paired checks: a refused --paired-from left an empty
+    runs/reproduce-case-study-<time> (or the --out folder) behind."""
+    from experiments import commands, reproduce
+    from testbed.errors import UserError
+
+    monkeypatch.setattr(reproduce, "reproduce_case_study", lambda *a, **kw: pytest.fail("a refused --paired must not start the reproduction"))
+    monkeypatch.chdir(tmp_path)
+    for out in (None, str(tmp_path / "named")):
+        args = argparse.Namespace(only="homogeneous_pd,prfaas_pd", repetitions=None, out=out, quick=True, executor="local",
+                                  json=False, no_early_stop=False, paired=6, paired_from=2)  # quick searches ran seeds 1..2
+        with pytest.raises(UserError) as exc:
+            commands.cmd_reproduce(args)
+        assert str(exc.value) == ("--paired-from 2: first seed 2: the searches ran seeds 1..2; a paired test needs seeds they did "
+                                  "not run (from 3)")
+        args.paired_from = None
+        args.only = "homogeneous_pd"
+        with pytest.raises(UserError) as exc:
+            commands.cmd_reproduce(args)
+        assert str(exc.value) == "--paired 6: the order test needs two configurations, --only names 1"
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_a_paired_from_past_the_largest_seed_is_refused_when_the_options_are_read(tmp_path, capsys, monkeypatch):
+    from experiments import reproduce
+    from testbed.cli import main
+
+    def must_not_run(*a, **kw):
+        raise AssertionError("a refused --paired-from must not start the reproduction")
+
+    monkeypatch.setattr(reproduce, "reproduce_case_study", must_not_run)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", "case-study", "--paired", "6", "--paired-from", str(10**30)])
+    assert exit_.value.code == 2 and not any(tmp_path.iterdir())
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("prfaas reproduce: error: argument --paired-from: a 31-digit number is "
+                                                                "not a seed; use a whole number from 0 to 4294967295 (2**32 - 1)")
 
 
 def test_the_report_prints_each_paired_order_in_words_from_the_json(monkeypatch, tmp_path, capsys):

@@ -47,6 +47,24 @@ def test_spec_reads_arms_seeds_and_pairs_and_names_bad_fields():
             parse_spec({**SPEC, **bad}, "s.yaml")
 
 
+def test_an_experiments_seeds_are_read_as_a_scenarios_seed_is():
+    assert parse_spec({**SPEC, "seeds": [0, 2**32 - 1]}).seeds == (0, 2**32 - 1)
+    for seeds, says in (([1, 10**400], "a 401-digit number is not a seed"), ([1, 2**32], "4294967296 is not a seed"),
+                        (10**30, "a count runs seeds 1 to the count, and a 31-digit number is not a seed")):
+        with pytest.raises(UserError) as exc:
+            parse_spec({**SPEC, "seeds": seeds}, "s.yaml")
+        assert str(exc.value) == f"s.yaml: seeds: {says}; use a whole number from 0 to 4294967295 (2**32 - 1)"
+
+
+def test_an_arm_name_is_at_most_200_bytes_as_it_names_a_directory():
+    """An arm's runs go to DIR/runs/<arm>/: a 300-character arm name was an OSError at the first run."""
+    assert parse_spec({**SPEC, "arms": {"a" * 200: {}}, "baseline": None}).arms[0].name == "a" * 200
+    with pytest.raises(UserError) as exc:
+        parse_spec({**SPEC, "arms": {"a" * 201: {}}, "baseline": None}, "s.yaml")
+    assert str(exc.value) == ("s.yaml: arms: 'aaaaaaaaaaaaaaaaaaaaaaaa'... is 201 bytes long; a name is at most 200 bytes (it names its "
+                              "runs' directory DIR/runs/<arm>, and a file or directory name is at most 255)")
+
+
 def test_experiment_writes_one_row_per_run_and_paired_comparisons_then_resumes(tmp_path):
     ex = Synthetic()
     res = run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)

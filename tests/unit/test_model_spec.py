@@ -204,7 +204,7 @@ BAD_SECTIONS = [
     ({"name": "kimi-linear-48b", "variant": "huge"}, "model.variant", "faithful, tiny"),
     ({"name": "kimi-linear-48b", "device": "tpu"}, "model.device", "auto, cpu, cuda"),
     ({"name": "kimi-linear-48b", "state_dtype": "fp8"}, "model.state_dtype", "bfloat16, float32"),
-    ({"name": "kimi-linear-48b", "seed": -1}, "model.seed", ">= 0"),
+    ({"name": "kimi-linear-48b", "seed": -1}, "model.seed", "use a whole number from 0 to 4294967295"),
     ({"name": "kimi-linear-48b", "hidden": 12}, "model.hidden", "unknown key"),
 ]
 

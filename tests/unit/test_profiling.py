@@ -108,6 +108,18 @@ def test_bad_profile_options_are_one_line_and_exit_2(argv: list[str], field: str
     assert rc == 2 and field in err and "Traceback" not in err
 
 
+def test_a_seed_torch_cannot_take_is_refused_when_the_options_are_read(tmp_path: Path, capsys, monkeypatch) -> None:
+    """torch.manual_seed takes seeds below 2**64: `--seed 18446744073709551616` was a traceback once the model was built."""
+    from testbed.models import commands
+
+    monkeypatch.setattr(commands, "run_profile", lambda args: pytest.fail("a refused --seed must not start profiling"))
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["profile", "--model", "kimi-linear-48b", "--out", str(tmp_path / "x.yaml"), "--seed", str(2**64)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("prfaas profile: error: argument --seed: 18446744073709551616 is not a "
+                                                                "seed; use a whole number from 0 to 4294967295 (2**32 - 1)")
+
+
 SMALL = full.Widths(source="test", hidden=64, vocab=1000, attention_heads=4, mla_nope_dim=16, mla_v_dim=16,
                     experts=6, top_k=2, expert_mlp=32, shared_mlp=16, dense_mlp=96, dense_layers=1)
 

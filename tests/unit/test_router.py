@@ -468,6 +468,32 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
     assert post(r, "/v1/telemetry", [{"egress_bps": 5e9}])[0] == 200 and r.state()["wan"]["egress_bps"] > 0
 
 
+def test_a_telemetry_sample_with_an_unknown_key_gets_400_naming_it_and_the_allowed_keys(router) -> None:
+    r = router()
+    allowed = "allowed keys here: backlog_bytes, capacity_bps, drops, egress_bps, t_s, units"
+    for body in ({"egress_bps": 5e9, "capacity_bp": 1e9}, [{"egress_bps": 5e9}, {"capacity_bp": 1e9}]):
+        code, out = post(r, "/v1/telemetry", body)  # a typo of capacity_bps was ignored: the capacity stayed the configured one
+        assert (code, out["error"]["param"], out["error"]["message"]) == (400, "capacity_bp", f"capacity_bp: unknown key; {allowed}")
+    assert r.state()["wan"]["egress_bps"] == 0.0  # neither sample was taken
+    code, out = post(r, "/v1/telemetry", {"units": "emulated", "t_s": clock.now_s(), "egress_bps": 1.0, "capacity_bps": 2.0,
+                                          "backlog_bytes": 3.0, "drops": 4.0})
+    assert code == 200 and r.state()["wan"]["capacity_bps"] == 2.0
+
+
+def test_every_key_the_runs_telemetry_relay_sends_is_one_the_router_takes(router) -> None:
+    """The relay (`testbed.runner.relay`) posts through the client agent, which drops a refused sample silently:
+    a key the router does not take would lose every WAN sample of a real run."""
+    from testbed.runner.live import LiveState
+    from testbed.runner.relay import TelemetryRelay
+    from testbed.scale import Scale
+
+    r = router()
+    relay = TelemetryRelay(LiveState(), Scale(10))
+    relay({"direction": "prfaas_to_pd", "rate_bps": 1e9, "achieved_bps": 5e8, "backlog_bytes": 1000, "drops": 2, "link_up": True})
+    assert post(r, "/v1/telemetry", relay.samples.get_nowait()) == (200, {"ok": True})
+    assert r.state()["wan"]["egress_bps"] == r.scale.emulated_bps(5e8)
+
+
 def raw_request(r: Router, data: bytes, half_close: bool = False, timeout: float = 10) -> tuple[int, Any]:
     """Send `data` as it is on a fresh connection; the answer's status and JSON body."""
     with socket.create_connection(("127.0.0.1", r.address[1]), timeout=timeout) as s:

@@ -35,6 +35,45 @@ def test_scenario_scale_is_checked_by_scale_and_names_the_field() -> None:
     assert sc.with_scale(Scale(20)).raw["scale"] == 20.0
 
 
+def test_a_scale_that_puts_a_rate_below_the_lowest_wire_rate_is_refused_naming_scale_and_the_rate() -> None:
+    """`scale: 1e30` ran a 100 Gbps WAN at 1e-19 bit/s (the shaper failed to install below 3.8 Kbps); the floor is
+    `units.MIN_WIRE_RATE_BPS`, 8 Kbps, for every rate the scale divides (docs/scenario.md, "Top level")."""
+    tail = "below 8 Kbps, the lowest rate the wire can be shaped at; use a scale of at most"
+    for extra, says in (
+            ({"scale": 1e30}, f"scale: 1e+30 puts the prfaas_to_pd WAN rate, 100 Gbps, at 1e-19 bps on the wire, {tail} 12500000 "
+                              "(that rate / 8 Kbps)"),
+            ({"scale": 12500001}, f"scale: 12500001 puts the prfaas_to_pd WAN rate, 100 Gbps, at 7999.99936 bps on the wire, {tail} "
+                                  "12500000 (that rate / 8 Kbps)"),
+            ({"scale": 200, "wan": {"rate": "100Gbps", "pd_to_prfaas": {"rate": "1Mbps"}}},
+             f"scale: 200 puts the pd_to_prfaas WAN rate, 1 Mbps, at 5000 bps on the wire, {tail} 125 (that rate / 8 Kbps)"),
+            ({"scale": 200, "wan": {"rate": "100Gbps", "schedule": [{"at": "1s", "rate": "1Mbps", "for": "1s"}]}},
+             f"scale: 200 puts wan.schedule[0].rate, 1 Mbps, at 5000 bps on the wire, {tail} 125 (that rate / 8 Kbps)"),
+            ({"scale": 200, "topology": {"lan_rate": "1Mbps"}},
+             f"scale: 200 puts topology.lan_rate, 1 Mbps, at 5000 bps on the wire, {tail} 125 (that rate / 8 Kbps)"),
+            ({"scale": 200, "cross_traffic": {"flows": [{"protocol": "udp", "rate": "1Mbps"}]}},
+             f"scale: 200 puts cross_traffic.flows[0].rate, 1 Mbps, at 5000 bps on the wire, {tail} 125 (that rate / 8 Kbps)"),
+            ({"scale": 200, "cross_traffic": {"flows": [{"pattern": "schedule", "schedule": [{"at": "0s", "rate": "1Gbps"},
+                                                                                             {"at": "1s", "rate": "1Mbps"}]}]}},
+             f"scale: 200 puts cross_traffic.flows[0].schedule[1].rate, 1 Mbps, at 5000 bps on the wire, {tail} 125 (that rate / 8 Kbps)")):
+        with pytest.raises(FieldError) as err:
+            parse_scenario({"wan": {"rate": "100Gbps"}, **extra})
+        assert (err.value.field, str(err.value)) == ("scale", says)
+    assert parse_scenario({"wan": {"rate": "100Gbps"}, "scale": 12500000}).resolve_scale(0.0) == Scale(12500000)
+    with pytest.raises(FieldError) as err:
+        parse_scenario({"wan": {"rate": "7Kbps"}})  # no scale >= 1 lifts it: the rate itself is refused
+    assert str(err.value) == "wan.rate: '7Kbps' is less than 8Kbps, the lowest rate the wire can be shaped at; use 8Kbps or more"
+
+
+def test_scale_auto_still_resolves_and_is_refused_only_where_it_puts_a_rate_below_the_lowest_wire_rate() -> None:
+    sc = parse_scenario({"wan": {"rate": "100Gbps", "schedule": [{"at": "1s", "rate": "160Kbps", "for": "1s"}]}, "scale": "auto"})
+    assert sc.resolve_scale(5e9) == Scale(20)  # 160 Kbps / 20 = 8 Kbps: just allowed
+    with pytest.raises(FieldError) as err:
+        sc.resolve_scale(1e9)
+    assert (err.value.field, str(err.value)) == ("scale", "scale: auto (here 100, for a host capacity of 1 Gbps) puts wan.schedule[0].rate, "
+                                                 "160 Kbps, at 1600 bps on the wire, below 8 Kbps, the lowest rate the wire can be shaped at; "
+                                                 "use a scale of at most 20 (that rate / 8 Kbps), or raise that rate to 800 Kbps or more")
+
+
 def test_rtt_is_the_sum_of_both_one_way_delays() -> None:
     sc = parse_scenario({"wan": {"rate": "1Gbps", "delay": "10ms", "pd_to_prfaas": {"delay": "30ms"}}})
     assert sc.wan.rtt_s == pytest.approx(0.040)

@@ -259,6 +259,41 @@ def test_names_are_plain_strings(data, field, words):
     assert parse_scenario({**wan(), "name": 2026}).name == "2026"
 
 
+def test_a_name_that_goes_into_a_file_or_directory_name_is_at_most_200_bytes():
+    """`name: <300 characters>` passed `prfaas check`, then `prfaas run` died on OSError "File name too long": the
+    run directory runs/<name>-YYYYmmdd-HHMMSS adds 16 bytes to the 255 a directory name may have. A flow's name
+    names its iperf3 logs, <name>.<period>.server.json, the same way (`validation.MAX_NAME_BYTES`)."""
+    assert parse_scenario({**wan(), "name": "a" * 200}).name == "a" * 200
+    for name, size in (("a" * 201, 201), ("é" * 101, 202)):  # bytes of UTF-8, not characters
+        with pytest.raises(FieldError) as exc:
+            parse_scenario({**wan(), "name": name})
+        assert str(exc.value) == (f"name: {name[:24]!r}... is {size} bytes long; a name is at most 200 bytes (it names the run's "
+                                  "directory runs/<name>-<time>, and a file or directory name is at most 255)")
+    with pytest.raises(FieldError) as exc:
+        parse_scenario({**wan(), "name": "a\ud800"})  # YAML's "\ud800": mkdir raised UnicodeEncodeError
+    assert str(exc.value) == "name: 'a\\ud800' is not valid Unicode text (a lone surrogate); it names the run's directory runs/<name>-<time>"
+    flows = {"flows": [{"name": "../x", "protocol": "tcp"}]}  # its logs went to ../x.0.server.json
+    with pytest.raises(FieldError) as exc:
+        parse_scenario({**wan(), "cross_traffic": flows})
+    assert str(exc.value) == ("cross_traffic.flows[0].name: '../x' is not a plain name (it names its iperf3 logs "
+                              "<name>.<period>.server.json); use letters, digits, '-', '_' or '.', without '/'")
+    with pytest.raises(FieldError, match=r"^cross_traffic.flows\[0\].name: 'aaaaaaaaaaaaaaaaaaaaaaaa'... is 201 bytes long"):
+        parse_scenario({**wan(), "cross_traffic": {"flows": [{"name": "a" * 201, "protocol": "tcp"}]}})
+
+
+def test_a_seed_is_a_whole_number_from_0_to_2_to_the_32_minus_1_wherever_it_is_read():
+    """`seed: 10**400` passed (positive_int) and failed a torch run's workers (torch.manual_seed takes < 2**64); one
+    reader, `validation.random_seed`, for the scenario's, the workload's and the model's seed (docs/scenario.md)."""
+    assert parse_scenario({**wan(), "seed": 2**32 - 1}).seed == 2**32 - 1 and parse_scenario({**wan(), "seed": 0}).seed == 0
+    for data, field, shown in (({**wan(), "seed": 10**400}, "seed", "a 401-digit number"), ({**wan(), "seed": 2**32}, "seed", "4294967296"),
+                               ({**wan(), "seed": -1}, "seed", "-1"), ({**wan(), "seed": 1.5}, "seed", "1.5"),
+                               ({**wan(), "workload": {"seed": 2**64}}, "workload.seed", "18446744073709551616"),
+                               ({**wan(), "model": {"name": "paper-1t-hybrid", "seed": 2**64}}, "model.seed", "18446744073709551616")):
+        with pytest.raises(FieldError) as exc:
+            parse_scenario(data)
+        assert str(exc.value) == f"{field}: {shown} is not a seed; use a whole number from 0 to 4294967295 (2**32 - 1)"
+
+
 def test_a_cross_traffic_flow_on_a_host_the_topology_lacks_is_refused():
     """`prfaas check` passed it; the run failed once its network was up (quick.yaml has topology.prfaas.cross: 0)."""
     topo = {"prfaas": {"prefill": 1, "cross": 0}, "pd": {"prefill": 1, "decode": 1, "cross": 1}}

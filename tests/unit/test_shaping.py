@@ -24,6 +24,20 @@ def test_burst_is_one_millisecond_of_rate_but_at_least_two_gso_packets(rate_bps,
     assert shaping.burst_bytes_for(rate_bps) == burst
 
 
+def test_the_lowest_wire_rate_is_one_whose_smallest_burst_tc_can_carry():
+    """tc gives the kernel a burst as a 32-bit count of ticks (pyroute2's `calc_xmittime`, from /proc/net/psched): the
+    smallest burst (two GSO packets) at `units.MIN_WIRE_RATE_BPS` fits; at 3.8 Kbps it did not, and HTB and TBF failed
+    to install ("'I' format requires 0 <= number <= 4294967295"), which is why a scenario may not go below 8 Kbps."""
+    from pyroute2.netlink.rtnl.tcmsg.common import calc_xmittime
+
+    from testbed.units import MIN_WIRE_RATE_BPS
+
+    plan = shaping.plan_shaping(LinkDirectionSpec(rate_bps=MIN_WIRE_RATE_BPS), shaper="htb")
+    assert plan.burst_bytes == shaping.MIN_BURST_BYTES
+    assert calc_xmittime(MIN_WIRE_RATE_BPS / 8, plan.burst_bytes) < 2**32 // 2  # with a factor of 2 to spare
+    assert calc_xmittime(3800 / 8, shaping.MIN_BURST_BYTES) >= 2**32
+
+
 @pytest.mark.parametrize("queue, scale, expected", [
     ("1bdp", 1, int(10e9 * 0.02 / 8)),        # 10 Gbps x 20 ms RTT = 25 MB
     ("2bdp", 10, int(2 * 1e9 * 0.02 / 8)),    # BDP on the wire: rate / scale

@@ -68,7 +68,8 @@ def test_generate_errors_name_the_option(tmp_path: Path, capsys: pytest.CaptureF
     with pytest.raises(SystemExit) as exit_:  # was numpy's traceback
         main(["traffic", "generate", str(spec), "--out", str(tmp_path / "o"), "--seed", "-1"])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.strip() == "prfaas traffic generate: error: argument --seed: -1 is not a whole number >= 0"
+    assert capsys.readouterr().err.strip() == ("prfaas traffic generate: error: argument --seed: -1 is not a seed; use a whole number "
+                                               "from 0 to 4294967295 (2**32 - 1)")
 
 
 def test_stats_of_an_empty_trace_is_valid_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
