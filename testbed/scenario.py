@@ -465,8 +465,8 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
             s.check(sc)
     sc = replace(sc, section_rates=tuple(r for s in sections if s.rates is not None and s.key in sc.sections
                                          for r in s.rates(sc.sections[s.key])))
-    if sc.scale != "auto":  # the wire rates at this scale (`check_wire_rates`); `auto`'s once a host's capacity resolves it
-        sc.resolve_scale(0.0)
+    if sc.scale != "auto":  # `auto` is checked once a host's capacity resolves it (`resolve_scale`)
+        sc.check_wire_rates(Scale(float(sc.scale)), f"{float(sc.scale):.12g}")
     return sc
 
 
