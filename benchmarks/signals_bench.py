@@ -71,7 +71,7 @@ SHAPES = ("val-dip", "val-staircase", "val-rtt-surge", "val-cross-surge", "val-l
           # held out, added in session 43 before any run of it: the dip on a 40 Gbps line
           "val-40g-dip")
 # The full-size case study (`--shapes case-study`): the same dip at twice the deployment and rate (there
-# the dip binds the PrfaaS prefill queue more than the WAN: docs/router.md, "Policy comparison on the
+# the dip binds the PrfaaS prefill queue more than the WAN: docs/router-measurements.md, "Policy comparison on the
 # full-size case study"); used for design, not in the default matrix.
 EXTRA_SHAPES = ("case-study",)
 DIP_SHAPES = ("val-dip", "val-staircase", "val-thin-line", "val-mid-staircase", "val-40g-dip", "case-study")  # a rate drop: judged on SLO attainment against fixed-threshold
@@ -85,11 +85,11 @@ ARMS = {
 }
 # The clairvoyant single raise (policy `oracle-step`, oracle only): fixed-threshold whose t is T while the
 # shaper's rate is below the line's. Swept over T on a rate drop, how far one raise timed perfectly can go
-# (docs/router.md, "How far one raise can go"); reported beside, never judged, not in the default matrix.
+# (docs/router-measurements.md, "How far one raise can go"); reported beside, never judged, not in the default matrix.
 STEP_ARMS = {f"oracle-step-{k}k": ["policy.name=oracle-step", "policy.signals=oracle", f"policy.event_threshold={k}K"]
              for k in (24, 28, 32, 40, 48, 64)}
 # The same with `policy.pd_queue: natives-first` (PD-P takes what the base threshold keeps local before what a
-# raise moved there: docs/router.md, "Where the dip's excess waits"); reported beside, not in the default matrix.
+# raise moved there: docs/router-measurements.md, "Where the dip's excess waits"); reported beside, not in the default matrix.
 QUEUE_ARMS = {f"{arm}-natives-first": [*over, "policy.pd_queue=natives-first"]
               for arm, over in (("prfaas-observed", ARMS["prfaas-observed"]), ("oracle-step-32k", STEP_ARMS["oracle-step-32k"]))}
 # Float8 KV on the WAN (`policy.kv_compression`: docs/router.md, "Adaptive KV precision"): the law that compresses

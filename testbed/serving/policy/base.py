@@ -186,7 +186,7 @@ class Policy:
 
     def confirm_poll_s(self) -> float:
         """Seconds to the router's next state poll when sooner than its period is wanted (a lone saturated poll
-        to confirm: docs/router.md, "A confirm poll"); 0: the period."""
+        to confirm: docs/router-measurements.md, "A confirm poll"); 0: the period."""
         return 0.0
 
     def status(self) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class OracleStepPolicy(ThresholdPolicy):
     below the provisioned line rate, the scenario's threshold otherwise; it switches at the first sample
     that carries the change (one telemetry period). No deployment knows that rate; swept over
     `event_threshold`, these runs show how far one raise, sized and timed perfectly, can go on a rate drop
-    (docs/router.md, "How far one raise can go")."""
+    (docs/router-measurements.md, "How far one raise can go")."""
 
     name = "oracle-step"
 

@@ -19,7 +19,7 @@ Every poll is one of three kinds of evidence, and the estimate moves only as its
   time, is what raises it, and multiplicatively (one poll after a 5x dip adds 10%, not half the gap).
 - **none** (nothing backlogged: between transfers, or work queued with no rate measured yet): the
   estimate is **held**. (KV streamed at its prefill's pace is backlogged, a few MB at a time, and so
-  counts as headroom: a lower bound that also grows the estimate; docs/router.md, "Why a 5x dip is
+  counts as headroom: a lower bound that also grows the estimate; docs/router-measurements.md, "Why a 5x dip is
   found late".) Its age (`age_s`, seconds since the last saturated poll) says how
   old the last upper bound is; it never drifts back to the nominal rate on its own (the first version
   relaxed towards it with a 5 s time constant and was 47-50% off between transfers in a dip).

@@ -73,7 +73,7 @@ class PrfaasPolicy(ThresholdPolicy):
 
     def confirm_poll_s(self) -> float:
         """`poll_confirm` after a lone upper bound, once per bound: with KV committed no probe may confirm it,
-        and a real dip repeats at the next poll, so the next poll comes sooner (docs/router.md, "A confirm poll")."""
+        and a real dip repeats at the next poll, so the next poll comes sooner (docs/router-measurements.md, "A confirm poll")."""
         with self._lock:
             est, wait = self.controller.estimator, self.spec.estimator.poll_confirm_s
             if est is None or wait <= 0 or not est.unconfirmed or est.bound_t == self._confirm_polled_t:

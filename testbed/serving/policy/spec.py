@@ -32,7 +32,7 @@ def _duration(v: Any) -> float:
 
 @dataclass(frozen=True)
 class ControlSpec:
-    """Short-term control of t (see docs/router.md, "Control law")."""
+    """Short-term control of t (see docs/router.md, "Short-term control of t")."""
 
     interval_s: float = 0.2  # tick period of the control loop
     high_utilization: float = 0.90  # WAN egress utilisation (or predicted demand) that raises t
@@ -77,7 +77,7 @@ POLICY_NAMES = ("prfaas", "fixed-threshold", "homogeneous-pd", "naive-heterogene
 SIGNAL_MODES = ("observed", "provisioned", "oracle")
 PREFILL_PICKS = ("requests", "tokens")  # the least loaded prefill instance: fewest requests, or fewest tokens, in flight
 # the order of a PD-P prefill queue: arrival (fcfs), or the requests the base threshold keeps local before those
-# a raise of t (or a fallback) moved there (natives-first: docs/router.md, "Where the dip's excess waits")
+# a raise of t (or a fallback) moved there (natives-first: docs/router-measurements.md, "Where the dip's excess waits")
 PD_QUEUES = ("fcfs", "natives-first")
 # the dtype of offloaded requests' full-attention KV on the WAN (docs/router.md, "Adaptive KV precision"): the model's
 # (none), float8 e4m3 for every offload (fp8), or float8 only while the prfaas law is under pressure (adaptive)
