@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from testbed import rundir
-from testbed.atomic import make_dirs
+from testbed.atomic import make_output_dir
 from testbed.errors import UserError
 from testbed.validation import at_least_one, option, positive_int, positive_number, random_seed
 
@@ -158,7 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out}: already holds a run ({rundir.SUMMARY_FILE}); choose another directory")
     for w in check_scenario(scenario).warnings:  # `prfaas check`'s, before the minutes a run takes
         print(f"warning: {w}", file=sys.stderr)
-    run_once(scenario, out, progress=not args.no_progress)
+    run_once(scenario, out, progress=not args.no_progress)  # the runner makes `out` once `plan_run` has checked the scenario
     ended_early = _print_summary(out)
     _run_report(out)
     return 1 if ended_early else 0
@@ -173,8 +173,11 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise UserError("--policies: name at least one policy, e.g. prfaas,fixed-threshold")
-    scenarios = [check_run("quick", [f"policy.name={p}"]) for p in policies]  # all checked before any runs
+    twice = next((p for p in policies if policies.count(p) > 1), None)
+    if twice is not None:  # both runs would go to one folder, the second over the first
+        raise UserError(f"--policies {args.policies!r}: {twice!r} is given twice; name each policy once")
     parent = Path(args.out) if args.out else _default_out("quick")
+    scenarios = make_output_dir(parent, lambda: [check_run("quick", [f"policy.name={p}"]) for p in policies])  # all before any run
     outs, ended_early = [], False
     for policy, scenario in zip(policies, scenarios):
         out = parent / policy
@@ -214,13 +217,19 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     import json
 
-    from experiments.capacity import flagged_lines, measure_capacity
+    from experiments.capacity import capacity_overrides, check_scenario, flagged_lines, measure_capacity
     from experiments.executor import make_executor
     from testbed.atomic import write_json
 
-    out = make_dirs(Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}"))  # before the plan
+    out = Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}")
+
+    def check() -> Any:
+        check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop))
+        return make_executor(args.executor)
+
+    executor = make_output_dir(out, check)  # the folder before the plan, after every refusal
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
-                           max_probes=args.max_probes, start_rps=args.start, executor=make_executor(args.executor),
+                           max_probes=args.max_probes, start_rps=args.start, executor=executor,
                            progress=not args.json, early_stop=not args.no_early_stop)
     write_json(out / "capacity.json", doc, indent=1)
     if args.json:
@@ -259,7 +268,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from experiments.capacity import flagged_lines
     from experiments.capacity_paired import ALPHA, PairedOrder
     from experiments.executor import make_executor
-    from experiments.reproduce import CONFIGURATIONS, earlier_looks, reproduce_case_study, write_document
+    from experiments.reproduce import CONFIGURATIONS, earlier_looks, plan_case_study, reproduce_case_study, write_document
 
     only = tuple(x.strip() for x in args.only.split(",") if x.strip())  # (reproduce_case_study measures each once)
     bad = [x for x in only if x not in CONFIGURATIONS]
@@ -268,24 +277,28 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.paired_from is not None and not args.paired:
         raise UserError(f"--paired-from {args.paired_from}: it names the first seed of a paired test; add --paired N")
     out = Path(args.out) if args.out else _default_out("reproduce-case-study")
-    if args.paired:  # checked before the folder is made: a refused invocation left an empty runs/reproduce-case-study-<time>
-        from experiments.capacity_paired import check_seed_count
-        from experiments.reproduce import paired_test_seeds
 
-        try:
-            check_seed_count(args.paired)
-        except ValueError as e:
-            raise UserError(f"--paired {args.paired}: {e}") from None
-        if len(set(only)) < 2:
-            raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
-        try:
-            paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
-        except ValueError as e:
-            raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
-    make_dirs(out)  # before the plan, after every refusal
-    doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
-                               executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop,
-                               paired_seeds=args.paired, paired_from=args.paired_from)
+    def check() -> tuple[Any, Any]:  # everything before the folder is made: a refusal left an empty runs/reproduce-case-study-<time>
+        if args.paired:
+            from experiments.capacity_paired import check_seed_count
+            from experiments.reproduce import paired_test_seeds
+
+            try:
+                check_seed_count(args.paired)
+            except ValueError as e:
+                raise UserError(f"--paired {args.paired}: {e}") from None
+            if len(set(only)) < 2:
+                raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
+            try:
+                paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
+            except ValueError as e:
+                raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
+        return make_executor(args.executor), plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop)
+
+    executor, plan = make_output_dir(out, check)  # before the plan is printed, after every refusal
+    doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only, executor=executor,
+                               progress=not args.json, early_stop=not args.no_early_stop, paired_seeds=args.paired,
+                               paired_from=args.paired_from, plan=plan)
     kept = write_document(out, doc)
     if kept is not None:
         print(f"kept the earlier {out / 'reproduce.json'} as {kept}", file=sys.stderr)

@@ -16,6 +16,7 @@ paper's published ratio. Gaps are discussed in docs/analysis.md ("Measured again
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -272,14 +273,39 @@ def above_model(measured: dict[str, Any], model: dict[str, dict[str, Any]]) -> d
     return out
 
 
+@dataclass(frozen=True)
+class CaseStudyPlan:
+    """What a reproduction measures, every configuration checked (`plan_case_study`)."""
+
+    base: list[str]  # the overrides every configuration gets (STEADY and the variant's)
+    scenario: Any  # the case study with `base`
+    model: dict[str, dict[str, Any]]  # {reading: {configuration: ModelResult dict}} (`model_results`)
+    overrides: dict[str, list[str]]  # each configuration's own (`configuration_overrides`)
+
+
+def plan_case_study(quick: bool, only: tuple[str, ...], early_stop: bool = True) -> CaseStudyPlan:
+    """The model of the variant and each configuration in `only` checked as its search would check it
+    (`capacity.check_scenario`: a run would take it): the CLI asks here before it makes the output folder, so a
+    configuration this host refuses leaves no folder behind."""
+    from experiments.capacity import capacity_overrides, check_scenario
+
+    base = STEADY + (QUICK if quick else FULL)
+    sc, model = model_results(base)
+    overrides = configuration_overrides(model["literal"])
+    for name in only:  # every configuration is checked before the first search starts
+        check_scenario("case-study", capacity_overrides(base + overrides[name], early_stop))
+    return CaseStudyPlan(base, sc, model, overrides)
+
+
 def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: int | None = None, only: tuple[str, ...] = CONFIGURATIONS,
                          executor: Any = None, progress: bool = True, early_stop: bool = True, paired_seeds: int = 0,
-                         paired_from: int | None = None) -> dict[str, Any]:
+                         paired_from: int | None = None, plan: CaseStudyPlan | None = None) -> dict[str, Any]:
     """The measured and modelled Lambda_max of each configuration in `only`; with `paired_seeds`, also the
-    paired order test of each two configurations adjacent by measured Lambda_max (`paired_orders`)."""
+    paired order test of each two configurations adjacent by measured Lambda_max (`paired_orders`). `plan`: the
+    variant's `plan_case_study` for `only`, when the caller checked it already."""
     import time
 
-    from experiments.capacity import capacity_overrides, check_scenario, measure_capacity
+    from experiments.capacity import measure_capacity
 
     only = tuple(dict.fromkeys(only))  # a configuration named twice is measured once (two searches would share its runs)
     search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
@@ -289,11 +315,9 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
         seeds = paired_test_seeds(out, only, quick, repetitions, paired_seeds, paired_from)
 
     t0 = time.monotonic()
-    base = STEADY + (QUICK if quick else FULL)
-    sc, model = model_results(base)
-    overrides = configuration_overrides(model["literal"])
-    for name in only:  # every configuration is checked before the first search starts
-        check_scenario("case-study", capacity_overrides(base + overrides[name], early_stop))
+    if plan is None:
+        plan = plan_case_study(quick, only, early_stop)
+    base, sc, model, overrides = plan.base, plan.scenario, plan.model, plan.overrides
     at_once, per_search = searches_at_once(executor, len(only))
     plan = planned_wall_s(sc, quick, len(only), search["repetitions"], at_once)
     if progress:

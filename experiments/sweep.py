@@ -17,7 +17,7 @@ from typing import Any
 
 from experiments.engine import SKIPPED, check_run, resolve_scenario_ref, run_tasks
 from experiments.executor import Executor, RunTask
-from testbed.atomic import make_dirs, write_json, write_parquet
+from testbed.atomic import make_output_dir, write_json, write_parquet
 from testbed.errors import UserError
 
 
@@ -61,8 +61,8 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
     grid = parse_grid(grid_items)
     points = expand(grid)
     out = Path(out_dir)
-    for p in points:  # every point is checked before anything runs
-        check_run(scenario, list(base_overrides or []) + list(p.overrides), out / "points" / p.name)
+    make_output_dir(out, lambda: [check_run(scenario, list(base_overrides or []) + list(p.overrides), out / "points" / p.name)
+                                  for p in points])  # every point is checked before anything runs, or its folder is made
     ref = resolve_scenario_ref(scenario)
     tasks = [RunTask(p.name, ref, tuple(base_overrides or []) + p.overrides, out / "points" / p.name) for p in points]
     outcomes = run_tasks(tasks, executor, label="sweep")
@@ -71,7 +71,6 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
         o = outcomes[p.name]
         status = o.status if o.status in ("ok", SKIPPED) else f"failed: {o.error}"
         manifest["points"][p.name] = {"overrides": list(p.overrides), "status": status}
-    make_dirs(out)
     from experiments.experiment import RESULTS_FILE, results_frame, run_row
 
     rows = [run_row(outcomes[p.name], out.resolve(), experiment=f"sweep {Path(scenario).stem}", arm=p.name, order=i + 1,

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.atomic import make_dirs, write_json
+from testbed.atomic import make_output_dir, write_json
 from testbed.errors import HostError, UserError
 from testbed.validation import at_least_one, option, positive_number
 
@@ -230,12 +230,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from testbed.net.calibrate import calibrate, print_table
-    from testbed.net.emulation import Network
+    from testbed.net.emulation import Network, host_capacity_bps
     from testbed.sections import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
-    if args.json_file:
-        make_dirs(args.json_file.parent)  # an unwritable --json is refused before the network, not after the measuring
+    if args.json_file:  # an unwritable --json is refused before the network, not after the measuring; after the scale
+        make_output_dir(args.json_file.parent, lambda: scenario.resolve_scale(host_capacity_bps()[0]))  # (auto's) is checked
     con = Console()
     with con.status("bringing up the network") as status:
         with Network(scenario) as net:
