@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from testbed import rundir
 from testbed.atomic import make_output_dir
 from testbed.errors import UserError
-from testbed.validation import at_least_one, option, positive_int, positive_number, random_seed
+from testbed.validation import option, positive_int, positive_number, random_seed, run_count
 
 KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
 
@@ -54,10 +54,11 @@ def register(sub: "argparse._SubParsersAction") -> None:
     c.add_argument("scenario", metavar="SCENARIO")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override")
     c.add_argument("--out", metavar="DIR", help="where the probe runs go (default: runs/capacity-<scenario>-<time>)")
-    c.add_argument("--repetitions", type=option(at_least_one, whole=True), default=3,
+    c.add_argument("--repetitions", type=option(run_count, whole=True), default=3,
                    help="runs (seeds 1..N) that decide a marginal rate at the edge by majority (default 3)")
-    c.add_argument("--tolerance", type=option(positive_number), default=0.1, help="stop when (hi - lo) / lo is below this (default 0.1)")
-    c.add_argument("--max-probes", type=option(at_least_one, whole=True), default=8, help="most rates tried (default 8)")
+    c.add_argument("--tolerance", type=option(tolerance), default=0.1,
+                   help="stop when (hi - lo) / lo is below this (default 0.1; at least 0.001)")
+    c.add_argument("--max-probes", type=option(run_count, whole=True), default=8, help="most rates tried (default 8)")
     c.add_argument("--start", type=option(positive_number), metavar="RPS", help="first rate (default: the throughput model's Lambda_max)")
     c.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
     c.add_argument("--json", action="store_true")
@@ -68,7 +69,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("target", choices=("case-study",))
     r.add_argument("--quick", action="store_true", help="45-s runs, 128-token answers, 15%% tolerance (docs/experiments.md)")
     r.add_argument("--out", metavar="DIR", help="default: runs/reproduce-case-study-<time>")
-    r.add_argument("--repetitions", type=option(at_least_one, whole=True), help="runs that decide a marginal rate (default: 2 with --quick, 3 without)")
+    r.add_argument("--repetitions", type=option(run_count, whole=True), help="runs that decide a marginal rate (default: 2 with --quick, 3 without)")
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
                    help="comma-separated configurations to measure")
     r.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
@@ -83,6 +84,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("--json", action="store_true")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
+
+
+def tolerance(v: Any) -> float:
+    """`experiments.capacity.tolerance`, imported when an option is read (not with every command's parser)."""
+    from experiments.capacity import tolerance as read
+
+    return read(v)
 
 
 def _executor_option(p: argparse.ArgumentParser) -> None:
@@ -217,13 +225,17 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     import json
 
-    from experiments.capacity import capacity_overrides, check_scenario, flagged_lines, measure_capacity
+    from experiments.capacity import capacity_overrides, check_scenario, check_search_size, flagged_lines, measure_capacity
     from experiments.executor import make_executor
     from testbed.atomic import write_json
 
     out = Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}")
 
     def check() -> Any:
+        try:
+            check_search_size(args.max_probes, args.repetitions)
+        except ValueError as e:
+            raise UserError(f"--max-probes {args.max_probes} --repetitions {args.repetitions}: {e}") from None
         check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop))
         return make_executor(args.executor)
 
@@ -268,7 +280,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from experiments.capacity import flagged_lines
     from experiments.capacity_paired import ALPHA, PairedOrder
     from experiments.executor import make_executor
-    from experiments.reproduce import CONFIGURATIONS, earlier_looks, plan_case_study, reproduce_case_study, write_document
+    from experiments.reproduce import (CONFIGURATIONS, check_planned_runs, earlier_looks, plan_case_study, reproduce_case_study,
+                                      write_document)
 
     only = tuple(x.strip() for x in args.only.split(",") if x.strip())  # (reproduce_case_study measures each once)
     bad = [x for x in only if x not in CONFIGURATIONS]
@@ -281,7 +294,6 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     def check() -> tuple[Any, Any]:  # everything before the folder is made: a refusal left an empty runs/reproduce-case-study-<time>
         if args.paired:
             from experiments.capacity_paired import check_seed_count
-            from experiments.reproduce import paired_test_seeds
 
             try:
                 check_seed_count(args.paired)
@@ -289,6 +301,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                 raise UserError(f"--paired {args.paired}: {e}") from None
             if len(set(only)) < 2:
                 raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
+        try:
+            check_planned_runs(args.quick, args.repetitions, len(set(only)), args.paired)
+        except ValueError as e:
+            given = (f" --repetitions {args.repetitions}" if args.repetitions else "") + (f" --paired {args.paired}" if args.paired else "")
+            raise UserError(f"{('--quick' if args.quick else 'the full variant') + given}: {e}") from None
+        if args.paired:
+            from experiments.reproduce import paired_test_seeds
+
             try:
                 paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
             except ValueError as e:

@@ -88,12 +88,26 @@ def planned_wall_s(sc: Any, quick: bool, configurations: int, repetitions: int =
     interval's outward steps, with all its repetitions. Failing runs stop early, so these are upper
     figures for them. `at_once`: searches that run side by side (`searches_at_once`), so the wall time
     is that of ceil(configurations / at_once) searches one after another."""
-    from experiments.capacity import INTERVAL_STEPS
+    from experiments.capacity import worst_runs
 
     run_s = float(sc.duration_s) + RUN_OVERHEAD_S + DECODE_STEP_S * float(sc.section("workload").output.mean())
     rounds = -(-configurations // max(1, at_once))
     return {"run_s": run_s, "best_s": 3 * rounds * run_s, "typical_s": (2 + repetitions) * rounds * run_s,
-            "worst_s": (SEARCH[quick]["max_probes"] + 2 * INTERVAL_STEPS) * repetitions * rounds * run_s}
+            "worst_s": worst_runs(SEARCH[quick]["max_probes"], repetitions) * rounds * run_s}
+
+
+def check_planned_runs(quick: bool, repetitions: int | None, configurations: int, paired_seeds: int = 0) -> int:
+    """The most runs a reproduction makes -- each configuration's search at worst (`capacity.worst_runs`), then the
+    paired test's two runs a seed for each two configurations adjacent by Lambda_max -- refused (ValueError,
+    `validation.planned_runs`) past `validation.MAX_RUNS`."""
+    from experiments.capacity import worst_runs
+    from testbed.validation import planned_runs
+
+    search = worst_runs(SEARCH[quick]["max_probes"], repetitions or SEARCH[quick]["repetitions"])
+    pairs = max(configurations - 1, 0) if paired_seeds else 0
+    how = f"{configurations} searches of at most {search} runs" + (
+        f" and a paired test of {paired_seeds} seeds x 2 configurations x {pairs} pair(s)" if pairs else "")
+    return planned_runs(configurations * search + 2 * paired_seeds * pairs, how)
 
 
 def searches_at_once(executor: Any, configurations: int) -> tuple[int, int]:
@@ -311,6 +325,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
     if paired_from is not None and not paired_seeds:
         raise ValueError(f"paired_from {paired_from}: the first seed of a paired test, but no paired test is asked for")
+    check_planned_runs(quick, repetitions, len(only), paired_seeds)
     if paired_seeds:  # refused before the searches, not after them
         seeds = paired_test_seeds(out, only, quick, repetitions, paired_seeds, paired_from)
 

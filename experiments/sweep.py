@@ -10,6 +10,7 @@ starts. The sweep ends with one comparison report in ``OUT/report.html`` and ``O
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from experiments.engine import SKIPPED, check_run, resolve_scenario_ref, run_tas
 from experiments.executor import Executor, RunTask
 from testbed.atomic import make_output_dir, write_json, write_parquet
 from testbed.errors import UserError
+from testbed.validation import planned_runs
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
             twice = next(v for v in values if values.count(v) > 1)
             raise UserError(f"--grid {it!r}: value {twice!r} given twice")
         out.append((key.strip(), values))
+    try:  # before the points are listed: a grid of 10^10 points was built whole
+        planned_runs(math.prod(len(v) for _, v in out), " x ".join(f"{len(v)} {k} values" for k, v in out))
+    except ValueError as exc:
+        raise UserError(f"--grid: {exc}; use fewer values") from None
     return out
 
 

@@ -232,6 +232,17 @@ def test_sweep_refuses_a_bad_grid_and_bad_points_before_running(tmp_path):
     assert ran == []
 
 
+def test_a_sweep_grid_plans_at_most_10000_runs():
+    """The grid's points were listed whole with no bound (200 x 100 x 100 values: 2 million points, each then checked
+    as a run before the first one ran); at most validation.MAX_RUNS."""
+    many = ",".join(str(i) for i in range(200))
+    assert len(expand(parse_grid([f"seed={many}", "b=" + ",".join(f"x{i}" for i in range(50))]))) == 10000
+    with pytest.raises(UserError) as exc:
+        parse_grid([f"seed={many}", "b=" + ",".join(f"x{i}" for i in range(100)), "c=" + ",".join(f"y{i}" for i in range(100))])
+    assert str(exc.value) == ("--grid: 200 seed values x 100 b values x 100 c values make 2000000 runs, more than 10000, the most "
+                              "runs one command may plan (validation.MAX_RUNS: about a week of one-minute runs); use fewer values")
+
+
 def test_reports_label_a_prfaas_run_told_the_oracle_signals(tmp_path):
     from analysis.report import summary_rows
     from analysis.rundir import load_run
