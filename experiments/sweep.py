@@ -1,6 +1,6 @@
 """``prfaas sweep``: a grid of scenario variations (e.g. WAN rate x delay x policy x seed).
 
-Each point runs into ``OUT/points/<key=value,...>/`` through the experiment engine (`experiments.engine`,
+Each point runs into ``OUT/points/<key=value,...>/`` (`SweepPoint.name`) through the experiment engine (`experiments.engine`,
 any executor); a point whose run directory loads cleanly is finished and skipped on the next call, so an
 interrupted sweep resumes where it stopped. Every point's scenario is validated before the first run
 starts. The sweep ends with one comparison report in ``OUT/report.html`` and ``OUT/results.parquet``
@@ -9,6 +9,7 @@ starts. The sweep ends with one comparison report in ``OUT/report.html`` and ``O
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import re
@@ -20,7 +21,10 @@ from experiments.engine import SKIPPED, check_run, resolve_scenario_ref, run_tas
 from experiments.executor import Executor, RunTask
 from testbed.atomic import make_output_dir, write_json, write_parquet
 from testbed.errors import UserError
-from testbed.validation import planned_runs
+from testbed.validation import MAX_NAME_BYTES, planned_runs
+
+
+HASH_CHARS = 16  # hex digits of a long point name's hash (64 bits)
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,16 @@ class SweepPoint:
 
     @property
     def name(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.=,+-]", "_", ",".join(self.overrides))
+        """The point's folder name under OUT/points/: its overrides joined with ',', every other character than
+        letters, digits and ``_.=,+-`` as '_'. One longer than `validation.MAX_NAME_BYTES` (a long grid's: the folder
+        was an OSError "File name too long" at the first run) keeps its first bytes and ends in '~' and a hash of
+        the full overrides, which sweep.json keeps beside it; a name that fits is as it always was, so a sweep begun
+        before still finds its points."""
+        name = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", ",".join(self.overrides))  # ASCII: one byte a character
+        if len(name) <= MAX_NAME_BYTES:
+            return name
+        digest = hashlib.sha256("\n".join(self.overrides).encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+        return f"{name[:MAX_NAME_BYTES - HASH_CHARS - 1]}~{digest}"  # '~' is never in a name that fits
 
 
 def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
@@ -58,7 +71,16 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def expand(grid: list[tuple[str, list[str]]]) -> list[SweepPoint]:
-    return [SweepPoint(tuple(f"{k}={v}" for k, v in zip((k for k, _ in grid), combo))) for combo in itertools.product(*(v for _, v in grid))]
+    """Every point of the grid, in order; two whose folder names are one (values that differ only in characters a name
+    turns into '_', such as 'a/b' and 'a_b') are refused: one run directory would hold both."""
+    points = [SweepPoint(tuple(f"{k}={v}" for k, v in zip((k for k, _ in grid), combo))) for combo in itertools.product(*(v for _, v in grid))]
+    seen: dict[str, SweepPoint] = {}
+    for p in points:
+        other = seen.setdefault(p.name, p)
+        if other is not p:
+            raise UserError(f"--grid: points {','.join(other.overrides)!r} and {','.join(p.overrides)!r} would share the folder "
+                            f"points/{p.name}; give values that differ in letters, digits or _.=+-")
+    return points
 
 
 def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_overrides: list[str] | None = None,
