@@ -21,7 +21,8 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, path_name, positive_int, random_seed, read_yaml, text
+from testbed.validation import (REQUIRED, Fields, boolean, load_yaml, name_or_stem, number, path_exists, positive_int, random_seed,
+                                read_yaml)
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -378,13 +379,6 @@ class WireRate:
     parts_field: str = ""
 
 
-def scenario_name(v: Any) -> str:
-    """A plain name (a whole number reads as one): it names the run's directory, runs/<name>-<time> (`path_name`:
-    without '/', at most `MAX_NAME_BYTES`). Any value passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]",
-    ``name: ../../x`` wrote its run two levels up."""
-    return path_name(text(str(v) if isinstance(v, int) and not isinstance(v, bool) else v), "the run's directory runs/<name>-<time>")
-
-
 def parse_scale(v: Any) -> float | str:
     if v == "auto":
         return "auto"
@@ -468,7 +462,10 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
     """A scenario from its YAML data: the network part, and each of `sections` the data has (any other
     key is refused). Whole scenarios: `testbed.sections.parse_scenario`."""
     f = Fields(data, "", source)
-    name = f.get("name", scenario_name, Path(source).stem if source else "scenario")
+    # a plain name, or the file's (`name_or_stem`): it names the run's directory, runs/<name>-<time> (without '/', at most
+    # `MAX_NAME_BYTES`). Any value passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]", ``name: ../../x``
+    # wrote its run two levels up.
+    name = name_or_stem(f, "the run's directory runs/<name>-<time>", "scenario")
     sc = Scenario(
         name=name,
         seed=f.get("seed", random_seed, 1),

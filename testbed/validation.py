@@ -16,8 +16,8 @@ from testbed import units
 from testbed.errors import FieldError, UserError
 
 __all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml",
-           "mapping", "non_negative", "number", "option", "path_exists", "path_is_file", "path_name", "planned_runs", "positive_int",
-           "positive_number", "random_seed", "run_count", "string", "text"]
+           "mapping", "name_or_stem", "non_negative", "number", "option", "path_exists", "path_is_file", "path_name", "plain_name",
+           "planned_runs", "positive_int", "positive_number", "random_seed", "run_count", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -167,6 +167,28 @@ def path_name(name: str, names: str) -> str:
         raise ValueError(f"{name[:24]!r}... is {size} bytes long; a name is at most {MAX_NAME_BYTES} bytes (it names {names}, "
                          "and a file or directory name is at most 255)")
     return name
+
+
+def plain_name(v: Any, names: str) -> str:
+    """A name given in a file (a scenario's, an experiment's): a non-empty string (a whole number reads as one) that
+    `path_name` takes; `names` says what it names. ``name: [1, 2]`` ran as "[1, 2]" when names were read with `str`."""
+    return path_name(text(str(v) if isinstance(v, int) and not isinstance(v, bool) else v), names)
+
+
+def name_or_stem(f: Fields, names: str, fallback: str) -> str:
+    """The ``name`` that `f` (a file's mapping) gives (`plain_name`), else its file's name without the extension
+    (`f.source`'s stem; `fallback` without a file) read the same way: a file's name that cannot be a name -- longer
+    than `MAX_NAME_BYTES`, a lone surrogate from bytes that are not UTF-8 -- is one `FieldError` naming the file and
+    saying to add ``name:`` (it was used unchecked, and a 250-byte file name made runs/<name>-<time> too long)."""
+    if f.has("name") and f.data["name"] is not None:
+        return f.get("name", lambda v: plain_name(v, names))
+    f.mark_read("name")
+    stem = Path(f.source).stem if f.source else fallback
+    try:
+        return plain_name(stem, names)
+    except ValueError as exc:
+        raise f.error("name", f"not given, and the file's name cannot stand for it: {exc}; add name: <a plain name> to the "
+                              "file") from None
 
 
 def boolean(v: Any) -> bool:
