@@ -25,7 +25,7 @@ from typing import Any
 
 
 from testbed.errors import FieldError, UserError
-from testbed.validation import Fields, path_name, planned_runs, random_seed, read_yaml, run_count
+from testbed.validation import Fields, name_or_stem, path_name, planned_runs, random_seed, read_yaml, run_count
 
 # metric -> True when higher is better, False when lower is better, None when it has no direction
 DEFAULT_METRICS: dict[str, bool | None] = {
@@ -96,7 +96,7 @@ def _seeds(value: Any) -> tuple[int, ...]:
 
 def parse_spec(data: Any, source: str | None = None, base_dir: Path | None = None) -> ExperimentSpec:
     f = Fields(data, "", source)
-    name = f.get("name", str, Path(source).stem if source else "experiment")
+    name = name_or_stem(f, "the experiment in results.parquet and report.md", "experiment")  # read with `str` before: a list passed
     scenario = f.get("scenario", str)
     if base_dir is not None and (scenario.endswith((".yaml", ".yml")) or "/" in scenario):
         scenario = str((base_dir / scenario).resolve())

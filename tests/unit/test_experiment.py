@@ -78,6 +78,28 @@ def test_an_experiment_plans_at_most_10000_runs():
     assert time.monotonic() - t0 < 5.0
 
 
+def test_an_experiments_name_is_a_plain_name_as_a_scenarios(tmp_path):
+    """`name` was read with `str`: `name: [1, 2]` ran as experiment "[1, 2]", `name: {a: 1}` as "{'a': 1}"; and without
+    `name:` the spec file's name was used unchecked."""
+    from experiments.spec import load_spec
+
+    assert parse_spec({**SPEC, "name": 7}).name == "7" and parse_spec({k: v for k, v in SPEC.items() if k != "name"}, "d/p.yaml").name == "p"
+    for name, says in (([1, 2], "[1, 2] is not a non-empty string"), ({"a": 1}, "{'a': 1} is not a non-empty string"),
+                       ("", "'' is not a non-empty string"), (True, "True is not a non-empty string"),
+                       ("a/b", "'a/b' is not a plain name (it names the experiment in results.parquet and report.md); use letters, "
+                               "digits, '-', '_' or '.', without '/'")):
+        with pytest.raises(UserError) as exc:
+            parse_spec({**SPEC, "name": name}, "s.yaml")
+        assert str(exc.value) == f"s.yaml: name: {says}"
+    long = tmp_path / ("e" * 240 + ".yaml")
+    long.write_text(json.dumps({k: v for k, v in SPEC.items() if k != "name"}))
+    with pytest.raises(UserError) as exc:
+        load_spec(long)
+    assert str(exc.value) == (f"{long}: name: not given, and the file's name cannot stand for it: 'eeeeeeeeeeeeeeeeeeeeeeee'... is "
+                              "240 bytes long; a name is at most 200 bytes (it names the experiment in results.parquet and "
+                              "report.md, and a file or directory name is at most 255); add name: <a plain name> to the file")
+
+
 def test_an_arm_name_is_at_most_200_bytes_as_it_names_a_directory():
     """An arm's runs go to DIR/runs/<arm>/: a 300-character arm name was an OSError at the first run."""
     assert parse_spec({**SPEC, "arms": {"a" * 200: {}}, "baseline": None}).arms[0].name == "a" * 200
