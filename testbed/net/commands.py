@@ -14,7 +14,8 @@ from typing import Any
 
 from testbed.atomic import make_output_dir, write_json
 from testbed.errors import HostError, UserError
-from testbed.validation import at_least_one, option, positive_number
+from testbed.validation import option, positive_number
+from traffic.cross import stream_count
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -50,7 +51,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     cal.add_argument("scenario", nargs="?", default="net-default")
     cal.add_argument("--json", dest="json_file", type=Path, metavar="FILE", help="write the figures as JSON")
     cal.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    cal.add_argument("--streams", type=option(at_least_one, whole=True), default=4)
+    cal.add_argument("--streams", type=option(stream_count, whole=True), default=4, help="iperf3 -P (1 to 128; default 4)")
     cal.add_argument("--duration", type=option(positive_number), default=5.0, help="seconds per iperf3 run")
     cal.set_defaults(func=cmd_calibrate)
 

@@ -114,3 +114,11 @@ def test_the_folder_is_made_once_the_checks_pass(tmp_path):
     with pytest.raises(ValueError):
         make_output_dir(tmp_path / "c", lambda: int("x"))
     assert not (tmp_path / "c").exists()
+
+
+def test_calibrate_runs_at_most_iperf3s_128_streams(nothing_runs, capsys):
+    """`--streams 200` passed and iperf3 refused it ("number of parallel streams too large (maximum = 128)") once the
+    network was up: the same reader as a cross-traffic flow's `streams` (traffic.cross.IPERF3_MAX_STREAMS)."""
+    assert refused(["calibrate", "quick", "--streams", "129"], capsys) == (
+        "prfaas calibrate: error: argument --streams: 129 is more than 128, the most parallel streams iperf3 runs (-P)")
+    assert list(nothing_runs.iterdir()) == []
