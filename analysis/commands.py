@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.atomic import make_dirs
+from testbed.atomic import make_output_dir
 from testbed.errors import UserError
 from testbed.validation import at_least_one, option, positive_number
 
@@ -131,14 +131,22 @@ def cmd_wall(args: argparse.Namespace) -> int:
 
     from analysis import bandwidth_wall as bw
 
+    models = (args.measure or ["kimi-linear-48b", "minimax-m2.5"]) if args.measure is not None else []
+
+    def check() -> tuple[list[int], Any]:  # every input read before any timing, and before --save's folder is made
+        from testbed.models.spec import load_model_spec
+
+        for m in models:
+            load_model_spec(m)
+        return (_lengths(args.lengths) if models else []), (bw.measured_profiles_table(args.measured) if args.measured else None)
+
+    lengths, profiles = make_output_dir(args.save, check) if args.save and models else check()
     published = bw.published_table()
     curves = [bw.profile_curve(m, p, np.geomspace(1024, 131072, 40)) for m, p in bw.PROFILE_CURVES.items()]
     measured = None
-    if args.measure is not None:
+    if models:
         from rich.progress import Progress
 
-        models = args.measure or ["kimi-linear-48b", "minimax-m2.5"]
-        lengths = _lengths(args.lengths)
         parts = []
         with Progress() as bar:
             task = bar.add_task("timing prefill", total=len(models) * len(lengths))
@@ -146,7 +154,7 @@ def cmd_wall(args: argparse.Namespace) -> int:
                 parts.append(bw.measure(m, lengths, args.variant, args.device, progress=lambda: bar.advance(task)))
         measured = pd.concat(parts, ignore_index=True)
         if args.save:
-            d = make_dirs(args.save)
+            d = Path(args.save)
             for m, part in measured.groupby("model"):
                 part[["tokens", "prefill_s", "kv_bytes", "phi_gbps", "source"]].to_csv(d / f"measured-{m}.csv", index=False)
     cluster = bw.cluster_table(args.gpus)
@@ -157,8 +165,8 @@ def cmd_wall(args: argparse.Namespace) -> int:
         from analysis.plots import save
 
         doc["plots"] = [str(save(bw.wall_figure(published, curves, measured, args.gpus), Path(args.plots) / "bandwidth_wall.png"))]
-    if args.measured:
-        doc["measured_profiles"] = bw.measured_profiles_table(args.measured).to_dict("records")
+    if profiles is not None:
+        doc["measured_profiles"] = profiles.to_dict("records")
     if args.json:
         _print_json(doc)
         return 0

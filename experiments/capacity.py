@@ -43,6 +43,11 @@ MIN_REQUESTS = 20
 # is closed: 1% of the tolerance is the rounding, not the resolution, and one more rate costs 1-3
 # whole runs (until 2026-12-01 it was bisected again: ROUNDING was 1e-3).
 ROUNDING = 1e-2
+# The finest tolerance: 0.1%. Rates are tried to 4 significant digits (they name run directories), two neighbours
+# 0.01-0.1% apart, so a bracket narrower than 0.1% may have no rate left between its ends: `--tolerance 0.000001`
+# bisected 3.0 .. 3.001 by trying 3.0 again, forever, with no run (2026-12-07). From 0.1% up, a bracket still open
+# (wider than the tolerance plus `ROUNDING`) always has a 4-digit rate inside.
+MIN_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -235,13 +240,41 @@ def search(evaluate: Evaluate, start_rps: float, *, repetitions: int = 3, rel_to
         return _result(probes, best, bracketed=False)
     lo, hi = _bracket(probes)
     while hi is not None and (hi - lo) / lo > rel_tol * (1 + ROUNDING) and len(probes) < max_probes:
+        tried = len(probes)
         probe(math.sqrt(lo * hi))
         lo, hi = _bracket(probes)
+        if len(probes) == tried:  # the midpoint rounds to an end (`MIN_TOLERANCE`): nothing is left to try
+            break
     _bound_interval(probes, probe, lo, hi, rel_tol, min_rps, max_rps)
     return _result(probes, lo, bracketed=hi is not None and lo > 0)
 
 
 INTERVAL_STEPS = 3  # rates a side to find the interval's end (steps (1 + tol)^4, ^6, ^8: down to 0.54x)
+
+
+def tolerance(v: Any) -> float:
+    """A search's relative tolerance (``--tolerance``): a number of at least `MIN_TOLERANCE`."""
+    from testbed.validation import positive_number
+
+    x = positive_number(v)
+    if x < MIN_TOLERANCE:
+        raise ValueError(f"{v!r} is below {MIN_TOLERANCE:g}: rates are tried to 4 significant digits, 0.01-0.1% apart, so "
+                         f"no rate may be left between a narrower bracket's ends; use {MIN_TOLERANCE:g} or more")
+    return x
+
+
+def worst_runs(max_probes: int, repetitions: int) -> int:
+    """The most runs a search makes: each rate it may try (`max_probes`, then `INTERVAL_STEPS` a side outward for the
+    interval) with all of its repetitions."""
+    return (max_probes + 2 * INTERVAL_STEPS) * repetitions
+
+
+def check_search_size(max_probes: int, repetitions: int) -> int:
+    """`worst_runs`, refused (ValueError, `validation.planned_runs`) past `validation.MAX_RUNS`."""
+    from testbed.validation import planned_runs
+
+    return planned_runs(worst_runs(max_probes, repetitions), f"up to {max_probes + 2 * INTERVAL_STEPS} rates ({max_probes} and "
+                        f"{2 * INTERVAL_STEPS} outward for the interval) x {repetitions} repetitions")
 
 
 def _bound_interval(probes: dict[float, Probe], probe: Callable[[float], Probe], lo: float, hi: float | None,

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from testbed import rundir
-from testbed.atomic import make_dirs
+from testbed.atomic import make_output_dir
 from testbed.errors import UserError
-from testbed.validation import at_least_one, option, positive_int, positive_number, random_seed
+from testbed.validation import option, positive_int, positive_number, random_seed, run_count
 
 KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
 
@@ -54,10 +54,11 @@ def register(sub: "argparse._SubParsersAction") -> None:
     c.add_argument("scenario", metavar="SCENARIO")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override")
     c.add_argument("--out", metavar="DIR", help="where the probe runs go (default: runs/capacity-<scenario>-<time>)")
-    c.add_argument("--repetitions", type=option(at_least_one, whole=True), default=3,
+    c.add_argument("--repetitions", type=option(run_count, whole=True), default=3,
                    help="runs (seeds 1..N) that decide a marginal rate at the edge by majority (default 3)")
-    c.add_argument("--tolerance", type=option(positive_number), default=0.1, help="stop when (hi - lo) / lo is below this (default 0.1)")
-    c.add_argument("--max-probes", type=option(at_least_one, whole=True), default=8, help="most rates tried (default 8)")
+    c.add_argument("--tolerance", type=option(tolerance), default=0.1,
+                   help="stop when (hi - lo) / lo is below this (default 0.1; at least 0.001)")
+    c.add_argument("--max-probes", type=option(run_count, whole=True), default=8, help="most rates tried (default 8)")
     c.add_argument("--start", type=option(positive_number), metavar="RPS", help="first rate (default: the throughput model's Lambda_max)")
     c.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
     c.add_argument("--json", action="store_true")
@@ -68,7 +69,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("target", choices=("case-study",))
     r.add_argument("--quick", action="store_true", help="45-s runs, 128-token answers, 15%% tolerance (docs/experiments.md)")
     r.add_argument("--out", metavar="DIR", help="default: runs/reproduce-case-study-<time>")
-    r.add_argument("--repetitions", type=option(at_least_one, whole=True), help="runs that decide a marginal rate (default: 2 with --quick, 3 without)")
+    r.add_argument("--repetitions", type=option(run_count, whole=True), help="runs that decide a marginal rate (default: 2 with --quick, 3 without)")
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
                    help="comma-separated configurations to measure")
     r.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
@@ -83,6 +84,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("--json", action="store_true")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
+
+
+def tolerance(v: Any) -> float:
+    """`experiments.capacity.tolerance`, imported when an option is read (not with every command's parser)."""
+    from experiments.capacity import tolerance as read
+
+    return read(v)
 
 
 def _executor_option(p: argparse.ArgumentParser) -> None:
@@ -158,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out}: already holds a run ({rundir.SUMMARY_FILE}); choose another directory")
     for w in check_scenario(scenario).warnings:  # `prfaas check`'s, before the minutes a run takes
         print(f"warning: {w}", file=sys.stderr)
-    run_once(scenario, out, progress=not args.no_progress)
+    run_once(scenario, out, progress=not args.no_progress)  # the runner makes `out` once `plan_run` has checked the scenario
     ended_early = _print_summary(out)
     _run_report(out)
     return 1 if ended_early else 0
@@ -173,8 +181,11 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise UserError("--policies: name at least one policy, e.g. prfaas,fixed-threshold")
-    scenarios = [check_run("quick", [f"policy.name={p}"]) for p in policies]  # all checked before any runs
+    twice = next((p for p in policies if policies.count(p) > 1), None)
+    if twice is not None:  # both runs would go to one folder, the second over the first
+        raise UserError(f"--policies {args.policies!r}: {twice!r} is given twice; name each policy once")
     parent = Path(args.out) if args.out else _default_out("quick")
+    scenarios = make_output_dir(parent, lambda: [check_run("quick", [f"policy.name={p}"]) for p in policies])  # all before any run
     outs, ended_early = [], False
     for policy, scenario in zip(policies, scenarios):
         out = parent / policy
@@ -214,13 +225,23 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     import json
 
-    from experiments.capacity import flagged_lines, measure_capacity
+    from experiments.capacity import capacity_overrides, check_scenario, check_search_size, flagged_lines, measure_capacity
     from experiments.executor import make_executor
     from testbed.atomic import write_json
 
-    out = make_dirs(Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}"))  # before the plan
+    out = Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}")
+
+    def check() -> Any:
+        try:
+            check_search_size(args.max_probes, args.repetitions)
+        except ValueError as e:
+            raise UserError(f"--max-probes {args.max_probes} --repetitions {args.repetitions}: {e}") from None
+        check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop))
+        return make_executor(args.executor)
+
+    executor = make_output_dir(out, check)  # the folder before the plan, after every refusal
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
-                           max_probes=args.max_probes, start_rps=args.start, executor=make_executor(args.executor),
+                           max_probes=args.max_probes, start_rps=args.start, executor=executor,
                            progress=not args.json, early_stop=not args.no_early_stop)
     write_json(out / "capacity.json", doc, indent=1)
     if args.json:
@@ -259,7 +280,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from experiments.capacity import flagged_lines
     from experiments.capacity_paired import ALPHA, PairedOrder
     from experiments.executor import make_executor
-    from experiments.reproduce import CONFIGURATIONS, earlier_looks, reproduce_case_study, write_document
+    from experiments.reproduce import (CONFIGURATIONS, check_planned_runs, earlier_looks, plan_case_study, reproduce_case_study,
+                                      write_document)
 
     only = tuple(x.strip() for x in args.only.split(",") if x.strip())  # (reproduce_case_study measures each once)
     bad = [x for x in only if x not in CONFIGURATIONS]
@@ -268,24 +290,35 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.paired_from is not None and not args.paired:
         raise UserError(f"--paired-from {args.paired_from}: it names the first seed of a paired test; add --paired N")
     out = Path(args.out) if args.out else _default_out("reproduce-case-study")
-    if args.paired:  # checked before the folder is made: a refused invocation left an empty runs/reproduce-case-study-<time>
-        from experiments.capacity_paired import check_seed_count
-        from experiments.reproduce import paired_test_seeds
 
+    def check() -> tuple[Any, Any]:  # everything before the folder is made: a refusal left an empty runs/reproduce-case-study-<time>
+        if args.paired:
+            from experiments.capacity_paired import check_seed_count
+
+            try:
+                check_seed_count(args.paired)
+            except ValueError as e:
+                raise UserError(f"--paired {args.paired}: {e}") from None
+            if len(set(only)) < 2:
+                raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
         try:
-            check_seed_count(args.paired)
+            check_planned_runs(args.quick, args.repetitions, len(set(only)), args.paired)
         except ValueError as e:
-            raise UserError(f"--paired {args.paired}: {e}") from None
-        if len(set(only)) < 2:
-            raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
-        try:
-            paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
-        except ValueError as e:
-            raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
-    make_dirs(out)  # before the plan, after every refusal
-    doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only,
-                               executor=make_executor(args.executor), progress=not args.json, early_stop=not args.no_early_stop,
-                               paired_seeds=args.paired, paired_from=args.paired_from)
+            given = (f" --repetitions {args.repetitions}" if args.repetitions else "") + (f" --paired {args.paired}" if args.paired else "")
+            raise UserError(f"{('--quick' if args.quick else 'the full variant') + given}: {e}") from None
+        if args.paired:
+            from experiments.reproduce import paired_test_seeds
+
+            try:
+                paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
+            except ValueError as e:
+                raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
+        return make_executor(args.executor), plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop)
+
+    executor, plan = make_output_dir(out, check)  # before the plan is printed, after every refusal
+    doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only, executor=executor,
+                               progress=not args.json, early_stop=not args.no_early_stop, paired_seeds=args.paired,
+                               paired_from=args.paired_from, plan=plan)
     kept = write_document(out, doc)
     if kept is not None:
         print(f"kept the earlier {out / 'reproduce.json'} as {kept}", file=sys.stderr)

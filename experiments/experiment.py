@@ -17,7 +17,7 @@ from experiments.engine import SKIPPED, check_run, run_tasks
 from experiments.executor import Executor, RunOutcome, RunTask
 from experiments.spec import KNOWN_DIRECTIONS, ExperimentSpec
 from testbed import rundir
-from testbed.atomic import make_dirs, write_json, write_parquet, write_text
+from testbed.atomic import make_output_dir, write_json, write_parquet, write_text
 from testbed.errors import UserError
 
 RESULTS_FILE = "results.parquet"
@@ -180,10 +180,9 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, executor: Executor
                    progress: bool = True) -> dict[str, Any]:
     """Run every run not finished yet; write results.parquet, comparison.json and report.md."""
     out = Path(out_dir).resolve()
-    labelled = tasks_of(spec, out)
+    labelled = make_output_dir(out, lambda: tasks_of(spec, out))  # every run checked before the folder is made
     outcomes = run_tasks([t for t, _ in labelled], executor, label=f"experiment {spec.name}", progress=progress)
     results = results_frame([run_row(outcomes[t.key], out, **labels) for t, labels in labelled])
-    make_dirs(out)
     write_parquet(out / RESULTS_FILE, results)
     comparisons = compare_arms(results, spec)
     write_json(out / COMPARISON_FILE, [c.to_json() for c in comparisons], indent=1)

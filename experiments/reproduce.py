@@ -16,6 +16,7 @@ paper's published ratio. Gaps are discussed in docs/analysis.md ("Measured again
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -87,12 +88,26 @@ def planned_wall_s(sc: Any, quick: bool, configurations: int, repetitions: int =
     interval's outward steps, with all its repetitions. Failing runs stop early, so these are upper
     figures for them. `at_once`: searches that run side by side (`searches_at_once`), so the wall time
     is that of ceil(configurations / at_once) searches one after another."""
-    from experiments.capacity import INTERVAL_STEPS
+    from experiments.capacity import worst_runs
 
     run_s = float(sc.duration_s) + RUN_OVERHEAD_S + DECODE_STEP_S * float(sc.section("workload").output.mean())
     rounds = -(-configurations // max(1, at_once))
     return {"run_s": run_s, "best_s": 3 * rounds * run_s, "typical_s": (2 + repetitions) * rounds * run_s,
-            "worst_s": (SEARCH[quick]["max_probes"] + 2 * INTERVAL_STEPS) * repetitions * rounds * run_s}
+            "worst_s": worst_runs(SEARCH[quick]["max_probes"], repetitions) * rounds * run_s}
+
+
+def check_planned_runs(quick: bool, repetitions: int | None, configurations: int, paired_seeds: int = 0) -> int:
+    """The most runs a reproduction makes -- each configuration's search at worst (`capacity.worst_runs`), then the
+    paired test's two runs a seed for each two configurations adjacent by Lambda_max -- refused (ValueError,
+    `validation.planned_runs`) past `validation.MAX_RUNS`."""
+    from experiments.capacity import worst_runs
+    from testbed.validation import planned_runs
+
+    search = worst_runs(SEARCH[quick]["max_probes"], repetitions or SEARCH[quick]["repetitions"])
+    pairs = max(configurations - 1, 0) if paired_seeds else 0
+    how = f"{configurations} searches of at most {search} runs" + (
+        f" and a paired test of {paired_seeds} seeds x 2 configurations x {pairs} pair(s)" if pairs else "")
+    return planned_runs(configurations * search + 2 * paired_seeds * pairs, how)
 
 
 def searches_at_once(executor: Any, configurations: int) -> tuple[int, int]:
@@ -272,28 +287,52 @@ def above_model(measured: dict[str, Any], model: dict[str, dict[str, Any]]) -> d
     return out
 
 
-def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: int | None = None, only: tuple[str, ...] = CONFIGURATIONS,
-                         executor: Any = None, progress: bool = True, early_stop: bool = True, paired_seeds: int = 0,
-                         paired_from: int | None = None) -> dict[str, Any]:
-    """The measured and modelled Lambda_max of each configuration in `only`; with `paired_seeds`, also the
-    paired order test of each two configurations adjacent by measured Lambda_max (`paired_orders`)."""
-    import time
+@dataclass(frozen=True)
+class CaseStudyPlan:
+    """What a reproduction measures, every configuration checked (`plan_case_study`)."""
 
-    from experiments.capacity import capacity_overrides, check_scenario, measure_capacity
+    base: list[str]  # the overrides every configuration gets (STEADY and the variant's)
+    scenario: Any  # the case study with `base`
+    model: dict[str, dict[str, Any]]  # {reading: {configuration: ModelResult dict}} (`model_results`)
+    overrides: dict[str, list[str]]  # each configuration's own (`configuration_overrides`)
 
-    only = tuple(dict.fromkeys(only))  # a configuration named twice is measured once (two searches would share its runs)
-    search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
-    if paired_from is not None and not paired_seeds:
-        raise ValueError(f"paired_from {paired_from}: the first seed of a paired test, but no paired test is asked for")
-    if paired_seeds:  # refused before the searches, not after them
-        seeds = paired_test_seeds(out, only, quick, repetitions, paired_seeds, paired_from)
 
-    t0 = time.monotonic()
+def plan_case_study(quick: bool, only: tuple[str, ...], early_stop: bool = True) -> CaseStudyPlan:
+    """The model of the variant and each configuration in `only` checked as its search would check it
+    (`capacity.check_scenario`: a run would take it): the CLI asks here before it makes the output folder, so a
+    configuration this host refuses leaves no folder behind."""
+    from experiments.capacity import capacity_overrides, check_scenario
+
     base = STEADY + (QUICK if quick else FULL)
     sc, model = model_results(base)
     overrides = configuration_overrides(model["literal"])
     for name in only:  # every configuration is checked before the first search starts
         check_scenario("case-study", capacity_overrides(base + overrides[name], early_stop))
+    return CaseStudyPlan(base, sc, model, overrides)
+
+
+def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: int | None = None, only: tuple[str, ...] = CONFIGURATIONS,
+                         executor: Any = None, progress: bool = True, early_stop: bool = True, paired_seeds: int = 0,
+                         paired_from: int | None = None, plan: CaseStudyPlan | None = None) -> dict[str, Any]:
+    """The measured and modelled Lambda_max of each configuration in `only`; with `paired_seeds`, also the
+    paired order test of each two configurations adjacent by measured Lambda_max (`paired_orders`). `plan`: the
+    variant's `plan_case_study` for `only`, when the caller checked it already."""
+    import time
+
+    from experiments.capacity import measure_capacity
+
+    only = tuple(dict.fromkeys(only))  # a configuration named twice is measured once (two searches would share its runs)
+    search = {**SEARCH[quick], **({"repetitions": repetitions} if repetitions else {})}
+    if paired_from is not None and not paired_seeds:
+        raise ValueError(f"paired_from {paired_from}: the first seed of a paired test, but no paired test is asked for")
+    check_planned_runs(quick, repetitions, len(only), paired_seeds)
+    if paired_seeds:  # refused before the searches, not after them
+        seeds = paired_test_seeds(out, only, quick, repetitions, paired_seeds, paired_from)
+
+    t0 = time.monotonic()
+    if plan is None:
+        plan = plan_case_study(quick, only, early_stop)
+    base, sc, model, overrides = plan.base, plan.scenario, plan.model, plan.overrides
     at_once, per_search = searches_at_once(executor, len(only))
     plan = planned_wall_s(sc, quick, len(only), search["repetitions"], at_once)
     if progress:

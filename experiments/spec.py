@@ -25,7 +25,7 @@ from typing import Any
 
 
 from testbed.errors import FieldError, UserError
-from testbed.validation import Fields, path_name, positive_int, random_seed, read_yaml
+from testbed.validation import Fields, name_or_stem, path_name, planned_runs, random_seed, read_yaml, run_count
 
 # metric -> True when higher is better, False when lower is better, None when it has no direction
 DEFAULT_METRICS: dict[str, bool | None] = {
@@ -85,13 +85,7 @@ def _seeds(value: Any) -> tuple[int, ...]:
     if isinstance(value, bool):
         raise ValueError("give a count or a list of whole numbers")
     if isinstance(value, int):
-        if value < 1:
-            raise ValueError(f"{value} must be >= 1")
-        try:
-            random_seed(value)
-        except ValueError as exc:
-            raise ValueError(f"a count runs seeds 1 to the count, and {exc}") from None
-        return tuple(range(1, value + 1))
+        return tuple(range(1, run_count(value) + 1))  # seeds 1 to the count (at most MAX_RUNS, far below MAX_SEED)
     if isinstance(value, list) and value:
         seeds = tuple(random_seed(s) for s in value)  # a seed of every run's scenario, read as the scenario reads it
         if len(set(seeds)) != len(seeds):
@@ -102,7 +96,7 @@ def _seeds(value: Any) -> tuple[int, ...]:
 
 def parse_spec(data: Any, source: str | None = None, base_dir: Path | None = None) -> ExperimentSpec:
     f = Fields(data, "", source)
-    name = f.get("name", str, Path(source).stem if source else "experiment")
+    name = name_or_stem(f, "the experiment in results.parquet and report.md", "experiment")  # read with `str` before: a list passed
     scenario = f.get("scenario", str)
     if base_dir is not None and (scenario.endswith((".yaml", ".yml")) or "/" in scenario):
         scenario = str((base_dir / scenario).resolve())
@@ -122,9 +116,12 @@ def parse_spec(data: Any, source: str | None = None, base_dir: Path | None = Non
             raise f.error("arms", str(exc)) from None
         arms.append(Arm(str(arm_name), _overrides(ov, f"arms.{arm_name}", source)))
     seeds = f.get("seeds", _seeds, (1,))
-    reps = f.get("repetitions", positive_int, 1)
-    if reps < 1:
-        raise f.error("repetitions", f"{reps} must be >= 1")
+    reps = f.get("repetitions", run_count, 1)
+    try:
+        planned_runs(len(arms) * len(seeds) * reps, f"{len(arms)} arm(s) x {len(seeds)} seed(s) x {reps} repetition(s)")
+    except ValueError as exc:
+        raise f.error("repetitions" if reps > 1 else "seeds", f"{exc}; use fewer, or split the "
+                      "experiment") from None
     baseline = f.get("baseline", str, None)
     if baseline is not None and baseline not in raw_arms:
         raise f.error("baseline", f"{baseline!r} is not an arm; arms: {', '.join(map(str, raw_arms))}")

@@ -1,6 +1,6 @@
 """``prfaas sweep``: a grid of scenario variations (e.g. WAN rate x delay x policy x seed).
 
-Each point runs into ``OUT/points/<key=value,...>/`` through the experiment engine (`experiments.engine`,
+Each point runs into ``OUT/points/<key=value,...>/`` (`SweepPoint.name`) through the experiment engine (`experiments.engine`,
 any executor); a point whose run directory loads cleanly is finished and skipped on the next call, so an
 interrupted sweep resumes where it stopped. Every point's scenario is validated before the first run
 starts. The sweep ends with one comparison report in ``OUT/report.html`` and ``OUT/results.parquet``
@@ -9,7 +9,9 @@ starts. The sweep ends with one comparison report in ``OUT/report.html`` and ``O
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +19,12 @@ from typing import Any
 
 from experiments.engine import SKIPPED, check_run, resolve_scenario_ref, run_tasks
 from experiments.executor import Executor, RunTask
-from testbed.atomic import make_dirs, write_json, write_parquet
+from testbed.atomic import make_output_dir, write_json, write_parquet
 from testbed.errors import UserError
+from testbed.validation import MAX_NAME_BYTES, planned_runs
+
+
+HASH_CHARS = 16  # hex digits of a long point name's hash (64 bits)
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,16 @@ class SweepPoint:
 
     @property
     def name(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.=,+-]", "_", ",".join(self.overrides))
+        """The point's folder name under OUT/points/: its overrides joined with ',', every other character than
+        letters, digits and ``_.=,+-`` as '_'. One longer than `validation.MAX_NAME_BYTES` (a long grid's: the folder
+        was an OSError "File name too long" at the first run) keeps its first bytes and ends in '~' and a hash of
+        the full overrides, which sweep.json keeps beside it; a name that fits is as it always was, so a sweep begun
+        before still finds its points."""
+        name = re.sub(r"[^A-Za-z0-9_.=,+-]", "_", ",".join(self.overrides))  # ASCII: one byte a character
+        if len(name) <= MAX_NAME_BYTES:
+            return name
+        digest = hashlib.sha256("\n".join(self.overrides).encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+        return f"{name[:MAX_NAME_BYTES - HASH_CHARS - 1]}~{digest}"  # '~' is never in a name that fits
 
 
 def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
@@ -48,11 +63,24 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
             twice = next(v for v in values if values.count(v) > 1)
             raise UserError(f"--grid {it!r}: value {twice!r} given twice")
         out.append((key.strip(), values))
+    try:  # before the points are listed: a grid of 10^10 points was built whole
+        planned_runs(math.prod(len(v) for _, v in out), " x ".join(f"{len(v)} {k} values" for k, v in out))
+    except ValueError as exc:
+        raise UserError(f"--grid: {exc}; use fewer values") from None
     return out
 
 
 def expand(grid: list[tuple[str, list[str]]]) -> list[SweepPoint]:
-    return [SweepPoint(tuple(f"{k}={v}" for k, v in zip((k for k, _ in grid), combo))) for combo in itertools.product(*(v for _, v in grid))]
+    """Every point of the grid, in order; two whose folder names are one (values that differ only in characters a name
+    turns into '_', such as 'a/b' and 'a_b') are refused: one run directory would hold both."""
+    points = [SweepPoint(tuple(f"{k}={v}" for k, v in zip((k for k, _ in grid), combo))) for combo in itertools.product(*(v for _, v in grid))]
+    seen: dict[str, SweepPoint] = {}
+    for p in points:
+        other = seen.setdefault(p.name, p)
+        if other is not p:
+            raise UserError(f"--grid: points {','.join(other.overrides)!r} and {','.join(p.overrides)!r} would share the folder "
+                            f"points/{p.name}; give values that differ in letters, digits or _.=+-")
+    return points
 
 
 def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_overrides: list[str] | None = None,
@@ -61,8 +89,8 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
     grid = parse_grid(grid_items)
     points = expand(grid)
     out = Path(out_dir)
-    for p in points:  # every point is checked before anything runs
-        check_run(scenario, list(base_overrides or []) + list(p.overrides), out / "points" / p.name)
+    make_output_dir(out, lambda: [check_run(scenario, list(base_overrides or []) + list(p.overrides), out / "points" / p.name)
+                                  for p in points])  # every point is checked before anything runs, or its folder is made
     ref = resolve_scenario_ref(scenario)
     tasks = [RunTask(p.name, ref, tuple(base_overrides or []) + p.overrides, out / "points" / p.name) for p in points]
     outcomes = run_tasks(tasks, executor, label="sweep")
@@ -71,7 +99,6 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
         o = outcomes[p.name]
         status = o.status if o.status in ("ok", SKIPPED) else f"failed: {o.error}"
         manifest["points"][p.name] = {"overrides": list(p.overrides), "status": status}
-    make_dirs(out)
     from experiments.experiment import RESULTS_FILE, results_frame, run_row
 
     rows = [run_row(outcomes[p.name], out.resolve(), experiment=f"sweep {Path(scenario).stem}", arm=p.name, order=i + 1,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from testbed.atomic import make_dirs
+from testbed.atomic import make_output_dir
 from testbed.errors import UserError
 
 LABS_DIR = Path(__file__).resolve().parent
@@ -61,9 +61,11 @@ def get_lab(number: int) -> Lab:
 def start_lab(lab: Lab, dest: Path, *, force: bool = False) -> list[Path]:
     """Copy the lab's student files into `dest` (scenarios, questions, answers template, scripts) and make
     its ``runs/`` folder. Refuses to overwrite an answers file unless `force`."""
-    make_dirs(dest)
-    if (dest / lab.answers).exists() and not force:
-        raise UserError(f"{dest / lab.answers} exists already (your answers?); use another --dir or --force")
+    def check() -> None:
+        if (dest / lab.answers).exists() and not force:
+            raise UserError(f"{dest / lab.answers} exists already (your answers?); use another --dir or --force")
+
+    make_output_dir(dest, check)
     out = []
     for name in lab.files + ("handout.md",):
         shutil.copy(lab.folder / name, dest / name)

@@ -17,9 +17,11 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from testbed.errors import UserError
+
+T = TypeVar("T")
 
 
 def make_dirs(path: str | Path) -> Path:
@@ -32,6 +34,18 @@ def make_dirs(path: str | Path) -> Path:
     except OSError as exc:
         raise UserError(f"{p}: cannot create this folder ({exc.strerror or exc})") from None
     return p
+
+
+def make_output_dir(path: str | Path, check: Callable[[], T]) -> T:
+    """A command's output folder `path`, made (`make_dirs`) only once `check` -- every check of the command's input,
+    raising `UserError` on a refusal -- has passed; returns what `check` returned (the checked plan). Every command
+    that makes its output folder before its runs (`prfaas capacity`, `reproduce`, `quickstart`, `sweep`, `experiment`,
+    `profile`, `calibrate`, `wall`, `lab start`) makes it here, so a refused invocation leaves no folder behind
+    (`prfaas run`'s run directory is made by the runner, after `plan_run`): `prfaas capacity quick --set seed=-1` left
+    an empty runs/capacity-quick-<time> (2026-12-07)."""
+    checked = check()
+    make_dirs(path)
+    return checked
 
 
 def replace_with(path: str | Path, write: Callable[[Path], Any]) -> Path:

@@ -21,7 +21,8 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import REQUIRED, Fields, boolean, load_yaml, number, path_exists, path_name, positive_int, random_seed, read_yaml, text
+from testbed.validation import (REQUIRED, Fields, boolean, load_yaml, name_or_stem, number, path_exists, positive_int, random_seed,
+                                read_yaml)
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -363,14 +364,19 @@ class Section:
     parse: Callable[[Fields], Any]
     check: Callable[["Scenario"], None] | None = None
     # the section's rates that `scale` divides onto the wire, each named by its field (`Scenario.check_wire_rates`)
-    rates: Callable[[Any], Sequence[tuple[str, float]]] | None = None
+    rates: Callable[[Any], Sequence["WireRate"]] | None = None
 
 
-def scenario_name(v: Any) -> str:
-    """A plain name (a whole number reads as one): it names the run's directory, runs/<name>-<time> (`path_name`:
-    without '/', at most `MAX_NAME_BYTES`). Any value passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]",
-    ``name: ../../x`` wrote its run two levels up."""
-    return path_name(text(str(v) if isinstance(v, int) and not isinstance(v, bool) else v), "the run's directory runs/<name>-<time>")
+@dataclass(frozen=True)
+class WireRate:
+    """A rate `scale` divides onto the wire, named by its field (`Scenario.check_wire_rates`). `parts` senders may share
+    it equally, each at `bps` / `parts` on the wire (a cross-traffic flow's iperf3 streams), their count named by the
+    field `parts_field` (e.g. ``cross_traffic.flows[0].streams``)."""
+
+    field: str
+    bps: float
+    parts: int = 1
+    parts_field: str = ""
 
 
 def parse_scale(v: Any) -> float | str:
@@ -393,33 +399,45 @@ class Scenario:
     sections: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     source: str | None = None
-    section_rates: tuple[tuple[str, float], ...] = field(default=(), compare=False, repr=False)  # `Section.rates`
+    section_rates: tuple[WireRate, ...] = field(default=(), compare=False, repr=False)  # `Section.rates`
 
     def section(self, key: str) -> Any:
         """A typed section (``model``, ``workload``, ...) or None when the file has none."""
         return self.sections.get(key)
 
-    def wire_rates(self) -> list[tuple[str, float]]:
+    def wire_rates(self) -> list[WireRate]:
         """Every rate `scale` divides onto the wire, named: the WAN's (each direction's, each scheduled one), the
         LAN's, and the sections' (`Section.rates`: cross traffic)."""
-        rates = [(f"the {d} WAN rate", self.wan.direction(d).rate_bps) for d in DIRECTIONS]
-        rates += [(f"wan.schedule[{i}].rate", v) for i, e in enumerate(self.wan.schedule) for k, v in e.changes if k == "rate_bps"]
+        rates = [WireRate(f"the {d} WAN rate", self.wan.direction(d).rate_bps) for d in DIRECTIONS]
+        rates += [WireRate(f"wan.schedule[{i}].rate", v) for i, e in enumerate(self.wan.schedule) for k, v in e.changes if k == "rate_bps"]
         if self.topology.lan_rate_bps:
-            rates.append(("topology.lan_rate", self.topology.lan_rate_bps))
+            rates.append(WireRate("topology.lan_rate", self.topology.lan_rate_bps))
         return rates + list(self.section_rates)
 
     def check_wire_rates(self, scale: Scale, said: str, auto: bool = False) -> None:
         """Refuse a scale that puts a rate below `units.MIN_WIRE_RATE_BPS` on the wire (`said`: the scale as the
         error shows it; `auto`: resolved from the host's capacity): ``scale: 1e30`` ran a 100 Gbps WAN at 1e-19 bit/s,
-        past what the kernel's shaper can take."""
-        name, lowest = min(self.wire_rates(), key=lambda r: r[1])
-        wire = scale.wire_bps(lowest)
+        past what the kernel's shaper can take. Then a rate shared by `WireRate.parts` senders, each below it: 64
+        iperf3 streams of a 100 Kbps flow were ``-b 1562`` each, and past 100 Kbps / 8 bit/s streams ``-b 0``, which
+        iperf3 reads as unlimited."""
+        rates = self.wire_rates()
+        lowest = min(rates, key=lambda r: r.bps)
+        wire = scale.wire_bps(lowest.bps)
         if wire < units.MIN_WIRE_RATE_BPS:
-            most = math.floor(lowest / units.MIN_WIRE_RATE_BPS)
+            most = math.floor(lowest.bps / units.MIN_WIRE_RATE_BPS)
             raise_it = f", or raise that rate to {units.format_rate(units.MIN_WIRE_RATE_BPS * scale.factor)} or more" if auto else ""
-            raise FieldError("scale", f"{said} puts {name}, {units.format_rate(lowest)}, at {wire:.9g} bps on the wire, below "
-                             f"8 Kbps, the lowest rate the wire can be shaped at; use a scale of at most {most} (that rate / "
+            raise FieldError("scale", f"{said} puts {lowest.field}, {units.format_rate(lowest.bps)}, at {wire:.9g} bps on the wire, "
+                             f"below 8 Kbps, the lowest rate the wire can be shaped at; use a scale of at most {most} (that rate / "
                              f"8 Kbps){raise_it}", self.source)
+        for r in rates:
+            wire = scale.wire_bps(r.bps)
+            if wire / r.parts < units.MIN_WIRE_RATE_BPS:
+                what = r.parts_field.rsplit(".", 1)[-1]
+                raise FieldError(r.parts_field, f"{r.parts} {what} share {r.field}, {units.format_rate(r.bps)}, which scale {said} "
+                                 f"puts at {units.format_rate(wire)} on the wire: {wire / r.parts:.4g} bps each, below 8 Kbps, the "
+                                 f"lowest rate the wire can be paced at; use at most {math.floor(wire / units.MIN_WIRE_RATE_BPS)} {what} "
+                                 f"(that rate on the wire / 8 Kbps), or raise that rate to "
+                                 f"{units.format_rate(units.MIN_WIRE_RATE_BPS * r.parts * scale.factor)} or more", self.source)
 
     def resolve_scale(self, capacity_bps: float) -> Scale:
         """`scale: auto` -> the smallest S >= 1 with every scheduled WAN rate / S <= the host's capacity. Either way
@@ -444,7 +462,10 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
     """A scenario from its YAML data: the network part, and each of `sections` the data has (any other
     key is refused). Whole scenarios: `testbed.sections.parse_scenario`."""
     f = Fields(data, "", source)
-    name = f.get("name", scenario_name, Path(source).stem if source else "scenario")
+    # a plain name, or the file's (`name_or_stem`): it names the run's directory, runs/<name>-<time> (without '/', at most
+    # `MAX_NAME_BYTES`). Any value passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]", ``name: ../../x``
+    # wrote its run two levels up.
+    name = name_or_stem(f, "the run's directory runs/<name>-<time>", "scenario")
     sc = Scenario(
         name=name,
         seed=f.get("seed", random_seed, 1),

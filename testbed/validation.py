@@ -15,8 +15,9 @@ from typing import Any, Callable, TypeVar
 from testbed import units
 from testbed.errors import FieldError, UserError
 
-__all__ = ["MAX_NAME_BYTES", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml", "mapping", "non_negative",
-           "number", "option", "path_exists", "path_is_file", "path_name", "positive_int", "positive_number", "random_seed", "string", "text"]
+__all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml",
+           "mapping", "name_or_stem", "non_negative", "number", "option", "path_exists", "path_is_file", "path_name", "plain_name",
+           "planned_runs", "positive_int", "positive_number", "random_seed", "run_count", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -34,6 +35,17 @@ MAX_NAME_BYTES = 200
 # 4.29 billion seeds are more than any experiment runs. Scenarios, workload and model sections, experiment specs and
 # every --seed option read a seed with `random_seed`.
 MAX_SEED = 2**32 - 1
+# The most runs one command may plan: 10,000. A run takes a minute or more of wall time -- its workers' start-up, the
+# workload (the scenario's duration), the drain and the teardown: 27 s beyond the duration measured on the 2-core VM
+# (experiments.reproduce.RUN_OVERHEAD_S; 45-s quick runs took 61-92 s) -- so 10,000 runs are about a week one after
+# another (6.9 days at a minute each; a week is the longest duration the testbed takes, units.MAX_DURATION_S), and still
+# days on a cluster: past any study made here. Every count that plans runs is read with `run_count` (an experiment's
+# `seeds` count and `repetitions`, `--repetitions` and `--max-probes` of `prfaas capacity`, `reproduce --repetitions`),
+# and what the counts plan together with `planned_runs` (an experiment's arms x seeds x repetitions, a sweep's grid, a
+# capacity search's rates x repetitions, a reproduction's searches and paired test). `seeds: 100000000` built a
+# 10^8-seed list and then checked every run's scenario, hours before the first run (2026-12-07).
+MAX_RUNS = 10_000
+_RUNS_WHY = "the most runs one command may plan (validation.MAX_RUNS: about a week of one-minute runs)"
 
 
 class Fields:
@@ -114,12 +126,32 @@ def positive_int(v: Any) -> int:
     return v
 
 
+def _shown(v: Any) -> str:
+    """`v` as a message shows it: a whole number of 21 digits or more by its length."""
+    return f"a {len(str(abs(v)))}-digit number" if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**20 else repr(v)
+
+
 def random_seed(v: Any) -> int:
     """A random seed: a whole number from 0 to `MAX_SEED` (not a bool)."""
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SEED:
-        shown = f"a {len(str(abs(v)))}-digit number" if isinstance(v, int) and abs(v) >= 10**20 else repr(v)
-        raise ValueError(f"{shown} is not a seed; use a whole number from 0 to {MAX_SEED} (2**32 - 1)")
+        raise ValueError(f"{_shown(v)} is not a seed; use a whole number from 0 to {MAX_SEED} (2**32 - 1)")
     return v
+
+
+def run_count(v: Any) -> int:
+    """A count that plans runs (seeds, repetitions, rates to try): a whole number from 1 to `MAX_RUNS`."""
+    n = at_least_one(v)
+    if n > MAX_RUNS:
+        raise ValueError(f"{_shown(n)} is more than {MAX_RUNS}, {_RUNS_WHY}")
+    return n
+
+
+def planned_runs(runs: int, how: str) -> int:
+    """`runs`, what a command's counts plan together (`how` says how, e.g. "3 arms x 5000 seeds x 1 repetition"), when
+    at most `MAX_RUNS`; else a ValueError saying so."""
+    if runs > MAX_RUNS:
+        raise ValueError(f"{how} make {_shown(runs)} runs, more than {MAX_RUNS}, {_RUNS_WHY}")
+    return runs
 
 
 def path_name(name: str, names: str) -> str:
@@ -135,6 +167,28 @@ def path_name(name: str, names: str) -> str:
         raise ValueError(f"{name[:24]!r}... is {size} bytes long; a name is at most {MAX_NAME_BYTES} bytes (it names {names}, "
                          "and a file or directory name is at most 255)")
     return name
+
+
+def plain_name(v: Any, names: str) -> str:
+    """A name given in a file (a scenario's, an experiment's): a non-empty string (a whole number reads as one) that
+    `path_name` takes; `names` says what it names. ``name: [1, 2]`` ran as "[1, 2]" when names were read with `str`."""
+    return path_name(text(str(v) if isinstance(v, int) and not isinstance(v, bool) else v), names)
+
+
+def name_or_stem(f: Fields, names: str, fallback: str) -> str:
+    """The ``name`` that `f` (a file's mapping) gives (`plain_name`), else its file's name without the extension
+    (`f.source`'s stem; `fallback` without a file) read the same way: a file's name that cannot be a name -- longer
+    than `MAX_NAME_BYTES`, a lone surrogate from bytes that are not UTF-8 -- is one `FieldError` naming the file and
+    saying to add ``name:`` (it was used unchecked, and a 250-byte file name made runs/<name>-<time> too long)."""
+    if f.has("name") and f.data["name"] is not None:
+        return f.get("name", lambda v: plain_name(v, names))
+    f.mark_read("name")
+    stem = Path(f.source).stem if f.source else fallback
+    try:
+        return plain_name(stem, names)
+    except ValueError as exc:
+        raise f.error("name", f"not given, and the file's name cannot stand for it: {exc}; add name: <a plain name> to the "
+                              "file") from None
 
 
 def boolean(v: Any) -> bool:

@@ -25,8 +25,8 @@ from testbed import clock, units
 from testbed.rundir import CROSS_TRAFFIC_FILE, cross_traffic_frame
 from testbed.scale import Scale
 from testbed.errors import FieldError
-from testbed.scenario import DIRECTIONS, Scenario
-from testbed.validation import Fields, path_name, positive_int, text
+from testbed.scenario import DIRECTIONS, Scenario, WireRate
+from testbed.validation import Fields, at_least_one, path_name, text
 
 PROTOCOLS = ("tcp", "udp")
 PATTERNS = ("constant", "onoff", "schedule")
@@ -54,6 +54,9 @@ NICE = -10
 # when the signal came, and in one val-cross-surge run (scale 50, 2026-12-06) the server then wrote no report at all.
 CLIENT_BACKSTOP_S = 2
 IPERF3_MAX_T_S = 86400  # the longest -t iperf3 accepts (a period without an end runs until stop())
+# The most streams a flow may have: iperf3's -P maximum, 128 ("number of parallel streams too large (maximum = 128)",
+# iperf 3.12; MAX_STREAMS in its source). `streams: 1000` passed the scenario reader and its client exited at once.
+IPERF3_MAX_STREAMS = 128
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,14 @@ class CrossTrafficSpec:
         return [base_port + i for i in range(len(self.flows))]
 
 
+def stream_count(v: Any) -> int:
+    """A flow's `streams` (iperf3 -P): a whole number from 1 to `IPERF3_MAX_STREAMS`."""
+    n = at_least_one(v)
+    if n > IPERF3_MAX_STREAMS:
+        raise ValueError(f"{n} is more than {IPERF3_MAX_STREAMS}, the most parallel streams iperf3 runs (-P)")
+    return n
+
+
 def _host(v: Any) -> str:
     if not isinstance(v, str) or not HOST_RE.match(v):
         raise ValueError(f"{v!r} is not a cross-traffic host; use prfaas-x<i> or pd-x<i>")
@@ -148,7 +159,7 @@ def _read_flow(f: Fields, index: int) -> FlowSpec:
         e.done()
     spec = FlowSpec(
         name=name, protocol=protocol, src=src, dst=dst, rate_bps=rate,
-        streams=f.get("streams", positive_int, 1),
+        streams=f.get("streams", stream_count, 1),
         pattern=pattern,
         start_s=f.get("start", units.parse_duration_s, 0.0),
         stop_s=f.get("stop", lambda v: units.parse_duration_s(v, allow_zero=False), None),
@@ -157,8 +168,6 @@ def _read_flow(f: Fields, index: int) -> FlowSpec:
         schedule=tuple(sched),
         congestion=f.get("congestion", text, None),
     )
-    if spec.streams < 1:
-        raise f.error("streams", "needs at least 1 stream")
     if pattern == "onoff" and (spec.on_s <= 0 or spec.off_s <= 0):
         raise f.error("on", "an on/off flow needs both on and off durations, e.g. on: 5s, off: 5s")
     if pattern != "onoff" and (f.has("on") or f.has("off")):
@@ -194,11 +203,13 @@ def parse_cross_traffic_section(f: Fields) -> CrossTrafficSpec:
     return spec
 
 
-def cross_traffic_rates(spec: CrossTrafficSpec) -> list[tuple[str, float]]:
-    """Every flow's rates, named by field: what the scenario's `scale` divides onto the wire (`Section.rates`)."""
-    rates = [(f"cross_traffic.flows[{i}].rate", f.rate_bps) for i, f in enumerate(spec.flows) if f.rate_bps is not None]
-    return rates + [(f"cross_traffic.flows[{i}].schedule[{j}].rate", r) for i, f in enumerate(spec.flows)
-                    for j, (_, r) in enumerate(f.schedule) if r is not None]
+def cross_traffic_rates(spec: CrossTrafficSpec) -> list[WireRate]:
+    """Every flow's rates, named by field: what the scenario's `scale` divides onto the wire (`Section.rates`), each
+    shared by the flow's `streams` (iperf3 -b is a stream's rate: `iperf3_client_argv`)."""
+    rates = [WireRate(f"cross_traffic.flows[{i}].rate", f.rate_bps, f.streams, f"cross_traffic.flows[{i}].streams")
+             for i, f in enumerate(spec.flows) if f.rate_bps is not None]
+    return rates + [WireRate(f"cross_traffic.flows[{i}].schedule[{j}].rate", r, f.streams, f"cross_traffic.flows[{i}].streams")
+                    for i, f in enumerate(spec.flows) for j, (_, r) in enumerate(f.schedule) if r is not None]
 
 
 def check_cross_traffic(scenario: Scenario) -> None:

@@ -7,7 +7,7 @@ import argparse
 import json
 
 from testbed import units
-from testbed.atomic import make_dirs
+from testbed.atomic import make_output_dir
 from testbed.errors import UserError
 from testbed.validation import at_least_one, option, random_seed
 from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, list_presets, load_model_spec
@@ -134,7 +134,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from testbed.models.profiling import ProfilePlan, measure, profile_document, write_profile
+    from testbed.models.profiling import ProfilePlan, check_plan, measure, profile_document, write_profile
     from testbed.models.spec import VARIANTS
 
     if not args.model:
@@ -149,13 +149,18 @@ def run_profile(args: argparse.Namespace) -> int:
         raise UserError(f"--layers: {args.layers!r} is not allowed; use one of: auto, all, sample")
     if args.clock not in ("auto", "wall", "cpu"):
         raise UserError(f"--clock: {args.clock!r} is not allowed; use one of: auto, wall, cpu")
-    batches = _token_list(args.batches, "--batches", least=1) or (1,)
-    spec = load_model_spec(args.model)  # refuses an unknown model before anything is built
-    make_dirs(Path(args.out).parent)  # and an --out that cannot be written, before minutes of timing
-    plan = ProfilePlan(spec.name if Path(args.model).suffix not in (".yaml", ".yml") else args.model, args.variant,
-                       args.device, _token_list(args.lengths, "--lengths"), batches,
-                       _token_list(args.contexts, "--contexts"), args.repeats, depth=args.depth, layers=args.layers,
-                       validate=args.validate, seed=args.seed, clock=args.clock)
+
+    def check() -> ProfilePlan:
+        batches = _token_list(args.batches, "--batches", least=1) or (1,)
+        spec = load_model_spec(args.model)  # refuses an unknown model before anything is built
+        plan = ProfilePlan(spec.name if Path(args.model).suffix not in (".yaml", ".yml") else args.model, args.variant,
+                           args.device, _token_list(args.lengths, "--lengths"), batches,
+                           _token_list(args.contexts, "--contexts"), args.repeats, depth=args.depth, layers=args.layers,
+                           validate=args.validate, seed=args.seed, clock=args.clock)
+        check_plan(plan)  # the device, --depth and --clock too
+        return plan
+
+    plan = make_output_dir(Path(args.out).parent, check)  # and an --out that cannot be written, before minutes of timing
     console = Console(stderr=True)
     with console.status(f"profiling {plan.model} ({plan.variant})") as status:
         m = measure(plan, progress=lambda msg: (console.log(msg), status.update(msg)))

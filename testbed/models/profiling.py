@@ -138,17 +138,25 @@ def decode_step_time_s(model: Any, caches: list[Any], first_token: int, steps: i
     return statistics.median(times)
 
 
+def check_plan(plan: ProfilePlan) -> tuple[Any, Any, tuple[str, Callable[[], float]]]:
+    """(the device, the model's geometry, the clock) of `plan`, or the `UserError` that refuses it (no such device,
+    a --depth past the model's layers, --clock cpu on CUDA): asked before anything is built or written."""
+    from testbed.models.torch_model import resolve_device
+
+    dev = resolve_device(plan.device)
+    return dev, model_spec(plan), clock_for(plan, dev.type)
+
+
 def measure(plan: ProfilePlan, progress: Callable[[str], None] | None = None) -> Measurement:
     import torch
 
-    from testbed.models.torch_model import build_model, resolve_device, synthetic_cache
+    from testbed.models.torch_model import build_model, synthetic_cache
 
-    dev = resolve_device(plan.device)
-    spec = model_spec(plan)
+    dev, spec, (clock_name, clock) = check_plan(plan)
     lengths = plan.lengths or default_lengths(dev.type, plan.variant)
     contexts = plan.contexts or (min(lengths), max(lengths))
     out = Measurement(plan, dev.type, chip_name(dev), kv_bytes=[(n, spec.kv_bytes(n).total_bytes) for n in lengths])
-    out.clock, clock = clock_for(plan, dev.type)
+    out.clock = clock_name
     note = progress or (lambda _msg: None)
     sample = plan.variant == "full" and (plan.layers == "sample" or (plan.layers == "auto" and not _whole_fits(spec, dev)))
     if sample:

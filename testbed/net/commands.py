@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.atomic import make_dirs, write_json
+from testbed.atomic import make_output_dir, write_json
 from testbed.errors import HostError, UserError
-from testbed.validation import at_least_one, option, positive_number
+from testbed.validation import option, positive_number
+from traffic.cross import stream_count
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -50,7 +51,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     cal.add_argument("scenario", nargs="?", default="net-default")
     cal.add_argument("--json", dest="json_file", type=Path, metavar="FILE", help="write the figures as JSON")
     cal.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    cal.add_argument("--streams", type=option(at_least_one, whole=True), default=4)
+    cal.add_argument("--streams", type=option(stream_count, whole=True), default=4, help="iperf3 -P (1 to 128; default 4)")
     cal.add_argument("--duration", type=option(positive_number), default=5.0, help="seconds per iperf3 run")
     cal.set_defaults(func=cmd_calibrate)
 
@@ -230,12 +231,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from testbed.net.calibrate import calibrate, print_table
-    from testbed.net.emulation import Network
+    from testbed.net.emulation import Network, host_capacity_bps
     from testbed.sections import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
-    if args.json_file:
-        make_dirs(args.json_file.parent)  # an unwritable --json is refused before the network, not after the measuring
+    if args.json_file:  # an unwritable --json is refused before the network, not after the measuring; after the scale
+        make_output_dir(args.json_file.parent, lambda: scenario.resolve_scale(host_capacity_bps()[0]))  # (auto's) is checked
     con = Console()
     with con.status("bringing up the network") as status:
         with Network(scenario) as net:

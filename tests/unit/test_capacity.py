@@ -278,3 +278,56 @@ def test_the_capacity_command_refuses_a_non_finite_or_non_positive_option_before
         shown = repr(bad) if bad == "1.5" else bad  # text that is not a whole number is quoted, as typed
         assert capsys.readouterr().err.strip() == f"prfaas capacity: error: argument {opt}: {shown} {why}"
     assert not (tmp_path / "c").exists()  # refused before its folder, let alone a run
+
+
+def test_a_tolerance_finer_than_the_rates_four_digits_stops_instead_of_trying_one_rate_forever():
+    """Rates are tried to 4 significant digits: with rel_tol 1e-6 the bracket 3.0 .. 3.001 was bisected at 3.0005,
+    which rounds to 3.0, tried already: the loop never ended, with no run (2026-12-07)."""
+    import signal
+
+    def hung(*a):
+        raise AssertionError("the search tried one rate forever")
+
+    evaluate, calls = fake_curve(3.00005)
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        res = capacity.search(evaluate, 3.0, repetitions=1, rel_tol=1e-6, max_probes=500)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert res.lambda_max_rps == 3.0 and res.ci[1] == 3.001
+    assert capacity.tolerance(0.001) == 0.001
+    with pytest.raises(ValueError) as exc:
+        capacity.tolerance(0.0001)
+    assert str(exc.value) == ("0.0001 is below 0.001: rates are tried to 4 significant digits, 0.01-0.1% apart, so no rate may "
+                              "be left between a narrower bracket's ends; use 0.001 or more")
+
+
+def test_the_capacity_command_plans_at_most_10000_runs_before_its_folder(tmp_path, capsys, monkeypatch) -> None:
+    """--repetitions and --max-probes had no bound: a search may try every rate with all its repetitions
+    (`capacity.worst_runs`), and --tolerance below the rates' resolution never ended (validation.MAX_RUNS)."""
+    from testbed.cli import main
+
+    def must_not_run(*a, **kw):
+        raise AssertionError("a refused search must not start")
+
+    monkeypatch.setattr(capacity, "measure_capacity", must_not_run)
+    why = "the most runs one command may plan (validation.MAX_RUNS: about a week of one-minute runs)"
+    for opts, says in ((["--repetitions", "10001"], f"prfaas capacity: error: argument --repetitions: 10001 is more than 10000, {why}"),
+                       (["--max-probes", "10**30"], "prfaas capacity: error: argument --max-probes: '10**30' is not a whole number"),
+                       (["--max-probes", str(10**30)], f"prfaas capacity: error: argument --max-probes: a 31-digit number is more "
+                                                       f"than 10000, {why}"),
+                       (["--tolerance", "1e-6"], "prfaas capacity: error: argument --tolerance: 1e-6 is below 0.001: rates are "
+                                                 "tried to 4 significant digits, 0.01-0.1% apart, so no rate may be left between a "
+                                                 "narrower bracket's ends; use 0.001 or more"),
+                       (["--max-probes", "5000", "--repetitions", "2"], f"prfaas: error: --max-probes 5000 --repetitions 2: up to "
+                                                                         f"5006 rates (5000 and 6 outward for the interval) x 2 "
+                                                                         f"repetitions make 10012 runs, more than 10000, {why}")):
+        try:
+            rc = main(["capacity", "quick", *opts, "--out", str(tmp_path / "c")])
+        except SystemExit as exc:
+            rc = exc.code
+        assert rc == 2 and capsys.readouterr().err.strip() == says
+    assert capacity.worst_runs(8, 3) == 42 and capacity.check_search_size(1660, 6) == 9996
+    assert not (tmp_path / "c").exists()

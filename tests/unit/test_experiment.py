@@ -49,11 +49,55 @@ def test_spec_reads_arms_seeds_and_pairs_and_names_bad_fields():
 
 def test_an_experiments_seeds_are_read_as_a_scenarios_seed_is():
     assert parse_spec({**SPEC, "seeds": [0, 2**32 - 1]}).seeds == (0, 2**32 - 1)
-    for seeds, says in (([1, 10**400], "a 401-digit number is not a seed"), ([1, 2**32], "4294967296 is not a seed"),
-                        (10**30, "a count runs seeds 1 to the count, and a 31-digit number is not a seed")):
+    for seeds, says in (([1, 10**400], "a 401-digit number is not a seed"), ([1, 2**32], "4294967296 is not a seed")):
         with pytest.raises(UserError) as exc:
             parse_spec({**SPEC, "seeds": seeds}, "s.yaml")
         assert str(exc.value) == f"s.yaml: seeds: {says}; use a whole number from 0 to 4294967295 (2**32 - 1)"
+
+
+RUNS_WHY = "the most runs one command may plan (validation.MAX_RUNS: about a week of one-minute runs)"
+
+
+def test_an_experiment_plans_at_most_10000_runs():
+    """`seeds: 100000000` built a 10^8-seed list, then checked each of its 2 x 10^8 runs' scenario (hours) before the
+    first run; `repetitions` had no bound either (validation.MAX_RUNS)."""
+    import time
+
+    assert len(parse_spec({**SPEC, "seeds": 5000}).seeds) == 5000  # 2 arms x 5000 seeds: 10000 runs
+    t0 = time.monotonic()
+    for bad, says in (({"seeds": 10**8}, f"seeds: 100000000 is more than 10000, {RUNS_WHY}"),
+                      ({"seeds": 10**30}, f"seeds: a 31-digit number is more than 10000, {RUNS_WHY}"),
+                      ({"repetitions": 10001}, f"repetitions: 10001 is more than 10000, {RUNS_WHY}"),
+                      ({"seeds": 5001}, f"seeds: 2 arm(s) x 5001 seed(s) x 1 repetition(s) make 10002 runs, more than 10000, "
+                                        f"{RUNS_WHY}; use fewer, or split the experiment"),
+                      ({"seeds": [1, 2], "repetitions": 2501}, f"repetitions: 2 arm(s) x 2 seed(s) x 2501 repetition(s) make "
+                                                               f"10004 runs, more than 10000, {RUNS_WHY}; use fewer, or split the experiment")):
+        with pytest.raises(UserError) as exc:
+            parse_spec({**SPEC, **bad}, "s.yaml")
+        assert str(exc.value) == f"s.yaml: {says}"
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_an_experiments_name_is_a_plain_name_as_a_scenarios(tmp_path):
+    """`name` was read with `str`: `name: [1, 2]` ran as experiment "[1, 2]", `name: {a: 1}` as "{'a': 1}"; and without
+    `name:` the spec file's name was used unchecked."""
+    from experiments.spec import load_spec
+
+    assert parse_spec({**SPEC, "name": 7}).name == "7" and parse_spec({k: v for k, v in SPEC.items() if k != "name"}, "d/p.yaml").name == "p"
+    for name, says in (([1, 2], "[1, 2] is not a non-empty string"), ({"a": 1}, "{'a': 1} is not a non-empty string"),
+                       ("", "'' is not a non-empty string"), (True, "True is not a non-empty string"),
+                       ("a/b", "'a/b' is not a plain name (it names the experiment in results.parquet and report.md); use letters, "
+                               "digits, '-', '_' or '.', without '/'")):
+        with pytest.raises(UserError) as exc:
+            parse_spec({**SPEC, "name": name}, "s.yaml")
+        assert str(exc.value) == f"s.yaml: name: {says}"
+    long = tmp_path / ("e" * 240 + ".yaml")
+    long.write_text(json.dumps({k: v for k, v in SPEC.items() if k != "name"}))
+    with pytest.raises(UserError) as exc:
+        load_spec(long)
+    assert str(exc.value) == (f"{long}: name: not given, and the file's name cannot stand for it: 'eeeeeeeeeeeeeeeeeeeeeeee'... is "
+                              "240 bytes long; a name is at most 200 bytes (it names the experiment in results.parquet and "
+                              "report.md, and a file or directory name is at most 255); add name: <a plain name> to the file")
 
 
 def test_an_arm_name_is_at_most_200_bytes_as_it_names_a_directory():

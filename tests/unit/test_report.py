@@ -232,6 +232,42 @@ def test_sweep_refuses_a_bad_grid_and_bad_points_before_running(tmp_path):
     assert ran == []
 
 
+def test_a_long_grids_point_folders_fit_a_file_name_and_resume(tmp_path):
+    """A point's folder was named by all its overrides with no cap: a long grid died on OSError "File name too long"
+    at its first run. Past 200 bytes (`validation.MAX_NAME_BYTES`) the name is cut and ends in a hash of the full
+    overrides; a name that fits is unchanged, so a sweep begun before resumes into its points."""
+    from experiments.sweep import SweepPoint
+
+    fits = SweepPoint(("name=" + "a" * 186, "seed=1"))  # 200 characters: as before
+    assert fits.name == "name=" + "a" * 186 + ",seed=1" and SweepPoint(("wan.rate=10Gbps", "seed=2")).name == "wan.rate=10Gbps,seed=2"
+    calls = []
+    grid = ["name=" + "a" * 200, "wan.delay=0.01" + "0" * 40 + "s", "seed=1,2"]  # the folder names were 267 bytes
+    man = run_sweep("quick", grid, tmp_path / "sw", executor=FakeExecutor(calls), report=False)
+    names = sorted(man["points"])
+    assert len(names) == 2 and all(len(n.encode()) == 200 and re.fullmatch("name=a{178}~[0-9a-f]{16}", n) for n in names)
+    assert names[0] != names[1] and sorted(p.name for p in (tmp_path / "sw" / "points").iterdir()) == names
+    assert sorted(tuple(v["overrides"]) for v in man["points"].values()) == [(*grid[:2], "seed=1"), (*grid[:2], "seed=2")]
+    assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["points"] == man["points"]  # the full overrides, kept
+    calls.clear()
+    man = run_sweep("quick", grid, tmp_path / "sw", executor=FakeExecutor(calls), report=False)  # resumed: the same folders
+    assert calls == [] and sorted(man["points"]) == names and all(v["status"].startswith("skipped") for v in man["points"].values())
+    with pytest.raises(UserError) as exc:  # two points, one folder name
+        expand(parse_grid(["workload.trace=a/b.jsonl,a_b.jsonl"]))
+    assert str(exc.value) == ("--grid: points 'workload.trace=a/b.jsonl' and 'workload.trace=a_b.jsonl' would share the folder "
+                              "points/workload.trace=a_b.jsonl; give values that differ in letters, digits or _.=+-")
+
+
+def test_a_sweep_grid_plans_at_most_10000_runs():
+    """The grid's points were listed whole with no bound (200 x 100 x 100 values: 2 million points, each then checked
+    as a run before the first one ran); at most validation.MAX_RUNS."""
+    many = ",".join(str(i) for i in range(200))
+    assert len(expand(parse_grid([f"seed={many}", "b=" + ",".join(f"x{i}" for i in range(50))]))) == 10000
+    with pytest.raises(UserError) as exc:
+        parse_grid([f"seed={many}", "b=" + ",".join(f"x{i}" for i in range(100)), "c=" + ",".join(f"y{i}" for i in range(100))])
+    assert str(exc.value) == ("--grid: 200 seed values x 100 b values x 100 c values make 2000000 runs, more than 10000, the most "
+                              "runs one command may plan (validation.MAX_RUNS: about a week of one-minute runs); use fewer values")
+
+
 def test_reports_label_a_prfaas_run_told_the_oracle_signals(tmp_path):
     from analysis.report import summary_rows
     from analysis.rundir import load_run

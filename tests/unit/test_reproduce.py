@@ -239,3 +239,37 @@ def test_every_configuration_is_checked_before_the_first_search_starts(monkeypat
         reproduce.reproduce_case_study(tmp_path / "r", quick=True, progress=False)
     assert searched == [] and len(checked) == 2
     assert all(ov[0] == "serving.slo.stop_below=0.9" for ov in checked)  # what the searches run: early stop included
+
+
+def test_a_reproduction_plans_at_most_10000_runs_before_its_folder(monkeypatch, tmp_path):
+    """`--repetitions` had no bound and `--paired 100000000` built a 10^8-seed list before any check of its size: a
+    reproduction's searches at worst plus its paired test are at most validation.MAX_RUNS."""
+    import argparse
+
+    from experiments import commands
+    from testbed.errors import UserError
+
+    def must_not_run(*a, **kw):
+        raise AssertionError("a refused reproduction must not start")
+
+    library = reproduce.reproduce_case_study
+    monkeypatch.setattr(reproduce, "reproduce_case_study", must_not_run)
+    monkeypatch.setattr(reproduce, "paired_test_seeds", must_not_run)
+    monkeypatch.setattr("experiments.capacity.measure_capacity", must_not_run)
+    why = "the most runs one command may plan (validation.MAX_RUNS: about a week of one-minute runs)"
+    assert reproduce.check_planned_runs(True, None, 3, 0) == 66  # 3 searches of (5 + 6) rates x 2 runs
+    assert reproduce.check_planned_runs(False, None, 3, 2000) == 3 * 39 + 8000
+    for quick, reps, paired, says in (
+            (True, 500, 0, f"--quick --repetitions 500: 3 searches of at most 5500 runs make 16500 runs, more than 10000, {why}"),
+            (False, None, 2500, f"the full variant --paired 2500: 3 searches of at most 39 runs and a paired test of 2500 seeds x 2 "
+                                f"configurations x 2 pair(s) make 10117 runs, more than 10000, {why}"),
+            (True, None, 10**30, f"--quick --paired {10**30}: 3 searches of at most 22 runs and a paired test of {10**30} seeds x 2 "
+                                 f"configurations x 2 pair(s) make a 31-digit number runs, more than 10000, {why}")):
+        args = argparse.Namespace(only="prfaas_pd,homogeneous_pd,naive_heterogeneous", repetitions=reps, out=str(tmp_path / "r"),
+                                  quick=quick, executor="local", json=False, no_early_stop=False, paired=paired, paired_from=None)
+        with pytest.raises(UserError) as exc:
+            commands.cmd_reproduce(args)
+        assert str(exc.value) == says
+    with pytest.raises(ValueError, match="make 10117 runs"):  # a caller of the library is refused alike, before the seeds' list
+        library(tmp_path / "r", paired_seeds=2500, progress=False)
+    assert not (tmp_path / "r").exists()

@@ -281,6 +281,32 @@ def test_a_name_that_goes_into_a_file_or_directory_name_is_at_most_200_bytes():
         parse_scenario({**wan(), "cross_traffic": {"flows": [{"name": "a" * 201, "protocol": "tcp"}]}})
 
 
+def test_a_scenario_without_a_name_is_named_by_its_file_only_where_that_can_be_a_name(tmp_path):
+    """Without `name:` the file's name (its stem) named the run's directory unchecked: a 250-byte file name passed
+    `prfaas check` and runs/<name>-<time> was too long; a file name that is not UTF-8 passed as a lone surrogate."""
+    from testbed.sections import load_scenario
+
+    ok = tmp_path / "my-wan.yaml"
+    ok.write_text("wan: {rate: 10Gbps}\n")
+    assert load_scenario(str(ok)).name == "my-wan"
+    long = tmp_path / ("a" * 250 + ".yaml")
+    long.write_text("wan: {rate: 10Gbps}\n")
+    with pytest.raises(FieldError) as exc:
+        load_scenario(str(long))
+    assert (exc.value.field, str(exc.value)) == ("name", f"{long}: name: not given, and the file's name cannot stand for it: "
+                                                 "'aaaaaaaaaaaaaaaaaaaaaaaa'... is 250 bytes long; a name is at most 200 bytes (it names the "
+                                                 "run's directory runs/<name>-<time>, and a file or directory name is at most 255); add "
+                                                 "name: <a plain name> to the file")
+    assert load_scenario(str(long), ["name=short"]).name == "short"  # named: the file's name does not matter
+    odd = tmp_path / "b\udcff.yaml"  # a file name byte 0xff (not UTF-8), as Python reads it
+    odd.write_text("wan: {rate: 10Gbps}\n")
+    with pytest.raises(FieldError) as exc:
+        load_scenario(str(odd))
+    assert str(exc.value).endswith("name: not given, and the file's name cannot stand for it: 'b\\udcff' is not valid Unicode text "
+                                   "(a lone surrogate); it names the run's directory runs/<name>-<time>; add name: <a plain name> "
+                                   "to the file")
+
+
 def test_a_seed_is_a_whole_number_from_0_to_2_to_the_32_minus_1_wherever_it_is_read():
     """`seed: 10**400` passed (positive_int) and failed a torch run's workers (torch.manual_seed takes < 2**64); one
     reader, `validation.random_seed`, for the scenario's, the workload's and the model's seed (docs/scenario.md)."""

@@ -112,3 +112,44 @@ def test_a_neighbour_gets_a_real_time_priority_else_a_nice_value(monkeypatch) ->
     assert cross.boost_priority(42) == "nice" and calls == [("nice", 42, cross.NICE)]
     monkeypatch.setattr(os, "setpriority", refuse)
     assert cross.boost_priority(42) == "none" and cross.boost_priority(0) == "none"
+
+
+def test_a_flow_whose_streams_share_less_than_the_lowest_wire_rate_each_is_refused_naming_streams() -> None:
+    """iperf3's -b is each stream's rate, `int(rate / streams)` on the wire: 64 streams of a 100 Kbps flow were -b 1562,
+    past rate / 8 bit/s streams -b 0, which iperf3 reads as unlimited; and iperf3 runs at most 128 streams (-P)."""
+    from testbed.scale import Scale
+    from testbed.sections import parse_scenario
+
+    def refused(flow: dict, **extra) -> FieldError:
+        with pytest.raises(FieldError) as err:
+            parse_scenario({"wan": {"rate": "100Gbps"}, **extra, "cross_traffic": {"flows": [flow]}}, "s.yaml")
+        return err.value
+
+    tail = "below 8 Kbps, the lowest rate the wire can be paced at; use at most"
+    err = refused({"protocol": "udp", "rate": "100Kbps", "streams": 64})
+    assert (err.field, str(err)) == ("cross_traffic.flows[0].streams", "s.yaml: cross_traffic.flows[0].streams: 64 streams share "
+                                     "cross_traffic.flows[0].rate, 100 Kbps, which scale 1 puts at 100 Kbps on the wire: 1562 bps each, "
+                                     f"{tail} 12 streams (that rate on the wire / 8 Kbps), or raise that rate to 512 Kbps or more")
+    assert parse_scenario({"wan": {"rate": "100Gbps"}, "cross_traffic": {"flows": [{"protocol": "udp", "rate": "100Kbps",
+                                                                                    "streams": 12}]}})  # 8.33 Kbps each
+    err = refused({"rate": "1Mbps", "streams": 8}, scale=20)  # a TCP flow's cap, at the scenario's scale
+    assert str(err).endswith("8 streams share cross_traffic.flows[0].rate, 1 Mbps, which scale 20 puts at 50 Kbps on the wire: "
+                             f"6250 bps each, {tail} 6 streams (that rate on the wire / 8 Kbps), or raise that rate to 1.28 Mbps or more")
+    err = refused({"protocol": "udp", "pattern": "schedule", "streams": 4, "schedule": [{"at": "0s", "rate": "1Gbps"},
+                                                                                        {"at": "1s", "rate": "20Kbps"}]})
+    assert "4 streams share cross_traffic.flows[0].schedule[1].rate, 20 Kbps" in str(err) and f"{tail} 2 streams" in str(err)
+    # scale: auto, once the host's capacity resolves it (here 20 for 5 Gbps)
+    sc = parse_scenario({"wan": {"rate": "100Gbps"}, "scale": "auto",
+                         "cross_traffic": {"flows": [{"protocol": "udp", "rate": "1Mbps", "streams": 8}]}}, "s.yaml")
+    assert sc.resolve_scale(1e11) == Scale(1)
+    with pytest.raises(FieldError) as e:
+        sc.resolve_scale(5e9)
+    assert str(e.value) == ("s.yaml: cross_traffic.flows[0].streams: 8 streams share cross_traffic.flows[0].rate, 1 Mbps, which "
+                            "scale auto (here 20, for a host capacity of 5 Gbps) puts at 50 Kbps on the wire: 6250 bps each, "
+                            f"{tail} 6 streams (that rate on the wire / 8 Kbps), or raise that rate to 1.28 Mbps or more")
+    # iperf3's own limit
+    assert parse({"flows": [{"streams": 128}]}).flows[0].streams == 128
+    for n, says in ((129, "129 is more than 128, the most parallel streams iperf3 runs (-P)"), (0, "0 is not a whole number >= 1")):
+        with pytest.raises(FieldError) as e:
+            parse({"flows": [{"streams": n}]})
+        assert str(e.value) == f"cross_traffic.flows[0].streams: {says}"

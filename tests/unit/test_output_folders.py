@@ -1,0 +1,124 @@
+"""Every command that makes an output folder makes it after every check of its input (`testbed.atomic.make_output_dir`):
+a refused invocation leaves no folder behind, and exits 2 with one line naming what was refused.
+
+`prfaas capacity quick --set seed=-1` left an empty runs/capacity-quick-<time>, and `prfaas reproduce` made its folder
+before its executor and its configurations were checked (2026-12-07). Nothing here may run: whatever would start real
+work is replaced first by a stand-in that fails the test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.cli import main
+
+SEED = "seed: -1 is not a seed; use a whole number from 0 to 4294967295 (2**32 - 1)"
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch, tmp_path):
+    """cwd = tmp_path (the default runs/<name>-<time> lands there); every long job fails the test if reached."""
+    from analysis import bandwidth_wall
+    from experiments import capacity, engine, reproduce, runs
+    from testbed.models import profiling
+    from testbed.net import emulation
+
+    def must_not_run(*a, **kw):
+        raise AssertionError("a refused invocation must not start anything")
+
+    for owner, name in ((capacity, "measure_capacity"), (reproduce, "reproduce_case_study"), (engine, "run_tasks"),
+                        (runs, "run_once"), (profiling, "measure"), (emulation, "Network"), (bandwidth_wall, "measure")):
+        monkeypatch.setattr(owner, name, must_not_run)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def refused(argv: list[str], capsys) -> str:
+    """The one line a refused command prints (exit status 2: ours or argparse's)."""
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    assert rc == 2, argv
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 or err[-1].startswith("prfaas"), err
+    return err[-1]
+
+
+def test_a_refused_capacity_search_leaves_no_folder(nothing_runs, capsys):
+    for out in ([], ["--out", "named"]):
+        assert refused(["capacity", "quick", "--set", "seed=-1", *out], capsys).endswith(SEED)
+        assert refused(["capacity", "quick", "--executor", "nosuch", *out], capsys) == (
+            "prfaas: error: --executor 'nosuch': unknown executor; allowed: local, ray")
+    assert list(nothing_runs.iterdir()) == []  # was runs/capacity-quick-<time>, and named/
+
+
+def test_a_refused_reproduction_leaves_no_folder(nothing_runs, capsys, monkeypatch):
+    from experiments import capacity
+    from testbed.errors import FieldError
+
+    for out in ([], ["--out", "named"]):
+        assert refused(["reproduce", "case-study", "--quick", "--executor", "nosuch", *out], capsys) == (
+            "prfaas: error: --executor 'nosuch': unknown executor; allowed: local, ray")
+    why = "'bbr' cannot be set on this host"
+
+    def host_refuses(scenario, overrides):  # as plan_run refuses a KV congestion control this host's kernel lacks
+        raise FieldError("serving.kv_congestion_control", why)
+
+    monkeypatch.setattr(capacity, "check_scenario", host_refuses)
+    assert refused(["reproduce", "case-study", "--quick"], capsys) == f"prfaas: error: serving.kv_congestion_control: {why}"
+    assert list(nothing_runs.iterdir()) == []  # was runs/reproduce-case-study-<time>, and named/
+
+
+def test_a_refused_run_quickstart_sweep_or_experiment_leaves_no_folder(nothing_runs, capsys):
+    assert refused(["run", "quick", "--set", "seed=-1"], capsys).endswith(SEED)
+    assert refused(["run", "quick", "--set", "seed=-1", "--out", "named"], capsys).endswith(SEED)
+    assert refused(["quickstart", "--policies", "prfaas,nosuch"], capsys).startswith("prfaas: error: ")
+    assert refused(["quickstart", "--policies", "prfaas,prfaas", "--out", "named"], capsys) == (
+        "prfaas: error: --policies 'prfaas,prfaas': 'prfaas' is given twice; name each policy once")
+    assert refused(["sweep", "quick", "--grid", "seed=1,-1", "--out", "named"], capsys).endswith(SEED)
+    spec = nothing_runs / "spec.yaml"
+    spec.write_text("scenario: quick\narms: {a: {workload.seed: -1}}\n")
+    assert refused(["experiment", str(spec), "--out", "named"], capsys).endswith("workload." + SEED)
+    assert sorted(p.name for p in nothing_runs.iterdir()) == ["spec.yaml"]
+
+
+def test_a_refused_profile_calibration_or_wall_leaves_no_folder(nothing_runs, capsys):
+    profile = ["profile", "--model", "kimi-linear-48b", "--variant", "tiny", "--device", "cpu", "--out", "d/p.yaml"]
+    assert refused(profile + ["--lengths", "1"], capsys) == ("prfaas: error: --lengths: give comma-separated whole numbers >= 2, "
+                                                             "e.g. 256,512,1K")
+    assert refused(profile + ["--depth", "999"], capsys).startswith("prfaas: error: --depth: 999 is not within 1..")
+    assert refused(["profile", "--model", "nosuch", "--out", "d/p.yaml"], capsys).startswith("prfaas: error: ")
+    assert refused(["calibrate", "quick", "--set", "seed=-1", "--json", "d/c.json"], capsys).endswith(SEED)
+    # scale: auto, resolved from the host's capacity (5 Gbps: 20 for a 100 Gbps WAN), puts a 100 Kbps LAN at 5 Kbps
+    auto = refused(["calibrate", "quick", "--set", "scale=auto", "--set", "wan.rate=100Gbps", "--set", "topology.lan_rate=100Kbps",
+                    "--json", "d/c.json"], capsys)
+    assert "scale: auto (here 20, for a host capacity of 5 Gbps) puts topology.lan_rate" in auto
+    assert refused(["wall", "--plots", "d", "--measured", "nosuch.yaml"], capsys).startswith("prfaas: error: ")
+    assert refused(["wall", "--measure", "nosuch", "--save", "d"], capsys).startswith("prfaas: error: ")
+    assert list(nothing_runs.iterdir()) == []
+
+
+def test_a_refused_lab_start_or_trace_leaves_no_folder(nothing_runs, capsys):
+    assert refused(["lab", "start", "99", "--dir", "d"], capsys).startswith("prfaas: error: lab 99: no such lab")
+    assert refused(["traffic", "generate", "quick", "--set", "seed=-1", "--out", "d/t.jsonl"], capsys).endswith(SEED)
+    assert list(nothing_runs.iterdir()) == []
+
+
+def test_the_folder_is_made_once_the_checks_pass(tmp_path):
+    from testbed.atomic import make_output_dir
+
+    assert make_output_dir(tmp_path / "a" / "b", lambda: "plan") == "plan" and (tmp_path / "a" / "b").is_dir()
+    with pytest.raises(ValueError):
+        make_output_dir(tmp_path / "c", lambda: int("x"))
+    assert not (tmp_path / "c").exists()
+
+
+def test_calibrate_runs_at_most_iperf3s_128_streams(nothing_runs, capsys):
+    """`--streams 200` passed and iperf3 refused it ("number of parallel streams too large (maximum = 128)") once the
+    network was up: the same reader as a cross-traffic flow's `streams` (traffic.cross.IPERF3_MAX_STREAMS)."""
+    assert refused(["calibrate", "quick", "--streams", "129"], capsys) == (
+        "prfaas calibrate: error: argument --streams: 129 is more than 128, the most parallel streams iperf3 runs (-P)")
+    assert list(nothing_runs.iterdir()) == []
