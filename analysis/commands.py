@@ -136,11 +136,13 @@ def cmd_wall(args: argparse.Namespace) -> int:
     def check() -> tuple[list[int], Any]:  # every input read before any timing, and before --save's folder is made
         from testbed.models.spec import load_model_spec
 
+        if args.save and not models:
+            raise UserError(f"--save {args.save}: it writes the points --measure times; add --measure [MODEL ...]")
         for m in models:
             load_model_spec(m)
         return (_lengths(args.lengths) if models else []), (bw.measured_profiles_table(args.measured) if args.measured else None)
 
-    lengths, profiles = make_output_dir(args.save, check) if args.save and models else check()
+    lengths, profiles = make_output_dir(args.save, check) if args.save else check()
     published = bw.published_table()
     curves = [bw.profile_curve(m, p, np.geomspace(1024, 131072, 40)) for m, p in bw.PROFILE_CURVES.items()]
     measured = None

@@ -98,6 +98,7 @@ def test_a_refused_profile_calibration_or_wall_leaves_no_folder(nothing_runs, ca
     assert "scale: auto (here 20, for a host capacity of 5 Gbps) puts topology.lan_rate" in auto
     assert refused(["wall", "--plots", "d", "--measured", "nosuch.yaml"], capsys).startswith("prfaas: error: ")
     assert refused(["wall", "--measure", "nosuch", "--save", "d"], capsys).startswith("prfaas: error: ")
+    assert refused(["wall", "--save", "d"], capsys) == "prfaas: error: --save d: it writes the points --measure times; add --measure [MODEL ...]"  # ignored before
     assert list(nothing_runs.iterdir()) == []
 
 
