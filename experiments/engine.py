@@ -42,13 +42,18 @@ def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = No
     command checks every run this way before its first, so a bad arm or grid point is refused in one line
     instead of failing an hour in. A run already finished in `out_dir` (which a resumed batch skips) is
     checked as a file only: it ran, and re-reading it must not depend on this host's kernel. (With
-    `--executor ray` the kernel asked is the driver's, not each node's.)"""
+    `--executor ray` the kernel asked is the driver's, not each node's; `scale: auto` is resolved at this host's whole
+    capacity, so with `local:N`, whose runs share it, a run can still resolve a larger scale and refuse it.)"""
     from testbed.sections import load_scenario
     from testbed.serving.config import plan_run
 
     sc = load_scenario(scenario, list(overrides))
     if out_dir is None or not is_finished(out_dir):
         plan_run(sc)
+        if sc.scale == "auto":  # resolved as a run alone on this host resolves it (`Network`): its wire rates checked
+            from testbed.net.emulation import host_capacity_bps
+
+            sc.resolve_scale(host_capacity_bps()[0])
     return sc
 
 

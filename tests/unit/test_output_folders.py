@@ -123,3 +123,14 @@ def test_calibrate_runs_at_most_iperf3s_128_streams(nothing_runs, capsys):
     assert refused(["calibrate", "quick", "--streams", "129"], capsys) == (
         "prfaas calibrate: error: argument --streams: 129 is more than 128, the most parallel streams iperf3 runs (-P)")
     assert list(nothing_runs.iterdir()) == []
+
+
+def test_a_multi_run_command_resolves_scale_auto_before_its_first_run(nothing_runs, capsys, monkeypatch):
+    """`experiments.engine.check_run` resolves `scale: auto` at this host's capacity, as a run would: a LAN of 100 Kbps at
+    the scale a 100 Gbps WAN takes on a 5 Gbps host (20) is 5 Kbps on the wire, refused before the sweep's first run (it
+    failed each run instead)."""
+    monkeypatch.setenv("PRFAAS_CAPACITY_BPS", "5e9")
+    line = refused(["sweep", "quick", "--grid", "scale=auto", "--grid", "wan.rate=100Gbps", "--grid", "topology.lan_rate=100Kbps",
+                    "--out", "named"], capsys)
+    assert "scale: auto (here 20, for a host capacity of 5 Gbps) puts topology.lan_rate, 100 Kbps, at 5000 bps" in line
+    assert list(nothing_runs.iterdir()) == []
