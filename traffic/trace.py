@@ -2,6 +2,8 @@
 
 One request a line: ``{"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [...]}``
 with one hash id per 512-token block (the last block may be partial). Any other keys are ignored.
+Limits (docs/traffic.md): a timestamp is at most a week (`units.MAX_DURATION_S`), a length at most
+`units.MAX_TOKENS`, a hash id a signed 64-bit integer (the column it is kept in).
 A malformed line is an error naming its line number and field, or, with ``skip_bad``, skipped and counted
 (the first few reasons are kept). Timestamps are milliseconds in the file and seconds (`arrival_s`) here.
 """
@@ -9,17 +11,19 @@ A malformed line is an error naming its line number and field, or, with ``skip_b
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from testbed import units
 from testbed.errors import UserError
 from testbed.blocks import BLOCK_TOKENS
 from traffic.request import Request, RequestBatch
 
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 KEEP_PROBLEMS = 20
+MAX_TIMESTAMP_MS = units.MAX_DURATION_S * 1000.0
+HASH_RANGE = (-(2**63), 2**63 - 1)  # numpy int64, as `RequestBatch` keeps them
 
 
 class TraceLineError(ValueError):
@@ -49,6 +53,8 @@ def _whole(obj: dict[str, Any], key: str, lineno: int, minimum: int) -> int:
         raise TraceLineError(lineno, key, f"{v!r} is not a whole number of tokens")
     if v < minimum:
         raise TraceLineError(lineno, key, f"{v} is {'negative' if v < 0 else 'too small'}; must be >= {minimum}")
+    if v > units.MAX_TOKENS:  # 10**30 was a numpy OverflowError traceback; 10**12 passed into the model
+        raise TraceLineError(lineno, key, f"{v} is more than {units.MAX_TOKENS} tokens (16M, the most a length may be)")
     return v
 
 
@@ -58,24 +64,33 @@ def parse_line(text: str, lineno: int, request_id: str) -> Request:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TraceLineError(lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:  # `[[[[...` thousands deep
+        raise TraceLineError(lineno, None, "not a trace line (JSON nested too deeply)") from None
     if not isinstance(obj, dict):
         raise TraceLineError(lineno, None, f"expected a JSON object with keys {', '.join(FIELDS)}, got {type(obj).__name__}")
     for key in FIELDS:
         if key not in obj:
             raise TraceLineError(lineno, key, "is missing")
     ts = obj["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
-        raise TraceLineError(lineno, "timestamp", f"{ts!r} is not a time in milliseconds >= 0")
+    what = f"a time in milliseconds from 0 to {MAX_TIMESTAMP_MS:.0f} (a week)"
+    try:  # a whole number past 1.8e308 has no float (an OverflowError traceback before)
+        ms = units.finite_number(ts, what)
+    except ValueError as exc:
+        raise TraceLineError(lineno, "timestamp", str(exc)) from None
+    if not 0 <= ms <= MAX_TIMESTAMP_MS:  # 1e15 ms asked `prfaas traffic stats` for a 7-TiB histogram
+        raise TraceLineError(lineno, "timestamp", f"{ts!r} is not {what}")
     input_len = _whole(obj, "input_length", lineno, 1)
     output_len = _whole(obj, "output_length", lineno, 0)
     hashes = obj["hash_ids"]
     if not isinstance(hashes, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in hashes):
         raise TraceLineError(lineno, "hash_ids", "must be a list of whole numbers")
+    if hashes and not HASH_RANGE[0] <= min(hashes) <= max(hashes) <= HASH_RANGE[1]:
+        raise TraceLineError(lineno, "hash_ids", "an id is outside the signed 64-bit range (-2^63 to 2^63 - 1)")
     need = -(-input_len // BLOCK_TOKENS)
     if len(hashes) < need:
         raise TraceLineError(lineno, "hash_ids", f"has {len(hashes)} ids, too short for input_length {input_len}: "
                              f"{need} blocks of {BLOCK_TOKENS} tokens need {need} ids")
-    return Request(request_id, ts / 1000.0, input_len, output_len, tuple(hashes))
+    return Request(request_id, ms / 1000.0, input_len, output_len, tuple(hashes))
 
 
 def read_trace(path: str | Path, skip_bad: bool = False) -> TraceData:

@@ -56,6 +56,19 @@ BAD = [
     ('{"timestamp": 5, "input_length": 1600, "output_length": 7, "hash_ids": [1, 2]}', "line 2, field 'hash_ids': has 2 ids, too short for input_length 1600"),
     ('{"timestamp": 5, "input_length": 600, "output_length": 7, "hash_ids": [1, "x"]}', "line 2, field 'hash_ids': must be a list of whole numbers"),
     ('{"timestamp": 5, "input_length": 60.5, "output_length": 7, "hash_ids": [1]}', "line 2, field 'input_length': 60.5 is not a whole number"),
+    # past what a trace can mean: tracebacks (OverflowError, a 7-TiB histogram) or silent nonsense before 2026-12-07
+    ('{"timestamp": 1e400, "input_length": 600, "output_length": 7, "hash_ids": [1, 2]}', "line 2, field 'timestamp': inf is not a time"),
+    ('{"timestamp": 1' + '0' * 400 + ', "input_length": 600, "output_length": 7, "hash_ids": [1, 2]}',
+     "line 2, field 'timestamp': a 401-digit number is out of range; use a time in milliseconds from 0 to 604800000"),
+    ('{"timestamp": 1e15, "input_length": 600, "output_length": 7, "hash_ids": [1, 2]}',
+     "line 2, field 'timestamp': 1000000000000000.0 is not a time in milliseconds from 0 to 604800000 (a week)"),
+    ('{"timestamp": NaN, "input_length": 600, "output_length": 7, "hash_ids": [1, 2]}', "line 2, field 'timestamp': nan is not a time"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 1000000000000, "hash_ids": [1, 2]}',
+     "line 2, field 'output_length': 1000000000000 is more than 16777216 tokens"),
+    ('{"timestamp": 5, "input_length": 1' + '0' * 30 + ', "output_length": 7, "hash_ids": [1, 2]}', "field 'input_length': 1000000000000000000000000000000 is more than"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 7, "hash_ids": [1, 18446744073709551621]}',
+     "line 2, field 'hash_ids': an id is outside the signed 64-bit range"),
+    ("[" * 100000 + "]" * 100000, "line 2: not a trace line (JSON nested too deeply)"),
 ]
 
 
@@ -66,6 +79,17 @@ def test_malformed_line_is_an_error_naming_line_and_field(tmp_path: Path, line: 
         read_trace(p)
     assert message in str(e.value)
     assert "--skip-bad" in str(e.value)
+
+
+def test_limits_keep_the_whole_trace_usable(tmp_path: Path) -> None:
+    """The largest values a line may hold read, and the statistics of such a trace are computed."""
+    from traffic.stats import trace_stats
+
+    ids = list(range(32768)) + [2**63 - 1]
+    p = write_lines(tmp_path, [GOOD, json.dumps({"timestamp": 604800000, "input_length": 16 * 1024 * 1024,
+                                                 "output_length": 16 * 1024 * 1024, "hash_ids": ids})])
+    st = trace_stats(read_trace(p).requests)
+    assert st.requests == 2 and st.arrivals.duration_s == pytest.approx(604800 - 0.005)
 
 
 def test_skip_bad_skips_and_counts(tmp_path: Path) -> None:
