@@ -8,7 +8,8 @@ router's records, the cross traffic; not the scratch files under ``work/``): a f
 old contents. (A file half-written for the first time was already refused by the loader, and a resumed
 experiment reruns such a run.) The data goes to a new ``NAME.<random>.tmp`` beside the file, then
 `Path.replace` renames it over the file (atomic on POSIX within one file system). A write that fails
-removes its temporary file and leaves the old file as it was.
+removes its temporary file and leaves the old file as it was; one the file system refuses (a folder in the file's
+place, a read-only or full disk) is one `UserError` naming the file, as `make_dirs` names a folder.
 """
 
 from __future__ import annotations
@@ -53,14 +54,35 @@ def replace_with(path: str | Path, write: Callable[[Path], Any]) -> Path:
     directory); returns the path."""
     path = Path(path)
     make_dirs(path.parent)
-    tmp = _new_temporary(path)
+    try:
+        tmp = _new_temporary(path)
+    except OSError as exc:  # a read-only file system: an OSError traceback after an experiment's last run
+        raise _cannot_write(path, exc) from None
     try:
         write(tmp)
         tmp.replace(path)
+    except OSError as exc:  # a folder where the file goes (IsADirectoryError), a full disk
+        tmp.unlink(missing_ok=True)
+        raise _cannot_write(path, exc) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _cannot_write(path: Path, exc: OSError) -> UserError:
+    return UserError(f"{path}: cannot write this file ({exc.strerror or exc})")
+
+
+def writable_dir(path: str | Path) -> Path:
+    """`make_dirs`, then a check that a file can be written there (a read-only file system lets an existing folder
+    be "made"): for a command that must not start minutes of work whose results it could not keep."""
+    p = make_dirs(path)
+    try:
+        _new_temporary(p / ".write-check").unlink()
+    except OSError as exc:
+        raise UserError(f"{p}: cannot write in this folder ({exc.strerror or exc})") from None
+    return p
 
 
 def _new_temporary(path: Path) -> Path:

@@ -35,7 +35,7 @@ def test_a_write_that_fails_on_the_disk_leaves_the_old_file_and_no_temporary(tmp
         raise OSError("disk full")
 
     monkeypatch.setattr(Path, "replace", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(UserError, match=r"doc.json: cannot write this file \(disk full\)"):
         write_json(path, {"new": 1})
     assert json.loads(path.read_text()) == {"ok": True}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.json"]
@@ -65,3 +65,33 @@ def test_an_output_folder_that_cannot_be_made_is_one_user_error_naming_it(tmp_pa
         make_dirs(tmp_path / "f" / "sub")
     with pytest.raises(UserError, match="cannot create this folder"):  # and a file written there says the same
         write_json(tmp_path / "f" / "sub" / "x.json", {})
+
+
+def test_a_file_the_file_system_refuses_is_one_user_error_naming_it(tmp_path):
+    """A folder where the file goes (`results.parquet/` in an experiment's --out) was an IsADirectoryError traceback
+    after the experiment's last run; the folder is left as it was, with no temporary beside it."""
+    (tmp_path / "results.json").mkdir()
+    with pytest.raises(UserError, match=r"results.json: cannot write this file \(Is a directory\)"):
+        write_json(tmp_path / "results.json", {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"] and (tmp_path / "results.json").is_dir()
+
+
+def test_a_folder_that_cannot_take_a_file_is_refused_before_the_work(tmp_path, monkeypatch):
+    """A read-only file system lets `make_dirs` pass over an existing folder; `writable_dir` tries a file there."""
+    import os
+
+    from testbed.atomic import writable_dir
+
+    assert writable_dir(tmp_path / "w") == tmp_path / "w" and list((tmp_path / "w").iterdir()) == []
+    real_open = os.open
+
+    def read_only(path, flags, mode=0o777):
+        if flags & os.O_CREAT:
+            raise OSError(30, "Read-only file system")
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(UserError, match=r"/w: cannot write in this folder \(Read-only file system\)"):
+        writable_dir(tmp_path / "w")
+    with pytest.raises(UserError, match=r"/w/x.json: cannot write this file \(Read-only file system\)"):
+        write_json(tmp_path / "w" / "x.json", {})

@@ -78,7 +78,7 @@ def test_a_write_that_fails_midway_leaves_the_old_file_whole_and_no_temporary(tm
     w = rundir.RunDirWriter(d)
     with monkeypatch.context() as m:
         m.setattr(pd.DataFrame, "to_parquet", half_written)
-        with pytest.raises(OSError, match="No space"):
+        with pytest.raises(UserError, match=r"scheduler.parquet: cannot write this file \(No space left on device\)"):
             w.scheduler(pd.DataFrame({"t_s": [0.0, 1.0]}))
     with pytest.raises(TypeError):
         w.summary({**{k: 1 for k in rundir.SUMMARY_KEYS}, (1, 2): 0})  # a tuple key: not JSON, whatever `default` says
