@@ -21,14 +21,13 @@ need it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from testbed.atomic import make_dirs, write_json, write_parquet, write_text
 from testbed.errors import UserError
-from testbed.validation import read_yaml
+from testbed.validation import read_json, read_yaml
 
 if TYPE_CHECKING:  # pandas is imported where a frame is built: the router and workers start without it
     import pandas as pd
@@ -307,10 +306,7 @@ def _read_parquet(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(path, f"a run directory's {path.name}")
     if not isinstance(data, dict):
         raise UserError(f"{path}: must be a JSON object")
     return data

@@ -15,9 +15,10 @@ from typing import Any, Callable, TypeVar
 from testbed import units
 from testbed.errors import FieldError, UserError
 
-__all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers", "load_yaml",
-           "mapping", "name_or_stem", "non_negative", "number", "option", "path_exists", "path_is_file", "path_name", "plain_name",
-           "planned_runs", "positive_int", "positive_number", "random_seed", "run_count", "string", "text"]
+__all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers",
+           "load_yaml", "mapping", "name_or_stem", "non_negative", "number", "option", "path_exists", "path_is_file",
+           "path_name", "plain_name", "planned_runs", "positive_int", "positive_number", "random_seed", "read_json",
+           "read_yaml", "run_count", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -306,6 +307,26 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', exc)})") from None
+
+
+def read_json(path: Path, what: str = "a JSON file") -> Any:
+    """A JSON file's data (the one reader of JSON files a user names or a run directory holds), as `read_yaml` reads
+    YAML: a file that cannot be read, is not UTF-8 text, is not valid JSON or is nested too deeply is one line naming
+    the file, and the line where it can. ``NaN`` and ``Infinity`` read as floats (Python's `json.dumps` writes them:
+    a summary of a run with no finished request has them); the reader of each field refuses them where a number is
+    needed. `what` says what the file should be (``"a summary (summary.json)"``)."""
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (at byte offset {exc.start}); {what} is expected") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); {what} is expected") from None
+    except RecursionError:
+        raise UserError(f"{path}: not {what} (JSON nested too deeply)") from None
 
 
 def option(parse: Callable[[Any], T], whole: bool = False) -> Callable[[str], T]:

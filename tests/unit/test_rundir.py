@@ -170,3 +170,17 @@ def test_a_run_prints_what_prfaas_check_warns_of_before_it_starts(tmp_path, monk
     args = commands.argparse.Namespace(scenario="val-cross-surge", overrides=["scale=100"], out=str(tmp_path / "new2"), no_progress=True)
     commands.cmd_run(args)
     assert "cross_traffic:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,content,match", [
+    ("summary.json", b"\xc7\x00 not text", r"summary.json: not UTF-8 text \(at byte offset 0\); a run directory's summary.json is expected"),
+    ("environment.json", b"[" * 100000, r"environment.json: not a run directory's environment.json \(JSON nested too deeply\)"),
+    ("summary.json", b'{"a": ', r"summary.json: not valid JSON \(Expecting value at line 1\)"),
+])
+def test_a_damaged_json_file_of_a_run_is_one_line_naming_it(tmp_path, name, content, match):
+    """Not UTF-8 or nested too deeply was a UnicodeDecodeError / RecursionError traceback from every reader of run
+    directories (`prfaas report`, a resumed experiment, `prfaas lab check`) before 2026-12-07."""
+    d = write_run_dir(tmp_path / "r")
+    (d / name).write_bytes(content)
+    with pytest.raises(UserError, match=match):
+        rundir.load_run_dir(d)
