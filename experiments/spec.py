@@ -99,7 +99,10 @@ def parse_spec(data: Any, source: str | None = None, base_dir: Path | None = Non
     name = name_or_stem(f, "the experiment in results.parquet and report.md", "experiment")  # read with `str` before: a list passed
     scenario = f.get("scenario", str)
     if base_dir is not None and (scenario.endswith((".yaml", ".yml")) or "/" in scenario):
-        scenario = str((base_dir / scenario).resolve())
+        try:
+            scenario = str((base_dir / scenario).resolve())
+        except (OSError, ValueError) as exc:  # a NUL byte (ValueError), a link loop: tracebacks before 2026-12-07
+            raise f.error("scenario", f"{scenario!r} is not a file name ({exc})") from None
     overrides = _overrides(f.data.get("set"), "set", source)
     f.mark_read("set")
     raw_arms = f.data.get("arms")

@@ -191,3 +191,9 @@ def test_a_ratio_that_moves_with_the_run_order_is_reported(tmp_path):
     line = next(x for x in text.splitlines() if x.startswith("- fast / slow on throughput_rps"))
     # fast first: fast full rate, slow at 0.7x -> ratio above the true one; slow first: the other way
     assert "when fast ran first (n = 4)" in line and "when slow ran first (n = 4)" in line
+
+
+def test_a_scenario_that_cannot_be_a_file_name_is_refused_naming_the_field(tmp_path):
+    """A NUL byte in `scenario` was a ValueError traceback from Path.resolve (2026-12-07)."""
+    with pytest.raises(UserError, match=r"s.yaml: scenario: 'a\\x00b.yaml' is not a file name \(embedded null byte\)"):
+        parse_spec({**SPEC, "scenario": "a\x00b.yaml"}, "s.yaml", tmp_path)
