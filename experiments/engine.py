@@ -2,17 +2,24 @@
 tasks that are not finished yet through an executor, with a progress bar, and say how each went.
 
 Resumable: a task whose run directory already loads completely (`experiments.runs.is_finished`) is
-skipped, so an interrupted experiment continues where it stopped.
+skipped, so an interrupted experiment continues where it stopped. What a resume does with what it finds
+(docs/experiments.md, "Resuming"): a run interrupted before its summary is run again; a finished run that no
+longer loads, a file where a run directory goes, and a finished run of other settings than its task's
+(`rundir.TASK_FILE`) are refused before anything runs, and left as they are.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from experiments.executor import Executor, RunOutcome, RunTask, SequentialExecutor
-from experiments.runs import is_finished
+from testbed import rundir
+from testbed.atomic import writable_dir
+from testbed.errors import UserError
+from testbed.validation import path_exists
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -20,6 +27,63 @@ if TYPE_CHECKING:
     from testbed.scenario import Scenario
 
 SKIPPED = "skipped (finished before)"
+FINISHED, TO_RUN = "finished", "to run"
+
+
+def run_state(out_dir: str | Path) -> str:
+    """`FINISHED` when `out_dir` holds a complete run directory; `TO_RUN` when it holds nothing, or a run that
+    stopped before its summary was written (the executor removes it and runs it again). A finished run (its
+    summary.json is there) that no longer loads -- a damaged file, a run of an older testbed -- and a file where
+    a run directory goes are a `UserError` naming them: they are never removed (before 2026-12-07 a resumed
+    experiment deleted such a run and ran it again)."""
+    p = Path(out_dir)
+    if not path_exists(p):
+        return TO_RUN
+    if not p.is_dir():
+        raise UserError(f"{p}: not a folder, where this run's directory goes; move it aside (or use another --out)")
+    try:
+        rundir.load_run_dir(p)
+    except UserError as exc:
+        if not path_exists(p / rundir.SUMMARY_FILE):
+            return TO_RUN
+        raise UserError(f"{p}: a finished run (it has its {rundir.SUMMARY_FILE}) that no longer loads: {exc}. It is left as "
+                        "it is: move it aside (or delete it) to run it again, or use another --out") from None
+    return FINISHED
+
+
+def task_settings(task: RunTask) -> dict[str, Any] | None:
+    """What `task` runs: its scenario's data with its overrides (as JSON reads it back), or None where the
+    scenario does not load (the run fails and says why)."""
+    from testbed.sections import load_scenario
+
+    try:
+        raw = load_scenario(task.scenario, list(task.overrides)).raw
+    except UserError:
+        return None
+    return json.loads(json.dumps(raw, default=str, sort_keys=True))
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def check_same_task(task: RunTask, settings: dict[str, Any] | None) -> None:
+    """A finished run skipped for `task` must have run what the task asks (`rundir.TASK_FILE`): a resume with
+    another spec, other overrides or an edited scenario file into the same --out otherwise reported the old runs
+    as the new settings' (until 2026-12-07). A run without the record (run alone, or before then) is taken as it is."""
+    record = rundir.read_task(task.out_dir)
+    if record is None or settings is None or record["settings"] == settings:
+        return
+    was, now = _flat(record["settings"]), _flat(settings)
+    diff = [k for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+    shown = "; ".join(f"{k}: {was.get(k)!r} there, {now.get(k)!r} now" for k in diff[:3]) + ("; ..." if len(diff) > 3 else "")
+    raise UserError(f"{task.out_dir}: holds a finished run of other settings than this one asks for ({shown}); "
+                    "use another --out, or move that run aside to run it again")
 
 
 def progress_bar() -> "Progress":
@@ -48,7 +112,7 @@ def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = No
     from testbed.serving.config import plan_run
 
     sc = load_scenario(scenario, list(overrides))
-    if out_dir is None or not is_finished(out_dir):
+    if out_dir is None or run_state(out_dir) != FINISHED:
         plan_run(sc)
         if sc.scale == "auto":  # resolved as a run alone on this host resolves it (`Network`): its wire rates checked
             from testbed.net.emulation import host_capacity_bps
@@ -72,11 +136,15 @@ def run_tasks(tasks: Sequence[RunTask], executor: Executor | None = None, *, lab
         raise ValueError("task keys must be unique")
     outcomes: dict[str, RunOutcome] = {}
     todo = []
-    for t in tasks:
-        if is_finished(t.out_dir):
+    for t in tasks:  # everything is checked before the first run starts
+        if run_state(t.out_dir) == FINISHED:
+            check_same_task(t, task_settings(t))
             outcomes[t.key] = RunOutcome(task=t, status=SKIPPED, error=None, wall_s=0.0, node="")
         else:
             todo.append(t)
+    settings = {t.key: task_settings(t) for t in todo}  # now: a scenario file edited while the runs go is not what they ran
+    for folder in sorted({Path(t.out_dir).parent for t in todo}):
+        writable_dir(folder)  # a file in the way or a read-only disk: one line now, not every run failing
     lock = threading.Lock()
     shared = isinstance(progress, Progress)
     bar = progress if shared else (progress_bar() if progress else None)
@@ -84,6 +152,9 @@ def run_tasks(tasks: Sequence[RunTask], executor: Executor | None = None, *, lab
         task_id = bar.add_task(label, total=len(tasks), completed=len(tasks) - len(todo)) if bar is not None else None
 
         def on_done(outcome: RunOutcome) -> None:
+            t = outcome.task
+            if outcome.status == "ok" and settings.get(t.key) is not None and Path(t.out_dir).is_dir():
+                rundir.RunDirWriter(t.out_dir).task({"scenario": t.scenario, "overrides": list(t.overrides), "settings": settings[t.key]})
             with lock:
                 outcomes[outcome.task.key] = outcome
                 if bar is not None:

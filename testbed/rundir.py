@@ -10,7 +10,9 @@ A run directory (docs/serving.md "The run directory") holds:
 - ``cross_traffic.parquet`` when the scenario has cross traffic (`CROSS_TRAFFIC_COLUMNS`);
 - ``fidelity.json``: the run's timing-fidelity record (`testbed.fidelity.build_record`);
 - ``summary.json``: the summary metrics, written by the experiments layer (``experiments.runs``) from
-  ``analysis.metrics.summarize``; the runner itself writes raw results only.
+  ``analysis.metrics.summarize``; the runner itself writes raw results only;
+- ``task.json``: what a multi-run command asked the run to be (`experiments.engine`: the scenario's data with
+  the task's overrides), which a resumed batch compares before it skips the run (docs/experiments.md).
 
 Every producer (the runner, the router, NET's telemetry, cross traffic) writes through `RunDirWriter` or
 the frame builders here, and every reader loads through `load_run_dir`, so a column or key is named in
@@ -47,6 +49,7 @@ TCP_REQUIRED = ("t_s", "cluster", "prefill_instance", "decode_instance", "sender
                 "backoff")
 TCP_LOG_SUFFIX = ".tcp.csv"  # work/<prefill instance>.tcp.csv: a prefill worker's own log, merged into TCP_FILE
 FIDELITY_FILE = "fidelity.json"  # the run's timing-fidelity record (testbed.fidelity)
+TASK_FILE = "task.json"  # {"scenario", "overrides", "settings"}: what a multi-run command asked for (experiments.engine)
 ROUTER_REQUESTS_FILE = "router_requests.parquet"  # the router's own records, merged into requests.parquet
 WORK_DIR = "work"  # configs, logs and raw per-process records of a run
 
@@ -263,6 +266,9 @@ class RunDirWriter:
     def fidelity(self, record: Mapping[str, Any]) -> Path:
         return write_json(self.path / FIDELITY_FILE, dict(record), indent=1, default=str)
 
+    def task(self, record: Mapping[str, Any]) -> Path:
+        return write_json(self.path / TASK_FILE, dict(record), indent=1, default=str)
+
     def summary(self, summary: Mapping[str, Any]) -> Path:
         absent = [k for k in SUMMARY_KEYS if k not in summary]
         if absent:
@@ -322,6 +328,17 @@ def read_summary(path: str | Path) -> dict[str, Any]:
     if absent:
         raise UserError(f"{p}: missing key(s) {', '.join(absent)}")
     return summary
+
+
+def read_task(path: str | Path) -> dict[str, Any] | None:
+    """task.json of a run directory (`TASK_FILE`), or None where the run has none (run alone, or before 2026-12-07)."""
+    p = Path(path) / TASK_FILE
+    if not p.exists():
+        return None
+    data = _read_json(p)
+    if not isinstance(data.get("settings"), dict):
+        raise UserError(f"{p}: no settings mapping (a task record holds scenario, overrides and settings)")
+    return data
 
 
 def load_run_dir(path: str | Path, *, require_summary: bool = True) -> RunData:

@@ -4,6 +4,7 @@ that writes synthetic run directories through the real writer; the real runs: te
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -197,3 +198,62 @@ def test_a_scenario_that_cannot_be_a_file_name_is_refused_naming_the_field(tmp_p
     """A NUL byte in `scenario` was a ValueError traceback from Path.resolve (2026-12-07)."""
     with pytest.raises(UserError, match=r"s.yaml: scenario: 'a\\x00b.yaml' is not a file name \(embedded null byte\)"):
         parse_spec({**SPEC, "scenario": "a\x00b.yaml"}, "s.yaml", tmp_path)
+
+
+def _finished(tmp_path: Path) -> Path:
+    run_experiment(parse_spec(SPEC), tmp_path / "e", Synthetic(), progress=False)
+    return tmp_path / "e" / "runs" / "fast" / "seed2-rep1"
+
+
+def test_a_finished_run_that_no_longer_loads_is_refused_and_kept_not_run_again(tmp_path):
+    """Resume policy (docs/experiments.md, "Resuming"): a run with its summary.json that does not load (damaged, or
+    of an older testbed) was deleted and run again; it is kept as it is and the resume stops before any run."""
+    run = _finished(tmp_path)
+    (run / "summary.json").write_bytes(b"\xc7garbage")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    ex = Synthetic()
+    with pytest.raises(UserError, match=r"seed2-rep1: a finished run \(it has its summary.json\) that no longer loads: .*summary.json: "
+                                        r"not UTF-8 text .*left as it is: move it aside"):
+        run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    assert ex.ran == [] and {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_a_run_that_stopped_before_its_summary_runs_again(tmp_path):
+    run = _finished(tmp_path)
+    (run / "summary.json").unlink()
+    (run / "requests.parquet").write_bytes(b"PAR1")  # cut off mid-run
+    ex = Synthetic()
+    run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    assert ex.ran == ["fast/seed2-rep1"]
+
+
+def test_a_resume_with_other_settings_is_refused_instead_of_reusing_the_old_runs(tmp_path):
+    """Each run records what it was asked to run (task.json); another spec, other overrides or an edited scenario
+    into the same --out reported the old runs as the new settings' until 2026-12-07."""
+    run = _finished(tmp_path)
+    assert json.loads((run / "task.json").read_text())["settings"]["policy"]["name"] == "prfaas"
+    ex = Synthetic()
+    other = {**SPEC, "arms": {"fast": {"policy.name": "fixed-threshold"}, "slow": {"policy.name": "fixed-threshold"}}}
+    with pytest.raises(UserError, match=r"runs/fast/seed1-rep1: holds a finished run of other settings than this one asks for "
+                                        r"\(policy.name: 'prfaas' there, 'fixed-threshold' now\); use another --out"):
+        run_experiment(parse_spec(other), tmp_path / "e", ex, progress=False)
+    with pytest.raises(UserError, match=r"duration: '20s' there, '25s' now"):
+        run_experiment(parse_spec({**SPEC, "set": {"duration": "25s"}}), tmp_path / "e", ex, progress=False)
+    assert ex.ran == []
+    run_experiment(parse_spec({**SPEC, "seeds": 4}), tmp_path / "e", ex, progress=False)  # more seeds: the same settings
+    assert sorted(ex.ran) == ["fast/seed4-rep1", "slow/seed4-rep1"]
+
+
+def test_a_file_where_a_run_or_its_folder_goes_is_refused_before_any_run(tmp_path):
+    run = _finished(tmp_path)
+    shutil.rmtree(run)
+    run.write_text("x")
+    ex = Synthetic()
+    with pytest.raises(UserError, match=r"seed2-rep1: not a folder, where this run's directory goes; move it aside"):
+        run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    run.unlink()
+    shutil.rmtree(tmp_path / "e" / "runs" / "slow")
+    (tmp_path / "e" / "runs" / "slow").write_text("x")
+    with pytest.raises(UserError, match=r"runs/slow: cannot create this folder"):
+        run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    assert ex.ran == []
