@@ -15,15 +15,16 @@ Decode model: ``T_step(b) = step_s + per_sequence_s * b`` for a batch of b <= ma
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from testbed import units
 from testbed.errors import UserError
-from testbed.validation import path_exists, path_is_file, read_yaml
+from testbed.validation import (Fields, at_least_one, mapping, non_negative, path_exists, path_is_file, positive_number, read_json,
+                                read_yaml, string, text)
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 # Short names: a chip alone means that chip running the paper's 1T hybrid (the case study's profiles).
@@ -106,129 +107,180 @@ def fit_prefill(tokens: Any, seconds: Any, degree: int | None = None) -> tuple[f
     return tuple(float(c) for c in coeffs)
 
 
-def _decode(d: Any, where: str) -> DecodeProfile | None:
-    if d is None:
-        return None
-    if not isinstance(d, dict) or "step_s" not in d:
-        raise UserError(f"{where}: decode must be a mapping with step_s (and optional per_sequence_s, max_batch, provenance)")
-    unknown = set(d) - {"step_s", "per_sequence_s", "max_batch", "provenance", "points"}
-    if unknown:
-        raise UserError(f"{where}: decode.{sorted(unknown)[0]}: unknown key; allowed: step_s, per_sequence_s, max_batch, provenance, points")
-    try:
-        out = DecodeProfile(float(d["step_s"]), float(d.get("per_sequence_s", 0.0)), int(d.get("max_batch", 1)), str(d.get("provenance", "")))
-    except (TypeError, ValueError) as exc:
-        raise UserError(f"{where}: decode: {exc}") from None
-    if out.step_s <= 0 or out.max_batch < 1 or out.per_sequence_s < 0:
-        raise UserError(f"{where}: decode: step_s must be > 0, per_sequence_s >= 0, max_batch >= 1")
+# What a profile file may hold (docs/analysis.md, "Compute profiles"): a prefill point's tokens within
+# 1..`units.MAX_TOKENS`, every time above 0 and at most a week (`units.MAX_DURATION_S`), a decode batch of at most
+# MAX_BATCH and an instance of at most MAX_GPUS GPUs. NaN, infinite, 1e400 or a word in any of them, a
+# `scaled_from` loop, or a degree that is not 0-2 were tracebacks or read as is before 2026-12-07.
+MAX_BATCH = 65536
+MAX_GPUS = 1024
+
+
+def _seconds(v: Any) -> float:
+    x = positive_number(v)
+    if x > units.MAX_DURATION_S:
+        raise ValueError(f"{v!r} is more than a week ({units.MAX_DURATION_S:g} s)")
+    return x
+
+
+def _point(v: Any) -> tuple[float, float]:
+    """One measured prefill point: [tokens, seconds]."""
+    if not isinstance(v, (list, tuple)) or len(v) != 2:
+        raise ValueError(f"{v!r} is not a [tokens, seconds] pair")
+    tokens = units.finite_number(v[0], "a number of tokens")
+    if not 1 <= tokens <= units.MAX_TOKENS:
+        raise ValueError(f"tokens {v[0]!r} is not within 1..{units.MAX_TOKENS}")
+    return tokens, _seconds(v[1])
+
+
+def _points(v: Any) -> list[tuple[float, float]]:
+    if not isinstance(v, list) or not v:
+        raise ValueError("must be a non-empty list of [tokens, seconds] pairs")
+    out = []
+    for i, p in enumerate(v, start=1):
+        try:
+            out.append(_point(p))
+        except ValueError as exc:
+            raise ValueError(f"point {i}: {exc}") from None
     return out
 
 
-_KEYS = {"name", "chip", "model", "gpus_per_instance", "provenance", "prefill", "decode", "scaled_from", "measured"}
+def _degree(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 2:
+        raise ValueError(f"{v!r} is not 0, 1 or 2 (the polynomial's degree)")
+    return v
 
 
-def profile_from_dict(data: Any, where: str) -> ComputeProfile:
-    """Build a profile from its YAML mapping (``prefill.points`` fitted, or ``scaled_from`` another profile)."""
-    if not isinstance(data, dict):
-        raise UserError(f"{where}: a profile must be a mapping")
-    unknown = set(data) - _KEYS
-    if unknown:
-        raise UserError(f"{where}: {sorted(unknown)[0]}: unknown key; allowed: {', '.join(sorted(_KEYS))}")
-    name = str(data.get("name", Path(where).stem))
-    decode = _decode(data.get("decode"), where)
-    if "scaled_from" in data:
-        s = data["scaled_from"]
-        if not isinstance(s, dict) or "profile" not in s or "factor" not in s:
-            raise UserError(f"{where}: scaled_from needs profile and factor")
-        base = load_profile(str(s["profile"]))
-        k = float(s["factor"])
-        if k <= 0:
-            raise UserError(f"{where}: scaled_from.factor must be > 0")
-        coeffs = tuple(c * k for c in base.coefficients)
-        pts_l, pts_s = base.points_tokens, tuple(v * k for v in base.points_s)
-        extra = {"scaled_from": base.name, "factor": k}
-    else:
-        pre = data.get("prefill")
-        if not isinstance(pre, dict) or "points" not in pre:
-            raise UserError(f"{where}: prefill.points is required: a list of [tokens, seconds] pairs")
-        try:
-            pts = np.asarray(pre["points"], dtype=float)
-        except (TypeError, ValueError):
-            raise UserError(f"{where}: prefill.points must be a list of [tokens, seconds] pairs") from None
-        if pts.ndim != 2 or pts.shape[1] != 2:
-            raise UserError(f"{where}: prefill.points must be a list of [tokens, seconds] pairs")
-        coeffs = fit_prefill(pts[:, 0], pts[:, 1], pre.get("degree"))
-        pts_l, pts_s = tuple(pts[:, 0]), tuple(pts[:, 1])
-        extra = {}
-    if data.get("measured") is not None:  # written by `prfaas profile` (testbed.models.profiling): host, variant, fit errors
-        if not isinstance(data["measured"], dict):
-            raise UserError(f"{where}: measured must be a mapping (as `prfaas profile` writes it)")
-        extra["measured"] = data["measured"]
-    if isinstance(data.get("decode"), dict) and data["decode"].get("points") is not None:
-        extra["decode_points"] = data["decode"]["points"]
+def _label(v: Any) -> str:
+    """A name, chip or model: text (a bare number such as ``2024`` reads as its text)."""
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise ValueError(f"{v!r} is not a name")
+    return str(v)
+
+
+def _bounded(most: int) -> Any:
+    def read(v: Any) -> int:
+        n = at_least_one(v)
+        if n > most:
+            raise ValueError(f"{n if n < 10**12 else f'a {len(str(n))}-digit number'} is more than {most}")
+        return n
+
+    return read
+
+
+def _time_or_zero(v: Any) -> float:
+    return 0.0 if non_negative(v) == 0 else _seconds(v)
+
+
+def _list(v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise ValueError(f"must be a list of [batch, context, seconds], got {type(v).__name__}")
+    return v
+
+
+def _decode(parent: Fields) -> DecodeProfile | None:
+    """The ``decode`` mapping of `parent` (None when it has none, or null)."""
+    if parent.data.get("decode") is None:
+        parent.mark_read("decode")
+        return None
+    f = parent.section("decode")
+    out = DecodeProfile(f.get("step_s", _seconds), f.get("per_sequence_s", _time_or_zero, 0.0),
+                        f.get("max_batch", _bounded(MAX_BATCH), 1), f.get("provenance", string, ""))
+    f.get("points", _list, None)  # as measured, kept beside the fit (extra["decode_points"])
+    f.done()
+    return out
+
+
+def _fitted(where: str, name: str, points: list[tuple[float, float]], degree: int | None, decode: DecodeProfile | None,
+            **rest: Any) -> ComputeProfile:
     try:
-        gpus = int(data.get("gpus_per_instance", 8))
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: gpus_per_instance must be a whole number") from None
-    return ComputeProfile(
-        name=name,
-        chip=str(data.get("chip", "unknown")),
-        model=str(data.get("model", "unknown")),
-        coefficients=coeffs,
-        points_tokens=pts_l,
-        points_s=pts_s,
-        decode=decode,
-        gpus_per_instance=gpus,
-        provenance=str(data.get("provenance", "")).strip(),
-        source=where,
-        extra=extra,
-    )
+        coeffs = fit_prefill([p[0] for p in points], [p[1] for p in points], degree)
+    except UserError as exc:  # fit_prefill's own words, with the file's name
+        raise UserError(f"{where}: {exc}") from None
+    return ComputeProfile(name=name, coefficients=coeffs, points_tokens=tuple(p[0] for p in points),
+                          points_s=tuple(p[1] for p in points), decode=decode, source=where, **rest)
+
+
+def profile_from_dict(data: Any, where: str, _chain: tuple[str, ...] = ()) -> ComputeProfile:
+    """Build a profile from its YAML mapping (``prefill.points`` fitted, or ``scaled_from`` another profile).
+    `_chain`: the files being read, so a profile scaled from itself is an error, not a RecursionError."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: a profile must be a mapping of keys to values, got {type(data).__name__}")
+    f = Fields(data, "", where)
+    decode = _decode(f)
+    rest = {"chip": f.get("chip", _label, "unknown"), "model": f.get("model", _label, "unknown"),
+            "gpus_per_instance": f.get("gpus_per_instance", _bounded(MAX_GPUS), 8),
+            "provenance": f.get("provenance", string, "").strip()}
+    name = f.get("name", _label, Path(where).stem)
+    measured = f.get("measured", mapping, None)  # written by `prfaas profile` (testbed.models.profiling): host, variant, fit errors
+    if f.has("scaled_from"):
+        if f.has("prefill"):
+            raise f.error("prefill", "give prefill points or scaled_from, not both")
+        sf = f.section("scaled_from")
+        base = load_profile(sf.get("profile", text), _chain=_chain + (where,))
+        k = sf.get("factor", positive_number)
+        sf.done()
+        extra: dict[str, Any] = {"scaled_from": base.name, "factor": k}
+        out = ComputeProfile(name=name, coefficients=tuple(c * k for c in base.coefficients), points_tokens=base.points_tokens,
+                             points_s=tuple(v * k for v in base.points_s), decode=decode, source=where, extra=extra, **rest)
+    else:
+        pre = f.section("prefill")
+        if not f.has("prefill") or not isinstance(data.get("prefill"), dict):
+            raise f.error("prefill", "is required: a mapping with points, a list of [tokens, seconds] pairs (or give scaled_from)")
+        points = pre.get("points", _points)
+        degree = pre.get("degree", _degree, None)
+        pre.done()
+        out = _fitted(where, name, points, degree, decode, extra={}, **rest)
+    f.done()
+    if measured is not None:
+        out.extra["measured"] = measured
+    if decode is not None and isinstance(data["decode"].get("points"), list):
+        out.extra["decode_points"] = data["decode"]["points"]
+    return out
 
 
 def measured_profile(path: Path, chip: str = "this-host", model: str = "measured") -> ComputeProfile:
     """A profile from measured points: CSV with columns ``tokens,prefill_s`` (optionally ``batch_size,decode_step_s``
-    rows) or JSON ``{"prefill": [[tokens, s], ...], "decode": {...}, "chip": ..., "model": ..., "provenance": ...}``."""
+    rows) or JSON ``{"prefill": [[tokens, s], ...], "decode": {...}, "chip": ..., "model": ..., "provenance": ...}``
+    (other keys of the JSON are ignored)."""
     where = str(path)
+    if path.suffix == ".json":
+        data = read_json(path, 'a measured profile ({"prefill": [[tokens, seconds], ...], ...})')
+        if not isinstance(data, dict) or "prefill" not in data:
+            raise UserError(f'{where}: expected {{"prefill": [[tokens, seconds], ...], ...}}')
+        f = Fields(data, "", where)
+        return _fitted(where, f.get("name", _label, path.stem), f.get("prefill", _points), None, _decode(f),
+                       chip=f.get("chip", _label, chip), model=f.get("model", _label, model), gpus_per_instance=8,
+                       provenance=f.get("provenance", string, f"measured points from {where}"), extra={})
     try:
-        text = path.read_text()
+        text_ = path.read_text()
     except OSError as exc:
         raise UserError(f"{where}: cannot read measured profile ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"{where}: measured profile is not UTF-8 text (at byte offset {exc.start}); CSV or JSON is expected") from None
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        if not isinstance(data, dict) or "prefill" not in data:
-            raise UserError(f'{where}: expected {{"prefill": [[tokens, seconds], ...], ...}}')
-        doc = {
-            "name": data.get("name", path.stem),
-            "chip": data.get("chip", chip),
-            "model": data.get("model", model),
-            "provenance": data.get("provenance", f"measured points from {where}"),
-            "prefill": {"points": data["prefill"]},
-            "decode": data.get("decode"),
-        }
-        return profile_from_dict(doc, where)
-    rows = list(csv.DictReader(text.splitlines()))
+    try:
+        rows = list(csv.DictReader(text_.splitlines()))
+    except csv.Error as exc:
+        raise UserError(f"{where}: not CSV ({exc})") from None
     if not rows or "tokens" not in rows[0] or "prefill_s" not in rows[0]:
-        raise UserError(f"{where}: a measured CSV needs a header with columns tokens,prefill_s")
+        raise UserError(f"{where}: a measured CSV needs a header with columns tokens,prefill_s and a row under it")
     pts = []
     for i, r in enumerate(rows, start=2):
-        try:
-            if r.get("tokens") not in (None, "") and r.get("prefill_s") not in (None, ""):
-                pts.append((float(r["tokens"]), float(r["prefill_s"])))
-        except ValueError:
-            raise UserError(f"{where}: line {i}: tokens and prefill_s must be numbers") from None
-    doc = {"name": path.stem, "chip": chip, "model": model, "provenance": f"measured points from {where}", "prefill": {"points": pts}}
-    return profile_from_dict(doc, where)
+        if r.get("tokens") not in (None, "") and r.get("prefill_s") not in (None, ""):
+            try:
+                pts.append(_point((float(r["tokens"]), float(r["prefill_s"]))))
+            except ValueError as exc:
+                raise UserError(f"{where}: line {i}: tokens and prefill_s must be numbers ({exc})") from None
+    if not pts:
+        raise UserError(f"{where}: no row has both tokens and prefill_s")
+    return _fitted(where, path.stem, pts, None, None, chip=chip, model=model, gpus_per_instance=8,
+                   provenance=f"measured points from {where}", extra={})
 
 
 def available_profiles() -> list[str]:
     return sorted([p.stem for p in PROFILES_DIR.glob("*.yaml")] + list(ALIASES))
 
 
-def load_profile(name_or_file: str | Path) -> ComputeProfile:
+def load_profile(name_or_file: str | Path, *, _chain: tuple[str, ...] = ()) -> ComputeProfile:
     """A ready profile by name (``h200-paper-1t-hybrid``), a YAML profile file, or measured points (.csv/.json)."""
     if not isinstance(name_or_file, (str, Path)) or not str(name_or_file):
         raise UserError(f"profile: give a name or a file, got {name_or_file!r} (ready: {', '.join(available_profiles())})")
@@ -244,5 +296,8 @@ def load_profile(name_or_file: str | Path) -> ComputeProfile:
                 raise UserError(f"profile {str(name_or_file)!r}: a profile file ends in .yaml or .yml (a profile), or .csv or "
                                 f".json (measured points); this one ends in {repr(p.suffix) if p.suffix else 'no suffix'}")
             raise UserError(f"profile {str(name_or_file)!r}: no such file, and not a ready profile (ready: {', '.join(available_profiles())})")
+    if str(path) in _chain:
+        raise UserError(f"{_chain[-1]}: scaled_from.profile: {str(name_or_file)!r} is scaled from itself "
+                        f"({' -> '.join(_chain + (str(path),))})")
     data = read_yaml(path)
-    return profile_from_dict(data, str(path))
+    return profile_from_dict(data, str(path), _chain)

@@ -118,3 +118,58 @@ def test_a_profile_that_is_missing_or_of_another_kind_gets_one_line_naming_what_
     txt.write_text("vm\n")
     with pytest.raises(UserError, match=r"ends in \.yaml or \.yml .* this one ends in '\.txt'"):
         load_profile(txt)
+
+
+H20 = {"name": "p", "chip": "H20", "model": "m", "prefill": {"points": [[10200, 1.83], [27500, 4.27]]},
+       "decode": {"step_s": 0.025, "max_batch": 20}}
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"gpus_per_instance": float("inf")}, "p.yaml: gpus_per_instance: inf is not a whole number >= 1"),
+    ({"gpus_per_instance": 5000}, "gpus_per_instance: 5000 is more than 1024"),
+    ({"prefill": {"points": [[float("inf"), 1.83], [27500, 4.27]]}}, r"prefill.points: point 1: inf is not a number of tokens"),
+    ({"prefill": {"points": [[None, 1.83], [27500, 4.27]]}}, r"prefill.points: point 1: None is not a number of tokens"),
+    ({"prefill": {"points": [[10200, 1.83], [float("nan"), 4.27]]}}, r"prefill.points: point 2: nan is not a number of tokens"),
+    ({"prefill": {"points": [[10200, 10**400], [27500, 4.27]]}}, r"prefill.points: point 1: a 401-digit number is out of range"),
+    ({"prefill": {"points": [[10**30, 1.0], [27500, 4.27]]}}, r"point 1: tokens 1000000000000000000000000000000 is not within 1..16777216"),
+    ({"prefill": {"points": [[10200, 1e30], [27500, 4.27]]}}, r"point 1: 1e\+30 is more than a week"),
+    ({"prefill": {"points": [[1, 2, 3]]}}, r"point 1: \[1, 2, 3\] is not a \[tokens, seconds\] pair"),
+    ({"prefill": {"points": [[10200, 1.83], [27500, 4.27]], "degree": "x"}}, r"prefill.degree: 'x' is not 0, 1 or 2"),
+    ({"prefill": {"points": [[10200, 1.83], [27500, 4.27]], "degree": 2}}, r"p.yaml: prefill fit of degree 2 needs at least 3 points"),
+    ({"decode": {"step_s": float("nan"), "max_batch": 20}}, r"decode.step_s: nan is not a number"),
+    ({"decode": {"step_s": 0.025, "max_batch": float("inf")}}, r"decode.max_batch: inf is not a whole number >= 1"),
+    ({"decode": {"step_s": 0.025, "max_batch": 10**400}}, r"decode.max_batch: a 401-digit number is more than 65536"),
+    ({"decode": {"step_s": 0.025, "max_batch": 2.7}}, r"decode.max_batch: 2.7 is not a whole number >= 1"),
+    ({"decode": {"step_s": 0.025, "speed": 1}}, r"decode.speed: unknown key"),
+    ({"scaled_from": {"profile": "h200", "factor": "x"}}, r"scaled_from.factor: 'x' is not a number"),
+    ({"scaled_from": {"profile": "p.yaml", "factor": 1.0}, "prefill": None}, r"p.yaml: scaled_from.profile: 'p.yaml' is scaled from itself"),
+    ({"measured": [1, 2]}, r"measured: must be an object, got list"),
+])
+def test_a_profile_file_past_its_limits_is_one_line_naming_the_field(tmp_path, monkeypatch, change, match):
+    """NaN, inf, 1e400 or a word in a number, a `scaled_from` loop or a degree that is not 0-2 were tracebacks
+    (LinAlgError, OverflowError, RecursionError, TypeError) or read as is (decode.step_s: .nan) before 2026-12-07."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    data = {k: v for k, v in {**H20, **change}.items() if v is not None}
+    if "scaled_from" in change:
+        data.pop("prefill", None)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError, match=match):
+        load_profile("p.yaml")
+
+
+@pytest.mark.parametrize("name,text,match", [
+    ("m.csv", "tokens,prefill_s\nnan,0.5\n2048,0.9\n", r"m.csv: line 2: tokens and prefill_s must be numbers \(nan is not a number of tokens\)"),
+    ("m.csv", "tokens,prefill_s\n1e400,0.5\n2048,0.9\n", r"line 2: .*inf is not a number of tokens"),
+    ("m.csv", "tokens,prefill_s\n", r"m.csv: a measured CSV needs a header with columns tokens,prefill_s and a row under it"),
+    ("m.csv", "tokens,prefill_s,batch_size\n,,4\n", r"m.csv: no row has both tokens and prefill_s"),
+    ("m.json", '{"prefill": [[NaN, 0.5], [2048, 0.9]]}', r"m.json: prefill: point 1: nan is not a number of tokens"),
+    ("m.json", '{"prefill": [[1024, 0.5], [2048, 0.9]], "decode": {"step_s": "fast"}}', r"m.json: decode.step_s: 'fast' is not a number"),
+    ("m.json", b'{"prefill": [[1024, 0.5]], "chip": "caf\xe9"}', r"m.json: not UTF-8 text"),
+])
+def test_a_measured_file_past_its_limits_is_one_line_naming_the_line_or_field(tmp_path, name, text, match):
+    f = tmp_path / name
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(UserError, match=match):
+        load_profile(str(f))
