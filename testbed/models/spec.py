@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from testbed.errors import FieldError, UserError
 from testbed.kv.cache import FULL_KINDS
-from testbed.validation import Fields, path_exists, path_is_file, random_seed, read_yaml, text
+from testbed.validation import Fields, path_exists, path_is_file, random_seed, read_yaml, string, text
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -43,10 +43,18 @@ def parse_dtype(v: Any) -> str:
     return name
 
 
+# The largest size a geometry key may give (heads, dimensions, ranks, a window, a repeat): 2^24, past any model
+# (a window of 16M tokens is `units.MAX_TOKENS`). `rope_dim: 1e400`-sized ints were accepted and a `repeat` of one
+# was an OverflowError traceback before 2026-12-07.
+MAX_SIZE = 2**24
+
+
 def _whole(minimum: int) -> Any:
     def parse(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
             raise ValueError(f"{v!r} is not a whole number >= {minimum}")
+        if v > MAX_SIZE:
+            raise ValueError(f"{v if v < 10**12 else f'a {len(str(v))}-digit number'} is more than {MAX_SIZE} (2^24)")
         return v
 
     return parse
@@ -303,6 +311,8 @@ def _expand_layers(f: Fields, geometries: dict[str, LayerSpec]) -> tuple[LayerSp
             pattern = g.get("pattern", lambda v: v if isinstance(v, list) and v else _raise("must be a non-empty list of geometry names"))
             g.done()
             block = [named(v, f"{where}.pattern[{j}]") for j, v in enumerate(pattern)]
+            if len(out) + len(block) * repeat > 4096:  # before the list is made
+                raise f.error("layers", f"{where}: {repeat} x {len(block)} layers makes more than 4096; at most 4096")
             out.extend(block * repeat)
         else:
             out.append(named(item, where))
@@ -318,7 +328,7 @@ def _raise(message: str) -> Any:
 def parse_model_spec(data: Any, source: str | None = None, default_name: str = "") -> ModelSpec:
     """A spec from parsed YAML; every error names the field (``geometries.kda.heads``, ``layers[2]``)."""
     f = Fields(data, "", source)
-    name = f.get("name", str, default_name) if default_name else f.get("name", str)
+    name = f.get("name", text, default_name) if default_name else f.get("name", text)
     geometries: dict[str, LayerSpec] = {}
     g = f.section("geometries")
     for key in g.data:
@@ -328,8 +338,8 @@ def parse_model_spec(data: Any, source: str | None = None, default_name: str = "
         layers=_expand_layers(f, geometries),
         kv_dtype=f.get("kv_dtype", parse_dtype, DEFAULT_KV_DTYPE),
         state_dtype=f.get("state_dtype", parse_dtype, DEFAULT_STATE_DTYPE),
-        description=f.get("description", str, ""),
-        hf_repo=f.get("hf_repo", str, ""),
+        description=f.get("description", string, ""),
+        hf_repo=f.get("hf_repo", string, ""),
         source=source or "",
     )
     f.done()

@@ -156,6 +156,14 @@ BAD_SPECS = [
     ({"name": "x", "geometries": {"a": {"kind": "gqa"}}, "layers": ["a"]}, "geometries.a.kv_heads", "is required"),
     ({"name": "x", "layers": [GOOD_LINEAR], "hidden": 4}, "hidden", "unknown key"),
     ({"name": "x", "geometries": {"a": GOOD_LINEAR}, "layers": [{"repeat": 5000, "pattern": ["a"]}]}, "layers", "at most 4096"),
+    # past any model: an OverflowError traceback (repeat) or accepted (rope_dim 1e400-sized) before 2026-12-07
+    ({"name": "x", "geometries": {"a": GOOD_LINEAR}, "layers": [{"repeat": 10**400, "pattern": ["a"]}]}, "layers[0].repeat",
+     "a 401-digit number is more than 16777216"),
+    ({"name": "x", "layers": [{"kind": "mla", "kv_lora_rank": 512, "rope_dim": 2 * 10**30}]}, "layers[0].rope_dim", "is more than 16777216"),
+    ({"name": "x", "geometries": {"a": GOOD_LINEAR}, "layers": [{"repeat": 4000, "pattern": ["a", "a"]}]}, "layers",
+     "layers[0]: 4000 x 2 layers makes more than 4096"),
+    ({"name": "", "layers": [GOOD_LINEAR]}, "name", "is not a non-empty string"),
+    ({"name": "x", "description": ["a"], "layers": [GOOD_LINEAR]}, "description", "is not a string"),
 ]
 
 
