@@ -306,7 +306,11 @@ def read_yaml(path: Path) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', exc)})") from None
+        # a ReaderError (a NUL byte, a control character) has no `problem`, and its text runs over two lines
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if getattr(exc, "position", None) is not None and not mark:
+            where = f" at character {exc.position + 1}"
+        raise UserError(f"{path}: not valid YAML{where} ({problem})") from None
 
 
 def read_json(path: Path, what: str = "a JSON file") -> Any:

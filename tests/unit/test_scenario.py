@@ -110,12 +110,15 @@ def test_queue_units(text, kind, value):
     (lambda d: d, "cannot read (Is a directory)"),
     (lambda d: (d / "s.yaml").write_bytes(b"wan: {rate: \xff}\n") and d / "s.yaml", "not UTF-8 text (at byte offset 12)"),
     (lambda d: (d / "s.yaml").write_text("wan:\n  rate: [1,\n") and d / "s.yaml", "not valid YAML at line 3"),
+    # a NUL byte: PyYAML's ReaderError has no `problem` and ran over two lines (2026-12-07)
+    (lambda d: (d / "s.yaml").write_bytes(b"name: a\x00b\n") and d / "s.yaml",
+     "not valid YAML at character 8 (unacceptable character #x0000: special characters are not allowed)"),
 ])
 def test_a_scenario_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, make, words):
     path = make(tmp_path)
     with pytest.raises(UserError) as err:
         load_scenario(str(path))
-    assert str(err.value).startswith(f"{path}: ") and words in str(err.value)
+    assert str(err.value).startswith(f"{path}: ") and words in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_yaml_nan_or_inf_is_not_a_quantity():
