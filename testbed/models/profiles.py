@@ -89,16 +89,18 @@ class ComputeProfile:
 
 
 def fit_prefill(tokens: Any, seconds: Any, degree: int | None = None) -> tuple[float, ...]:
-    """Least-squares polynomial (degree <= 2, <= points - 1) in increasing powers; refuses curves that fall or go <= 0."""
+    """Least-squares polynomial (degree <= 2, below the number of distinct lengths) in increasing powers; refuses curves
+    that fall or go <= 0."""
     l = np.asarray(tokens, dtype=float)
     t = np.asarray(seconds, dtype=float)
     if l.size == 0 or l.size != t.size:
         raise UserError("prefill points: need at least one (tokens, seconds) pair")
     if np.any(l <= 0) or np.any(t <= 0) or not np.all(np.isfinite(t)):
         raise UserError("prefill points: tokens and seconds must be positive numbers")
-    deg = min(2, l.size - 1) if degree is None else degree
-    if deg > l.size - 1:
-        raise UserError(f"prefill fit of degree {deg} needs at least {deg + 1} points, got {l.size}")
+    distinct = np.unique(l).size  # repeated lengths do not make a curve: three points at one length fitted a quadratic
+    deg = min(2, distinct - 1) if degree is None else degree
+    if deg > distinct - 1:
+        raise UserError(f"prefill fit of degree {deg} needs points at {deg + 1} lengths or more, got {distinct}")
     coeffs = np.polyfit(l, t, deg)[::-1] if deg > 0 else np.array([t.mean()])
     grid = np.linspace(0, l.max(), 256)
     curve = np.polyval(coeffs[::-1], grid)

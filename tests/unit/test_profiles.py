@@ -135,7 +135,8 @@ H20 = {"name": "p", "chip": "H20", "model": "m", "prefill": {"points": [[10200, 
     ({"prefill": {"points": [[10200, 1e30], [27500, 4.27]]}}, r"point 1: 1e\+30 is more than a week"),
     ({"prefill": {"points": [[1, 2, 3]]}}, r"point 1: \[1, 2, 3\] is not a \[tokens, seconds\] pair"),
     ({"prefill": {"points": [[10200, 1.83], [27500, 4.27]], "degree": "x"}}, r"prefill.degree: 'x' is not 0, 1 or 2"),
-    ({"prefill": {"points": [[10200, 1.83], [27500, 4.27]], "degree": 2}}, r"p.yaml: prefill fit of degree 2 needs at least 3 points"),
+    ({"prefill": {"points": [[10200, 1.83], [27500, 4.27]], "degree": 2}}, r"p.yaml: prefill fit of degree 2 needs points at 3 lengths or more, got 2"),
+    ({"prefill": {"points": [[1000, 1.0], [1000, 2.0], [1000, 3.0]], "degree": 1}}, r"degree 1 needs points at 2 lengths or more, got 1"),
     ({"decode": {"step_s": float("nan"), "max_batch": 20}}, r"decode.step_s: nan is not a number"),
     ({"decode": {"step_s": 0.025, "max_batch": float("inf")}}, r"decode.max_batch: inf is not a whole number >= 1"),
     ({"decode": {"step_s": 0.025, "max_batch": 10**400}}, r"decode.max_batch: a 401-digit number is more than 65536"),
@@ -169,7 +170,20 @@ def test_a_profile_file_past_its_limits_is_one_line_naming_the_field(tmp_path, m
     ("m.json", b'{"prefill": [[1024, 0.5]], "chip": "caf\xe9"}', r"m.json: not UTF-8 text"),
 ])
 def test_a_measured_file_past_its_limits_is_one_line_naming_the_line_or_field(tmp_path, name, text, match):
+    """(as above; a NaN length reached the least-squares fit, a LinAlgError traceback)"""
     f = tmp_path / name
     f.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(UserError, match=match):
         load_profile(str(f))
+
+
+def test_repeated_lengths_fit_a_curve_of_the_lengths_there_are(tmp_path):
+    """Three points at one length were fitted with a quadratic (numpy's RankWarning on stderr, a curve of noise)."""
+    import warnings
+
+    f = tmp_path / "m.csv"
+    f.write_text("tokens,prefill_s\n1000,1.0\n1000,1.2\n2000,2.0\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = load_profile(str(f))
+    assert len(p.coefficients) == 2 and p.prefill_time_s(1000) == pytest.approx(1.1)
