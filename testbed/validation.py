@@ -18,7 +18,7 @@ from testbed.errors import FieldError, UserError
 __all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers",
            "load_yaml", "mapping", "name_or_stem", "non_negative", "number", "option", "path_exists", "path_is_file",
            "path_name", "plain_name", "planned_runs", "positive_int", "positive_number", "random_seed", "read_json",
-           "read_yaml", "run_count", "string", "text"]
+           "read_text", "read_yaml", "run_count", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -291,18 +291,26 @@ def path_is_file(path: Path | str) -> bool:
         return False
 
 
+def read_text(path: Path, what: str) -> str:
+    """A text file a user names (or a run directory holds), as `read_yaml` and `read_json` read theirs: one that cannot
+    be read (a directory, no permission) or is not UTF-8 text is one line naming it; `what` says what is expected."""
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (at byte offset {exc.start}); {what} is expected") from None
+
+
 def read_yaml(path: Path) -> Any:
     """A YAML file's data (the one reader of user YAML files): a file that cannot be read (a directory, no
     permission, not UTF-8 text), a syntax error or a key given twice becomes one line naming the file, and the
     line where it can."""
     import yaml
 
+    text = read_text(path, "a YAML file")
     try:
-        return load_yaml(path.read_text())
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text (at byte offset {exc.start}); a YAML file is expected") from None
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -321,12 +329,9 @@ def read_json(path: Path, what: str = "a JSON file") -> Any:
     needed. `what` says what the file should be (``"a summary (summary.json)"``)."""
     import json
 
+    text = read_text(path, what)
     try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text (at byte offset {exc.start}); {what} is expected") from None
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); {what} is expected") from None
     except RecursionError:

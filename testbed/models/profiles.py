@@ -24,7 +24,7 @@ import numpy as np
 from testbed import units
 from testbed.errors import UserError
 from testbed.validation import (Fields, at_least_one, mapping, non_negative, path_exists, path_is_file, positive_number, read_json,
-                                read_yaml, string, text)
+                                read_text, read_yaml, string, text)
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 # Short names: a chip alone means that chip running the paper's 1T hybrid (the case study's profiles).
@@ -253,12 +253,7 @@ def measured_profile(path: Path, chip: str = "this-host", model: str = "measured
         return _fitted(where, f.get("name", _label, path.stem), f.get("prefill", _points), None, _decode(f),
                        chip=f.get("chip", _label, chip), model=f.get("model", _label, model), gpus_per_instance=8,
                        provenance=f.get("provenance", string, f"measured points from {where}"), extra={})
-    try:
-        text_ = path.read_text()
-    except OSError as exc:
-        raise UserError(f"{where}: cannot read measured profile ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{where}: measured profile is not UTF-8 text (at byte offset {exc.start}); CSV or JSON is expected") from None
+    text_ = read_text(path, "a measured profile (CSV with columns tokens,prefill_s)")
     try:
         rows = list(csv.DictReader(text_.splitlines()))
     except csv.Error as exc:
