@@ -54,7 +54,7 @@ def _as_number(v: Any) -> float | None:
         return None
     try:
         x = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 1e400 written out as an int: an OverflowError traceback before 2026-12-07
         return None
     return x if math.isfinite(x) else None
 

@@ -52,28 +52,37 @@ class QueueMeasurement:
 
 
 def read_queue_measurement(path: Path) -> QueueMeasurement:
+    """One measurement folder, every file and field read by `testbed.validation`'s readers: a missing, damaged or
+    hand-edited file is one line naming it and the field (a KeyError, ZeroDivisionError or UnicodeDecodeError
+    traceback before 2026-12-07)."""
     from testbed.net.calibrate import parse_ping_rtts_s
+    from testbed.validation import Fields, at_least_one, non_negative, positive_number, read_json, read_text
 
-    def text(name: str) -> str:
+    def file(name: str) -> Path:
         f = path / name
         if not f.is_file():
             raise UserError(f"{path}: missing {name} (the handout's measure.sh writes check.json, iperf3.json, ping-idle.txt, ping-loaded.txt)")
-        return f.read_text()
+        return f
 
-    try:
-        check = json.loads(text("check.json"))
-        d = next(x for x in check["directions"] if x["direction"] == "prfaas_to_pd")
-        iperf = json.loads(text("iperf3.json"))
-        goodput = float(iperf["end"]["sum_received"]["bits_per_second"])
-    except (ValueError, KeyError, StopIteration, TypeError) as exc:
-        raise UserError(f"{path}: check.json or iperf3.json is not what `prfaas check --json` / `iperf3 -J` write ({type(exc).__name__}: {exc})") from None
+    where = file("check.json")
+    check = Fields(read_json(where, "the output of `prfaas check --json`"), "", str(where))
+    check.mark_read(*check.data)  # the rest of `prfaas check`'s figures are not needed here
+    f = next((x for x in check.items("directions") if x.data.get("direction") == "prfaas_to_pd"), None)
+    if f is None:
+        raise UserError(f"{where}: directions: no entry with direction prfaas_to_pd (as `prfaas check --json` writes it)")
+    wire_rate_bps, rtt_s = f.get("wire_rate_bps", positive_number), f.get("rtt_s", positive_number)
+    queue_bytes = f.get("queue_wire_bytes", at_least_one)
+    where = file("iperf3.json")
+    iperf = Fields(read_json(where, "the output of `iperf3 -J`"), "", str(where))
+    goodput = iperf.section("end").section("sum_received").get("bits_per_second", non_negative)
     rtts = {}
     for kind in ("idle", "loaded"):
-        r = parse_ping_rtts_s(text(f"ping-{kind}.txt"))
+        name = f"ping-{kind}.txt"
+        r = parse_ping_rtts_s(read_text(file(name), "the output of ping"))
         if not r:
-            raise UserError(f"{path / f'ping-{kind}.txt'}: no ping replies in it")
+            raise UserError(f"{path / name}: no ping replies in it")
         rtts[kind] = float(np.median(r))
-    return QueueMeasurement(float(d["wire_rate_bps"]), float(d["rtt_s"]), int(d["queue_wire_bytes"]), goodput, rtts["idle"], rtts["loaded"])
+    return QueueMeasurement(wire_rate_bps, rtt_s, queue_bytes, goodput, rtts["idle"], rtts["loaded"])
 
 
 def check_lab1(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:

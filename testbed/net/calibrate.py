@@ -19,7 +19,7 @@ from typing import Any
 from testbed.errors import HostError
 
 IPERF_PORT = 5201
-_TIME_RE = re.compile(r"time=([0-9.]+) ms")
+_TIME_RE = re.compile(r"time=([0-9]+(?:\.[0-9]+)?) ms")  # not "time=1.2.3 ms" (a float() traceback)
 
 
 @dataclass(frozen=True)

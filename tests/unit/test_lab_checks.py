@@ -202,3 +202,49 @@ def test_an_unquoted_yes_or_no_answer_is_judged_as_the_word_the_student_wrote(tm
     assert right.holds and "you wrote 'yes'" in right.why
     assert not choice(answers, "other", ("yes", "unclear")).holds
     assert choice(answers, "other", "no").holds
+
+
+def _lab1_folder(d: Path) -> Path:
+    check = {"directions": [{"direction": "prfaas_to_pd", "wire_rate_bps": 1e8, "rtt_s": 0.04, "queue_wire_bytes": 500000},
+                            {"direction": "pd_to_prfaas", "wire_rate_bps": 1e8, "rtt_s": 0.04, "queue_wire_bytes": 500000}]}
+    d.mkdir(parents=True)
+    (d / "check.json").write_text(json.dumps(check))
+    (d / "iperf3.json").write_text(json.dumps({"end": {"sum_received": {"bits_per_second": 9.5e7}}}))
+    ping = "".join(f"64 bytes from 10.0.0.2: icmp_seq={i} ttl=64 time={40 + i:.1f} ms\n" for i in range(5))
+    (d / "ping-idle.txt").write_text(ping)
+    (d / "ping-loaded.txt").write_text(ping)
+    return d
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda d: (d / "ping-idle.txt").write_bytes(b"time=40.0 ms caf\xe9\n"), r"q1/ping-idle.txt: not UTF-8 text \(at byte offset 16\); the output of ping"),
+    (lambda d: (d / "check.json").write_text('{"directions": [{"direction": "prfaas_to_pd", "rtt_s": 0.04, "queue_wire_bytes": 5}]}'),
+     r"q1/check.json: directions\[0\].wire_rate_bps: is required"),
+    (lambda d: (d / "check.json").write_text('{"directions": [{"direction": "prfaas_to_pd", "wire_rate_bps": 0, "rtt_s": 0.04, "queue_wire_bytes": 5}]}'),
+     r"q1/check.json: directions\[0\].wire_rate_bps: 0 must be > 0"),
+    (lambda d: (d / "check.json").write_text('{"directions": [{"direction": "prfaas_to_pd", "wire_rate_bps": 1e8, "rtt_s": 0.04, "queue_wire_bytes": null}]}'),
+     r"directions\[0\].queue_wire_bytes: is required"),
+    (lambda d: (d / "check.json").write_text('{"directions": [{"direction": "pd_to_prfaas"}]}'), r"check.json: directions: no entry with direction prfaas_to_pd"),
+    (lambda d: (d / "check.json").write_text('{"directions": {"a": 1}}'), r"check.json: directions: must be a list, got dict"),
+    (lambda d: (d / "iperf3.json").write_text('{"end": {"sum_received": {"bits_per_second": "fast"}}}'),
+     r"iperf3.json: end.sum_received.bits_per_second: 'fast' is not a number"),
+    (lambda d: (d / "ping-loaded.txt").write_text("time=1.2.3 ms\n"), r"q1/ping-loaded.txt: no ping replies in it"),
+])
+def test_a_damaged_lab1_folder_is_one_line_naming_the_file_and_field(tmp_path: Path, damage, match) -> None:
+    """Hand-edited or damaged measurement files were KeyError, TypeError, ZeroDivisionError (a rate of 0),
+    UnicodeDecodeError or float() tracebacks before 2026-12-07."""
+    from labs.checks import read_queue_measurement
+    from testbed.errors import UserError
+
+    d = _lab1_folder(tmp_path / "q1")
+    assert read_queue_measurement(d).queue_bytes == 500000
+    damage(d)
+    with pytest.raises(UserError, match=match):
+        read_queue_measurement(d)
+
+
+def test_an_answer_too_large_for_a_float_is_not_a_number(tmp_path: Path) -> None:
+    from labs.answers import number
+
+    v = number({"x": 10**400}, "x", 1.0, rel=0.1)
+    assert not v.holds and v.why.startswith("1000") and "is not a number" in v.why
