@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from testbed.atomic import make_dirs, write_json, write_parquet, write_text
 from testbed.errors import UserError
-from testbed.validation import read_json, read_yaml
+from testbed.validation import (Fields, boolean, mapping, non_negative, positive_int, positive_number, read_json, read_yaml,
+                                string)
 
 if TYPE_CHECKING:  # pandas is imported where a frame is built: the router and workers start without it
     import pandas as pd
@@ -118,6 +119,22 @@ CROSS_TRAFFIC_COLUMNS = ("t_s", "flow", "protocol", "src", "dst", "period", "int
 # summary.json: keys every summary has (analysis.metrics.summarize writes more).
 SUMMARY_KEYS = ("requests_total", "requests_ok", "requests_failed", "throughput_rps", "ttft_s", "tpot_s",
                 "offload_fraction", "egress_gbps", "scale", "policy", "model")
+
+
+def _figure(v: Any) -> float:
+    """A summary figure: a number; NaN and infinity stand for "not measured" (a run with no finished request)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{v!r} is not a number")
+    return float(v)
+
+
+# What the readers of summaries (report, capacity's verdicts, the experiment's results) take from them, and its
+# type; null is "not measured" for each. A hand-edited or damaged summary was a TypeError traceback in the report
+# (`duration_s: {}`) before 2026-12-07; now it is one line naming the key.
+SUMMARY_FIELDS = {"requests_total": positive_int, "requests_ok": positive_int, "requests_failed": positive_int,
+                  "throughput_rps": _figure, "offload_fraction": _figure, "duration_s": _figure, "good_fraction": _figure,
+                  "scale": _figure, "ttft_s": mapping, "tpot_s": mapping, "egress_gbps": mapping, "queue": mapping,
+                  "policy": string, "model": string, "signals": string, "label": string, "fidelity_ok": boolean}
 
 
 def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
@@ -219,6 +236,14 @@ class Environment:
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
+        f = Fields(data, "", where)  # each key's type (a `compute: "x"` was an AttributeError traceback before 2026-12-07)
+        for key in ("host", "backends", "calibration", "compute", "serving"):
+            f.get(key, mapping)
+        f.get("kernel", string)
+        f.get("scale", positive_number)
+        f.get("instances", lambda v: v if isinstance(v, list) else _not(v, "a list"))
+        for key, read in (("run_id", string), ("workload_start_s", non_negative), ("network", mapping), ("t0", string), ("extra", mapping)):
+            f.get(key, read, None)
         return cls(**{n: data[n] for n in names if n in data})
 
 
@@ -327,7 +352,14 @@ def read_summary(path: str | Path) -> dict[str, Any]:
     absent = [k for k in SUMMARY_KEYS if k not in summary]
     if absent:
         raise UserError(f"{p}: missing key(s) {', '.join(absent)}")
+    f = Fields(summary, "", str(p))
+    for key, read in SUMMARY_FIELDS.items():
+        f.get(key, read, None)
     return summary
+
+
+def _not(v: Any, what: str) -> Any:
+    raise ValueError(f"must be {what}, got {type(v).__name__}")
 
 
 def read_task(path: str | Path) -> dict[str, Any] | None:

@@ -184,3 +184,25 @@ def test_a_damaged_json_file_of_a_run_is_one_line_naming_it(tmp_path, name, cont
     (d / name).write_bytes(content)
     with pytest.raises(UserError, match=match):
         rundir.load_run_dir(d)
+
+
+@pytest.mark.parametrize("name,change,match", [
+    ("summary.json", {"duration_s": {}}, r"summary.json: duration_s: must be an object|summary.json: duration_s: \{\} is not a number"),
+    ("summary.json", {"requests_total": "many"}, r"summary.json: requests_total: 'many' is not a whole number >= 0"),
+    ("summary.json", {"ttft_s": 3}, r"summary.json: ttft_s: must be an object, got int"),
+    ("summary.json", {"fidelity_ok": "yes"}, r"summary.json: fidelity_ok: 'yes' is not true or false"),
+    ("environment.json", {"compute": "profile"}, r"environment.json: compute: must be an object, got str"),
+    ("environment.json", {"scale": "ten"}, r"environment.json: scale: 'ten' is not a number"),
+    ("environment.json", {"workload_start_s": -1}, r"environment.json: workload_start_s: -1 must be >= 0"),
+    ("environment.json", {"instances": {}}, r"environment.json: instances: must be a list, got dict"),
+])
+def test_a_summary_or_environment_value_of_the_wrong_type_is_one_line_naming_the_key(tmp_path, name, change, match):
+    """Hand-edited or damaged values were TypeError / AttributeError tracebacks in `prfaas report` and the lab checks
+    (`duration_s: {}`, `compute: "profile"`) before 2026-12-07; NaN stays a summary's "not measured"."""
+    d = write_run_dir(tmp_path / "r")
+    data = json.loads((d / name).read_text())
+    (d / name).write_text(json.dumps({**data, "throughput_rps": float("nan")} if name == "summary.json" else data))
+    assert rundir.load_run_dir(d).summary is not None
+    (d / name).write_text(json.dumps({**data, **change}))
+    with pytest.raises(UserError, match=match):
+        rundir.load_run_dir(d)
