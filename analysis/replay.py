@@ -138,16 +138,19 @@ def replay_run(run_dir: Path, overrides: list[str]) -> Replay:
     """Replay one run directory with `overrides` (``policy.estimator.KEY=VALUE``) on its own scenario."""
     from testbed.sections import load_scenario
 
+    from testbed import rundir
+
     run_dir = Path(run_dir)
-    for f in ("scenario.yaml", "scheduler.parquet"):
-        if not (run_dir / f).is_file():
-            raise UserError(f"{run_dir}: no {f} (a run directory written by `prfaas run` is needed)")
     bad = [o for o in overrides if not o.startswith("policy.estimator.")]
     if bad:
         raise UserError(f"--set {bad[0]!r}: only policy.estimator.KEY=VALUE can be replayed (the rest of the run is recorded)")
-    sc = load_scenario(str(run_dir / "scenario.yaml"), overrides)
+    data = rundir.load_run_dir(run_dir, require_summary=False)  # the one loader: a damaged file is one line naming it
+    sc = load_scenario(str(run_dir / rundir.SCENARIO_FILE), overrides)
+    if sc.section("policy") is None:  # an AttributeError traceback before 2026-12-07
+        raise UserError(f"{run_dir / rundir.SCENARIO_FILE}: no policy section: not a run of the observed estimator "
+                        "(policy.signals: observed)")
     spec = sc.section("policy").estimator
-    frame = replay_frame(pd.read_parquet(run_dir / "scheduler.parquet"), float(sc.wan.prfaas_to_pd.rate_bps), spec)
+    frame = replay_frame(data.scheduler, float(sc.wan.prfaas_to_pd.rate_bps), spec)
     if frame.empty:
         raise UserError(f"{run_dir}: no signals rows (not a run of the observed estimator)")
     return Replay(run_dir, frame, _score(frame, "recorded_bps"), _score(frame, "replayed_bps"))

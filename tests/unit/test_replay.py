@@ -89,3 +89,27 @@ def test_the_scheduler_log_puts_a_signals_rows_poll_time_on_the_runs_clock(monke
     f = log.to_frame()
     assert f["t_s"].tolist() == pytest.approx([3.5, 3.7])
     assert f["estimate_t_s"].iloc[0] == pytest.approx(3.25) and pd.isna(f["estimate_t_s"].iloc[1])
+
+
+def test_a_run_directory_is_read_by_the_one_loader(tmp_path) -> None:
+    """A damaged scheduler.parquet was pyarrow's traceback, a scenario without a policy an AttributeError (2026-12-07)."""
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from rundir_factory import write_run_dir
+
+    from analysis.replay import replay_run
+
+    d = write_run_dir(tmp_path / "r")
+    (d / "scheduler.parquet").write_bytes(b"PAR1 cut off")
+    with pytest.raises(UserError, match=r"r/scheduler.parquet: not a readable parquet file"):
+        replay_run(d, [])
+    d = write_run_dir(tmp_path / "s")
+    sc = yaml.safe_load((d / "scenario.yaml").read_text())
+    sc.pop("policy")
+    (d / "scenario.yaml").write_text(yaml.safe_dump(sc))
+    with pytest.raises(UserError, match=r"s/scenario.yaml: no policy section: not a run of the observed estimator"):
+        replay_run(d, [])
