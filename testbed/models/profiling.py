@@ -330,10 +330,14 @@ def measured_phi(profile: ComputeProfile, lengths: Sequence[int]) -> list[dict[s
     """Phi_kv = S_kv / T_prefill of a measured profile at `lengths`: S_kv of the geometry that ran, T from the
     measured point where there is one, else from the fitted curve (flagged as extrapolated beyond 2x the
     longest measured length)."""
+    from testbed.validation import Fields, at_least_one, text
+
     meas = profile.extra.get("measured") or {}
     if not meas:
         raise UserError(f"{profile.source}: not a measured profile (no `measured` section); write one with `prfaas profile`")
-    plan = ProfilePlan(model=str(meas.get("base_model")), variant=str(meas.get("variant")), depth=meas.get("depth"))
+    f = Fields(meas, "measured", profile.source)  # the keys this reads (a `depth: x` was a TypeError traceback, 2026-12-07)
+    plan = ProfilePlan(model=f.get("base_model", text), variant=f.choice("variant", ("faithful", "tiny", "full")),
+                       depth=f.get("depth", at_least_one, None))
     spec = model_spec(plan)
     points = dict(zip((int(x) for x in profile.points_tokens), profile.points_s))
     longest = max(points) if points else 0

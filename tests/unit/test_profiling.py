@@ -228,5 +228,24 @@ def test_a_measured_profile_that_is_not_utf8_is_one_user_error(tmp_path: Path) -
 
     bad = tmp_path / "m.csv"
     bad.write_bytes(b"tokens,prefill_s\n\xff,1\n")
-    with pytest.raises(UserError, match=r"m.csv: measured profile is not UTF-8 text \(at byte offset 17\)"):
+    with pytest.raises(UserError, match=r"m.csv: not UTF-8 text \(at byte offset 17\); a measured profile"):
         measured_profile(bad)
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"depth": "four"}, r"measured.depth: 'four' is not a whole number >= 1"),
+    ({"variant": "huge"}, r"measured.variant: 'huge' is not allowed; use one of: faithful, tiny, full"),
+    ({"base_model": None}, r"measured.base_model: is required"),
+])
+def test_a_measured_section_the_wall_cannot_read_is_one_line_naming_the_key(tmp_path: Path, change, match) -> None:
+    """`prfaas wall --measured` read `measured.depth: four` into a comparison (a TypeError traceback, 2026-12-07)."""
+    import yaml
+
+    from testbed.errors import UserError
+    from testbed.models.profiles import load_profile
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "docs/measured-profiles/kimi-tiny-cpu.yaml").read_text())
+    doc["measured"].update(change)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(UserError, match=match):
+        measured_phi(load_profile(str(tmp_path / "p.yaml")), (1024,))
