@@ -226,7 +226,7 @@ class Environment:
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = ENVIRONMENT_FILE) -> "Environment":
         version = data.get("schema_version")
-        if version != ENVIRONMENT_VERSION:
+        if isinstance(version, bool) or version != ENVIRONMENT_VERSION:  # (true == 1 in Python)
             raise UserError(f"{where}: schema_version {version!r} is not supported (this testbed reads version "
                             f"{ENVIRONMENT_VERSION}; a run from an older testbed lacks the key)")
         names = [f.name for f in fields(cls)]

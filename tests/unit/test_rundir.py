@@ -39,6 +39,7 @@ def test_coerce_requests_turns_strings_and_none_into_typed_columns():
 @pytest.mark.parametrize("change,match", [
     (lambda e: e.pop("schema_version"), "schema_version None is not supported"),
     (lambda e: e.update(schema_version=99), "schema_version 99"),
+    (lambda e: e.update(schema_version=True), "schema_version True is not supported"),  # true == 1: read as version 1
     (lambda e: e.pop("scale"), "missing key.*scale"),
     (lambda e: e.update(egress_utilisation=1), "unknown key.*egress_utilisation"),
 ])
