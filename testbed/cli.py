@@ -32,6 +32,18 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        """A command (a parser without subcommands) takes its options anywhere among its positionals:
+        ``prfaas lab check 2 --answers a.yaml runs/x runs/y`` was "unrecognized arguments: runs/x runs/y"
+        (argparse gives a list of positionals only what comes before the first option; 2026-12-07)."""
+        if getattr(self, "_intermixing", False) or self._subparsers is not None:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="prfaas", description="Prefill-as-a-Service testbed: cross-datacenter PD serving on an emulated WAN.")

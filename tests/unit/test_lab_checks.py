@@ -248,3 +248,17 @@ def test_an_answer_too_large_for_a_float_is_not_a_number(tmp_path: Path) -> None
 
     v = number({"x": 10**400}, "x", 1.0, rel=0.1)
     assert not v.holds and v.why.startswith("1000") and "is not a number" in v.why
+
+
+def test_run_directories_may_follow_the_answers_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`prfaas lab check 5 --answers a.yaml runs/x ...` was "unrecognized arguments: runs/x ..." (argparse gives a list of
+    positionals only what comes before the first option), so run folders could be given only before --answers."""
+    from testbed import cli
+
+    for name, seed in (("loss", 1), ("outage", 2), ("kill", 3)):
+        write_run_dir(tmp_path / "runs" / name, seed=seed)
+    (tmp_path / "answers.yaml").write_text("{}\n")
+    runs = [str(tmp_path / "runs" / n) for n in ("loss", "outage", "kill")]
+    assert cli.main(["lab", "check", "5", "--answers", str(tmp_path / "answers.yaml"), *runs]) == 1  # read; blanks are wrong
+    assert "unrecognized" not in capsys.readouterr().err
+    assert cli.main(["lab", "check", "5", runs[0], "--answers", str(tmp_path / "answers.yaml"), *runs[1:]]) == 1
