@@ -138,16 +138,23 @@ def _ms(arrival_s: float, integer_ms: bool) -> int | float:
 def write_trace(path: str | Path, requests: Iterable[Request] | RequestBatch, integer_ms: bool = True) -> int:
     """Write requests as Mooncake JSONL; returns the count. With `integer_ms` times are rounded to whole
     milliseconds (the format's convention); otherwise sub-millisecond times are kept as decimals."""
+    from testbed.atomic import replace_with
+
     n = 0
-    with Path(path).open("w", encoding="utf-8") as out:
-        if isinstance(requests, RequestBatch):
-            b = requests
-            offs, flat = b.hash_offsets.tolist(), b.hashes
-            for i, (t, inp, o) in enumerate(zip(b.arrival_s.tolist(), b.input_len.tolist(), b.output_len.tolist())):
-                out.write(format_line(_ms(t, integer_ms), inp, o, flat[offs[i]:offs[i + 1]].tolist()) + "\n")
-                n += 1
-        else:
-            for r in requests:
-                out.write(format_line(_ms(r.arrival_s, integer_ms), r.input_len, r.output_len, r.block_hashes) + "\n")
-                n += 1
+
+    def write(tmp: Path) -> None:  # atomically: a folder or a read-only disk at `path` is one line naming it
+        nonlocal n
+        with tmp.open("w", encoding="utf-8") as out:
+            if isinstance(requests, RequestBatch):
+                b = requests
+                offs, flat = b.hash_offsets.tolist(), b.hashes
+                for i, (t, inp, o) in enumerate(zip(b.arrival_s.tolist(), b.input_len.tolist(), b.output_len.tolist())):
+                    out.write(format_line(_ms(t, integer_ms), inp, o, flat[offs[i]:offs[i + 1]].tolist()) + "\n")
+                    n += 1
+            else:
+                for r in requests:
+                    out.write(format_line(_ms(r.arrival_s, integer_ms), r.input_len, r.output_len, r.block_hashes) + "\n")
+                    n += 1
+
+    replace_with(path, write)
     return n

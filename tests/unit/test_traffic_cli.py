@@ -78,3 +78,14 @@ def test_stats_of_an_empty_trace_is_valid_json(tmp_path: Path, capsys: pytest.Ca
     assert main(["traffic", "stats", str(p), "--json"]) == 0
     d = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     assert d["requests"] == 0 and d["input_len"]["mean"] is None and d["hit_ratio"] == 0.0
+
+
+def test_generate_into_a_folder_is_one_line_and_an_earlier_trace_stays_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--out` naming a folder was an IsADirectoryError traceback (2026-12-07); the trace is written atomically, so a
+    failed write leaves the file it replaces as it was."""
+    spec = tmp_path / "wl.yaml"
+    spec.write_text("arrivals: {rate: 1}\n")
+    (tmp_path / "d").mkdir()
+    assert main(["traffic", "generate", str(spec), "--out", str(tmp_path / "d"), "--duration", "5s"]) == 2
+    assert capsys.readouterr().err.strip() == f"prfaas: error: {tmp_path / 'd'}: cannot write this file (Is a directory)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "wl.yaml"]
