@@ -60,9 +60,10 @@ def dip_windows(scenario: dict[str, Any], offset_s: float = 0.0) -> list[tuple[f
     """(start_s, end_s, text) of each scheduled WAN change in a resolved scenario.yaml, for shading;
     `offset_s` is when the schedule's clock starts on the run's clock (environment.json ``workload_start_s``)."""
     out = []
-    wan = scenario.get("wan") or {}
+    wan = scenario.get("wan") if isinstance(scenario.get("wan"), dict) else {}
+    schedule = wan.get("schedule") if isinstance(wan.get("schedule"), list) else []  # (any other shape: nothing to shade)
     duration = _seconds(scenario.get("duration"), 60.0)
-    for e in wan.get("schedule") or []:
+    for e in schedule:
         if not isinstance(e, dict) or "at" not in e:
             continue
         start = _seconds(e.get("at"), 0.0)
@@ -130,7 +131,8 @@ def congestion_response(run: Run) -> plt.Figure:
     ax.set_title(f"WAN rate and egress (emulated units, scale {s:g})")
     if eg is not None and "rate_bps" in link and len(link):
         u = ax.twinx()
-        cfg = Scale(s).emulated_bps(link.set_index("t_s")["rate_bps"].reindex(eg.index, method="nearest"))
+        rate = link.drop_duplicates("t_s", keep="last").set_index("t_s")["rate_bps"]  # (a repeated sample: a reindex traceback)
+        cfg = Scale(s).emulated_bps(rate.reindex(eg.index, method="nearest"))
         u.plot(eg.index, (eg / cfg.replace(0, np.nan)).to_numpy(), color="tab:orange", alpha=0.6, lw=0.8)
         u.set_ylabel("utilisation (fraction)", color="tab:orange")
         u.set_ylim(0, 1.2)

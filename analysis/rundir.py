@@ -22,6 +22,18 @@ class Run(RunData):
 
     metrics: dict[str, Any] = field(default_factory=dict)
 
+    def section(self, key: str) -> dict[str, Any]:
+        """A section of the run's scenario.yaml as a plain mapping ({} when it is absent or not a mapping)."""
+        v = self.scenario.get(key)
+        return v if isinstance(v, dict) else {}
+
+    def parsed_scenario(self) -> Any:
+        """The run's scenario.yaml read by the scenario reader, errors naming the file."""
+        from testbed.rundir import SCENARIO_FILE
+        from testbed.sections import parse_scenario
+
+        return parse_scenario(self.scenario, str(self.path / SCENARIO_FILE))
+
     @property
     def name(self) -> str:
         return str(self.summary.get("label") or self.scenario.get("name") or self.path.name)
@@ -29,7 +41,7 @@ class Run(RunData):
     @property
     def label(self) -> str:
         """Short label for legends: policy and directory name."""
-        pol = self.summary.get("policy") or (self.scenario.get("policy") or {}).get("name", "")
+        pol = self.summary.get("policy") or self.section("policy").get("name", "")
         if pol == "prfaas" and self.signals == "oracle":
             pol += " [ORACLE signals]"
         return f"{pol} ({self.path.name})" if pol else self.path.name
@@ -37,7 +49,7 @@ class Run(RunData):
     @property
     def signals(self) -> str:
         """The policy's signal mode; runs recorded before modes existed were told the WAN's capacity (oracle)."""
-        return str(self.summary.get("signals") or (self.scenario.get("policy") or {}).get("signals") or "oracle")
+        return str(self.summary.get("signals") or self.section("policy").get("signals") or "oracle")
 
     @property
     def schedule_offset_s(self) -> float:

@@ -10,7 +10,6 @@ Tolerances are stated in each verdict and in labs/INSTRUCTORS.md.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,9 +135,8 @@ def kv_wait_p90_s(run: Any) -> float:
 
 
 def wan_rate_gbps(run: Any) -> float:
-    from testbed.sections import parse_scenario
 
-    return parse_scenario(run.scenario).wan.prfaas_to_pd.rate_bps / 1e9
+    return run.parsed_scenario().wan.prfaas_to_pd.rate_bps / 1e9
 
 
 def _metric(run: Any, *keys: str) -> float:
@@ -188,9 +186,8 @@ def run_threshold(run: Any) -> float:
 
 def model_t_star(run: Any) -> float:
     from analysis import throughput_model as tm
-    from testbed.sections import parse_scenario
 
-    cm, _, dist, _ = tm.cluster_model_from_scenario(parse_scenario(run.scenario))
+    cm, _, dist, _ = tm.cluster_model_from_scenario(run.parsed_scenario())
     return float(tm.search_prfaas_pd(cm, dist).threshold)
 
 
@@ -220,9 +217,8 @@ def check_lab3(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
 
 def dip_window_s(run: Any) -> tuple[float, float]:
     """[start, end) of the scenario's first timed WAN change, on the run's clock."""
-    from testbed.sections import parse_scenario
 
-    sc = parse_scenario(run.scenario)
+    sc = run.parsed_scenario()
     for e in sc.wan.schedule:
         length = e.down_s or e.for_s
         if length:
@@ -258,7 +254,8 @@ def check_lab4(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
     loaded = _load_runs(runs)
     by: dict[str, dict[int, float]] = {}
     for run in loaded.values():
-        by.setdefault(str(run.scenario.get("policy", {}).get("name")), {})[int(run.scenario.get("seed", 1))] = ttft_p90_in_dip_s(run)
+        sc = run.parsed_scenario()
+        by.setdefault(str(getattr(sc.section("policy"), "name", None)), {})[sc.seed] = ttft_p90_in_dip_s(run)
     if set(by) != {"prfaas", "fixed-threshold"}:
         raise UserError(f"lab 4: the runs must be of policies prfaas and fixed-threshold; got {', '.join(sorted(by))}")
     seeds = sorted(set(by["prfaas"]) & set(by["fixed-threshold"]))
@@ -282,9 +279,8 @@ RECOVERY_GRACE_S = 5.0
 
 def fault_end_s(run: Any) -> float:
     """When the run's fault (WAN schedule entry or worker fault) is over, on the run's clock."""
-    from testbed.sections import parse_scenario
 
-    sc = parse_scenario(run.scenario)
+    sc = run.parsed_scenario()
     ends = [e.at_s + (e.down_s or e.for_s or 0.0) for e in sc.wan.schedule]
     serving = sc.section("serving")
     ends += [f.at_s for f in (serving.faults if serving else ())]

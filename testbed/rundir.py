@@ -17,8 +17,8 @@ A run directory (docs/serving.md "The run directory") holds:
 Every producer (the runner, the router, NET's telemetry, cross traffic) writes through `RunDirWriter` or
 the frame builders here, and every reader loads through `load_run_dir`, so a column or key is named in
 this module and nowhere else. This module is in the foundation layer: it imports no other package of
-the project except `testbed.errors` and `testbed.validation`; pandas is imported by the functions that
-need it.
+the project except `testbed.errors`, `testbed.units`, `testbed.atomic` and `testbed.validation`; pandas is imported
+by the functions that need it.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from testbed.atomic import make_dirs, write_json, write_parquet, write_text
 from testbed.errors import UserError
-from testbed.validation import (Fields, boolean, mapping, non_negative, positive_int, positive_number, read_json, read_yaml,
-                                string)
+from testbed.units import MAX_DURATION_S
+from testbed.validation import (Fields, boolean, mapping, non_negative, path_is_dir, positive_int, positive_number, read_json,
+                                read_yaml, string)
 
 if TYPE_CHECKING:  # pandas is imported where a frame is built: the router and workers start without it
     import pandas as pd
@@ -138,7 +139,12 @@ SUMMARY_FIELDS = {"requests_total": positive_int, "requests_ok": positive_int, "
 
 
 def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
-    """`df` with every known column cast to its `REQUEST_DTYPES` dtype (unparseable numbers become NA)."""
+    """`df` with every known column cast to its `REQUEST_DTYPES` dtype (unparseable numbers become NA). A number no
+    run can hold is a `ValueError` naming the column: in a whole-number column one that is not whole or past int64,
+    anywhere an infinity, and in a time column (``*_s``) one beyond a week (`units.MAX_DURATION_S`; a run's times
+    are seconds after its start). Before 2026-12-07 they were casting tracebacks, or a 1e300-s transfer asked the
+    report for an array of that many seconds."""
+    import numpy as np
     import pandas as pd
 
     df = df.copy()
@@ -149,9 +155,18 @@ def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
             continue
         if dtype == STRING:
             df[col] = df[col].astype(STRING)
+            continue
+        num = pd.to_numeric(df[col], errors="coerce").astype(float)
+        x = num.to_numpy()
+        if dtype == INT:
+            bad, what = ~np.isnan(x) & ~((np.abs(x) < 2.0**63) & (x == np.round(x))), "a whole number (int64)"
+        elif col.endswith("_s"):
+            bad, what = ~np.isnan(x) & ~(np.abs(x) <= MAX_DURATION_S), f"a time in seconds within a week ({MAX_DURATION_S:g})"
         else:
-            num = pd.to_numeric(df[col], errors="coerce")
-            df[col] = num.astype(float) if dtype == FLOAT else num.astype(INT)
+            bad, what = np.isinf(x), "a finite number"
+        if bad.any():
+            raise ValueError(f"column {col}: {float(x[bad][0])!r} (row {int(np.flatnonzero(bad)[0])}) is not {what}")
+        df[col] = num if dtype == FLOAT else num.astype(INT)
     return df
 
 
@@ -377,7 +392,7 @@ def load_run_dir(path: str | Path, *, require_summary: bool = True) -> RunData:
     """Read and check every file of a run directory. Every problem is a `UserError` naming the directory,
     the file and what is wrong."""
     p = Path(path)
-    if not p.is_dir():
+    if not path_is_dir(p):
         raise UserError(f"{p}: not a run directory (it does not exist or is not a directory)")
     needed = REQUIRED_FILES if require_summary else RAW_FILES
     missing = [f for f in needed if not (p / f).is_file()]
@@ -388,7 +403,10 @@ def load_run_dir(path: str | Path, *, require_summary: bool = True) -> RunData:
         raise UserError(f"{p / SCENARIO_FILE}: must be a mapping")
     environment = Environment.from_json(_read_json(p / ENVIRONMENT_FILE), str(p / ENVIRONMENT_FILE))
     summary = read_summary(p) if (p / SUMMARY_FILE).is_file() or require_summary else None
-    requests = coerce_requests(_read_parquet(p / REQUESTS_FILE, REQUEST_REQUIRED))
+    try:
+        requests = coerce_requests(_read_parquet(p / REQUESTS_FILE, REQUEST_REQUIRED))
+    except ValueError as exc:
+        raise UserError(f"{p / REQUESTS_FILE}: {exc}") from None
     link = _read_parquet(p / LINK_FILE, LINK_REQUIRED)
     scheduler = _read_parquet(p / SCHEDULER_FILE, SCHEDULER_REQUIRED)
     cross = _read_parquet(p / CROSS_TRAFFIC_FILE, ("t_s",)) if (p / CROSS_TRAFFIC_FILE).is_file() else None

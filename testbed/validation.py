@@ -16,9 +16,9 @@ from testbed import units
 from testbed.errors import FieldError, UserError
 
 __all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers",
-           "load_yaml", "mapping", "name_or_stem", "non_negative", "number", "option", "path_exists", "path_is_file",
-           "path_name", "plain_name", "planned_runs", "positive_int", "positive_number", "random_seed", "read_json",
-           "read_text", "read_yaml", "run_count", "string", "text"]
+           "load_yaml", "mapping", "name_or_stem", "non_negative", "number", "option", "path_exists", "path_is_dir",
+           "path_is_file", "path_name", "plain_name", "planned_runs", "positive_int", "positive_number", "random_seed",
+           "read_json", "read_text", "read_yaml", "run_count", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -279,6 +279,15 @@ def path_exists(path: Path | str) -> bool:
     simply not there: `Path.exists` raised OSError (ENAMETOOLONG) or ValueError, a traceback for a typo."""
     try:
         return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def path_is_dir(path: Path | str) -> bool:
+    """`Path.is_dir`, with `path_exists`'s reading of an impossible name (a 5000-character run directory was an
+    ENAMETOOLONG traceback in `prfaas report`)."""
+    try:
+        return Path(path).is_dir()
     except (OSError, ValueError):
         return False
 

@@ -262,3 +262,20 @@ def test_run_directories_may_follow_the_answers_option(tmp_path: Path, capsys: p
     assert cli.main(["lab", "check", "5", "--answers", str(tmp_path / "answers.yaml"), *runs]) == 1  # read; blanks are wrong
     assert "unrecognized" not in capsys.readouterr().err
     assert cli.main(["lab", "check", "5", runs[0], "--answers", str(tmp_path / "answers.yaml"), *runs[1:]]) == 1
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"seed": "one"}, r"p1/scenario.yaml: seed: 'one' is not a seed"),
+    ({"policy": "prfaas"}, r"p1/scenario.yaml: policy: must be a mapping of keys to values, got str"),
+])
+def test_a_runs_scenario_the_checker_cannot_read_is_one_line_naming_it(tmp_path: Path, change, match) -> None:
+    """Lab 4 read the run's scenario.yaml as a plain mapping: `seed: one` was a ValueError, `policy: prfaas` an
+    AttributeError traceback (2026-12-07); the scenario reader names the file and the field."""
+    from testbed.errors import UserError
+
+    runs = {f"{k}{s}": write_run_dir(tmp_path / f"{k}{s}", policy=pol, seed=s)
+            for s in (1, 2) for k, pol in (("p", "prfaas"), ("f", "fixed-threshold"))}
+    sc = yaml.safe_load((runs["p1"] / "scenario.yaml").read_text())
+    (runs["p1"] / "scenario.yaml").write_text(yaml.safe_dump({**sc, **change}))
+    with pytest.raises(UserError, match=match):
+        CHECKERS[4]({}, runs)

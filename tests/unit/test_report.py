@@ -155,11 +155,49 @@ def test_missing_units_catches_an_unlabelled_axis():
     (lambda d: (d / "scenario.yaml").write_text("a: [1,"), "scenario.yaml: not valid YAML"),
     (lambda d: pd.DataFrame({"x": [1]}).to_parquet(d / "link.parquet"), "link.parquet: missing column.*t_s"),
     (lambda d: pd.DataFrame({"t_s": [1.0]}).to_parquet(d / "tcp.parquet"), "tcp.parquet: missing column.*cluster"),
+    # a number no run holds: casting tracebacks, or a 1e300-s transfer sized an array by it (2026-12-07)
+    (lambda d: _set(d, "input_len", 1e30), r"requests.parquet: column input_len: 1e\+30 \(row 0\) is not a whole number \(int64\)"),
+    (lambda d: _set(d, "input_len", 2.5), r"column input_len: 2.5 \(row 0\) is not a whole number"),
+    (lambda d: _set(d, "transfer_start_s", 1e300), r"column transfer_start_s: 1e\+300 \(row 0\) is not a time in seconds within a week"),
+    (lambda d: _set(d, "threshold", float("inf")), r"column threshold: inf \(row 0\) is not a finite number"),
 ])
 def test_bad_run_directories_give_one_clear_error(run_a, damage, match):
     damage(run_a)
     with pytest.raises(UserError, match=match):
         load_run(run_a)
+
+
+def _set(d, column, value):
+    df = pd.read_parquet(d / "requests.parquet")
+    df[column] = df[column].astype(float)
+    df.loc[0, column] = value
+    df.to_parquet(d / "requests.parquet")
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: (d / "scenario.yaml").write_text("name: x\nwan: true\npolicy: prfaas\n"),  # AttributeError tracebacks
+    lambda d: (d / "scenario.yaml").write_text("name: x\nwan: {rate: 10Gbps, schedule: 0.5}\n"),  # TypeError
+    lambda d: _set(d, "arrival_s", float("nan")) or _all_nan(d, "arrival_s"),  # no arrival time: an arange traceback
+    lambda d: pd.concat([pd.read_parquet(d / "link.parquet")] * 2).to_parquet(d / "link.parquet"),  # a reindex traceback
+])
+def test_a_run_with_odd_but_readable_files_still_gets_its_report(run_a, tmp_path, damage):
+    """What the loader accepts (the scenario as run is a plain mapping, a time may be missing, a telemetry sample
+    repeated) the report draws, without the tracebacks these were before 2026-12-07."""
+    damage(run_a)
+    assert (write_report([run_a], tmp_path / "rep")).is_file()
+
+
+def _all_nan(d, column):
+    df = pd.read_parquet(d / "requests.parquet")
+    df[column] = float("nan")
+    df.to_parquet(d / "requests.parquet")
+
+
+def test_report_of_a_run_directory_no_file_can_name_is_one_line(tmp_path, capsys):
+    from testbed.cli import main
+
+    assert main(["report", "x" * 5000]) == 2  # an ENAMETOOLONG traceback before
+    assert capsys.readouterr().err.strip().endswith("not a run directory (it does not exist or is not a directory)")
 
 
 def test_report_command_on_a_missing_directory_prints_one_line_and_exits_2(tmp_path, capsys):
