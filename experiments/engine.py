@@ -11,6 +11,7 @@ longer loads, a file where a run directory goes, and a finished run of other set
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -44,7 +45,7 @@ def run_state(out_dir: str | Path) -> str:
     try:
         rundir.load_run_dir(p)
     except UserError as exc:
-        if not path_exists(p / rundir.SUMMARY_FILE):
+        if not os.path.lexists(p / rundir.SUMMARY_FILE):  # (a link to nowhere, or a loop, is "there": kept)
             return TO_RUN
         raise UserError(f"{p}: a finished run (it has its {rundir.SUMMARY_FILE}) that no longer loads: {exc}. It is left as "
                         "it is: move it aside (or delete it) to run it again, or use another --out") from None

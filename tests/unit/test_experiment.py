@@ -216,6 +216,11 @@ def test_a_finished_run_that_no_longer_loads_is_refused_and_kept_not_run_again(t
                                         r"not UTF-8 text .*left as it is: move it aside"):
         run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
     assert ex.ran == [] and {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    (run / "summary.json").unlink()
+    (run / "summary.json").symlink_to("summary.json")  # a loop: there, though it cannot be read
+    with pytest.raises(UserError, match=r"seed2-rep1: a finished run .* no longer loads"):
+        run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    assert ex.ran == []
 
 
 def test_a_run_that_stopped_before_its_summary_runs_again(tmp_path):
