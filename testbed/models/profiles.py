@@ -23,8 +23,8 @@ import numpy as np
 
 from testbed import units
 from testbed.errors import UserError
-from testbed.validation import (Fields, at_least_one, mapping, non_negative, path_exists, path_is_file, positive_number, read_json,
-                                read_text, read_yaml, string, text)
+from testbed.validation import (Fields, at_least_one, mapping, non_negative, path_exists, path_is_file, plain_name, positive_number,
+                                read_json, read_text, read_yaml, string, text)
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 # Short names: a chip alone means that chip running the paper's 1T hybrid (the case study's profiles).
@@ -153,10 +153,9 @@ def _degree(v: Any) -> int:
 
 
 def _label(v: Any) -> str:
-    """A name, chip or model: text (a bare number such as ``2024`` reads as its text)."""
-    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-        raise ValueError(f"{v!r} is not a name")
-    return str(v)
+    """A name, chip or model: a plain name (`validation.plain_name`: text, a whole number read as one, at most
+    `MAX_NAME_BYTES`); ``name: .inf`` or a 400-digit number were names before 2026-12-07."""
+    return plain_name(v, "the profile, its chip or its model")
 
 
 def _bounded(most: int) -> Any:

@@ -145,6 +145,8 @@ H20 = {"name": "p", "chip": "H20", "model": "m", "prefill": {"points": [[10200, 
     ({"scaled_from": {"profile": "h200", "factor": "x"}}, r"scaled_from.factor: 'x' is not a number"),
     ({"scaled_from": {"profile": "p.yaml", "factor": 1.0}, "prefill": None}, r"p.yaml: scaled_from.profile: 'p.yaml' is scaled from itself"),
     ({"measured": [1, 2]}, r"measured: must be an object, got list"),
+    ({"name": float("inf")}, r"p.yaml: name: inf is not a non-empty string"),
+    ({"chip": 10**400}, r"p.yaml: chip: '1000.*'... is 401 bytes long; a name is at most 200 bytes"),
 ])
 def test_a_profile_file_past_its_limits_is_one_line_naming_the_field(tmp_path, monkeypatch, change, match):
     """NaN, inf, 1e400 or a word in a number, a `scaled_from` loop or a degree that is not 0-2 were tracebacks
