@@ -55,7 +55,7 @@ def read_queue_measurement(path: Path) -> QueueMeasurement:
     hand-edited file is one line naming it and the field (a KeyError, ZeroDivisionError or UnicodeDecodeError
     traceback before 2026-12-07)."""
     from testbed.net.calibrate import parse_ping_rtts_s
-    from testbed.validation import Fields, at_least_one, non_negative, positive_number, read_json, read_text
+    from testbed.validation import Fields, non_negative, positive_number, read_json, read_text
 
     def file(name: str) -> Path:
         f = path / name
@@ -70,7 +70,7 @@ def read_queue_measurement(path: Path) -> QueueMeasurement:
     if f is None:
         raise UserError(f"{where}: directions: no entry with direction prfaas_to_pd (as `prfaas check --json` writes it)")
     wire_rate_bps, rtt_s = f.get("wire_rate_bps", positive_number), f.get("rtt_s", positive_number)
-    queue_bytes = f.get("queue_wire_bytes", at_least_one)
+    queue_bytes = int(f.get("queue_wire_bytes", positive_number))  # (a 401-digit count was an OverflowError in the drain time)
     where = file("iperf3.json")
     iperf = Fields(read_json(where, "the output of `iperf3 -J`"), "", str(where))
     goodput = iperf.section("end").section("sum_received").get("bits_per_second", non_negative)
