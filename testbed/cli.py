@@ -36,13 +36,20 @@ class _Parser(argparse.ArgumentParser):
         """A command (a parser without subcommands) takes its options anywhere among its positionals:
         ``prfaas lab check 2 --answers a.yaml runs/x runs/y`` was "unrecognized arguments: runs/x runs/y"
         (argparse gives a list of positionals only what comes before the first option; 2026-12-07)."""
-        if getattr(self, "_intermixing", False) or self._subparsers is not None:
+        if getattr(self, "_intermixing", False) or self._subparsers is not None or not self._intermixable():
             return super().parse_known_args(args, namespace)
         self._intermixing = True
         try:
             return self.parse_known_intermixed_args(args, namespace)
         finally:
             self._intermixing = False
+
+    def _intermixable(self) -> bool:
+        """What argparse can intermix: no ``nargs=REMAINDER`` positional (``prfaas net exec HOST -- CMD...``, where what
+        follows the host is the command's own) and no positional in a mutually exclusive group; argparse raises
+        TypeError for those, which was a traceback for `prfaas net exec`."""
+        return not any(a.nargs in (argparse.REMAINDER, argparse.PARSER) for a in self._actions if not a.option_strings) and \
+            not any(not a.option_strings for g in self._mutually_exclusive_groups for a in g._group_actions)
 
 
 def build_parser() -> argparse.ArgumentParser:

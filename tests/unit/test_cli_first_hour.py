@@ -127,3 +127,33 @@ def test_doctor_names_the_default_congestion_control_that_kv_runs_and_whether_bb
     assert "serving.kv_congestion_control" in c.detail
     why = congestion_control_refused("bbr")  # what this host says, either way
     assert c.detail.endswith("bbr can be set" if why is None else f"bbr: {why}")
+
+
+def _leaf_parsers(parser: "argparse.ArgumentParser") -> list:
+    import argparse
+
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return [leaf for s in subs for p in s.choices.values() for leaf in _leaf_parsers(p)] if subs else [parser]
+
+
+def test_every_command_parses_its_arguments_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    """Options go anywhere among a command's positionals (`prfaas report RUN --out DIR RUN2`), except where argparse
+    cannot intermix: `prfaas net exec HOST -- CMD...` (a REMAINDER) and a positional in an exclusive group. Intermixing
+    those raised TypeError, a traceback for `prfaas net exec` (2026-12-07)."""
+    from testbed import cli
+
+    parser = cli.build_parser()
+    leaves = _leaf_parsers(parser)
+    assert len(leaves) >= 25
+    for leaf in leaves:  # no argument: a usage error (exit 2) or a parse, never a TypeError
+        try:
+            leaf.parse_args([])
+        except SystemExit as exc:
+            assert exc.code == 2, leaf.prog
+    capsys.readouterr()
+    ex = parser.parse_args(["net", "exec", "pd-d0", "--", "ping", "-c", "1", "10.1.0.10"])
+    assert (ex.host, ex.cmd) == ("pd-d0", ["ping", "-c", "1", "10.1.0.10"])
+    assert parser.parse_args(["net", "exec", "pd-d0", "ping", "-c", "1"]).cmd == ["ping", "-c", "1"]
+    rep = parser.parse_args(["report", "a", "--out", "d", "b"])
+    assert (rep.run_dirs, rep.out) == (["a", "b"], "d")
+    assert parser.parse_args(["model", "--paper-case-study", "--json"]).paper_case_study
