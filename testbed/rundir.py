@@ -141,7 +141,7 @@ SUMMARY_FIELDS = {"requests_total": positive_int, "requests_ok": positive_int, "
 def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
     """`df` with every known column cast to its `REQUEST_DTYPES` dtype (unparseable numbers become NA). A number no
     run can hold is a `ValueError` naming the column: in a whole-number column one that is not whole or past int64,
-    anywhere an infinity, and in a time column (``*_s``) one beyond a week (`units.MAX_DURATION_S`; a run's times
+    anywhere an infinity (but +inf as a `threshold`: never offload), and in a time column (``*_s``) one beyond a week (`units.MAX_DURATION_S`; a run's times
     are seconds after its start). Before 2026-12-07 they were casting tracebacks, or a 1e300-s transfer asked the
     report for an array of that many seconds."""
     import numpy as np
@@ -162,6 +162,8 @@ def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
             bad, what = ~np.isnan(x) & ~((np.abs(x) < 2.0**63) & (x == np.round(x))), "a whole number (int64)"
         elif col.endswith("_s"):
             bad, what = ~np.isnan(x) & ~(np.abs(x) <= MAX_DURATION_S), f"a time in seconds within a week ({MAX_DURATION_S:g})"
+        elif col == "threshold":  # inf: the policy keeps every request local (all-local, homogeneous-pd)
+            bad, what = np.isneginf(x), "a threshold (a number of tokens, or inf: never offload)"
         else:
             bad, what = np.isinf(x), "a finite number"
         if bad.any():

@@ -159,7 +159,9 @@ def test_missing_units_catches_an_unlabelled_axis():
     (lambda d: _set(d, "input_len", 1e30), r"requests.parquet: column input_len: 1e\+30 \(row 0\) is not a whole number \(int64\)"),
     (lambda d: _set(d, "input_len", 2.5), r"column input_len: 2.5 \(row 0\) is not a whole number"),
     (lambda d: _set(d, "transfer_start_s", 1e300), r"column transfer_start_s: 1e\+300 \(row 0\) is not a time in seconds within a week"),
-    (lambda d: _set(d, "threshold", float("inf")), r"column threshold: inf \(row 0\) is not a finite number"),
+    (lambda d: pd.read_parquet(d / "requests.parquet").assign(kv_bytes_emulated=float("inf")).to_parquet(d / "requests.parquet"),
+     r"column kv_bytes_emulated: inf \(row 0\) is not a finite number"),
+    (lambda d: _set(d, "threshold", float("-inf")), r"column threshold: -inf \(row 0\) is not a threshold"),
 ])
 def test_bad_run_directories_give_one_clear_error(run_a, damage, match):
     damage(run_a)

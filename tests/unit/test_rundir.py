@@ -207,3 +207,10 @@ def test_a_summary_or_environment_value_of_the_wrong_type_is_one_line_naming_the
     (d / name).write_text(json.dumps({**data, **change}))
     with pytest.raises(UserError, match=match):
         rundir.load_run_dir(d)
+
+
+def test_an_infinite_threshold_is_a_policy_that_never_offloads():
+    """all-local and homogeneous-pd record t = inf on every request: read as it is (the finiteness check of 2026-12-07
+    refused it, and every all-local run failed at collection)."""
+    df = rundir.coerce_requests(pd.DataFrame({"request_id": ["a"], "threshold": [float("inf")]}))
+    assert df["threshold"].iloc[0] == float("inf")
