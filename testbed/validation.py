@@ -15,7 +15,7 @@ from typing import Any, Callable, TypeVar
 from testbed import units
 from testbed.errors import FieldError, UserError
 
-__all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "integers",
+__all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "count_up_to", "integers",
            "load_yaml", "mapping", "name_or_stem", "non_negative", "number", "option", "path_exists", "path_is_dir",
            "path_is_file", "path_name", "plain_name", "planned_runs", "positive_int", "positive_number", "random_seed",
            "read_json", "read_text", "read_yaml", "run_count", "string", "text"]
@@ -139,12 +139,21 @@ def random_seed(v: Any) -> int:
     return v
 
 
-def run_count(v: Any) -> int:
-    """A count that plans runs (seeds, repetitions, rates to try): a whole number from 1 to `MAX_RUNS`."""
-    n = at_least_one(v)
-    if n > MAX_RUNS:
-        raise ValueError(f"{_shown(n)} is more than {MAX_RUNS}, {_RUNS_WHY}")
-    return n
+def count_up_to(most: int, why: str = "") -> Callable[[Any], int]:
+    """A reader of a count: a whole number from 1 to `most` (`why`, when given, says why no more: it follows the
+    refusal). The one bounded count: runs (`run_count`), iperf3 streams, a profile's batch and GPUs."""
+
+    def read(v: Any) -> int:
+        n = at_least_one(v)
+        if n > most:
+            raise ValueError(f"{_shown(n)} is more than {most}" + (f", {why}" if why else ""))
+        return n
+
+    return read
+
+
+run_count = count_up_to(MAX_RUNS, _RUNS_WHY)
+run_count.__doc__ = "A count that plans runs (seeds, repetitions, rates to try): a whole number from 1 to `MAX_RUNS`."
 
 
 def planned_runs(runs: int, how: str) -> int:
@@ -274,30 +283,29 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
 
 
-def path_exists(path: Path | str) -> bool:
-    """`Path.exists`, except that a name no file can have (longer than the system allows, a NUL byte) is
-    simply not there: `Path.exists` raised OSError (ENAMETOOLONG) or ValueError, a traceback for a typo."""
+def _path_test(path: Path | str, test: Callable[[Path], bool]) -> bool:
+    """`test(Path(path))`, except that a name no file can have (longer than the system allows, a NUL byte) is simply
+    not there: `Path.exists` and its kin raised OSError (ENAMETOOLONG) or ValueError, a traceback for a typo."""
     try:
-        return Path(path).exists()
+        return test(Path(path))
     except (OSError, ValueError):
         return False
+
+
+def path_exists(path: Path | str) -> bool:
+    """`Path.exists`, with `_path_test`'s reading of an impossible name."""
+    return _path_test(path, Path.exists)
 
 
 def path_is_dir(path: Path | str) -> bool:
-    """`Path.is_dir`, with `path_exists`'s reading of an impossible name (a 5000-character run directory was an
+    """`Path.is_dir`, with `_path_test`'s reading of an impossible name (a 5000-character run directory was an
     ENAMETOOLONG traceback in `prfaas report`)."""
-    try:
-        return Path(path).is_dir()
-    except (OSError, ValueError):
-        return False
+    return _path_test(path, Path.is_dir)
 
 
 def path_is_file(path: Path | str) -> bool:
-    """`Path.is_file`, with `path_exists`'s reading of an impossible name."""
-    try:
-        return Path(path).is_file()
-    except (OSError, ValueError):
-        return False
+    """`Path.is_file`, with `_path_test`'s reading of an impossible name."""
+    return _path_test(path, Path.is_file)
 
 
 def read_text(path: Path, what: str) -> str:

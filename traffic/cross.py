@@ -26,7 +26,7 @@ from testbed.rundir import CROSS_TRAFFIC_FILE, cross_traffic_frame
 from testbed.scale import Scale
 from testbed.errors import FieldError
 from testbed.scenario import DIRECTIONS, Scenario, WireRate
-from testbed.validation import Fields, at_least_one, path_name, text
+from testbed.validation import Fields, count_up_to, path_name, text
 
 PROTOCOLS = ("tcp", "udp")
 PATTERNS = ("constant", "onoff", "schedule")
@@ -125,12 +125,7 @@ class CrossTrafficSpec:
         return [base_port + i for i in range(len(self.flows))]
 
 
-def stream_count(v: Any) -> int:
-    """A flow's `streams` (iperf3 -P): a whole number from 1 to `IPERF3_MAX_STREAMS`."""
-    n = at_least_one(v)
-    if n > IPERF3_MAX_STREAMS:
-        raise ValueError(f"{n} is more than {IPERF3_MAX_STREAMS}, the most parallel streams iperf3 runs (-P)")
-    return n
+stream_count = count_up_to(IPERF3_MAX_STREAMS, "the most parallel streams iperf3 runs (-P)")  # a flow's `streams`, calibrate's --streams
 
 
 def _host(v: Any) -> str:

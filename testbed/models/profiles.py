@@ -23,7 +23,7 @@ import numpy as np
 
 from testbed import units
 from testbed.errors import UserError
-from testbed.validation import (Fields, at_least_one, mapping, non_negative, path_exists, path_is_file, plain_name, positive_number,
+from testbed.validation import (Fields, count_up_to, mapping, non_negative, path_exists, path_is_file, plain_name, positive_number,
                                 read_json, read_text, read_yaml, string, text)
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -158,16 +158,6 @@ def _label(v: Any) -> str:
     return plain_name(v, "the profile, its chip or its model")
 
 
-def _bounded(most: int) -> Any:
-    def read(v: Any) -> int:
-        n = at_least_one(v)
-        if n > most:
-            raise ValueError(f"{n if n < 10**12 else f'a {len(str(n))}-digit number'} is more than {most}")
-        return n
-
-    return read
-
-
 def _time_or_zero(v: Any) -> float:
     return 0.0 if non_negative(v) == 0 else _seconds(v)
 
@@ -185,7 +175,7 @@ def _decode(parent: Fields) -> DecodeProfile | None:
         return None
     f = parent.section("decode")
     out = DecodeProfile(f.get("step_s", _seconds), f.get("per_sequence_s", _time_or_zero, 0.0),
-                        f.get("max_batch", _bounded(MAX_BATCH), 1), f.get("provenance", string, ""))
+                        f.get("max_batch", count_up_to(MAX_BATCH), 1), f.get("provenance", string, ""))
     f.get("points", _list, None)  # as measured, kept beside the fit (extra["decode_points"])
     f.done()
     return out
@@ -209,7 +199,7 @@ def profile_from_dict(data: Any, where: str, _chain: tuple[str, ...] = ()) -> Co
     f = Fields(data, "", where)
     decode = _decode(f)
     rest = {"chip": f.get("chip", _label, "unknown"), "model": f.get("model", _label, "unknown"),
-            "gpus_per_instance": f.get("gpus_per_instance", _bounded(MAX_GPUS), 8),
+            "gpus_per_instance": f.get("gpus_per_instance", count_up_to(MAX_GPUS), 8),
             "provenance": f.get("provenance", string, "").strip()}
     name = f.get("name", _label, Path(where).stem)
     measured = f.get("measured", mapping, None)  # written by `prfaas profile` (testbed.models.profiling): host, variant, fit errors
