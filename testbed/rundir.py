@@ -23,9 +23,11 @@ by the functions that need it.
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 
 from testbed.atomic import make_dirs, write_json, write_parquet, write_text
 from testbed.errors import UserError
@@ -91,6 +93,35 @@ REQUEST_DTYPES: dict[str, str] = {
     "scheduled_arrival_s": FLOAT, "session_id": INT, "block_hashes": LIST,  # the prompt's 512-token block ids
 }
 assert tuple(REQUEST_DTYPES) == ROUTER_RECORD_COLUMNS + CLIENT_COLUMNS + WORKLOAD_COLUMNS
+
+
+class ColumnRange(NamedTuple):
+    """The numbers a numeric column of requests.parquet may hold besides NA: `lo` to `hi`, both included, and whole
+    in an Int64 column; `what` names them in `coerce_requests`'s refusal."""
+
+    lo: float
+    hi: float
+    what: str
+
+
+WHOLE = ColumnRange(0.0, math.nextafter(2.0**63, 0.0), "a whole number (int64) >= 0")
+SECONDS = ColumnRange(0.0, MAX_DURATION_S, f"a time in seconds within a week (0 to {MAX_DURATION_S:g})")
+# Each numeric column's range, from what its writer can produce. Counts and bytes: lengths, the workers' byte counts,
+# tokens the client counted. Instance indices: plan_instances numbers them from 0; a request no instance took has NA
+# (the router's record starts all None), as has one without a session (traffic.request: the batch's -1 is None).
+# Times: clock.now_s() (CLOCK_MONOTONIC, one clock for every process of the run's host) less PRFAAS_T0, set before
+# any process of the run starts, or the workload's own schedule from 0; durations (*_late_s, prefill_paused_s) are
+# clamped at 0 or summed from elapsed times (clock.Pacer, worker.stream_late_s, loadgen). The threshold: the policy's
+# t, >= 0, or inf where it never offloads (all-local, homogeneous-pd).
+REQUEST_RANGES: dict[str, ColumnRange] = {
+    **dict.fromkeys(("input_len", "cached_len", "uncached_len", "output_len", "prefill_instance", "decode_instance",
+                     "kv_bytes", "wire_bytes", "cache_transfer_tokens", "tokens_received", "session_id"), WHOLE),
+    **dict.fromkeys((c for c in REQUEST_DTYPES if c.endswith("_s")), SECONDS),
+    "threshold": ColumnRange(0.0, math.inf, "a threshold (a number of tokens >= 0, or inf: never offload)"),
+    "kv_bytes_emulated": ColumnRange(0.0, sys.float_info.max, "a finite number >= 0"),
+}
+assert set(REQUEST_RANGES) == {c for c, d in REQUEST_DTYPES.items() if d in (INT, FLOAT)}
+
 # The columns analysis needs; a requests.parquet without one of them does not load.
 REQUEST_REQUIRED = (
     "request_id", "arrival_s", "input_len", "cached_len", "output_len", "route", "threshold",
@@ -139,33 +170,25 @@ SUMMARY_FIELDS = {"requests_total": positive_int, "requests_ok": positive_int, "
 
 
 def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
-    """`df` with every known column cast to its `REQUEST_DTYPES` dtype (unparseable numbers become NA). A number no
-    run can hold is a `ValueError` naming the column: in a whole-number column one that is not whole or past int64,
-    anywhere an infinity (but +inf as a `threshold`: never offload), and in a time column (``*_s``) one beyond a week (`units.MAX_DURATION_S`; a run's times
-    are seconds after its start). Before 2026-12-07 they were casting tracebacks, or a 1e300-s transfer asked the
-    report for an array of that many seconds."""
+    """`df` with every known column cast to its `REQUEST_DTYPES` dtype (unparseable numbers become NA). A number
+    outside its column's `REQUEST_RANGES` (no run writes one) is a `ValueError` naming the column and row: a count,
+    byte count or index below 0, not whole or past int64; a time or duration below 0 or beyond a week; a negative
+    threshold; an infinity but +inf as a `threshold`. NA is allowed everywhere. Before 2026-12-07 these were casting
+    tracebacks, or a 1e300-s transfer asked the report for an array of that many seconds."""
     import numpy as np
     import pandas as pd
 
     df = df.copy()
     for col, dtype in REQUEST_DTYPES.items():
-        if col not in df:
-            continue
-        if dtype == LIST:
+        if col not in df or dtype == LIST:
             continue
         if dtype == STRING:
             df[col] = df[col].astype(STRING)
             continue
         num = pd.to_numeric(df[col], errors="coerce").astype(float)
         x = num.to_numpy()
-        if dtype == INT:
-            bad, what = ~np.isnan(x) & ~((np.abs(x) < 2.0**63) & (x == np.round(x))), "a whole number (int64)"
-        elif col.endswith("_s"):
-            bad, what = ~np.isnan(x) & ~(np.abs(x) <= MAX_DURATION_S), f"a time in seconds within a week ({MAX_DURATION_S:g})"
-        elif col == "threshold":  # inf: the policy keeps every request local (all-local, homogeneous-pd)
-            bad, what = np.isneginf(x), "a threshold (a number of tokens, or inf: never offload)"
-        else:
-            bad, what = np.isinf(x), "a finite number"
+        lo, hi, what = REQUEST_RANGES[col]
+        bad = ~np.isnan(x) & ~((lo <= x) & (x <= hi) & ((x == np.round(x)) if dtype == INT else True))
         if bad.any():
             raise ValueError(f"column {col}: {float(x[bad][0])!r} (row {int(np.flatnonzero(bad)[0])}) is not {what}")
         df[col] = num if dtype == FLOAT else num.astype(INT)

@@ -4,6 +4,7 @@ the declared dtypes; a wrong environment.json schema is refused with one line.""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -214,3 +215,56 @@ def test_an_infinite_threshold_is_a_policy_that_never_offloads():
     refused it, and every all-local run failed at collection)."""
     df = rundir.coerce_requests(pd.DataFrame({"request_id": ["a"], "threshold": [float("inf")]}))
     assert df["threshold"].iloc[0] == float("inf")
+
+
+def _real_looking_requests():
+    """Three rows as a run writes them: an offload, a local request (no KV crossed: NA bytes, +inf threshold of a
+    policy that never offloads) and one that failed before any instance took it (NA everywhere the router kept none)."""
+    na = None
+    return pd.DataFrame({
+        "request_id": ["r0", "r1", "r2"], "arrival_s": [0.0, 1.25, 2.5], "input_len": [8192, 512, 100],
+        "cached_len": [512, 0, na], "uncached_len": [7680, 512, na], "output_len": [64, 16, 8], "route": ["prfaas", "pd", na],
+        "threshold": [4096.0, float("inf"), na], "prefill_instance": [0, 1, na], "decode_instance": [0, 0, na],
+        "prefill_start_s": [0.01, 1.3, na], "prefill_end_s": [0.5, 1.4, na], "kv_bytes": [10_000_000, na, na],
+        "wire_bytes": [10_100_000, na, na], "kv_bytes_emulated": [8e7, na, na], "transfer_start_s": [0.1, na, na],
+        "transfer_end_s": [0.6, na, na], "first_token_s": [0.7, 1.45, na], "finish_s": [1.5, 1.9, 2.5],
+        "status": ["ok", "ok", "failed"], "cache_transfer_tokens": [0, 0, na], "prefill_late_s": [0.0, 0.002, na],
+        "decode_late_s": [0.01, 0.0, na], "prefill_paused_s": [na, 0.05, na], "client_arrival_s": [0.0, 1.25, 2.5],
+        "client_first_token_s": [0.71, 1.46, na], "client_finish_s": [1.51, 1.91, 2.51], "tokens_received": [64, 16, 0],
+        "client_send_late_s": [0.0, 0.001, na], "scheduled_arrival_s": [0.0, 1.25, 2.5], "session_id": [3, na, na],
+        "block_hashes": [[1, 2], [3], []],
+    })
+
+
+def test_a_real_looking_frame_with_na_and_an_infinite_threshold_passes():
+    df = rundir.coerce_requests(_real_looking_requests())
+    assert df["threshold"].iloc[1] == float("inf") and pd.isna(df["kv_bytes"].iloc[1]) and pd.isna(df["prefill_instance"].iloc[2])
+    assert all(str(df[c].dtype) == rundir.REQUEST_DTYPES[c] for c in df)
+
+
+@pytest.mark.parametrize("column,value,what", [
+    ("kv_bytes", -1, "a whole number"), ("wire_bytes", -5, "a whole number"), ("input_len", -1, "a whole number"),
+    ("cached_len", -1, "a whole number"), ("uncached_len", -1, "a whole number"), ("output_len", -1, "a whole number"),
+    ("tokens_received", -1, "a whole number"), ("cache_transfer_tokens", -1, "a whole number"),
+    ("prefill_instance", -1, "a whole number"), ("decode_instance", -1, "a whole number"), ("session_id", -1, "a whole number"),
+    ("arrival_s", -0.5, "a time in seconds"), ("client_arrival_s", -0.5, "a time in seconds"),
+    ("scheduled_arrival_s", -1.0, "a time in seconds"), ("prefill_paused_s", -0.1, "a time in seconds"),
+    ("prefill_late_s", -0.1, "a time in seconds"), ("decode_late_s", -0.1, "a time in seconds"),
+    ("client_send_late_s", -0.1, "a time in seconds"), ("finish_s", 1e7, "a time in seconds"),
+    ("threshold", -1.0, "a threshold"), ("threshold", float("-inf"), "a threshold"),
+    ("kv_bytes_emulated", -1.0, "a finite number >= 0"), ("kv_bytes_emulated", float("inf"), "a finite number >= 0"),
+    ("input_len", 2.5, "a whole number"), ("input_len", 2.0**63, "a whole number"),
+])
+def test_a_number_outside_its_columns_range_is_one_line_naming_the_column_and_row(column, value, what):
+    """Negative counts, bytes, indices, times and durations: no writer produces one (2026-12-07 refused only non-whole
+    numbers, infinities and times beyond a week)."""
+    df = _real_looking_requests()
+    df[column] = df[column].astype(object)
+    df.loc[1, column] = value
+    with pytest.raises(ValueError, match=rf"^column {column}: {re.escape(repr(float(value)))} \(row 1\) is not {what}[^\n]*$"):
+        rundir.coerce_requests(df)
+
+
+def test_every_whole_number_column_is_a_count_or_index_from_0():
+    """(rundir asserts at import that every numeric column has exactly one range.)"""
+    assert all(rundir.REQUEST_RANGES[c] == rundir.WHOLE for c, d in rundir.REQUEST_DTYPES.items() if d == rundir.INT)
