@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from testbed import rundir
 from testbed.atomic import make_output_dir
 from testbed.errors import UserError
-from testbed.validation import option, positive_int, positive_number, random_seed, run_count
+from testbed.validation import option, positive_number, random_seed, run_count
 
 KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
 
@@ -73,10 +73,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
                    help="comma-separated configurations to measure")
     r.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
-    r.add_argument("--paired", type=option(positive_int, whole=True), default=0, metavar="N",
+    r.add_argument("--paired", type=option(paired_seed_count, whole=True), default=0, metavar="N",
                    help="then test the order of each two configurations adjacent by Lambda_max: both at the geometric mean "
                         "of theirs on N seeds the searches did not run, McNemar's exact test (docs/experiments.md, "
-                        "'Paired order'; N >= 6, 10-12 to see a clear order)")
+                        "'Paired order'; N from 6 to 10000, 10-12 to see a clear order; 0, the default, runs none)")
     r.add_argument("--paired-from", type=option(random_seed, whole=True), metavar="SEED",
                    help="the paired test's first seed (default: the one after the searches' seeds); a second test of "
                         "the same pair starts after the first one's seeds (an overlap is refused) and is a second look: "
@@ -84,6 +84,14 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("--json", action="store_true")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
+
+
+def paired_seed_count(v: Any) -> int:
+    """`experiments.capacity_paired.paired_seed_count` (``--paired N``; benchmarks/experiments_bench.py reads its
+    ``--paired`` with it too), imported when the option is read."""
+    from experiments.capacity_paired import paired_seed_count as read
+
+    return read(v)
 
 
 def tolerance(v: Any) -> float:
@@ -292,13 +300,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out("reproduce-case-study")
 
     def check() -> tuple[Any, Any]:  # everything before the folder is made: a refusal left an empty runs/reproduce-case-study-<time>
-        if args.paired:
-            from experiments.capacity_paired import check_seed_count
-
-            try:
-                check_seed_count(args.paired)
-            except ValueError as e:
-                raise UserError(f"--paired {args.paired}: {e}") from None
+        if args.paired:  # its count was read with `paired_seed_count`: 0 (none) or 6..MAX_RUNS
             if len(set(only)) < 2:
                 raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
         try:
