@@ -53,7 +53,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                        description="Bracket then bisect the Poisson arrival rate of SCENARIO (docs/experiments.md, Capacity).")
     c.add_argument("scenario", metavar="SCENARIO")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override")
-    c.add_argument("--out", metavar="DIR", help="where the probe runs go (default: runs/capacity-<scenario>-<time>)")
+    c.add_argument("--out", metavar="DIR", help="where the probe runs go (default: runs/capacity-<the scenario's name>-<time>, "
+                                                "named as prfaas run names its run directory)")
     c.add_argument("--repetitions", type=option(run_count, whole=True), default=3,
                    help="runs (seeds 1..N) that decide a marginal rate at the edge by majority (default 3)")
     c.add_argument("--tolerance", type=option(tolerance), default=0.1,
@@ -237,17 +238,19 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from experiments.executor import make_executor
     from testbed.atomic import write_json
 
-    out = Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}")
-
-    def check() -> Any:
+    def check() -> tuple[Path, Any]:
         try:
             check_search_size(args.max_probes, args.repetitions)
         except ValueError as e:
             raise UserError(f"--max-probes {args.max_probes} --repetitions {args.repetitions}: {e}") from None
-        check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop))
-        return make_executor(args.executor)
+        sc = check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop))
+        # the default folder is named as `prfaas run`'s is, by the scenario's name (`validation.name_or_stem`: its
+        # `name:` or its file's name, a plain name of at most MAX_NAME_BYTES): the file's stem was used unchecked, and a
+        # 250-byte file name with a `name:` in it was a "cannot create this folder (File name too long)" once checked
+        out = Path(args.out) if args.out else _default_out(f"capacity-{sc.name}")
+        return out, make_executor(args.executor)
 
-    executor = make_output_dir(out, check)  # the folder before the plan, after every refusal
+    out, executor = make_output_dir(lambda checked: checked[0], check)  # the folder before the plan, after every refusal
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
                            max_probes=args.max_probes, start_rps=args.start, executor=executor,
                            progress=not args.json, early_stop=not args.no_early_stop)
