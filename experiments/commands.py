@@ -243,12 +243,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             check_search_size(args.max_probes, args.repetitions)
         except ValueError as e:
             raise UserError(f"--max-probes {args.max_probes} --repetitions {args.repetitions}: {e}") from None
-        sc = check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop))
+        executor = make_executor(args.executor)  # before the scenario: `scale: auto` is checked at what a run on it resolves
+        sc = check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop), executor)
         # the default folder is named as `prfaas run`'s is, by the scenario's name (`validation.name_or_stem`: its
         # `name:` or its file's name, a plain name of at most MAX_NAME_BYTES): the file's stem was used unchecked, and a
         # 250-byte file name with a `name:` in it was a "cannot create this folder (File name too long)" once checked
         out = Path(args.out) if args.out else _default_out(f"capacity-{sc.name}")
-        return out, make_executor(args.executor)
+        return out, executor
 
     out, executor = make_output_dir(lambda checked: checked[0], check)  # the folder before the plan, after every refusal
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
@@ -318,7 +319,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                 paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
             except ValueError as e:
                 raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
-        return make_executor(args.executor), plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop)
+        executor = make_executor(args.executor)
+        return executor, plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop, executor)
 
     executor, plan = make_output_dir(out, check)  # before the plan is printed, after every refusal
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only, executor=executor,

@@ -64,7 +64,7 @@ def test_a_refused_reproduction_leaves_no_folder(nothing_runs, capsys, monkeypat
             "prfaas: error: --executor 'nosuch': unknown executor; allowed: local, ray")
     why = "'bbr' cannot be set on this host"
 
-    def host_refuses(scenario, overrides):  # as plan_run refuses a KV congestion control this host's kernel lacks
+    def host_refuses(scenario, overrides, executor=None):  # as plan_run refuses a KV congestion control this host's kernel lacks
         raise FieldError("serving.kv_congestion_control", why)
 
     monkeypatch.setattr(capacity, "check_scenario", host_refuses)
@@ -202,3 +202,34 @@ def test_a_sweep_labels_its_rows_by_the_scenarios_name_not_the_files(nothing_run
     with pytest.raises(Written):
         sweep.run_sweep(str(path), ["seed=1,2"], nothing_runs / "out")
     assert labels == ["sweep quick"]
+
+
+def test_scale_auto_is_checked_at_a_runs_share_of_the_host_under_local_n(nothing_runs, capsys, monkeypatch):
+    """`check_run` resolved `scale: auto` at this host's whole capacity, but under `--executor local:N` each of the N
+    runs is given capacity / N (`experiments.parallel`) and resolves a larger scale: a 200 Kbps LAN beside a 100 Gbps WAN
+    passed at 5 Gbps (scale 20: 10 Kbps on the wire) and each run of local:2 (2.5 Gbps: scale 40, 5 Kbps) was refused an
+    hour in. The check resolves at what the executor's runs resolve at (`Executor.run_capacity_bps`)."""
+    from experiments.engine import check_run
+    from experiments.executor import make_executor
+    from testbed.errors import FieldError
+    from testbed.scale import Scale
+
+    monkeypatch.setattr("testbed.net.emulation.host_capacity_bps", lambda: (5e9, "a stub"))
+    monkeypatch.setattr("testbed.fidelity.check_parallelism", lambda n, cores: None)  # whatever this host's cores
+    overrides = ["scale=auto", "wan.rate=100Gbps", "topology.lan_rate=200Kbps"]
+    says = "scale: auto (here 40, for a host capacity of 2.5 Gbps) puts topology.lan_rate, 200 Kbps, at 5000 bps"
+    grid = [a for o in overrides for a in ("--grid", o)]
+    assert says in refused(["sweep", "quick", *grid, "--out", "named", "--executor", "local:2"], capsys)
+    assert says in refused(["capacity", "quick", *(a for o in overrides for a in ("--set", o)), "--executor", "local:2"], capsys)
+    spec = nothing_runs / "spec.yaml"
+    spec.write_text("scenario: quick\nset: {scale: auto, wan.rate: 100Gbps, topology.lan_rate: 200Kbps}\narms: {a: {}}\n")
+    assert says in refused(["experiment", str(spec), "--out", "named", "--executor", "local:2"], capsys)
+    assert sorted(p.name for p in nothing_runs.iterdir()) == ["spec.yaml"]
+    local, two = make_executor("local"), make_executor("local:2")
+    assert (local.run_capacity_bps(), two.run_capacity_bps()) == (5e9, 2.5e9)
+    assert float(two._child_env()["PRFAAS_CAPACITY_BPS"]) == two.run_capacity_bps()  # what each run is given, checked
+    assert check_run("quick", overrides, executor=local).resolve_scale(5e9) == Scale(20)  # the whole host: 10 Kbps, taken
+    assert check_run("quick", overrides).resolve_scale(5e9) == Scale(20)  # (no executor: one run alone, the same)
+    with pytest.raises(FieldError) as exc:
+        check_run("quick", overrides, executor=two)
+    assert says in str(exc.value)
