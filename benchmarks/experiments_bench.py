@@ -8,7 +8,8 @@ Targets (each printed with its numbers; exit 1 when one is missed):
   - statistics: the paired bootstrap interval covers a known ratio >= 93% of 200 seeded trials
     (the same check as tests/unit/test_stats.py, at 10, 20 and 30 pairs side by side).
 
-Run as root: `python benchmarks/experiments_bench.py [--quick] [--out DIR] [--stats-only]`.
+Run as root: `python benchmarks/experiments_bench.py [--quick] [--out DIR] [--stats-only] [--paired N]` (`--paired N` read as
+`prfaas reproduce --paired` reads it: 0, the default, is no paired test; else 6 to 10,000 seeds).
 `--reuse DIR` re-reads an earlier reproduction's reproduce.json instead of running (its recorded wall time, or the
 sum over the directory's finished invocations when the file carries one).
 """
@@ -52,22 +53,26 @@ def sorted_apart(intervals: Iterable[Sequence[float | None]]) -> tuple[list[tupl
     return iv, all(a[1] <= b[0] for a, b in zip(iv, iv[1:]))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    from experiments.capacity_paired import paired_seed_count
+    from testbed.validation import option
+
+    ap = argparse.ArgumentParser(prog=Path(__file__).name, description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=f"runs/experiments-bench-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--reuse", metavar="DIR", help="judge an earlier reproduction (DIR/reproduce.json)")
     ap.add_argument("--stats-only", action="store_true", help="only the bootstrap coverage (no runs, no root)")
-    ap.add_argument("--paired", type=int, default=0, metavar="N",
-                    help="also the paired order test on N fresh seeds (reproduce --paired; timed apart from the searches)")
-    args = ap.parse_args()
-    if args.paired:
-        from experiments.capacity_paired import check_seed_count
+    ap.add_argument("--paired", type=option(paired_seed_count, whole=True), default=0, metavar="N",
+                    help="also the paired order test on N fresh seeds, read as `prfaas reproduce --paired` reads it: from 6 "
+                         "to 10000; 0, the default, runs none (timed apart from the searches)")
+    args = ap.parse_args(argv)
+    if args.paired and not (args.reuse or args.stats_only):  # what `prfaas reproduce` refuses before it starts, refused alike
+        from experiments.reproduce import check_planned_runs
 
         try:
-            check_seed_count(args.paired)
+            check_planned_runs(args.quick, None, 3, args.paired)
         except ValueError as e:
-            ap.error(f"--paired {args.paired}: {e}")
+            ap.error(f"{'--quick' if args.quick else 'the full variant'} --paired {args.paired}: {e}")
     ok = True
 
     cov = {n: coverage(n) for n in (10, 20, 30)}

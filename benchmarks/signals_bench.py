@@ -383,10 +383,11 @@ def main() -> int:
         from experiments.engine import check_run, run_tasks
         from experiments.executor import make_executor
 
+        executor = make_executor(a.executor)
         for t in todo:  # every run checked as prfaas run checks it, before the first (a --set the host refuses: one line)
-            check_run(t.scenario, t.overrides, t.out_dir)
+            check_run(t.scenario, t.overrides, t.out_dir, executor)  # scale: auto at a run's share under local:N
 
-        for key, o in run_tasks(todo, make_executor(a.executor), label="signals bench").items():
+        for key, o in run_tasks(todo, executor, label="signals bench").items():
             if o.status == "failed":
                 console.print(f"[red]{key} failed[/]: {o.error}")
     rows = [{"shape": shape, "arm": arm, "seed": seed, **measure(d, a.ttft_clock)} for shape, arm, seed, d in completed(out)]

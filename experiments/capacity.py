@@ -320,14 +320,15 @@ def rate_override(rate_rps: float) -> str:
     return f"workload.arrivals.rate={rate_rps:.6g}/s"
 
 
-def check_scenario(scenario: str, overrides: Sequence[str]) -> Any:
-    """The scenario, refused unless a run would take it (`check_run`) and its arrivals are a Poisson process
-    (the rate is what the search sets)."""
+def check_scenario(scenario: str, overrides: Sequence[str], executor: Any = None) -> Any:
+    """The scenario, refused unless a run would take it (`check_run`, as it will run on `executor`: ``scale: auto``
+    at a run's share of the host under ``local:N``) and its arrivals are a Poisson process (the rate is what the
+    search sets)."""
     from experiments.engine import check_run
     from testbed.errors import UserError
     from traffic.arrivals import Poisson
 
-    sc = check_run(scenario, list(overrides) + [rate_override(1.0)])
+    sc = check_run(scenario, list(overrides) + [rate_override(1.0)], executor=executor)
     wl = sc.section("workload")
     if not isinstance(getattr(wl, "arrivals", None), Poisson) or wl.arrivals.steps:
         raise UserError("workload.arrivals: prfaas capacity needs {process: poisson, rate: ...} without steps "
@@ -399,7 +400,7 @@ def measure_capacity(scenario: str, overrides: Sequence[str], out: str | Path, *
     `parallel`: the runs of a rate asked for at once (`search`; default: the executor's slots), less where
     other searches share the executor (`experiments.reproduce`); `progress` and `label` as `wire_evaluator`'s."""
     overrides = capacity_overrides(overrides, early_stop)
-    sc = check_scenario(scenario, overrides)
+    sc = check_scenario(scenario, overrides, executor)
     start = start_rps or model_start_rps(sc)
     res = search(wire_evaluator(scenario, overrides, Path(out), executor, progress, label), start, repetitions=repetitions,
                  rel_tol=rel_tol, max_probes=max_probes, parallel=parallel or getattr(executor, "slots", 1))

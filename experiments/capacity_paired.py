@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from experiments.capacity import RunVerdict
-from testbed.validation import MAX_SEED
+from testbed.validation import MAX_RUNS, MAX_SEED, run_count
 
 Evaluate = Callable[[float, Sequence[int]], list[RunVerdict]]
 ALPHA = 0.05
@@ -52,6 +52,22 @@ def check_seed_count(n: int) -> None:
     if n < MIN_SEEDS:
         raise ValueError(f"{n} seeds: at least {MIN_SEEDS} (with fewer, McNemar's exact test cannot reach p < {ALPHA} "
                          "even when every seed is discordant)")
+
+
+def paired_seed_count(v: Any) -> int:
+    """The ``--paired N`` of `prfaas reproduce` and of benchmarks/experiments_bench.py (one reader, so both refuse
+    alike, as one line naming the option): 0, the default, runs no paired test (as omitting the option does, and as
+    vLLM's ``--num-warmups 0`` runs no warm-up); else a seed count from `MIN_SEEDS` (`check_seed_count`) to
+    `validation.MAX_RUNS` (`validation.run_count`). 1 to 5 are refused: with them no order can be significant."""
+    if v == 0 and isinstance(v, int) and not isinstance(v, bool):
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{v!r} is not a seed count; use 0 (no paired test) or {MIN_SEEDS} to {MAX_RUNS} seeds")
+    try:
+        check_seed_count(v)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or 0 for no paired test") from None
+    return run_count(v)
 
 
 def fresh_seeds(search_repetitions: int, n: int, first: int | None = None) -> list[int]:

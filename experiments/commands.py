@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from testbed import rundir
 from testbed.atomic import make_output_dir
 from testbed.errors import UserError
-from testbed.validation import option, positive_int, positive_number, random_seed, run_count
+from testbed.validation import option, positive_number, random_seed, run_count
 
 KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
 
@@ -53,7 +53,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                        description="Bracket then bisect the Poisson arrival rate of SCENARIO (docs/experiments.md, Capacity).")
     c.add_argument("scenario", metavar="SCENARIO")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override")
-    c.add_argument("--out", metavar="DIR", help="where the probe runs go (default: runs/capacity-<scenario>-<time>)")
+    c.add_argument("--out", metavar="DIR", help="where the probe runs go (default: runs/capacity-<the scenario's name>-<time>, "
+                                                "named as prfaas run names its run directory)")
     c.add_argument("--repetitions", type=option(run_count, whole=True), default=3,
                    help="runs (seeds 1..N) that decide a marginal rate at the edge by majority (default 3)")
     c.add_argument("--tolerance", type=option(tolerance), default=0.1,
@@ -73,10 +74,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
                    help="comma-separated configurations to measure")
     r.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
-    r.add_argument("--paired", type=option(positive_int, whole=True), default=0, metavar="N",
+    r.add_argument("--paired", type=option(paired_seed_count, whole=True), default=0, metavar="N",
                    help="then test the order of each two configurations adjacent by Lambda_max: both at the geometric mean "
                         "of theirs on N seeds the searches did not run, McNemar's exact test (docs/experiments.md, "
-                        "'Paired order'; N >= 6, 10-12 to see a clear order)")
+                        "'Paired order'; N from 6 to 10000, 10-12 to see a clear order; 0, the default, runs none)")
     r.add_argument("--paired-from", type=option(random_seed, whole=True), metavar="SEED",
                    help="the paired test's first seed (default: the one after the searches' seeds); a second test of "
                         "the same pair starts after the first one's seeds (an overlap is refused) and is a second look: "
@@ -84,6 +85,14 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r.add_argument("--json", action="store_true")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
+
+
+def paired_seed_count(v: Any) -> int:
+    """`experiments.capacity_paired.paired_seed_count` (``--paired N``; benchmarks/experiments_bench.py reads its
+    ``--paired`` with it too), imported when the option is read."""
+    from experiments.capacity_paired import paired_seed_count as read
+
+    return read(v)
 
 
 def tolerance(v: Any) -> float:
@@ -229,17 +238,20 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from experiments.executor import make_executor
     from testbed.atomic import write_json
 
-    out = Path(args.out) if args.out else _default_out(f"capacity-{Path(args.scenario).stem}")
-
-    def check() -> Any:
+    def check() -> tuple[Path, Any]:
         try:
             check_search_size(args.max_probes, args.repetitions)
         except ValueError as e:
             raise UserError(f"--max-probes {args.max_probes} --repetitions {args.repetitions}: {e}") from None
-        check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop))
-        return make_executor(args.executor)
+        executor = make_executor(args.executor)  # before the scenario: `scale: auto` is checked at what a run on it resolves
+        sc = check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop), executor)
+        # the default folder is named as `prfaas run`'s is, by the scenario's name (`validation.name_or_stem`: its
+        # `name:` or its file's name, a plain name of at most MAX_NAME_BYTES): the file's stem was used unchecked, and a
+        # 250-byte file name with a `name:` in it was a "cannot create this folder (File name too long)" once checked
+        out = Path(args.out) if args.out else _default_out(f"capacity-{sc.name}")
+        return out, executor
 
-    executor = make_output_dir(out, check)  # the folder before the plan, after every refusal
+    out, executor = make_output_dir(lambda checked: checked[0], check)  # the folder before the plan, after every refusal
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
                            max_probes=args.max_probes, start_rps=args.start, executor=executor,
                            progress=not args.json, early_stop=not args.no_early_stop)
@@ -292,13 +304,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out("reproduce-case-study")
 
     def check() -> tuple[Any, Any]:  # everything before the folder is made: a refusal left an empty runs/reproduce-case-study-<time>
-        if args.paired:
-            from experiments.capacity_paired import check_seed_count
-
-            try:
-                check_seed_count(args.paired)
-            except ValueError as e:
-                raise UserError(f"--paired {args.paired}: {e}") from None
+        if args.paired:  # its count was read with `paired_seed_count`: 0 (none) or 6..MAX_RUNS
             if len(set(only)) < 2:
                 raise UserError(f"--paired {args.paired}: the order test needs two configurations, --only names {len(set(only))}")
         try:
@@ -313,7 +319,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                 paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
             except ValueError as e:
                 raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
-        return make_executor(args.executor), plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop)
+        executor = make_executor(args.executor)
+        return executor, plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop, executor)
 
     executor, plan = make_output_dir(out, check)  # before the plan is printed, after every refusal
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only, executor=executor,

@@ -101,24 +101,25 @@ def resolve_scenario_ref(ref: str) -> str:
     return str(p.resolve()) if p.suffix in (".yaml", ".yml") or p.exists() else ref
 
 
-def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = None) -> "Scenario":
+def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = None, executor: Executor | None = None) -> "Scenario":
     """The scenario with `overrides`, checked as `prfaas run` checks it before anything starts (the file, then
     `plan_run`: the sections together, and a KV congestion control this host's kernel must set). A multi-run
     command checks every run this way before its first, so a bad arm or grid point is refused in one line
     instead of failing an hour in. A run already finished in `out_dir` (which a resumed batch skips) is
-    checked as a file only: it ran, and re-reading it must not depend on this host's kernel. (With
-    `--executor ray` the kernel asked is the driver's, not each node's; `scale: auto` is resolved at this host's whole
-    capacity, so with `local:N`, whose runs share it, a run can still resolve a larger scale and refuse it.)"""
+    checked as a file only: it ran, and re-reading it must not depend on this host's kernel. ``scale: auto`` is
+    resolved, its wire rates checked, at the capacity the run will resolve it at on `executor`
+    (`Executor.run_capacity_bps`; default: one run alone on this host, its whole capacity): with ``--executor
+    local:N`` the N runs share the host, each resolving at capacity / N, a larger scale than the whole capacity
+    gives, which was checked at the whole and refused by the run an hour in. (With `--executor ray` the kernel
+    asked and the capacity are the driver's, not each node's.)"""
     from testbed.sections import load_scenario
     from testbed.serving.config import plan_run
 
     sc = load_scenario(scenario, list(overrides))
     if out_dir is None or run_state(out_dir) != FINISHED:
         plan_run(sc)
-        if sc.scale == "auto":  # resolved as a run alone on this host resolves it (`Network`): its wire rates checked
-            from testbed.net.emulation import host_capacity_bps
-
-            sc.resolve_scale(host_capacity_bps()[0])
+        if sc.scale == "auto":  # resolved as the run will resolve it (`Network`, in the executor's process)
+            sc.resolve_scale((executor or SequentialExecutor()).run_capacity_bps())
     return sc
 
 

@@ -65,6 +65,15 @@ class Executor(abc.ABC):
     def run(self, tasks: Sequence[RunTask], on_done: OnDone) -> None:
         ...
 
+    def run_capacity_bps(self) -> float:
+        """The WAN capacity each of its runs resolves ``scale: auto`` at (`Scenario.resolve_scale`), which
+        `experiments.engine.check_run` checks before the first run: this host's whole (`host_capacity_bps`) for a run
+        alone on it; `local:N`'s N runs share it (`experiments.parallel`). Ray's runs resolve at their node's, which
+        the driver cannot read: its own stands for it."""
+        from testbed.net.emulation import host_capacity_bps
+
+        return host_capacity_bps()[0]
+
     def cancel(self) -> None:
         """Stop the runs in progress and start none; a no-op where ``run`` is never called from several
         threads (one slot: an interrupt reaches the one run in this process)."""

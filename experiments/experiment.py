@@ -66,9 +66,9 @@ def run_row(outcome: RunOutcome, out: Path, **labels: Any) -> dict[str, Any]:
     return row
 
 
-def tasks_of(spec: ExperimentSpec, out: Path) -> list[tuple[RunTask, dict[str, Any]]]:
+def tasks_of(spec: ExperimentSpec, out: Path, executor: Executor | None = None) -> list[tuple[RunTask, dict[str, Any]]]:
     """Every run of the experiment with its labels, in the order they run; every scenario is checked here
-    (`check_run`), before anything runs.
+    (`check_run`, as it will run on `executor`), before anything runs.
 
     The order is blocked and counterbalanced: one block per (seed, repetition), every arm once in each, in the
     spec's order in the 1st, 3rd, ... block and reversed in the 2nd, 4th, ... So the runs that a comparison
@@ -81,7 +81,7 @@ def tasks_of(spec: ExperimentSpec, out: Path) -> list[tuple[RunTask, dict[str, A
         for arm in (spec.arms if i % 2 == 0 else tuple(reversed(spec.arms))):
             overrides = spec.overrides + arm.overrides + (f"seed={seed}",)
             key = f"{arm.name}/seed{seed}-rep{rep}"
-            check_run(spec.scenario, overrides, out / "runs" / key)
+            check_run(spec.scenario, overrides, out / "runs" / key, executor)
             tasks.append((RunTask(key, spec.scenario, overrides, out / "runs" / key),
                           {"experiment": spec.name, "arm": arm.name, "seed": seed, "repetition": rep,
                            "order": len(tasks) + 1}))
@@ -180,7 +180,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: str | Path, executor: Executor
                    progress: bool = True) -> dict[str, Any]:
     """Run every run not finished yet; write results.parquet, comparison.json and report.md."""
     out = Path(out_dir).resolve()
-    labelled = make_output_dir(out, lambda: tasks_of(spec, out))  # every run checked before the folder is made
+    labelled = make_output_dir(out, lambda: tasks_of(spec, out, executor))  # every run checked before the folder is made
     outcomes = run_tasks([t for t, _ in labelled], executor, label=f"experiment {spec.name}", progress=progress)
     results = results_frame([run_row(outcomes[t.key], out, **labels) for t, labels in labelled])
     write_parquet(out / RESULTS_FILE, results)

@@ -3,7 +3,8 @@
 Each run is a child process (``python -m experiments.parallel TASK_JSON OUTCOME_FILE``) that calls
 `experiments.runs.execute`, so every run has its own `PRFAAS_T0`, its own signal handlers and its own
 network (the isolation audit, docs/network.md). The host's WAN capacity is shared: each child gets
-``PRFAAS_CAPACITY_BPS`` = capacity / N, which `scale: auto` scenarios divide their rates by. N above
+``PRFAAS_CAPACITY_BPS`` = capacity / N (`ParallelExecutor.run_capacity_bps`), which `scale: auto` scenarios divide
+their rates by, and at which `experiments.engine.check_run` checks every run before the first starts. N above
 the host's cores is refused, N above `prfaas doctor`'s suggestion is warned about
 (`testbed.fidelity.check_parallelism`); every run measures and records its own timing fidelity.
 """
@@ -67,12 +68,14 @@ class ParallelExecutor(Executor):
         self._gate = threading.BoundedSemaphore(n)  # `n` runs at once over every caller of `run`
         self._cancelled = False
 
-    def _child_env(self) -> dict[str, str]:
-        from testbed.net.emulation import host_capacity_bps
+    def run_capacity_bps(self) -> float:
+        """This host's capacity divided by N: each run's share, which its child process is given (`_child_env`) and
+        `experiments.engine.check_run` checks ``scale: auto`` at."""
+        return super().run_capacity_bps() / self.n
 
+    def _child_env(self) -> dict[str, str]:
         root = str(Path(__file__).resolve().parents[1])
-        cap_bps, _ = host_capacity_bps()
-        return {**os.environ, "PRFAAS_CAPACITY_BPS": repr(cap_bps / self.n),
+        return {**os.environ, "PRFAAS_CAPACITY_BPS": repr(self.run_capacity_bps()),
                 "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
 
     def _run_one(self, task: RunTask, env: dict[str, str], mine: set[subprocess.Popen]) -> RunOutcome:

@@ -89,8 +89,8 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
     grid = parse_grid(grid_items)
     points = expand(grid)
     out = Path(out_dir)
-    make_output_dir(out, lambda: [check_run(scenario, list(base_overrides or []) + list(p.overrides), out / "points" / p.name)
-                                  for p in points])  # every point is checked before anything runs, or its folder is made
+    checked = make_output_dir(out, lambda: [check_run(scenario, list(base_overrides or []) + list(p.overrides), out / "points" / p.name,
+                                                      executor) for p in points])  # every point is checked before anything runs, or its folder is made
     ref = resolve_scenario_ref(scenario)
     tasks = [RunTask(p.name, ref, tuple(base_overrides or []) + p.overrides, out / "points" / p.name) for p in points]
     outcomes = run_tasks(tasks, executor, label="sweep")
@@ -101,7 +101,10 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
         manifest["points"][p.name] = {"overrides": list(p.overrides), "status": status}
     from experiments.experiment import RESULTS_FILE, results_frame, run_row
 
-    rows = [run_row(outcomes[p.name], out.resolve(), experiment=f"sweep {Path(scenario).stem}", arm=p.name, order=i + 1,
+    # the sweep is named by its scenario's name (the first point's, should --grid vary it), as `prfaas run` names its run
+    # directory: the file's stem, used before, was unchecked -- a name that is not UTF-8 text failed results.parquet's
+    # write after every run
+    rows = [run_row(outcomes[p.name], out.resolve(), experiment=f"sweep {checked[0].name}", arm=p.name, order=i + 1,
                     **{f"grid.{k}": v.split("=", 1)[1] for k, v in zip((k for k, _ in grid), p.overrides)}) for i, p in enumerate(points)]
     write_parquet(out / RESULTS_FILE, results_frame(rows))
     manifest["results"] = str(out / RESULTS_FILE)

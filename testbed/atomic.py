@@ -37,15 +37,16 @@ def make_dirs(path: str | Path) -> Path:
     return p
 
 
-def make_output_dir(path: str | Path, check: Callable[[], T]) -> T:
+def make_output_dir(path: str | Path | Callable[[T], str | Path], check: Callable[[], T]) -> T:
     """A command's output folder `path`, made (`make_dirs`) only once `check` -- every check of the command's input,
     raising `UserError` on a refusal -- has passed; returns what `check` returned (the checked plan). Every command
     that makes its output folder before its runs (`prfaas capacity`, `reproduce`, `quickstart`, `sweep`, `experiment`,
     `profile`, `calibrate`, `wall`, `lab start`) makes it here, so a refused invocation leaves no folder behind
     (`prfaas run`'s run directory is made by the runner, after `plan_run`): `prfaas capacity quick --set seed=-1` left
-    an empty runs/capacity-quick-<time> (2026-12-07)."""
+    an empty runs/capacity-quick-<time> (2026-12-07). `path` may be a function of the checked plan: a default folder
+    named after what the checks read (`prfaas capacity`'s runs/capacity-<the scenario's name>-<time>)."""
     checked = check()
-    make_dirs(path)
+    make_dirs(path(checked) if callable(path) else path)
     return checked
 
 

@@ -440,15 +440,17 @@ class Scenario:
                                  f"{units.format_rate(units.MIN_WIRE_RATE_BPS * r.parts * scale.factor)} or more", self.source)
 
     def resolve_scale(self, capacity_bps: float) -> Scale:
-        """`scale: auto` -> the smallest S >= 1 with every scheduled WAN rate / S <= the host's capacity. Either way
-        no rate may fall below the lowest wire rate (`check_wire_rates`)."""
+        """`scale: auto` -> the smallest S >= 1 with every scheduled WAN rate / S <= the host's capacity (a numeric
+        scale is itself; `capacity_bps` is then unused). Either way no rate may fall below the lowest wire rate
+        (`check_wire_rates`): this is the one place that checks it, for a numeric scale when the scenario is read
+        (`read_scenario` resolves it) and again wherever it is resolved, for `auto` once a host's capacity is known."""
         if self.scale != "auto":
             scale = Scale(float(self.scale))
-            self.check_wire_rates(scale, f"{scale.factor:.12g}")
-            return scale
-        scale = Scale(max(1.0, math.ceil(self.wan.max_rate_bps / capacity_bps)))
-        said = f"auto (here {scale.factor:.12g}, for a host capacity of {units.format_rate(capacity_bps)})"
-        self.check_wire_rates(scale, said, auto=True)
+            said, auto = f"{scale.factor:.12g}", False
+        else:
+            scale = Scale(max(1.0, math.ceil(self.wan.max_rate_bps / capacity_bps)))
+            said, auto = f"auto (here {scale.factor:.12g}, for a host capacity of {units.format_rate(capacity_bps)})", True
+        self.check_wire_rates(scale, said, auto=auto)
         return scale
 
     def with_scale(self, scale: Scale | float) -> "Scenario":
@@ -486,8 +488,8 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
             s.check(sc)
     sc = replace(sc, section_rates=tuple(r for s in sections if s.rates is not None and s.key in sc.sections
                                          for r in s.rates(sc.sections[s.key])))
-    if sc.scale != "auto":  # `auto` is checked once a host's capacity resolves it (`resolve_scale`)
-        sc.check_wire_rates(Scale(float(sc.scale)), f"{float(sc.scale):.12g}")
+    if sc.scale != "auto":  # a numeric scale is checked now (`resolve_scale`, which needs no capacity for it); `auto` once
+        sc.resolve_scale(0.0)  # a host's capacity resolves it
     return sc
 
 

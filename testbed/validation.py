@@ -24,7 +24,8 @@ T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
 # The longest name that a file's or directory's name is built from (a scenario's, an experiment arm's, a cross-traffic
 # flow's): 200 bytes of UTF-8. A file or directory name is at most 255 bytes (NAME_MAX on ext4, xfs, btrfs, tmpfs); the
-# most the testbed adds to one is 16 bytes to a scenario's (the run directory runs/<name>-YYYYmmdd-HHMMSS) and
+# most the testbed adds to one is 25 bytes to a scenario's (prfaas capacity's default folder
+# runs/capacity-<name>-YYYYmmdd-HHMMSS; a run directory runs/<name>-YYYYmmdd-HHMMSS adds 16) and
 # ".<period>.server.json" to a flow's (its iperf3 logs), so 200 leaves room for both and a later suffix. A
 # 300-character scenario name passed `prfaas check`, then `prfaas run` died on OSError "File name too long" (2026-12-07).
 MAX_NAME_BYTES = 200

@@ -143,16 +143,92 @@ def test_the_cli_refuses_a_paired_test_it_cannot_run_before_any_run(monkeypatch,
     args.only = "homogeneous_pd,homogeneous_pd"
     with pytest.raises(UserError, match="--only names 1"):
         commands.cmd_reproduce(args)
-    for bad in (-1, 5):
-        args.paired, args.only = bad, "homogeneous_pd,prfaas_pd"
-        with pytest.raises(UserError, match=f"--paired {bad}: {bad} seeds: at least 6"):
-            commands.cmd_reproduce(args)
-    args.paired, args.paired_from = 6, 2  # quick searches ran seeds 1..2
+    args.paired, args.paired_from, args.only = 6, 2, "homogeneous_pd,prfaas_pd"  # quick searches ran seeds 1..2
     with pytest.raises(UserError, match=r"--paired-from 2: first seed 2: the searches ran seeds 1..2; .* \(from 3\)"):
         commands.cmd_reproduce(args)
     args.paired, args.paired_from = 0, 10
     with pytest.raises(UserError, match="--paired-from 10: .* add --paired N"):
         commands.cmd_reproduce(args)
+
+
+def _bench_main():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "experiments_bench.py"
+    spec = importlib.util.spec_from_file_location("experiments_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.main
+
+
+@pytest.mark.parametrize("given, says", [
+    ("5", "5 seeds: at least 6 (with fewer, McNemar's exact test cannot reach p < 0.05 even when every seed is discordant); "
+          "or 0 for no paired test"),
+    ("-1", "-1 is not a seed count; use 0 (no paired test) or 6 to 10000 seeds"),
+    ("six", "'six' is not a whole number"),
+    (str(10**30), "a 31-digit number is more than 10000, the most runs one command may plan (validation.MAX_RUNS: about a "
+                  "week of one-minute runs)"),
+])
+def test_prfaas_reproduce_and_the_benchmark_read_paired_n_with_one_reader_and_refuse_alike(given, says, tmp_path, capsys, monkeypatch):
+    """`benchmarks/experiments_bench.py --paired` was argparse's `type=int` and its own call of `check_seed_count`,
+    a copy of `prfaas reproduce --paired`'s: both read N with `capacity_paired.paired_seed_count` now, and a bad N is
+    one line naming the option, before anything runs or any folder is made."""
+    from experiments import reproduce
+    from testbed.cli import main
+
+    monkeypatch.setattr(reproduce, "reproduce_case_study", lambda *a, **kw: pytest.fail("a refused --paired must not start"))
+    monkeypatch.chdir(tmp_path)
+    for prog, run in (("prfaas reproduce", lambda: main(["reproduce", "case-study", "--quick", "--paired", given])),
+                      ("experiments_bench.py", lambda: _bench_main()(["--quick", "--out", str(tmp_path / "b"), "--paired", given]))):
+        with pytest.raises(SystemExit) as exit_:
+            run()
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"{prog}: error: argument --paired: {says}"
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_benchmark_refuses_a_paired_test_past_max_runs_before_its_coverage_as_reproduce_does(monkeypatch, tmp_path, capsys):
+    """A `--paired N` that `prfaas reproduce` refuses by the runs it plans (`reproduce.check_planned_runs`) is
+    refused by the benchmark in the same words when the options are read, not by a ValueError traceback from the
+    library after the bootstrap coverage."""
+    monkeypatch.setattr("analysis.stats.paired_ratio_ci", lambda *a, **kw: pytest.fail("refused before the coverage"))
+    with pytest.raises(SystemExit) as exit_:
+        _bench_main()(["--quick", "--out", str(tmp_path / "b"), "--paired", "3000"])
+    assert exit_.value.code == 2 and not (tmp_path / "b").exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "experiments_bench.py: error: --quick --paired 3000: 3 searches of at most 22 runs and a paired test of 3000 seeds x "
+        "2 configurations x 2 pair(s) make 12066 runs, more than 10000, the most runs one command may plan "
+        "(validation.MAX_RUNS: about a week of one-minute runs)")
+
+
+def test_paired_0_is_no_paired_test_in_both_entry_points_and_six_to_max_runs_are_seed_counts(monkeypatch, tmp_path):
+    """`--paired 0` is the default spelled out: no paired test (docs/experiments.md, "Paired order"), in `prfaas
+    reproduce` and in the benchmark alike; a count from 6 to 10,000 is read as it is."""
+    from experiments import reproduce
+    from testbed.cli import main
+
+    assert [cp.paired_seed_count(n) for n in (0, 6, 10_000)] == [0, 6, 10_000]
+    for bad in (True, 1.0, "6", 3, 10_001):
+        with pytest.raises(ValueError):
+            cp.paired_seed_count(bad)
+    seen: list = []
+
+    class Started(Exception):
+        pass
+
+    def stop(out, **kw):  # where the reproduction would start: what it was asked for
+        seen.append(kw["paired_seeds"])
+        raise Started
+
+    monkeypatch.setattr(reproduce, "reproduce_case_study", stop)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Started):
+        main(["reproduce", "case-study", "--quick", "--out", str(tmp_path / "r"), "--paired", "0"])
+    monkeypatch.setattr("analysis.stats.paired_ratio_ci", lambda a, b, seed: (None, 0.0, 2.0, None))  # the coverage: instant
+    with pytest.raises(Started):
+        _bench_main()(["--quick", "--out", str(tmp_path / "b"), "--paired", "0"])
+    assert seen == [0, 0]
 
 
 def test_a_refused_paired_test_leaves_no_folder_behind(monkeypatch, tmp_path):

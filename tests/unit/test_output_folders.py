@@ -64,7 +64,7 @@ def test_a_refused_reproduction_leaves_no_folder(nothing_runs, capsys, monkeypat
             "prfaas: error: --executor 'nosuch': unknown executor; allowed: local, ray")
     why = "'bbr' cannot be set on this host"
 
-    def host_refuses(scenario, overrides):  # as plan_run refuses a KV congestion control this host's kernel lacks
+    def host_refuses(scenario, overrides, executor=None):  # as plan_run refuses a KV congestion control this host's kernel lacks
         raise FieldError("serving.kv_congestion_control", why)
 
     monkeypatch.setattr(capacity, "check_scenario", host_refuses)
@@ -134,3 +134,102 @@ def test_a_multi_run_command_resolves_scale_auto_before_its_first_run(nothing_ru
                     "--out", "named"], capsys)
     assert "scale: auto (here 20, for a host capacity of 5 Gbps) puts topology.lan_rate, 100 Kbps, at 5000 bps" in line
     assert list(nothing_runs.iterdir()) == []
+
+
+def _quick_as(path: Path, named: bool) -> Path:
+    """topologies/quick.yaml copied to `path`, with its `name: quick` or without a name."""
+    text = (Path(__file__).resolve().parents[2] / "topologies" / "quick.yaml").read_text()
+    lines = [line for line in text.splitlines() if named or not line.startswith("name:")]
+    path.write_bytes("\n".join(lines).encode() + b"\n")
+    return path
+
+
+def test_capacity_names_its_default_folder_by_the_scenarios_name_as_run_does(nothing_runs, capsys, monkeypatch):
+    """`prfaas capacity SCENARIO` named runs/capacity-<stem>-<time> by the file's stem unchecked: a 245-byte file name
+    with a `name:` in it was "cannot create this folder (File name too long)" once every check had passed, and a file
+    name that is not UTF-8 named the folder with it. The folder is named by the scenario's name now, as `prfaas run`
+    names its run directory (`validation.name_or_stem`); a file without `name:` whose name cannot be one is refused
+    in one line naming `name`, by `run` and `capacity` alike."""
+    import os
+
+    from experiments import capacity
+
+    made: list[Path] = []
+
+    class Started(Exception):
+        pass
+
+    def started(scenario, overrides, out, **kw):
+        made.append(Path(out))
+        raise Started
+
+    monkeypatch.setattr(capacity, "measure_capacity", started)
+    for stem in ("a" * 245, os.fsdecode(b"x\xff")):
+        made.clear()
+        with pytest.raises(Started):
+            main(["capacity", str(_quick_as(nothing_runs / f"{stem}.yaml", named=True))])
+        assert len(made) == 1 and made[0].parent == Path("runs") and made[0].name.startswith("capacity-quick-")
+        assert made[0].is_dir() and len(made[0].name) == len("capacity-quick-") + 15
+    long = _quick_as(nothing_runs / ("b" * 245 + ".yaml"), named=False)
+    for command in (["run"], ["capacity"]):
+        line = refused(command + [str(long)], capsys)
+        assert "name: not given, and the file's name cannot stand for it: 'bbbbbbbbbbbbbbbbbbbbbbbb'... is 245 bytes long" in line
+    assert all(p.name.startswith("capacity-quick-") for p in (nothing_runs / "runs").iterdir())  # the refusals made none
+
+
+def test_a_sweep_labels_its_rows_by_the_scenarios_name_not_the_files(nothing_runs, monkeypatch):
+    """A sweep's rows in results.parquet were labelled ``sweep <the file's stem>`` unchecked: a file name that is not
+    UTF-8 text (a lone surrogate once decoded) failed the parquet write after every run. Now ``sweep <name>``, the
+    scenario's name as `prfaas run` reads it."""
+    import os
+    from types import SimpleNamespace
+
+    from experiments import experiment, sweep
+
+    labels: list[str] = []
+
+    class Written(Exception):
+        pass
+
+    def row(outcome, out, *, experiment, **kw):
+        labels.append(experiment)
+        raise Written
+
+    monkeypatch.setattr(sweep, "run_tasks", lambda tasks, executor, label: {t.key: SimpleNamespace(status="ok", error=None)
+                                                                           for t in tasks})
+    monkeypatch.setattr(experiment, "run_row", row)
+    path = _quick_as(nothing_runs / os.fsdecode(b"x\xff.yaml"), named=True)  # x\udcff.yaml
+    with pytest.raises(Written):
+        sweep.run_sweep(str(path), ["seed=1,2"], nothing_runs / "out")
+    assert labels == ["sweep quick"]
+
+
+def test_scale_auto_is_checked_at_a_runs_share_of_the_host_under_local_n(nothing_runs, capsys, monkeypatch):
+    """`check_run` resolved `scale: auto` at this host's whole capacity, but under `--executor local:N` each of the N
+    runs is given capacity / N (`experiments.parallel`) and resolves a larger scale: a 200 Kbps LAN beside a 100 Gbps WAN
+    passed at 5 Gbps (scale 20: 10 Kbps on the wire) and each run of local:2 (2.5 Gbps: scale 40, 5 Kbps) was refused an
+    hour in. The check resolves at what the executor's runs resolve at (`Executor.run_capacity_bps`)."""
+    from experiments.engine import check_run
+    from experiments.executor import make_executor
+    from testbed.errors import FieldError
+    from testbed.scale import Scale
+
+    monkeypatch.setattr("testbed.net.emulation.host_capacity_bps", lambda: (5e9, "a stub"))
+    monkeypatch.setattr("testbed.fidelity.check_parallelism", lambda n, cores: None)  # whatever this host's cores
+    overrides = ["scale=auto", "wan.rate=100Gbps", "topology.lan_rate=200Kbps"]
+    says = "scale: auto (here 40, for a host capacity of 2.5 Gbps) puts topology.lan_rate, 200 Kbps, at 5000 bps"
+    grid = [a for o in overrides for a in ("--grid", o)]
+    assert says in refused(["sweep", "quick", *grid, "--out", "named", "--executor", "local:2"], capsys)
+    assert says in refused(["capacity", "quick", *(a for o in overrides for a in ("--set", o)), "--executor", "local:2"], capsys)
+    spec = nothing_runs / "spec.yaml"
+    spec.write_text("scenario: quick\nset: {scale: auto, wan.rate: 100Gbps, topology.lan_rate: 200Kbps}\narms: {a: {}}\n")
+    assert says in refused(["experiment", str(spec), "--out", "named", "--executor", "local:2"], capsys)
+    assert sorted(p.name for p in nothing_runs.iterdir()) == ["spec.yaml"]
+    local, two = make_executor("local"), make_executor("local:2")
+    assert (local.run_capacity_bps(), two.run_capacity_bps()) == (5e9, 2.5e9)
+    assert float(two._child_env()["PRFAAS_CAPACITY_BPS"]) == two.run_capacity_bps()  # what each run is given, checked
+    assert check_run("quick", overrides, executor=local).resolve_scale(5e9) == Scale(20)  # the whole host: 10 Kbps, taken
+    assert check_run("quick", overrides).resolve_scale(5e9) == Scale(20)  # (no executor: one run alone, the same)
+    with pytest.raises(FieldError) as exc:
+        check_run("quick", overrides, executor=two)
+    assert says in str(exc.value)

@@ -228,7 +228,7 @@ def test_every_configuration_is_checked_before_the_first_search_starts(monkeypat
 
     searched, checked = [], []
 
-    def check(scenario, overrides):
+    def check(scenario, overrides, executor=None):
         checked.append(overrides)
         if len(checked) == 2:  # the second configuration is one a run would refuse
             raise UserError("serving.kv_congestion_control: refused")

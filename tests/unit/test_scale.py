@@ -74,6 +74,31 @@ def test_scale_auto_still_resolves_and_is_refused_only_where_it_puts_a_rate_belo
                                                  "use a scale of at most 20 (that rate / 8 Kbps), or raise that rate to 800 Kbps or more")
 
 
+def test_the_wire_rates_are_checked_at_one_call_site_for_a_numeric_scale_and_auto_alike(monkeypatch) -> None:
+    """`check_wire_rates` was called with a numeric scale in two places (`read_scenario` and `resolve_scale`), each
+    building the scale and its wording itself; `resolve_scale` is now the one call, and the reader resolves a numeric
+    scale through it. A scenario whose scale is set after it was read (`with_scale`) is still checked when resolved."""
+    import ast
+    import inspect
+
+    from testbed import scenario as scenario_module
+    from testbed.scenario import Scenario
+
+    calls = [n for n in ast.walk(ast.parse(inspect.getsource(scenario_module)))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "check_wire_rates"]
+    assert len(calls) == 1
+    said: list[tuple[float, str, bool]] = []
+    check = Scenario.check_wire_rates
+    monkeypatch.setattr(Scenario, "check_wire_rates", lambda self, scale, s, auto=False: (said.append((scale.factor, s, auto)),
+                                                                                          check(self, scale, s, auto))[1])
+    sc = parse_scenario({"wan": {"rate": "100Gbps"}, "scale": 20})
+    assert said == [(20.0, "20", False)] and sc.resolve_scale(1e9) == Scale(20)
+    assert parse_scenario({"wan": {"rate": "100Gbps"}, "scale": "auto"}).resolve_scale(1e9) == Scale(100)
+    assert said[1:] == [(20.0, "20", False), (100.0, "auto (here 100, for a host capacity of 1 Gbps)", True)]
+    with pytest.raises(FieldError, match=r"^scale: 1e\+30 puts the prfaas_to_pd WAN rate, 100 Gbps, at 1e-19 bps on the wire"):
+        sc.with_scale(1e30).resolve_scale(1e9)
+
+
 def test_rtt_is_the_sum_of_both_one_way_delays() -> None:
     sc = parse_scenario({"wan": {"rate": "1Gbps", "delay": "10ms", "pd_to_prfaas": {"delay": "30ms"}}})
     assert sc.wan.rtt_s == pytest.approx(0.040)
