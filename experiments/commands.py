@@ -225,7 +225,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     import json
 
-    from experiments.capacity import capacity_overrides, check_scenario, check_search_size, flagged_lines, measure_capacity
+    from experiments.capacity import (capacity_overrides, check_resume, check_scenario, check_search_size, flagged_lines,
+                                      measure_capacity)
     from experiments.executor import make_executor
     from testbed.atomic import write_json
 
@@ -237,7 +238,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UserError(f"--max-probes {args.max_probes} --repetitions {args.repetitions}: {e}") from None
         check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop))
-        return make_executor(args.executor)
+        executor = make_executor(args.executor)
+        check_resume(out)  # the runs of an earlier search in --out: a damaged one is refused now, not at its rate
+        return executor
 
     executor = make_output_dir(out, check)  # the folder before the plan, after every refusal
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
@@ -277,7 +280,7 @@ def _p_text(p: Any) -> str:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import json
 
-    from experiments.capacity import flagged_lines
+    from experiments.capacity import check_resume, flagged_lines
     from experiments.capacity_paired import ALPHA, PairedOrder
     from experiments.executor import make_executor
     from experiments.reproduce import (CONFIGURATIONS, check_planned_runs, earlier_looks, plan_case_study, reproduce_case_study,
@@ -313,15 +316,20 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                 paired_test_seeds(out, only, args.quick, args.repetitions, args.paired, args.paired_from)
             except ValueError as e:
                 raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
-        return make_executor(args.executor), plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop)
+        executor, plan = make_executor(args.executor), plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop)
+        for name in dict.fromkeys(only):  # an earlier invocation's runs: a damaged one is refused now, not hours in
+            check_resume(out / name)
+        return executor, plan
 
     executor, plan = make_output_dir(out, check)  # before the plan is printed, after every refusal
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only, executor=executor,
                                progress=not args.json, early_stop=not args.no_early_stop, paired_seeds=args.paired,
                                paired_from=args.paired_from, plan=plan)
-    kept = write_document(out, doc)
+    unread: list[str] = []
+    kept = write_document(out, doc, unread)
     if kept is not None:
-        print(f"kept the earlier {out / 'reproduce.json'} as {kept}", file=sys.stderr)
+        print(f"kept the earlier {out / 'reproduce.json'} as {kept}"
+              + (f" (unreadable, so its time is in no sum: {unread[0]})" if unread else ""), file=sys.stderr)
     if args.json:
         print(json.dumps(doc))
         return 0
