@@ -123,7 +123,8 @@ class CapacityResult:
 
 def judge(summary: dict[str, Any], rate_rps: float, seed: int, run_dir: str = "") -> RunVerdict:
     """A run's verdict from its summary.json (`GOOD_FRACTION`, the queue trend, `MIN_REQUESTS`)."""
-    good = summary.get("good_fraction")
+    good = summary.get("good_fraction")  # (`rundir.read_summary` checked the types: a fraction, NaN or None)
+    good = None if good is None or math.isnan(good) else good
     growing = (summary.get("queue") or {}).get("growing")
     n = int(summary.get("requests_total") or 0)
     reasons = []
@@ -365,6 +366,37 @@ def wire_evaluator(scenario: str, overrides: Sequence[str], out: Path, executor:
         return verdicts
 
     return evaluate
+
+
+def check_resume(out: str | Path) -> int:
+    """Every run a search resumed in `out` may read (``OUT/probes/rate=R/seedS``), read now as the experiment engine
+    will read it (`experiments.engine.run_state`, and its task.json): a finished run that no longer loads, or a file or a link to nowhere
+    where a run's folder (or ``OUT``, ``probes``, a rate's folder) goes, is one `UserError` before the first run --
+    the engine refuses them too, but only when the search reaches their rate, which can be hours of runs in (and in
+    `prfaas reproduce`, after other configurations' searches). Returns the finished runs found."""
+    import os
+
+    from experiments.engine import FINISHED, run_state
+    from testbed import rundir
+    from testbed.errors import UserError
+
+    out, finished = Path(out), 0
+    probes = out / "probes"
+    try:
+        for folder in (out, probes):
+            if os.path.lexists(folder) and not folder.is_dir():
+                raise UserError(f"{folder}: not a folder, where a capacity search's runs go; move it aside (or use another --out)")
+        for rate in sorted(probes.iterdir()) if probes.is_dir() else []:
+            if rate.name.startswith("rate="):
+                if not rate.is_dir():
+                    raise UserError(f"{rate}: not a folder, where the runs of a rate go; move it aside (or use another --out)")
+                for run in sorted(rate.iterdir()):
+                    if run.name.startswith("seed") and run_state(run) == FINISHED:
+                        rundir.read_task(run)  # its task.json read too (what it ran is compared when its rate is tried)
+                        finished += 1
+    except OSError as exc:  # a folder that cannot be listed
+        raise UserError(f"{exc.filename or out}: cannot read this folder ({exc.strerror or exc})") from None
+    return finished
 
 
 def model_start_rps(sc: Any) -> float:

@@ -234,7 +234,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     import json
 
-    from experiments.capacity import capacity_overrides, check_scenario, check_search_size, flagged_lines, measure_capacity
+    from experiments.capacity import (capacity_overrides, check_resume, check_scenario, check_search_size, flagged_lines,
+                                      measure_capacity)
     from experiments.executor import make_executor
     from testbed.atomic import write_json
 
@@ -249,6 +250,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         # `name:` or its file's name, a plain name of at most MAX_NAME_BYTES): the file's stem was used unchecked, and a
         # 250-byte file name with a `name:` in it was a "cannot create this folder (File name too long)" once checked
         out = Path(args.out) if args.out else _default_out(f"capacity-{sc.name}")
+        check_resume(out)  # the runs of an earlier search in --out: a damaged one is refused now, not at its rate
         return out, executor
 
     out, executor = make_output_dir(lambda checked: checked[0], check)  # the folder before the plan, after every refusal
@@ -289,7 +291,7 @@ def _p_text(p: Any) -> str:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import json
 
-    from experiments.capacity import flagged_lines
+    from experiments.capacity import check_resume, flagged_lines
     from experiments.capacity_paired import ALPHA, PairedOrder
     from experiments.executor import make_executor
     from experiments.reproduce import (CONFIGURATIONS, check_planned_runs, earlier_looks, plan_case_study, reproduce_case_study,
@@ -320,15 +322,20 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             except ValueError as e:
                 raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
         executor = make_executor(args.executor)
-        return executor, plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop, executor)
+        plan = plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop, executor)
+        for name in dict.fromkeys(only):  # an earlier invocation's runs: a damaged one is refused now, not hours in
+            check_resume(out / name)
+        return executor, plan
 
     executor, plan = make_output_dir(out, check)  # before the plan is printed, after every refusal
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only, executor=executor,
                                progress=not args.json, early_stop=not args.no_early_stop, paired_seeds=args.paired,
                                paired_from=args.paired_from, plan=plan)
-    kept = write_document(out, doc)
+    unread: list[str] = []
+    kept = write_document(out, doc, unread)
     if kept is not None:
-        print(f"kept the earlier {out / 'reproduce.json'} as {kept}", file=sys.stderr)
+        print(f"kept the earlier {out / 'reproduce.json'} as {kept}"
+              + (f" (unreadable, so its time is in no sum: {unread[0]})" if unread else ""), file=sys.stderr)
     if args.json:
         print(json.dumps(doc))
         return 0

@@ -34,14 +34,15 @@ FINISHED, TO_RUN = "finished", "to run"
 def run_state(out_dir: str | Path) -> str:
     """`FINISHED` when `out_dir` holds a complete run directory; `TO_RUN` when it holds nothing, or a run that
     stopped before its summary was written (the executor removes it and runs it again). A finished run (its
-    summary.json is there) that no longer loads -- a damaged file, a run of an older testbed -- and a file where
-    a run directory goes are a `UserError` naming them: they are never removed (before 2026-12-07 a resumed
+    summary.json is there) that no longer loads -- a damaged file, a run of an older testbed -- and a file (or a
+    link to nowhere) where a run directory goes are a `UserError` naming them: they are never removed (before 2026-12-07 a resumed
     experiment deleted such a run and ran it again)."""
     p = Path(out_dir)
-    if not path_exists(p):
+    if not path_exists(p) and not os.path.lexists(p):
         return TO_RUN
-    if not p.is_dir():
-        raise UserError(f"{p}: not a folder, where this run's directory goes; move it aside (or use another --out)")
+    if not p.is_dir():  # a file, or a link to nowhere (its run failed at mkdir, and the search read that as a failed rate)
+        what = "a link to nowhere" if not path_exists(p) else "not a folder"
+        raise UserError(f"{p}: {what}, where this run's directory goes; move it aside (or use another --out)")
     try:
         rundir.load_run_dir(p)
     except UserError as exc:

@@ -28,6 +28,8 @@ Implementations are registered by name in `EXECUTORS` and chosen with ``--execut
 from __future__ import annotations
 
 import abc
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -94,30 +96,60 @@ class SequentialExecutor(Executor):
             on_done(execute(task, progress=self.progress))
 
 
+def _spec(spec: str) -> str:
+    """`spec` as a refusal quotes it: at most 40 characters (a 5000-digit N was echoed whole)."""
+    return repr(spec) if len(spec) <= 40 else repr(spec[:40]) + f"... ({len(spec)} characters)"
+
+
 def _local(arg: str | None) -> Executor:
-    """``local`` (one after another) or ``local:N`` (N isolated runs at once, `experiments.parallel`)."""
-    if arg in (None, "", "1"):
+    """``local`` (one after another) or ``local:N`` (N isolated runs at once, `experiments.parallel`): N in ASCII digits,
+    1 to this host's cores (`testbed.fidelity.check_parallelism` refuses more)."""
+    if arg is None or arg == "1":
         return SequentialExecutor()
-    if not arg.isdigit() or int(arg) < 1:
-        raise UserError(f"--executor local:{arg}: N must be a whole number >= 1 (runs at once on this host)")
+    if arg == "":
+        raise UserError("--executor 'local:': N is missing; use local (one run after another) or local:N (N runs at once on "
+                        "this host)")
+    # str.isdigit() takes '²' and '٣', which int() refuses or reads: a ValueError traceback; 19 digits and more are
+    # past any host's cores (and int() of 4301 digits raises)
+    cpus = os.cpu_count() or 1
+    if re.fullmatch(r"[0-9]{19,}", arg):
+        raise UserError(f"--executor {_spec('local:' + arg)}: N is a {len(arg)}-digit number, more runs at once than this "
+                        f"host's {cpus} cores")
+    if not re.fullmatch(r"[0-9]{1,18}", arg) or int(arg) < 1:
+        raise UserError(f"--executor {_spec('local:' + arg)}: N must be a whole number >= 1 (runs at once on this host, "
+                        f"at most its {cpus} cores)")
+    if int(arg) == 1:
+        return SequentialExecutor()
     from experiments.parallel import ParallelExecutor
 
     return ParallelExecutor(int(arg))
 
 
 def _ray(arg: str | None) -> Executor:
-    """``ray`` (the cluster at RAY_ADDRESS, or the one `ray start` made on this host) or ``ray:ADDRESS``."""
+    """``ray`` (the cluster at RAY_ADDRESS, or the one `ray start` made on this host) or ``ray:ADDRESS``. The cluster is
+    reached now (`RayExecutor.slots`): no Ray, no cluster or no node for runs is refused before a command makes its
+    output folder, not at its first run."""
     from experiments.ray_executor import RayExecutor
 
-    return RayExecutor(arg or None)
+    if arg == "":
+        raise UserError("--executor 'ray:': ADDRESS is missing; use ray (the cluster at RAY_ADDRESS, or the one `ray start` "
+                        "made on this host) or ray:HOST:PORT")
+    ex = RayExecutor(arg)
+    ex.slots  # noqa: B018 (connects, and checks the cluster's nodes)
+    return ex
 
 
 EXECUTORS: dict[str, Callable[[str | None], Executor]] = {"local": _local, "ray": _ray}
 
 
-def make_executor(spec: str) -> Executor:
-    """``local`` -> `SequentialExecutor`; ``NAME:ARG`` passes ARG to the registered factory."""
-    name, _, arg = (spec or "local").partition(":")
+def make_executor(spec: str | None) -> Executor:
+    """The one reader of ``--executor NAME[:ARG]`` (every command that takes it calls this before it makes its output
+    folder): ``local`` -> `SequentialExecutor`; ``NAME:ARG`` passes ARG to the registered factory (an empty ARG, as
+    ``local:``, is refused there); None is ``local``. Every refusal is one `UserError` quoting the value."""
+    if spec is None:
+        spec = "local"
+    name, colon, arg = spec.partition(":")
     if name not in EXECUTORS:
-        raise UserError(f"--executor {spec!r}: unknown executor; allowed: {', '.join(sorted(EXECUTORS))}")
-    return EXECUTORS[name](arg or None)
+        raise UserError(f"--executor {_spec(spec)}: " + ("empty" if not spec else "unknown executor")
+                        + "; allowed: local, local:N, ray, ray:ADDRESS (docs/scale-out.md)")
+    return EXECUTORS[name](arg if colon else None)

@@ -144,8 +144,9 @@ class RayExecutor(Executor):
             if not ray.is_initialized():
                 try:
                     ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
-                except ConnectionError as exc:
-                    raise UserError(f"--executor ray: no Ray cluster at {self.address!r} ({exc}); start one with "
+                except Exception as exc:  # ConnectionError; a malformed address is a ValueError, and Ray raises others
+                    why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise UserError(f"--executor ray: no Ray cluster at {self.address!r} ({why}); start one with "
                                     "`ray start --head --resources '{\"prfaas_node\": 1}'` (docs/scale-out.md)") from None
         if ray.cluster_resources().get(NODE_RESOURCE, 0) < 1:
             raise UserError(f"--executor ray: no node of the cluster offers the resource {NODE_RESOURCE!r}; start nodes with "

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from testbed.validation import path_is_dir
+
 CONFIGURATIONS = ("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")
 # The paper's published figure (arXiv 2604.15039, abstract and section 4): PrfaaS-PD serves 1.54x the
 # throughput of homogeneous PD at equal GPU count. The naive-heterogeneous ratio is not in our reference.
@@ -152,7 +154,57 @@ def _measure_side_by_side(names: tuple[str, ...], measure: Callable[[str, Any], 
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
+DOCUMENT_WHAT = "a reproduction's document (reproduce.json)"
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    """A reproduce.json (or a kept reproduce-<time>.json) as a JSON object; a file that cannot be read, is not JSON
+    (`validation.read_json`: nested too deeply included, a RecursionError traceback before) or not an object is one
+    `UserError` naming it."""
+    from testbed.errors import UserError
+    from testbed.validation import read_json
+
+    data = read_json(path, DOCUMENT_WHAT)
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: must be a JSON object, got {type(data).__name__}; {DOCUMENT_WHAT} is expected")
+    return data
+
+
+def _p_value(v: Any) -> float:
+    from testbed.validation import number
+
+    x = number(v)
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"{v!r} is not a p-value (a number from 0 to 1)")
+    return x
+
+
+def _seeds(v: Any) -> list[int]:
+    from testbed.validation import random_seed
+
+    if not isinstance(v, list) or not v:
+        raise ValueError(f"must be a non-empty list of seeds, got {v!r}"[:200])
+    return [random_seed(s) for s in v]
+
+
+def read_paired_tests(path: Path) -> list[dict[str, Any]]:
+    """The paired tests a reproduce*.json records (its ``paired``), each checked where a new test is checked against
+    it: ``higher`` and ``lower`` configurations, ``seeds`` a non-empty list of seeds, ``p_value`` a p-value or null.
+    A damaged file or entry is one `UserError` (`FieldError`) naming the file and the field: the seeds it used cannot
+    be known, so no new test is checked against it by guesswork (an int for ``seeds`` was a TypeError traceback,
+    ``[true, 3]`` read as seeds 1 and 3, and an unreadable file was passed over)."""
+    from testbed.validation import Fields
+
+    tests = []
+    for pf in Fields(read_document(path), "", str(path)).items("paired"):
+        test = {**pf.data, "higher": pf.choice("higher", CONFIGURATIONS), "lower": pf.choice("lower", CONFIGURATIONS),
+                "seeds": pf.get("seeds", _seeds)}
+        pf.get("p_value", _p_value, None)
+        tests.append(test)
+    return tests
+
+
+def write_document(out: str | Path, doc: dict[str, Any], problems: list[str] | None = None) -> Path | None:
     """Write ``OUT/reproduce.json``. An earlier one there (from the invocation whose runs this one resumed,
     or one that named other configurations: `--only`, `--paired`) holds what the runs alone do not, its
     wall time and its configurations, so it is kept beside the new one as ``reproduce-<its UTC time>.json``;
@@ -161,24 +213,27 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
     the invocations in this directory that finished, so a reproduction made in finished parts (`--only`, a
     later `--paired`) reports its whole time. An interrupted invocation writes no document, so its time is
     in no sum: a reproduction resumed after an interruption reports less than it took. An earlier file that
-    cannot be read as a reproduction's document is kept all the same and adds nothing to the sums; the new
-    document is always written."""
-    import json
+    cannot be read as a reproduction's document (`read_document`) is kept all the same and adds nothing to the
+    sums (why is added to `problems`); the new document is always written."""
+    import os
     import time
 
     from testbed.atomic import make_dirs, write_json
+    from testbed.errors import UserError
 
     out = make_dirs(out)
     path, kept = out / "reproduce.json", None
-    if path.exists():
+    if os.path.lexists(path):
         try:
-            earlier = json.loads(path.read_text())
-        except (OSError, ValueError):  # not JSON (truncated, hand-edited): kept below, summed with nothing
+            earlier: Any = read_document(path)
+        except UserError as exc:  # not JSON (cut short, hand-edited), a folder: kept below, summed with nothing
             earlier = None
+            if problems is not None:
+                problems.append(str(exc))
         doc.update(invocation_sums(earlier, doc))
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(path.stat().st_mtime))
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(path.lstat().st_mtime))
         kept, n = out / f"reproduce-{stamp}.json", 1
-        while kept.exists():
+        while os.path.lexists(kept):
             kept, n = out / f"reproduce-{stamp}-{n}.json", n + 1
         path.rename(kept)
     write_json(path, doc, indent=1)
@@ -186,21 +241,14 @@ def write_document(out: str | Path, doc: dict[str, Any]) -> Path | None:
 
 
 def paired_tests_in(out: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """Every paired test recorded in `out` (its reproduce.json and the kept reproduce-*.json) as (file name,
-    test), each test once (by pair and seeds; a kept file repeats its successor's tests when that one resumed
-    them); files that cannot be read are passed over."""
-    import json
-
+    """Every paired test recorded in `out` (its reproduce.json and the kept reproduce-*.json, `read_paired_tests`) as
+    (file name, test), each test once (by pair and seeds; a kept file repeats its successor's tests when that one
+    resumed them). A file that cannot be read is a `UserError` naming it."""
     seen, tests = set(), []
-    for f in sorted(Path(out).glob("reproduce*.json")):
-        try:
-            found = [p for p in json.loads(f.read_text()).get("paired") or [] if isinstance(p, dict)]
-        except (OSError, ValueError, AttributeError):
-            continue
-        for p in found:
-            p = {**p, "seeds": [s for s in p.get("seeds") or [] if isinstance(s, int)]}
-            key = (p.get("higher"), p.get("lower"), tuple(p["seeds"]))
-            if p["seeds"] and key not in seen:
+    for f in sorted(Path(out).glob("reproduce*.json")) if path_is_dir(out) else []:
+        for p in read_paired_tests(f):
+            key = (p["higher"], p["lower"], tuple(p["seeds"]))
+            if key not in seen:
                 seen.add(key)
                 tests.append((f.name, p))
     return tests

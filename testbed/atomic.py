@@ -33,7 +33,12 @@ def make_dirs(path: str | Path) -> Path:
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"{p}: cannot create this folder ({exc.strerror or exc})") from None
+        why = f"{p}: cannot create this folder ({exc.strerror or exc})"
+        blocker = next((q for q in (p, *p.parents) if os.path.lexists(q) and not q.is_dir()), None)
+        if blocker is not None:  # which: ".../rate=4.234: Not a directory" did not say that the file in the way was probes/
+            what = "a link to nowhere" if blocker.is_symlink() and not blocker.exists() else "a file"
+            why += f"; {'it' if blocker == p else blocker} is {what} where a folder goes: move it aside (or use another folder)"
+        raise UserError(why) from None
     return p
 
 

@@ -163,10 +163,32 @@ def _figure(v: Any) -> float:
 # What the readers of summaries (report, capacity's verdicts, the experiment's results) take from them, and its
 # type; null is "not measured" for each. A hand-edited or damaged summary was a TypeError traceback in the report
 # (`duration_s: {}`) before 2026-12-07; now it is one line naming the key.
-SUMMARY_FIELDS = {"requests_total": positive_int, "requests_ok": positive_int, "requests_failed": positive_int,
-                  "throughput_rps": _figure, "offload_fraction": _figure, "duration_s": _figure, "good_fraction": _figure,
+def _fraction(v: Any) -> float:
+    """A share of requests: a number from 0 to 1, or NaN ("not measured", as `_figure`). A good_fraction of 5 was a
+    ValueError traceback in a capacity search's verdict (its binomial interval) on resume (2026-12-07)."""
+    x = _figure(v)
+    if not (0.0 <= x <= 1.0 or x != x):
+        raise ValueError(f"{v!r} is not a fraction (a number from 0 to 1)")
+    return x
+
+
+def _request_count(v: Any) -> int:
+    """A count of a run's requests: a whole number from 0 to 2**53 (where a float, a good fraction times it, is exact:
+    ``requests_total: 10**30`` made a capacity verdict's binomial test a ValueError traceback, 2026-12-07)."""
+    n = positive_int(v)
+    if n > 2**53:
+        raise ValueError(f"a {len(str(n))}-digit number is more requests than a run holds (at most 2**53)")
+    return n
+
+
+SUMMARY_FIELDS = {"requests_total": _request_count, "requests_ok": _request_count, "requests_failed": _request_count,
+                  "throughput_rps": _figure, "offload_fraction": _figure, "duration_s": _figure, "good_fraction": _fraction,
                   "scale": _figure, "ttft_s": mapping, "tpot_s": mapping, "egress_gbps": mapping, "queue": mapping,
-                  "policy": string, "model": string, "signals": string, "label": string, "fidelity_ok": boolean}
+                  "policy": string, "model": string, "signals": string, "label": string, "fidelity_ok": boolean,
+                  "fidelity_flags": string, "early_stop": string}
+# The queue trend's figures a capacity verdict reads (`experiments.capacity.judge`, `analysis.metrics.queue_trend`):
+# ``growing: "no"`` was read as growing (a failed run), ``p_value: "x"`` a TypeError traceback on resume.
+QUEUE_FIELDS = {"growing": boolean, "p_value": _figure, "growth": _figure, "samples": positive_int}
 
 
 def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
@@ -395,6 +417,9 @@ def read_summary(path: str | Path) -> dict[str, Any]:
     f = Fields(summary, "", str(p))
     for key, read in SUMMARY_FIELDS.items():
         f.get(key, read, None)
+    queue = Fields(summary.get("queue"), "queue", str(p))
+    for key, read in QUEUE_FIELDS.items():
+        queue.get(key, read, None)
     return summary
 
 

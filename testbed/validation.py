@@ -342,12 +342,14 @@ def read_yaml(path: Path) -> Any:
 def read_json(path: Path, what: str = "a JSON file") -> Any:
     """A JSON file's data (the one reader of JSON files a user names or a run directory holds), as `read_yaml` reads
     YAML: a file that cannot be read, is not UTF-8 text, is not valid JSON or is nested too deeply is one line naming
-    the file, and the line where it can. ``NaN`` and ``Infinity`` read as floats (Python's `json.dumps` writes them:
+    the file, and the line where it can (an empty file is said to be empty). ``NaN`` and ``Infinity`` read as floats (Python's `json.dumps` writes them:
     a summary of a run with no finished request has them); the reader of each field refuses them where a number is
     needed. `what` says what the file should be (``"a summary (summary.json)"``)."""
     import json
 
     text = read_text(path, what)
+    if not text.strip():  # a file cut to nothing (a full disk, an editor killed): "Expecting value at line 1" says less
+        raise UserError(f"{path}: empty; {what} is expected")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -10,11 +10,15 @@ Bridges named like ours (``br[fd]XXXXX``) that no live network claims are remove
 `clean(run=RUN_ID)` (``prfaas clean RUN_ID``) removes only the network(s) of one run -- its run id or
 its run directory, as recorded in the state file -- and leaves every other network, live or dead, and
 the host-wide leftovers (unclaimed bridges, stale delay-line directories) to a plain `prfaas clean`.
+
+A damaged state file (`state.read_state` refuses it) is acted on by its name only: a plain `prfaas clean` removes
+it unless the pid in its name runs (it may be a live network's: kept, and its bridges claimed), and says what it
+could not clean -- the processes in that network's namespaces, which the file no longer names. Nothing it holds
+is acted on. With `--all`, a live owner is stopped only when its pid and start time both match the file.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +26,7 @@ from typing import Any
 
 from testbed.net import state
 
-BRIDGE_RE = re.compile(r"^br[fd][0-9a-f]{5}$")
+BRIDGE_RE = state.BRIDGE_RE
 
 
 @dataclass
@@ -33,11 +37,14 @@ class CleanReport:
     sysctls: dict[str, str] = field(default_factory=dict)
     skipped_live: list[str] = field(default_factory=list)
     delayline_leftovers: int = 0  # stale delay-line control directories and root-namespace NFQUEUE rules
+    damaged: list[str] = field(default_factory=list)  # damaged state files removed: what wrong, what of theirs is left
+    not_cleaned: list[str] = field(default_factory=list)  # what was left, one line each: the file and why
 
     def as_dict(self) -> dict[str, Any]:
         return {"networks": self.networks, "processes": self.processes, "bridges": self.bridges,
                 "sysctls_restored": self.sysctls, "live_networks_kept": self.skipped_live,
-                "delayline_leftovers": self.delayline_leftovers}
+                "delayline_leftovers": self.delayline_leftovers, "damaged_state_files_removed": self.damaged,
+                "not_cleaned": self.not_cleaned}
 
     @property
     def nothing(self) -> bool:
@@ -67,7 +74,7 @@ def remove_network(path: Path, data: dict[str, Any], report: CleanReport) -> Non
     """Kill everything inside the network's namespaces, delete its bridges and its state file."""
     from testbed.net.emulation import kill_pids
 
-    inodes = {int(h["netns_inode"]) for h in data.get("hosts", {}).values() if h.get("netns_inode")}
+    inodes = {h["netns_inode"] for h in data.get("hosts", {}).values() if h.get("netns_inode")}  # (`state.read_state`'s)
     report.processes += kill_pids(state.pids_in_netns(inodes))
     report.bridges += _delete_bridges(list(data.get("bridges", [])))
     for d in data.get("delayline_dirs", []):
@@ -78,6 +85,29 @@ def remove_network(path: Path, data: dict[str, Any], report: CleanReport) -> Non
     report.networks.append(path.name)
 
 
+def _remove_damaged(d: state.DamagedState, run: str | None, report: CleanReport) -> None:
+    """A damaged state file: removed when nothing says it is a live network's (see the module's docstring)."""
+    if run is not None:
+        report.not_cleaned.append(f"{d.problem}; left: a damaged state file cannot be matched to run {run} "
+                                  "(a plain `prfaas clean` removes it)")
+        return
+    if d.maybe_live():
+        report.not_cleaned.append(f"{d.problem}; kept: pid {d.pid}, which its name gives, is running, so it may be a live "
+                                  "network's (`prfaas clean` removes it once that process is gone; delete it by hand if "
+                                  "that process is no network's)")
+        return
+    try:
+        d.path.unlink()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        report.not_cleaned.append(f"{d.problem}; could not remove it ({exc.strerror or exc})")
+        return
+    report.networks.append(d.path.name)
+    report.damaged.append(f"{d.problem}; removed it, but not the processes in its network's namespaces, which it no "
+                          "longer names (find any with `ps -e -o pid,netns,args`)")
+
+
 def clean(*, include_live: bool = False, run: str | None = None) -> CleanReport:
     """Remove networks whose owner is gone (all of ours with `include_live`), then restore sysctls if
     none is left. With `run`, only that run's networks (see the module's docstring)."""
@@ -85,21 +115,33 @@ def clean(*, include_live: bool = False, run: str | None = None) -> CleanReport:
 
     report = CleanReport()
     if include_live:  # outside the lock: a SIGTERMed owner tears itself down, which takes the lock
-        kill_pids([int(d["owner_pid"]) for _, d in state.live_states() if run is None or state.matches_run(d, run)], grace_s=15)
+        good, _ = state.scan_states()
+        kill_pids([d["owner_pid"] for _, d in good if (run is None or state.matches_run(d, run)) and state.owner_identified(d)],
+                  grace_s=15)
     with state.locked():
-        for path, data in state.list_states():
+        good, damaged = state.scan_states()
+        state.warn_damaged(damaged, quiet=True)  # reported below
+        for path, data in good:
             if run is not None and not state.matches_run(data, run):
                 continue
             if state.owner_alive(data):
                 report.skipped_live.append(f"{data.get('scenario')} (pid {data.get('owner_pid')}, tag {data.get('tag')})")
+                if include_live:  # not stopped above: its owner cannot be told from a process that took its pid
+                    report.not_cleaned.append(f"{path}: kept: its owner, pid {data['owner_pid']}, runs, but the file records "
+                                              "no start time (owner_start) to tell it from another process that took the "
+                                              "pid, so it was not stopped")
                 continue
             remove_network(path, data, report)
+        for d in damaged:
+            _remove_damaged(d, run, report)
         if run is not None:
-            report.sysctls = state.restore_sysctls_if_last(exclude=None)
+            report.sysctls = state.restore_sysctls_if_last(exclude=None, problems=report.not_cleaned)
             return report
-        claimed = {b for _, d in state.live_states() for b in d.get("bridges", [])}
+        live, damaged = state.scan_states()
+        claimed = {b for _, d in live if state.owner_alive(d) for b in d["bridges"]}
+        claimed |= {f"br{side}{d.tag}" for d in damaged if d.maybe_live() and d.tag for side in "fd"}
         report.bridges += _delete_bridges([b for b in _our_bridges() if b not in claimed])
-        report.sysctls = state.restore_sysctls_if_last(exclude=None)
+        report.sysctls = state.restore_sysctls_if_last(exclude=None, problems=report.not_cleaned)
     from testbed.net.delayline import cleanup_rules, remove_stale_control_dirs
 
     report.delayline_leftovers = remove_stale_control_dirs() + cleanup_rules()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -200,19 +201,30 @@ def cmd_net_down(args: argparse.Namespace) -> int:
 
     d = _find_network(args.net_id)
     pid = int(d["owner_pid"])
-    os.kill(pid, signal.SIGTERM)
+    if d.get("owner_start") is None:
+        raise UserError(f"network {d['tag']}: its state file records no start time of its owner (owner_start), so pid {pid} "
+                        f"cannot be told from another process that took the number; stop the network from its terminal, or "
+                        f"`kill {pid}` once you are sure it is it, then `prfaas clean`")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:  # it ended meanwhile
+        pass
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and state.is_alive(pid, d.get("owner_start")):
         time.sleep(0.1)
     if state.is_alive(pid, d.get("owner_start")):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
-    cleanup.clean()
+    _print_clean_notes(cleanup.clean())
     print(f"network {d['tag']} down")
     return 0
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
+    """Exit status 1 when something was left that `clean` would have removed (`CleanReport.not_cleaned`: a damaged
+    state file that may be a live network's, an owner it cannot identify, saved sysctls it could not restore), each
+    said in one line on stderr; else 0."""
     from testbed.net import cleanup
 
     rep = cleanup.clean(include_live=args.all, run=args.run)
@@ -220,11 +232,21 @@ def cmd_clean(args: argparse.Namespace) -> int:
         print(json.dumps(rep.as_dict(), indent=1))
     elif rep.nothing:
         print("nothing to clean" + (f" for run {args.run}" if args.run else "")
-              + (f"; still running: {'; '.join(rep.skipped_live)} (use --all to stop them)" if rep.skipped_live else ""))
+              + (f"; still running: {'; '.join(rep.skipped_live)} (use --all to stop them)" if rep.skipped_live and not args.all else ""))
     else:
         print(f"removed: {len(rep.networks)} network(s), {len(rep.processes)} process(es), bridges {rep.bridges or '-'}, "
               f"restored sysctls {rep.sysctls or '-'}")
-    return 0
+    if not args.json:
+        _print_clean_notes(rep)
+    return 1 if rep.not_cleaned else 0
+
+
+def _print_clean_notes(rep: Any) -> None:
+    """What `clean` removed of a damaged state file and what it left (`CleanReport`), a line each on stderr."""
+    for line in rep.damaged:
+        print(f"prfaas: note: {line}", file=sys.stderr)
+    for line in rep.not_cleaned:
+        print(f"prfaas: not cleaned: {line}", file=sys.stderr)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -24,7 +24,6 @@ options.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -472,6 +471,29 @@ def _boot_id() -> str:
         return ""
 
 
+def read_accel_cache(path: Path | None = None) -> dict[str, str] | None:
+    """The cached probe's answer (`ACCEL_CACHE`), checked: ``boot_id``, ``kernel``, ``qemu`` and ``why`` strings,
+    ``accel`` kvm or tcg; None when there is none. A damaged one (empty, cut short, not JSON, a wrong type, an
+    accelerator qemu has no name for) is one line on stderr naming the file and what is wrong, and is probed again
+    (then written anew): it was a KeyError or AttributeError traceback, or a bogus ``-accel`` for qemu."""
+    from testbed.errors import UserError
+    from testbed.validation import Fields, read_json, string, text
+
+    path = ACCEL_CACHE if path is None else path
+    if not os.path.lexists(path):
+        return None
+    try:
+        data = read_json(path, "the cached KVM probe's answer (guest-accel.json)")
+        if not isinstance(data, dict):
+            raise UserError(f"{path}: must be a JSON object, got {type(data).__name__}")
+        f = Fields(data, "", str(path))
+        out = {k: f.get(k, string) for k in ("boot_id", "kernel", "qemu")}
+        return {**out, "accel": f.choice("accel", ("kvm", "tcg")), "why": f.get("why", text)}
+    except UserError as exc:
+        print(f"guest-kernel: warning: {exc}; probing again", file=sys.stderr)
+        return None
+
+
 def choose_accel(spec: GuestSpec, requested: str) -> tuple[str, str]:
     """(accel, why). `auto`: KVM if a probe boot of this guest answers within KVM_PROBE_TIMEOUT_S."""
     if requested == "tcg":
@@ -483,12 +505,9 @@ def choose_accel(spec: GuestSpec, requested: str) -> tuple[str, str]:
     if requested == "kvm":
         return "kvm", "asked for"
     key = {"boot_id": _boot_id(), "kernel": str(spec.kernel.image), "qemu": shutil.which(QEMU) or ""}
-    try:
-        cached = json.loads(ACCEL_CACHE.read_text())
-        if all(cached.get(k) == v for k, v in key.items()):
-            return cached["accel"], cached["why"] + " (cached for this host boot)"
-    except (OSError, ValueError, KeyError):
-        pass
+    cached = read_accel_cache()
+    if cached is not None and all(cached[k] == v for k, v in key.items()):
+        return cached["accel"], cached["why"] + " (cached for this host boot)"
     probe = GuestSpec(spec.kernel, mem="256M", cpus=1, accel="kvm", image=spec.image)
     r = run_guest(probe, ["true"], cwd=Path("/"), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                   timeout_s=KVM_PROBE_TIMEOUT_S, stdout=subprocess.DEVNULL)
@@ -496,10 +515,12 @@ def choose_accel(spec: GuestSpec, requested: str) -> tuple[str, str]:
         accel, why = "kvm", f"a KVM probe boot finished in {r.total_s:.1f} s"
     else:
         accel, why = "tcg", f"a KVM probe boot did not finish ({r.error or 'exit ' + str(r.status)})"
-    try:
-        ACCEL_CACHE.parent.mkdir(parents=True, exist_ok=True)
-        ACCEL_CACHE.write_text(json.dumps({**key, "accel": accel, "why": why}))
-    except OSError:
+    from testbed.atomic import write_json
+    from testbed.errors import UserError
+
+    try:  # atomic: a reader never sees half of it
+        write_json(ACCEL_CACHE, {**key, "accel": accel, "why": why})
+    except UserError:  # not cached (a read-only /run): probed again next time
         pass
     return accel, why
 

@@ -6,18 +6,29 @@ processes it started. `prfaas net exec/down` read it; `prfaas clean` uses it to 
 run left. Host-wide sysctls are saved once, by the first of our networks to start, in
 ``sysctl.json``, and restored by the last one to stop, so networks running side by side (several
 tests, several users) never restore a value under each other's feet.
+
+Every file here is read through one reader (`read_state`, `read_saved_sysctls`), which checks what it holds: a
+damaged file -- empty, cut short, not JSON, a value of the wrong type, a pid that is no process's (hand edits, a
+state directory on a disk that lost power) -- is one line naming the file and what is wrong, and nothing is done
+from it: no process it names is signalled, no link it names deleted, no sysctl value it holds written. `prfaas
+clean` removes such a file and says what it could not clean (`testbed.net.cleanup`); everything else passes it
+over with a warning. A process is signalled only when its pid and its start time (``owner_start``) both match.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
+import re
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from testbed.atomic import write_json
+from testbed.atomic import make_dirs, write_json
+from testbed.errors import HostError, UserError
+from testbed.validation import Fields, boolean, count_up_to, mapping, positive_int, read_json, string
 
 STATE_DIR = Path(os.environ.get("PRFAAS_STATE_DIR", "/run/prfaas"))
 
@@ -33,6 +44,18 @@ SYSCTL_MININET = (
     "net.core.netdev_max_backlog", "net.ipv4.neigh.default.gc_thresh1", "net.ipv4.neigh.default.gc_thresh2",
     "net.ipv4.neigh.default.gc_thresh3", "net.ipv4.route.max_size", "kernel.pty.max",
 )
+SYSCTL_FILE = "sysctl.json"
+# What /proc/sys gives for every key above (read_sysctl joins its fields with one space): whole numbers
+# ("0", "4096 131072 6291456"). A saved value is written back only when it looks so.
+SYSCTL_VALUE_RE = re.compile(r"-?[0-9]{1,20}( -?[0-9]{1,20}){0,7}")
+# Our bridges' names (`topologies.two_dc.bridge_name`): a state file never names another link to delete.
+BRIDGE_RE = re.compile(r"^br[fd][0-9a-f]{5}$")
+TAG_RE = re.compile(r"[0-9a-f]{5}")
+STATE_NAME_RE = re.compile(r"net-([0-9]{1,10})-([0-9a-f]{5})\.json")  # `state_path`'s names
+DELAYLINE_DIR_PREFIX = "prfaas-delayline-"  # a delay line's control directory (`testbed.net.delayline`)
+PID_T_MAX = 2**31 - 1  # pid_t (the kernel's pid_max is at most 2**22)
+STATE_WHAT = "a network state file (testbed.net.state)"
+SYSCTL_WHAT = "the host's sysctls saved before a network started (testbed.net.state)"
 
 
 def _sysctl_path(key: str) -> Path:
@@ -57,8 +80,13 @@ def write_sysctl(key: str, value: str) -> bool:
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
     """One process at a time changes the state directory (start, stop, clean)."""
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(STATE_DIR / ".lock", "w") as fh:
+    lock = make_dirs(STATE_DIR) / ".lock"
+    try:
+        fh = open(lock, "a")
+    except OSError as exc:
+        hint = "; the networks' state needs root: run with sudo" if isinstance(exc, PermissionError) else ""
+        raise HostError(f"{lock}: cannot open ({exc.strerror or exc}){hint}") from None
+    with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -87,11 +115,130 @@ def write_state(path: Path, data: dict[str, Any]) -> None:
     write_json(path, data, indent=1)
 
 
+# ------------------------------------------------------------------------------------------ reading the files
+
+_pid = count_up_to(PID_T_MAX, "the largest process id (pid_t)")
+_inode = count_up_to(2**64 - 1, "the largest inode number")
+
+
+def _tag(v: Any) -> str:
+    if not isinstance(v, str) or not TAG_RE.fullmatch(v):
+        raise ValueError(f"{v!r} is not a network tag (5 hex digits in lower case, e.g. 0abcd)")
+    return v
+
+
+def _list_of(read: Any, what: str) -> Any:
+    def parse(v: Any) -> list[Any]:
+        if not isinstance(v, list):
+            raise ValueError(f"must be a list of {what}, got {type(v).__name__}")
+        for i, x in enumerate(v):
+            try:
+                read(x)
+            except ValueError as exc:
+                raise ValueError(f"item {i}: {exc}") from None
+        return list(v)
+
+    return parse
+
+
+def _bridge(v: Any) -> str:
+    if not isinstance(v, str) or not BRIDGE_RE.match(v):
+        raise ValueError(f"{v!r} is not the name of one of our bridges (brf or brd and the network's tag, e.g. brf0abcd)")
+    return v
+
+
+def _delayline_dir(v: Any) -> str:
+    if not isinstance(v, str) or not os.path.isabs(v) or "\0" in v or not Path(v).name.startswith(DELAYLINE_DIR_PREFIX):
+        raise ValueError(f"{v!r} is not a delay line's control directory (an absolute path named {DELAYLINE_DIR_PREFIX}...)")
+    return v
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A network's state file, checked: the owner (``owner_pid`` >= 1, ``owner_start`` its start time or absent),
+    the tag and the bridges named after it, the hosts (shell ``pid``, ``netns_inode``, ``ip``), the processes and
+    the delay lines' directories, each of its type; other keys are kept as they are (nothing acts on them). A
+    damaged file is a `UserError` naming it and what is wrong (`testbed.validation.read_json`, `Fields`)."""
+    data = read_json(path, STATE_WHAT)
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: must be a JSON object, got {type(data).__name__}; {STATE_WHAT} is expected")
+    f = Fields(data, "", str(path))
+    out = dict(data)
+    out.update(owner_pid=f.get("owner_pid", _pid), owner_start=f.get("owner_start", positive_int, None), tag=f.get("tag", _tag),
+               scenario=f.get("scenario", string, ""), source=f.get("source", string, None), ready=f.get("ready", boolean, False),
+               run_id=f.get("run_id", string, None), run_dir=f.get("run_dir", string, None),
+               bridges=f.get("bridges", _list_of(_bridge, "bridge names"), []),
+               processes=f.get("processes", _list_of(_pid, "process ids"), []),
+               delayline_dirs=f.get("delayline_dirs", _list_of(_delayline_dir, "directories"), []))
+    hosts = {}
+    for name, h in f.get("hosts", mapping, {}).items():
+        hf = Fields(h, f"hosts.{name}", str(path))
+        hosts[name] = {"pid": hf.get("pid", _pid), "netns_inode": hf.get("netns_inode", _inode, None), "ip": hf.get("ip", string, None)}
+    out["hosts"] = hosts
+    named = STATE_NAME_RE.fullmatch(path.name)
+    for key, in_name in (("owner_pid", int(named[1])), ("tag", named[2])) if named else ():
+        if out[key] != in_name:
+            raise f.error(key, f"{out[key]!r} is not the one in the file's name ({in_name!r}): a state file is named "
+                               "net-<owner_pid>-<tag>.json")
+    return out
+
+
+@dataclass(frozen=True)
+class DamagedState:
+    """A state file that `read_state` refused: what is wrong (`problem`, one line naming the file), and what its
+    name still says (`state_path`'s net-<owner pid>-<tag>.json)."""
+
+    path: Path
+    problem: str
+
+    @property
+    def pid(self) -> int | None:
+        named = STATE_NAME_RE.fullmatch(self.path.name)
+        return int(named[1]) if named else None
+
+    @property
+    def tag(self) -> str | None:
+        named = STATE_NAME_RE.fullmatch(self.path.name)
+        return named[2] if named else None
+
+    def maybe_live(self) -> bool:
+        """Is the pid in the file's name a running process? Then the file may be a live network's (its start time
+        cannot be read to tell): it is kept, and counted as running."""
+        return self.pid is not None and is_alive(self.pid, None)
+
+
+_warned: set[str] = set()
+
+
+def warn_damaged(damaged: list[DamagedState], *, quiet: bool = False) -> None:
+    """One line on stderr per damaged state file, once per process (`quiet`: the caller reports them itself)."""
+    for d in damaged:
+        if d.problem not in _warned:
+            _warned.add(d.problem)
+            if not quiet:
+                print(f"prfaas: warning: {d.problem} (a damaged network state file, passed over; `prfaas clean` removes it)",
+                      file=sys.stderr)
+
+
+def scan_states() -> tuple[list[tuple[Path, dict[str, Any]]], list[DamagedState]]:
+    """(every state file that reads, as `read_state` gives it; every damaged one). A file removed while it is
+    read (its network stopped) is neither."""
+    good, damaged = [], []
+    for p in sorted(STATE_DIR.glob("net-*.json")) if STATE_DIR.is_dir() else []:
+        try:
+            good.append((p, read_state(p)))
+        except UserError as exc:
+            if os.path.lexists(p):
+                damaged.append(DamagedState(p, str(exc)))
+    return good, damaged
+
+
 def claim_tag(preferred: str, existing_links: set[str]) -> str:
     """Call under `locked()`: `preferred`, or the next free 5-hex-digit tag, free meaning no state file
-    (live or left by a killed run) names it and no root-namespace link carries it. Tags name the
-    bridges (``br[fd]TAG``), so two networks started at once never share one."""
-    taken = {str(d.get("tag")) for _, d in list_states()}
+    (live or left by a killed run, or damaged: its name gives its tag) names it and no root-namespace link
+    carries it. Tags name the bridges (``br[fd]TAG``), so two networks started at once never share one."""
+    good, damaged = scan_states()
+    warn_damaged(damaged)
+    taken = {str(d.get("tag")) for _, d in good} | {d.tag for d in damaged if d.tag}
     value = int(preferred, 16)
     for _ in range(1 << 20):
         tag = f"{value:05x}"
@@ -112,26 +259,79 @@ def matches_run(data: dict[str, Any], run: str) -> bool:
 
 
 def list_states() -> list[tuple[Path, dict[str, Any]]]:
-    out = []
-    for p in sorted(STATE_DIR.glob("net-*.json")) if STATE_DIR.exists() else []:
-        try:
-            out.append((p, json.loads(p.read_text())))
-        except (OSError, ValueError):
-            continue
-    return out
+    """Every state file that reads (`read_state`); a damaged one is warned about (`warn_damaged`) and passed over."""
+    good, damaged = scan_states()
+    warn_damaged(damaged)
+    return good
 
 
 def owner_alive(data: dict[str, Any]) -> bool:
     return is_alive(int(data.get("owner_pid", -1)), data.get("owner_start"))
 
 
+def owner_identified(data: dict[str, Any]) -> bool:
+    """Is the network's owner running, known by its pid and its start time both? Only then is it signalled (a
+    file without ``owner_start`` names a pid that another process may have taken since)."""
+    return data.get("owner_start") is not None and owner_alive(data)
+
+
 def live_states(exclude: Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
     return [(p, d) for p, d in list_states() if p != exclude and owner_alive(d)]
 
 
+def others_running(exclude: Path | None) -> bool:
+    """Does a network other than `exclude`'s run: a state file whose owner lives, or a damaged one whose name's pid
+    runs (it may be a live network's)?"""
+    good, damaged = scan_states()
+    warn_damaged(damaged)
+    return any(p != exclude and owner_alive(d) for p, d in good) or any(d.path != exclude and d.maybe_live() for d in damaged)
+
+
+def _sysctl_value(v: Any) -> str:
+    if not isinstance(v, str) or not SYSCTL_VALUE_RE.fullmatch(v):
+        raise ValueError(f"{v!r} is not a value read from /proc/sys (a string of whole numbers separated by spaces)")
+    return v
+
+
+def read_saved_sysctls(path: Path) -> tuple[dict[str, str], list[str]]:
+    """(the saved sysctls that may be written back, one line per entry that may not): keys of `SYSCTL_SET` and
+    `SYSCTL_MININET` only, values as /proc/sys gave them (`SYSCTL_VALUE_RE`). A file that is not a JSON object is
+    a `UserError` naming it."""
+    data = read_json(path, SYSCTL_WHAT)
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: must be a JSON object of sysctl names to values, got {type(data).__name__}")
+    allowed = list(SYSCTL_SET) + list(SYSCTL_MININET)
+    f = Fields(data, "", str(path))
+    saved, problems = {}, []
+    for key in data:
+        if key not in allowed:
+            problems.append(str(f.error(str(key), f"not a sysctl the testbed saves; allowed: {', '.join(allowed)}")))
+            continue
+        try:
+            saved[key] = _sysctl_value(data[key])
+        except ValueError as exc:  # (`Fields.get` would read a null as absent)
+            problems.append(str(f.error(key, str(exc))))
+    return saved, problems
+
+
+def _saved_sysctls(path: Path, problems: list[str] | None) -> dict[str, str]:
+    """`read_saved_sysctls`, its problems added to `problems` (printed as warnings when None); {} for a damaged file."""
+    try:
+        saved, bad = read_saved_sysctls(path)
+        bad = [f"{line}; not restored" for line in bad]
+    except UserError as exc:
+        saved, bad = {}, [f"{exc}; no sysctl restored from it"]
+    for line in bad:
+        if problems is None:
+            print(f"prfaas: warning: {line}", file=sys.stderr)
+        else:
+            problems.append(line)
+    return saved
+
+
 def save_and_set_sysctls() -> dict[str, str]:
     """Call under `locked()` before a network starts. Returns what was set."""
-    saved_file = STATE_DIR / "sysctl.json"
+    saved_file = STATE_DIR / SYSCTL_FILE
     if not saved_file.exists():  # else: saved by a network still running, or by a killed one (true originals)
         keys = list(SYSCTL_SET) + list(SYSCTL_MININET)
         saved = {k: v for k in keys if (v := read_sysctl(k)) is not None}
@@ -143,17 +343,18 @@ def save_and_set_sysctls() -> dict[str, str]:
     return done
 
 
-def restore_sysctls_if_last(exclude: Path | None) -> dict[str, str]:
-    """Call under `locked()` after a network stopped: the last one out restores the saved values."""
-    saved_file = STATE_DIR / "sysctl.json"
-    if live_states(exclude=exclude) or not saved_file.exists():
+def restore_sysctls_if_last(exclude: Path | None, problems: list[str] | None = None) -> dict[str, str]:
+    """Call under `locked()` after a network stopped: the last one out restores the saved values (those
+    `read_saved_sysctls` takes; what it refuses is added to `problems`, or printed as a warning), and removes the file."""
+    saved_file = STATE_DIR / SYSCTL_FILE
+    if others_running(exclude) or not os.path.lexists(saved_file):
         return {}
-    try:
-        saved = json.loads(saved_file.read_text())
-    except (OSError, ValueError):
-        saved = {}
+    saved = _saved_sysctls(saved_file, problems)
     restored = {k: v for k, v in saved.items() if read_sysctl(k) != v and write_sysctl(k, v)}
-    saved_file.unlink(missing_ok=True)
+    try:
+        saved_file.unlink(missing_ok=True)
+    except OSError:  # a folder in its place: said by the reader above
+        pass
     return restored
 
 

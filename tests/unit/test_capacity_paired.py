@@ -332,8 +332,11 @@ def test_a_paired_test_that_would_extend_or_partly_reuse_an_earlier_one_in_the_d
 
     first = {"lower": "naive_heterogeneous", "higher": "prfaas_pd", "seeds": list(range(4, 10))}
     (tmp_path / "reproduce-20261202T120000Z.json").write_text(json.dumps({"paired": [first]}))
-    (tmp_path / "reproduce.json").write_text("{not json")  # unreadable files are passed over
     only = ("prfaas_pd", "naive_heterogeneous")
+    (tmp_path / "reproduce.json").write_text("{not json")  # it may record a test: refused, not passed over
+    with pytest.raises(UserError, match=r"reproduce.json: not valid JSON \(Expecting property name"):
+        reproduce.check_paired_seeds_unused(tmp_path, only, list(range(4, 10)))
+    (tmp_path / "reproduce.json").unlink()
     reproduce.check_paired_seeds_unused(tmp_path, only, list(range(4, 10)))  # the same test again: resumed, allowed
     reproduce.check_paired_seeds_unused(tmp_path, only, list(range(10, 22)))  # a new test on new draws
     reproduce.check_paired_seeds_unused(tmp_path, ("homogeneous_pd", "naive_heterogeneous"), list(range(4, 16)))  # another pair

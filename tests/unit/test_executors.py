@@ -23,7 +23,7 @@ def test_executor_names_and_bad_arguments():
     for bad in ("local:0", "local:x", "local:-2"):
         with pytest.raises(UserError, match="N must be a whole number >= 1"):
             make_executor(bad)
-    with pytest.raises(UserError, match="unknown executor; allowed: local, ray"):
+    with pytest.raises(UserError, match="unknown executor; allowed: local, local:N, ray, ray:ADDRESS"):
         make_executor("slurm")
 
 

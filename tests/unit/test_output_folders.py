@@ -21,13 +21,16 @@ SEED = "seed: -1 is not a seed; use a whole number from 0 to 4294967295 (2**32 -
 def nothing_runs(monkeypatch, tmp_path):
     """cwd = tmp_path (the default runs/<name>-<time> lands there); every long job fails the test if reached."""
     from analysis import bandwidth_wall
-    from experiments import capacity, engine, reproduce, runs
+    from experiments import capacity, engine, experiment, reproduce, runs, sweep
     from testbed.models import profiling
     from testbed.net import emulation
 
     def must_not_run(*a, **kw):
         raise AssertionError("a refused invocation must not start anything")
 
+    # experiment and sweep import run_tasks by name: imported first, they keep the real one (imported while it is
+    # replaced, they kept the stand-in for the rest of the session, and a later test's sweep "started" it)
+    assert experiment.run_tasks is sweep.run_tasks is engine.run_tasks
     for owner, name in ((capacity, "measure_capacity"), (reproduce, "reproduce_case_study"), (engine, "run_tasks"),
                         (runs, "run_once"), (profiling, "measure"), (emulation, "Network"), (bandwidth_wall, "measure")):
         monkeypatch.setattr(owner, name, must_not_run)
@@ -51,7 +54,7 @@ def test_a_refused_capacity_search_leaves_no_folder(nothing_runs, capsys):
     for out in ([], ["--out", "named"]):
         assert refused(["capacity", "quick", "--set", "seed=-1", *out], capsys).endswith(SEED)
         assert refused(["capacity", "quick", "--executor", "nosuch", *out], capsys) == (
-            "prfaas: error: --executor 'nosuch': unknown executor; allowed: local, ray")
+            "prfaas: error: --executor 'nosuch': unknown executor; allowed: local, local:N, ray, ray:ADDRESS (docs/scale-out.md)")
     assert list(nothing_runs.iterdir()) == []  # was runs/capacity-quick-<time>, and named/
 
 
@@ -61,7 +64,7 @@ def test_a_refused_reproduction_leaves_no_folder(nothing_runs, capsys, monkeypat
 
     for out in ([], ["--out", "named"]):
         assert refused(["reproduce", "case-study", "--quick", "--executor", "nosuch", *out], capsys) == (
-            "prfaas: error: --executor 'nosuch': unknown executor; allowed: local, ray")
+            "prfaas: error: --executor 'nosuch': unknown executor; allowed: local, local:N, ray, ray:ADDRESS (docs/scale-out.md)")
     why = "'bbr' cannot be set on this host"
 
     def host_refuses(scenario, overrides, executor=None):  # as plan_run refuses a KV congestion control this host's kernel lacks

@@ -1,0 +1,345 @@
+"""Damaged host state files (testbed.net.state, testbed.net.guest): a network's state file, the saved sysctls and
+the cached KVM probe, cut short, emptied, hand-edited or of the wrong types, are one line naming the file and what
+is wrong, and are handled safely: `prfaas clean` removes a damaged network file and says what it could not clean,
+no process is signalled that its pid and start time do not identify, no sysctl value is written that is not a value
+/proc/sys gave, and a damaged probe cache is probed again. Nothing here touches the host: the state directory is a
+tmp folder, and the bridges, sysctls and signals are recorded, not made."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.cli import main
+from testbed.errors import UserError
+from testbed.net import cleanup, emulation, state
+
+DEAD = 2**22 + 1  # beyond pid_max: never a process
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A state directory in tmp, and a host whose bridges, sysctls and signals are recorded only."""
+    import testbed.net.delayline as delayline
+
+    rec: dict[str, Any] = {"killed": [], "deleted": [], "written": {}, "bridges": [], "netns": [],
+                           "sysctl": {k: "9" for k in [*state.SYSCTL_SET, *state.SYSCTL_MININET]}}
+    monkeypatch.setattr(state, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(state, "_warned", set())
+
+    def kill_pids(pids: Any, grace_s: float = 2.0) -> list[int]:
+        rec["killed"] += list(pids)
+        return list(pids)
+
+    def pids_in_netns(inodes: set[int]) -> list[int]:
+        rec["netns"].append(set(inodes))
+        return []
+
+    def delete_bridges(names: list[str]) -> list[str]:
+        rec["deleted"] += names
+        return list(names)
+
+    def write_sysctl(key: str, value: str) -> bool:
+        rec["written"][key] = value
+        rec["sysctl"][key] = value
+        return True
+
+    monkeypatch.setattr(emulation, "kill_pids", kill_pids)
+    monkeypatch.setattr(state, "pids_in_netns", pids_in_netns)
+    monkeypatch.setattr(cleanup, "_delete_bridges", delete_bridges)
+    monkeypatch.setattr(cleanup, "_our_bridges", lambda: list(rec["bridges"]))
+    monkeypatch.setattr(delayline, "remove_stale_control_dirs", lambda *a, **kw: 0)
+    monkeypatch.setattr(delayline, "cleanup_rules", lambda *a, **kw: 0)
+    monkeypatch.setattr(state, "read_sysctl", lambda k: rec["sysctl"].get(k))
+    monkeypatch.setattr(state, "write_sysctl", write_sysctl)
+    return rec
+
+
+def good_state(pid: int = DEAD, tag: str = "0abcd", **extra: Any) -> dict[str, Any]:
+    return {"owner_pid": pid, "owner_start": 1, "tag": tag, "scenario": "quick", "source": None, "ready": True,
+            "run_id": "r1", "run_dir": None, "bridges": [f"brf{tag}", f"brd{tag}"],
+            "hosts": {"pd-d0": {"pid": 1234, "netns_inode": 4026532175, "ip": "10.2.0.11"}}, "processes": [1235],
+            "delayline_dirs": ["/dev/shm/prfaas-delayline-q1-abcdefgh"], **extra}
+
+
+def put(text: str | bytes, pid: int = DEAD, tag: str = "0abcd") -> Path:
+    p = state.state_path(pid, tag)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return p
+
+
+def with_(**changes: Any) -> str:
+    d = good_state()
+    for k, v in changes.items():
+        if "." in k:
+            host, key = k.split(".")
+            d["hosts"][host][key] = v
+        else:
+            d[k] = v
+    return json.dumps(d)
+
+
+DAMAGED = [  # (file contents, what the one line must say)
+    ("", "empty; a network state file"),
+    ("   \n", "empty; a network state file"),
+    ('{"owner_pid": 5, "tag": ', "not valid JSON (Expecting value at line 1)"),
+    ("not json", "not valid JSON"),
+    (b"\xff\xfe{}", "not UTF-8 text"),
+    ("[1, 2]", "must be a JSON object, got list"),
+    ("null", "must be a JSON object, got NoneType"),
+    ("[" * 100_000, "nested too deeply"),
+    (with_(owner_pid=-1), "owner_pid: -1 is not a whole number >= 1"),
+    (with_(owner_pid=0), "owner_pid: 0 is not a whole number >= 1"),
+    (with_(owner_pid="4194305"), "owner_pid: '4194305' is not a whole number >= 1"),
+    (with_(owner_pid=True), "owner_pid: True is not a whole number >= 1"),
+    (with_(owner_pid=10**30), "owner_pid: a 31-digit number is more than 2147483647, the largest process id"),
+    (with_(owner_pid=4.5), "owner_pid: 4.5 is not a whole number >= 1"),
+    (json.dumps({"tag": "0abcd"}), "owner_pid: is required"),
+    (with_(owner_start=-3), "owner_start: -3 is not a whole number >= 0"),
+    (with_(owner_start="123"), "owner_start: '123' is not a whole number >= 0"),
+    (with_(tag="zz"), "tag: 'zz' is not a network tag"),
+    (with_(tag=12345), "tag: 12345 is not a network tag"),
+    (with_(tag="0abce"), "tag: '0abce' is not the one in the file's name ('0abcd')"),
+    (with_(owner_pid=DEAD + 1), f"owner_pid: {DEAD + 1} is not the one in the file's name ({DEAD})"),
+    (with_(ready="yes"), "ready: 'yes' is not true or false"),
+    (with_(run_id=7), "run_id: 7 is not a string"),
+    (with_(bridges="brf0abcd"), "bridges: must be a list of bridge names, got str"),
+    (with_(bridges=["brf0abcd", "eth0"]), "bridges: item 1: 'eth0' is not the name of one of our bridges"),
+    (with_(hosts=[1, 2]), "hosts: must be an object, got list"),
+    (with_(hosts={"pd-d0": 7}), "hosts.pd-d0: must be a mapping of keys to values, got int"),
+    (with_(**{"pd-d0.pid": -1}), "hosts.pd-d0.pid: -1 is not a whole number >= 1"),
+    (with_(**{"pd-d0.netns_inode": "4026532175"}), "hosts.pd-d0.netns_inode: '4026532175' is not a whole number >= 1"),
+    (with_(**{"pd-d0.ip": 10}), "hosts.pd-d0.ip: 10 is not a string"),
+    (with_(processes=[-1]), "processes: item 0: -1 is not a whole number >= 1"),
+    (with_(processes=5), "processes: must be a list of process ids, got int"),
+    (with_(delayline_dirs=["/home"]), "delayline_dirs: item 0: '/home' is not a delay line's control directory"),
+    (with_(delayline_dirs=["prfaas-delayline-q1-x"]), "is not a delay line's control directory (an absolute path"),
+]
+
+
+@pytest.mark.parametrize("text, said", DAMAGED, ids=[f"{i}-{s[:30]}" for i, (_, s) in enumerate(DAMAGED)])
+def test_a_damaged_state_file_is_one_line_naming_it_and_what_is_wrong(host: dict[str, Any], text: str, said: str):
+    p = put(text)
+    with pytest.raises(UserError) as err:
+        state.read_state(p)
+    msg = str(err.value)
+    assert msg.startswith(f"{p}: ") and said in msg and "\n" not in msg, msg
+
+
+def test_a_good_state_file_reads_as_written_and_other_keys_are_kept(host: dict[str, Any]):
+    d = good_state(t0_s=12.5, backend="delayline", scale=10.0)
+    p = put(json.dumps(d))
+    assert state.read_state(p) == d
+    minimal = put(json.dumps({"owner_pid": DEAD, "tag": "00001"}), tag="00001")  # (what older tests and files hold)
+    assert state.read_state(minimal)["hosts"] == {} and state.read_state(minimal)["owner_start"] is None
+
+
+def test_every_reader_passes_over_a_damaged_file_with_one_warning_once(host: dict[str, Any], capsys: pytest.CaptureFixture[str]):
+    bad = put("{", tag="0000a")
+    put(json.dumps(good_state()))
+    for _ in range(3):
+        assert [p.name for p, _ in state.list_states()] == [f"net-{DEAD}-0abcd.json"]
+        assert state.live_states() == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"prfaas: warning: {bad}: not valid JSON") and "prfaas clean" in err
+    assert state.claim_tag("0000a", set()) == "0000b"  # a damaged file's tag (from its name) is taken
+
+
+def test_clean_removes_a_damaged_file_of_a_dead_owner_and_says_what_it_could_not_clean(host: dict[str, Any]):
+    bad = put(with_(owner_pid=-1, tag="0abcd"))
+    good = put(json.dumps(good_state(tag="00002")), tag="00002")
+    host["bridges"] = ["brf0abcd", "brd0abcd", "brf00002", "brd00002"]
+    rep = cleanup.clean()
+    assert not bad.exists() and not good.exists()
+    assert sorted(rep.networks) == sorted([bad.name, good.name])
+    assert host["killed"] == [] and host["netns"] == [{4026532175}]  # only the good file's namespaces are looked in
+    assert set(host["deleted"]) == set(host["bridges"])  # the damaged one's bridges go with the unclaimed ones
+    assert len(rep.damaged) == 1 and rep.damaged[0].startswith(f"{bad}: owner_pid: -1 is not a whole number >= 1; removed it")
+    assert "processes in its network's namespaces" in rep.damaged[0] and rep.not_cleaned == []
+
+
+def test_clean_keeps_a_damaged_file_whose_names_pid_runs_and_its_bridges(host: dict[str, Any]):
+    me = os.getpid()
+    bad = put("", pid=me, tag="0beef")
+    host["bridges"] = ["brf0beef", "brd0beef", "brf0dead"]
+    rep = cleanup.clean(include_live=True)
+    assert bad.exists() and host["killed"] == [] and host["deleted"] == ["brf0dead"]
+    assert rep.not_cleaned == [f"{bad}: empty; a network state file (testbed.net.state) is expected; kept: pid {me}, which "
+                               "its name gives, is running, so it may be a live network's (`prfaas clean` removes it once "
+                               "that process is gone; delete it by hand if that process is no network's)"]
+
+
+def test_clean_of_one_run_leaves_a_damaged_file_and_says_so(host: dict[str, Any]):
+    bad = put("[]")
+    rep = cleanup.clean(run="r1")
+    assert bad.exists() and rep.networks == []
+    assert rep.not_cleaned == [f"{bad}: must be a JSON object, got list; {state.STATE_WHAT} is expected; left: a damaged state file cannot be matched to "
+                               "run r1 (a plain `prfaas clean` removes it)"]
+
+
+def test_clean_all_stops_only_an_owner_its_pid_and_start_time_identify(host: dict[str, Any]):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ticks = state.process_start_ticks(child.pid)
+        put(json.dumps(good_state(pid=child.pid, tag="00001", owner_start=None)), pid=child.pid, tag="00001")
+        put(json.dumps(good_state(pid=child.pid, tag="00002", owner_start=ticks + 1)), pid=child.pid, tag="00002")  # pid reused
+        put(with_(owner_pid=-1), pid=child.pid, tag="00003")  # a negative pid: os.kill(-1) signals every process
+        rep = cleanup.clean(include_live=True)
+        assert host["killed"] == []
+        assert [n for n in rep.not_cleaned if "owner_start" in n] == [
+            f"{state.state_path(child.pid, '00001')}: kept: its owner, pid {child.pid}, runs, but the file records no start "
+            "time (owner_start) to tell it from another process that took the pid, so it was not stopped"]
+        assert state.state_path(child.pid, "00001").exists() and not state.state_path(child.pid, "00002").exists()
+        assert state.state_path(child.pid, "00003").exists()  # damaged, and its name's pid runs: kept
+        put(json.dumps(good_state(pid=child.pid, tag="00004", owner_start=ticks)), pid=child.pid, tag="00004")
+        cleanup.clean(include_live=True)
+        assert host["killed"] == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+
+
+SYSCTLS = [  # (sysctl.json, what is restored, what the lines say)
+    ("", {}, ["empty; the host's sysctls saved before a network started (testbed.net.state) is expected; no sysctl restored"]),
+    ('{"fs.file-max": "1', {}, ["not valid JSON"]),
+    ('["fs.file-max", "1"]', {}, ["must be a JSON object of sysctl names to values, got list; no sysctl restored"]),
+    (json.dumps({"fs.file-max": "100", "kernel.core_pattern": "|/bin/sh"}), {"fs.file-max": "100"},
+     ["kernel.core_pattern: not a sysctl the testbed saves; allowed: net.bridge.bridge-nf-call-iptables"]),
+    (json.dumps({"fs.file-max": 100, "net.core.rmem_max": "200"}), {"net.core.rmem_max": "200"},
+     ["fs.file-max: 100 is not a value read from /proc/sys (a string of whole numbers separated by spaces); not restored"]),
+    (json.dumps({"net.ipv4.tcp_rmem": "4096 131072 6291456", "fs.file-max": "1; reboot", "kernel.pty.max": ""}),
+     {"net.ipv4.tcp_rmem": "4096 131072 6291456"}, ["fs.file-max: '1; reboot' is not a value", "kernel.pty.max: '' is not a value"]),
+    (json.dumps({"fs.file-max": None, "net.core.wmem_max": ["1"]}), {}, ["fs.file-max: None is not a value", "net.core.wmem_max: ['1']"]),
+]
+
+
+@pytest.mark.parametrize("text, restored, said", SYSCTLS)
+def test_saved_sysctls_restore_only_values_proc_sys_gave_for_keys_the_testbed_saves(host: dict[str, Any], text: str,
+                                                                                     restored: dict[str, str], said: list[str]):
+    f = state.STATE_DIR / state.SYSCTL_FILE
+    f.parent.mkdir(parents=True)
+    f.write_text(text)
+    rep = cleanup.clean()
+    assert host["written"] == restored and rep.sysctls == restored and not f.exists()
+    assert len(rep.not_cleaned) == len(said)
+    for line, want in zip(rep.not_cleaned, said):
+        assert line.startswith(f"{f}: ") and want in line and "\n" not in line, line
+
+
+def test_a_network_stopping_last_warns_of_a_damaged_sysctl_file_in_one_line(host: dict[str, Any], capsys: pytest.CaptureFixture[str]):
+    f = state.STATE_DIR / state.SYSCTL_FILE
+    f.parent.mkdir(parents=True)
+    f.write_text('{"net.core.rmem_max": 5}')
+    assert state.restore_sysctls_if_last(exclude=None) == {} and host["written"] == {}
+    assert capsys.readouterr().err == (f"prfaas: warning: {f}: net.core.rmem_max: 5 is not a value read from /proc/sys (a "
+                                       "string of whole numbers separated by spaces); not restored\n")
+
+
+def test_a_damaged_file_whose_pid_runs_keeps_the_saved_sysctls_for_the_last_one_out(host: dict[str, Any]):
+    f = state.STATE_DIR / state.SYSCTL_FILE
+    put("{", pid=os.getpid())
+    f.write_text(json.dumps({"fs.file-max": "100"}))
+    assert state.restore_sysctls_if_last(exclude=None) == {} and f.exists()
+
+
+def test_prfaas_clean_prints_what_it_could_not_clean_and_exits_1(host: dict[str, Any], capsys: pytest.CaptureFixture[str]):
+    put("{", pid=os.getpid(), tag="0abcd")
+    dead = put("", tag="00001")
+    assert main(["clean"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "removed: 1 network(s), 0 process(es), bridges -, restored sysctls -\n"
+    lines = err.splitlines()
+    assert len(lines) == 2 and "Traceback" not in err
+    assert lines[0].startswith(f"prfaas: note: {dead}: empty;") and lines[1].startswith("prfaas: not cleaned: ") and "kept: pid" in lines[1]
+    assert main(["clean", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["networks"] == [] and len(doc["not_cleaned"]) == 1
+
+
+def test_net_exec_and_down_pass_over_a_damaged_file_in_one_warning(host: dict[str, Any], capsys: pytest.CaptureFixture[str]):
+    bad = put('{"owner_pid": "x"}')
+    for argv in (["net", "down"], ["net", "exec", "pd-d0", "--", "true"]):
+        state._warned.clear()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err[0].startswith(f"prfaas: warning: {bad}: owner_pid: 'x' is not a whole number >= 1")
+        assert err[1].startswith("prfaas: error: no network is running") and len(err) == 2
+
+
+def test_net_down_signals_no_owner_its_file_cannot_identify(host: dict[str, Any], capsys: pytest.CaptureFixture[str]):
+    me = os.getpid()
+    put(json.dumps(good_state(pid=me, owner_start=None)), pid=me)
+    assert main(["net", "down"]) == 2  # (it would have been a SIGTERM to this test's process)
+    err = capsys.readouterr().err
+    assert err.startswith("prfaas: error: network 0abcd: its state file records no start time") and err.count("\n") == 1
+
+
+def test_prfaas_state_dir_is_honoured_by_the_command(tmp_path: Path):
+    """As a user runs it: PRFAAS_STATE_DIR names the directory; `clean RUN` touches nothing host-wide."""
+    (tmp_path / f"net-{DEAD}-0abcd.json").write_text('{"owner_pid": -5}')
+    env = {**os.environ, "PRFAAS_STATE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "testbed.cli", "clean", "some-run"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr == (f"prfaas: not cleaned: {tmp_path}/net-{DEAD}-0abcd.json: owner_pid: -5 is not a whole number >= 1; "
+                        "left: a damaged state file cannot be matched to run some-run (a plain `prfaas clean` removes it)\n")
+    assert r.stdout == "nothing to clean for run some-run\n"
+
+
+def test_an_unusable_state_directory_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "f").write_text("")
+    monkeypatch.setattr(state, "STATE_DIR", tmp_path / "f")
+    with pytest.raises(UserError, match="cannot create this folder"):
+        with state.locked():
+            pass
+
+
+# ----------------------------------------------------------------------------------- the guest's probe cache
+
+
+GUEST_CACHE = [
+    ("", "empty"),
+    ('{"accel": "kvm"', "not valid JSON"),
+    ('"kvm"', "must be a JSON object, got str"),
+    ('{"boot_id": "b", "kernel": "k", "qemu": "q", "why": "w"}', "accel: is required"),
+    ('{"boot_id": "b", "kernel": "k", "qemu": "q", "accel": "kvm -drive file=/etc/shadow", "why": "w"}', "accel: 'kvm -drive"),
+    ('{"boot_id": 5, "kernel": "k", "qemu": "q", "accel": "kvm", "why": "w"}', "boot_id: 5 is not a string"),
+    ('{"boot_id": "b", "kernel": "k", "qemu": "q", "accel": "kvm", "why": null}', "why: is required"),
+    ('{"boot_id": "b", "kernel": "k", "qemu": "q", "accel": "kvm", "why": ["w"]}', "why: ['w'] is not a non-empty string"),
+]
+
+
+@pytest.mark.parametrize("text, said", GUEST_CACHE)
+def test_a_damaged_guest_probe_cache_is_probed_again_and_written_anew(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str], text: str, said: str):
+    from testbed.net import guest
+
+    cache = tmp_path / "guest-accel.json"
+    cache.write_text(text.replace('"b"', '"boot"'))
+    monkeypatch.setattr(guest, "ACCEL_CACHE", cache)
+    monkeypatch.setattr(guest, "_boot_id", lambda: "boot")
+    monkeypatch.setattr(guest.os, "access", lambda *a: True)
+    monkeypatch.setattr(guest.shutil, "which", lambda name: "q")
+    probes = []
+
+    def run_guest(spec: Any, argv: list[str], **kw: Any) -> Any:
+        probes.append(argv)
+        return guest.GuestResult(0, "kvm", 1.0, 2.0, "", "", "")
+
+    monkeypatch.setattr(guest, "run_guest", run_guest)
+    spec = guest.GuestSpec(guest.Kernel(Path("k"), "6.1"), accel="auto")
+    assert guest.choose_accel(spec, "auto") == ("kvm", "a KVM probe boot finished in 2.0 s") and probes == [["true"]]
+    err = capsys.readouterr().err
+    assert err.startswith(f"guest-kernel: warning: {cache}: ") and said in err and err.endswith("; probing again\n")
+    assert err.count("\n") == 1
+    assert guest.read_accel_cache(cache) == {"boot_id": "boot", "kernel": "k", "qemu": "q", "accel": "kvm",
+                                             "why": "a KVM probe boot finished in 2.0 s"}
+    assert guest.choose_accel(spec, "auto")[1].endswith("(cached for this host boot)") and len(probes) == 1
