@@ -28,11 +28,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from analysis.metrics import queue_trend_inconclusive
 from testbed.serving.early_stop import CONFIDENCE, good_tests
 from testbed.serving.early_stop import good_fraction_interval as count_interval
+
+if TYPE_CHECKING:
+    from experiments.executor import RunTask
 
 GOOD_FRACTION = 0.9
 MIN_REQUESTS = 20
@@ -341,20 +344,30 @@ def check_scenario(scenario: str, overrides: Sequence[str], executor: Any = None
     return sc
 
 
+def probe_task(ref: str, overrides: Sequence[str], out: Path, rate: float, seed: int) -> "RunTask":
+    """The run of a search at `rate` with `seed`, into ``OUT/probes/rate=R/seedS``: R is the rate to 4 significant
+    digits, and the run is given that rate, so its folder's name says exactly what it ran (`check_resume` rebuilds
+    the task from the name). `ref`: the scenario (`engine.resolve_scenario_ref`); `overrides`: the search's
+    (`capacity_overrides`)."""
+    from experiments.executor import RunTask
+
+    name = f"rate={rate:.4g}"
+    return RunTask(f"{name}/seed{seed}", ref, tuple(overrides) + (rate_override(float(name[5:])), f"seed={seed}"),
+                   out / "probes" / name / f"seed{seed}")
+
+
 def wire_evaluator(scenario: str, overrides: Sequence[str], out: Path, executor: Any = None, progress: Any = True,
                    label: str = "capacity") -> Evaluate:
-    """`evaluate` that really runs: one run per seed at the rate, through the experiment engine (resumable
-    under ``OUT/probes/``), judged from each run's summary. `progress`: as `experiments.engine.run_tasks`'s;
+    """`evaluate` that really runs: one run per seed at the rate (`probe_task`), through the experiment engine
+    (resumable under ``OUT/probes/``), judged from each run's summary. `progress`: as `experiments.engine.run_tasks`'s;
     `label` names the progress row."""
     from experiments.engine import resolve_scenario_ref, run_tasks
-    from experiments.executor import RunTask
     from testbed import rundir
 
     ref = resolve_scenario_ref(scenario)
 
     def evaluate(rate: float, seeds: Sequence[int]) -> list[RunVerdict]:
-        tasks = [RunTask(f"rate={rate:.4g}/seed{s}", ref, tuple(overrides) + (rate_override(rate), f"seed={s}"),
-                         out / "probes" / f"rate={rate:.4g}" / f"seed{s}") for s in seeds]
+        tasks = [probe_task(ref, overrides, out, rate, s) for s in seeds]
         outcomes = run_tasks(tasks, executor, label=f"{label} {rate:.4g} req/s", progress=progress)
         verdicts = []
         for t, s in zip(tasks, seeds):
@@ -368,35 +381,47 @@ def wire_evaluator(scenario: str, overrides: Sequence[str], out: Path, executor:
     return evaluate
 
 
-def check_resume(out: str | Path) -> int:
-    """Every run a search resumed in `out` may read (``OUT/probes/rate=R/seedS``), read now as the experiment engine
-    will read it (`experiments.engine.run_state`, and its task.json): a finished run that no longer loads, or a file or a link to nowhere
-    where a run's folder (or ``OUT``, ``probes``, a rate's folder) goes, is one `UserError` before the first run --
-    the engine refuses them too, but only when the search reaches their rate, which can be hours of runs in (and in
-    `prfaas reproduce`, after other configurations' searches). Returns the finished runs found."""
-    import os
+def _named_rate(name: str) -> float | None:
+    """The rate of a ``rate=R`` folder as `probe_task` names it; None for any other name (no search reads it)."""
+    try:
+        rate = float(name.removeprefix("rate="))
+    except ValueError:
+        return None
+    return rate if name == f"rate={rate:.4g}" else None
 
-    from experiments.engine import FINISHED, run_state
-    from testbed import rundir
+
+def check_resume(out: str | Path, scenario: str, overrides: Sequence[str]) -> int:
+    """Every run a search of `scenario` with `overrides` (the search's: `capacity_overrides`) resumed in `out` may read,
+    checked now as the experiment engine checks a run it skips (`experiments.engine.finished_tasks`) -- which it does
+    only when the search reaches the run's rate, hours of runs in (and in `prfaas reproduce`, after other
+    configurations' searches). Each run's task is rebuilt from its folder's name (``OUT/probes/rate=R/seedS``:
+    `probe_task`), so one `UserError` before the first run refuses a finished run that no longer loads, a file or a
+    link to nowhere where a run's folder (or ``OUT``, ``probes``, a rate's folder) goes, and a finished run whose
+    task.json records other settings (another ``--set``, ``--quick`` against full, an edited scenario file). Folders
+    named otherwise are passed over: no search reads them. Returns the finished runs found."""
+    import os
+    import re
+
+    from experiments.engine import finished_tasks, resolve_scenario_ref
     from testbed.errors import UserError
 
-    out, finished = Path(out), 0
+    out, ref, tasks = Path(out), resolve_scenario_ref(scenario), []
     probes = out / "probes"
     try:
         for folder in (out, probes):
             if os.path.lexists(folder) and not folder.is_dir():
                 raise UserError(f"{folder}: not a folder, where a capacity search's runs go; move it aside (or use another --out)")
-        for rate in sorted(probes.iterdir()) if probes.is_dir() else []:
-            if rate.name.startswith("rate="):
-                if not rate.is_dir():
-                    raise UserError(f"{rate}: not a folder, where the runs of a rate go; move it aside (or use another --out)")
-                for run in sorted(rate.iterdir()):
-                    if run.name.startswith("seed") and run_state(run) == FINISHED:
-                        rundir.read_task(run)  # its task.json read too (what it ran is compared when its rate is tried)
-                        finished += 1
+        for folder in sorted(probes.iterdir()) if probes.is_dir() else []:
+            rate = _named_rate(folder.name)
+            if rate is None:
+                continue
+            if not folder.is_dir():
+                raise UserError(f"{folder}: not a folder, where the runs of a rate go; move it aside (or use another --out)")
+            tasks += [probe_task(ref, overrides, out, rate, int(run.name[4:])) for run in sorted(folder.iterdir())
+                      if re.fullmatch(r"seed(0|[1-9][0-9]*)", run.name)]
+        return len(finished_tasks(tasks))
     except OSError as exc:  # a folder that cannot be listed
         raise UserError(f"{exc.filename or out}: cannot read this folder ({exc.strerror or exc})") from None
-    return finished
 
 
 def model_start_rps(sc: Any) -> float:

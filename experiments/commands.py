@@ -245,12 +245,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UserError(f"--max-probes {args.max_probes} --repetitions {args.repetitions}: {e}") from None
         executor = make_executor(args.executor)  # before the scenario: `scale: auto` is checked at what a run on it resolves
-        sc = check_scenario(args.scenario, capacity_overrides(args.set, not args.no_early_stop), executor)
+        overrides = capacity_overrides(args.set, not args.no_early_stop)
+        sc = check_scenario(args.scenario, overrides, executor)
         # the default folder is named as `prfaas run`'s is, by the scenario's name (`validation.name_or_stem`: its
         # `name:` or its file's name, a plain name of at most MAX_NAME_BYTES): the file's stem was used unchecked, and a
         # 250-byte file name with a `name:` in it was a "cannot create this folder (File name too long)" once checked
         out = Path(args.out) if args.out else _default_out(f"capacity-{sc.name}")
-        check_resume(out)  # the runs of an earlier search in --out: a damaged one is refused now, not at its rate
+        check_resume(out, args.scenario, overrides)  # an earlier search's runs in --out: damaged or of other settings, refused now
         return out, executor
 
     out, executor = make_output_dir(lambda checked: checked[0], check)  # the folder before the plan, after every refusal
@@ -291,7 +292,7 @@ def _p_text(p: Any) -> str:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import json
 
-    from experiments.capacity import check_resume, flagged_lines
+    from experiments.capacity import flagged_lines
     from experiments.capacity_paired import ALPHA, PairedOrder
     from experiments.executor import make_executor
     from experiments.reproduce import (CONFIGURATIONS, check_planned_runs, earlier_looks, plan_case_study, reproduce_case_study,
@@ -322,10 +323,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             except ValueError as e:
                 raise UserError(f"--paired-from {args.paired_from}: {e}" if args.paired_from is not None else f"--paired {args.paired}: {e}") from None
         executor = make_executor(args.executor)
-        plan = plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop, executor)
-        for name in dict.fromkeys(only):  # an earlier invocation's runs: a damaged one is refused now, not hours in
-            check_resume(out / name)
-        return executor, plan
+        # every configuration checked, and its runs already in --out (damaged, or of other settings): refused now, not hours in
+        return executor, plan_case_study(args.quick, tuple(dict.fromkeys(only)), not args.no_early_stop, executor, out)
 
     executor, plan = make_output_dir(out, check)  # before the plan is printed, after every refusal
     doc = reproduce_case_study(out, quick=args.quick, repetitions=args.repetitions, only=only, executor=executor,

@@ -5,7 +5,9 @@ Resumable: a task whose run directory already loads completely (`experiments.run
 skipped, so an interrupted experiment continues where it stopped. What a resume does with what it finds
 (docs/experiments.md, "Resuming"): a run interrupted before its summary is run again; a finished run that no
 longer loads, a file where a run directory goes, and a finished run of other settings than its task's
-(`rundir.TASK_FILE`) are refused before anything runs, and left as they are.
+(`rundir.TASK_FILE`) are refused before anything runs, and left as they are. Every multi-run command reads
+every run it will skip through one function, `finished_tasks`, before its first new run: `run_tasks` for the
+tasks it is given, `experiments.capacity.check_resume` for every run of an earlier search in ``--out``.
 """
 
 from __future__ import annotations
@@ -88,6 +90,18 @@ def check_same_task(task: RunTask, settings: dict[str, Any] | None) -> None:
                     "use another --out, or move that run aside to run it again")
 
 
+def finished_tasks(tasks: Sequence[RunTask]) -> list[RunTask]:
+    """The tasks whose run directory holds a finished run (`run_state`), each checked to have run what its task asks
+    (`check_same_task`): a damaged run, a file where a run goes, or a run of other settings is a `UserError` naming
+    it, raised before anything runs and with nothing removed. A run without a task.json is taken as it is."""
+    done = []
+    for t in tasks:
+        if run_state(t.out_dir) == FINISHED:
+            check_same_task(t, task_settings(t))
+            done.append(t)
+    return done
+
+
 def progress_bar() -> "Progress":
     """The live bar of multi-run commands: a row per batch of runs, with its count and time."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -137,14 +151,9 @@ def run_tasks(tasks: Sequence[RunTask], executor: Executor | None = None, *, lab
     keys = [t.key for t in tasks]
     if len(set(keys)) != len(keys):
         raise ValueError("task keys must be unique")
-    outcomes: dict[str, RunOutcome] = {}
-    todo = []
-    for t in tasks:  # everything is checked before the first run starts
-        if run_state(t.out_dir) == FINISHED:
-            check_same_task(t, task_settings(t))
-            outcomes[t.key] = RunOutcome(task=t, status=SKIPPED, error=None, wall_s=0.0, node="")
-        else:
-            todo.append(t)
+    done = {t.key for t in finished_tasks(tasks)}  # everything is checked before the first run starts
+    outcomes = {t.key: RunOutcome(task=t, status=SKIPPED, error=None, wall_s=0.0, node="") for t in tasks if t.key in done}
+    todo = [t for t in tasks if t.key not in done]
     settings = {t.key: task_settings(t) for t in todo}  # now: a scenario file edited while the runs go is not what they ran
     for folder in sorted({Path(t.out_dir).parent for t in todo}):
         writable_dir(folder)  # a file in the way or a read-only disk: one line now, not every run failing

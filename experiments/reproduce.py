@@ -345,17 +345,23 @@ class CaseStudyPlan:
     overrides: dict[str, list[str]]  # each configuration's own (`configuration_overrides`)
 
 
-def plan_case_study(quick: bool, only: tuple[str, ...], early_stop: bool = True, executor: Any = None) -> CaseStudyPlan:
+def plan_case_study(quick: bool, only: tuple[str, ...], early_stop: bool = True, executor: Any = None,
+                    out: str | Path | None = None) -> CaseStudyPlan:
     """The model of the variant and each configuration in `only` checked as its search would check it
-    (`capacity.check_scenario`: a run on `executor` would take it): the CLI asks here before it makes the output
-    folder, so a configuration this host refuses leaves no folder behind."""
-    from experiments.capacity import capacity_overrides, check_scenario
+    (`capacity.check_scenario`: a run on `executor` would take it), and, with `out`, every run of an earlier
+    reproduction in ``OUT/<configuration>`` (`capacity.check_resume`: a damaged run, or one of other settings --
+    ``--quick`` against full, another ``--no-early-stop`` -- is refused now, not when its search reaches it): the
+    CLI asks here before it makes the output folder, so a refusal leaves no folder behind."""
+    from experiments.capacity import capacity_overrides, check_resume, check_scenario
 
     base = STEADY + (QUICK if quick else FULL)
     sc, model = model_results(base)
     overrides = configuration_overrides(model["literal"])
     for name in only:  # every configuration is checked before the first search starts
-        check_scenario("case-study", capacity_overrides(base + overrides[name], early_stop), executor)
+        search = capacity_overrides(base + overrides[name], early_stop)
+        check_scenario("case-study", search, executor)
+        if out is not None:
+            check_resume(Path(out) / name, "case-study", search)
     return CaseStudyPlan(base, sc, model, overrides)
 
 
@@ -379,7 +385,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
 
     t0 = time.monotonic()
     if plan is None:
-        plan = plan_case_study(quick, only, early_stop, executor)
+        plan = plan_case_study(quick, only, early_stop, executor, out)
     base, sc, model, overrides = plan.base, plan.scenario, plan.model, plan.overrides
     at_once, per_search = searches_at_once(executor, len(only))
     plan = planned_wall_s(sc, quick, len(only), search["repetitions"], at_once)

@@ -388,3 +388,55 @@ def test_a_reproduction_resumed_from_a_damaged_folder(case: str, damage: Callabl
     if case.startswith("document-"):  # the damaged document is kept beside the new one, as it was, and the line says why
         assert len(list(d.glob("reproduce-*.json"))) == 1 and "kept the earlier" in err
         assert ("(unreadable, so its time is in no sum: " in err) == (case not in ("document-wall-text", "document-scenario-list"))
+
+
+# ------------------------------------------------------------------ resumed with other settings: refused before any run
+
+CAPACITY = ["capacity", "quick", "--max-probes", "3", "--repetitions", "1", "--json"]
+
+
+def every_path(d: Path) -> set[str]:
+    return {str(p.relative_to(d)) for p in d.rglob("*")}
+
+
+@pytest.mark.timeout(120)
+def test_a_capacity_search_resumed_with_other_settings_is_refused_before_any_run(runs: list[str], tmp_path: Path,
+                                                                                 capsys: pytest.CaptureFixture[str]):
+    """A finished run whose task.json records other settings was refused only when the search reached its rate, after
+    new runs into the same folder; every run in --out is now checked against the task its folder's name rebuilds
+    (`capacity.check_resume`) before the first run, and before any folder is made."""
+    out = tmp_path / "out"
+    assert main(CAPACITY + ["--out", str(out)]) == 0 and len(runs) >= 2
+    made, paths, before = list(runs), every_path(out), finished_runs(out)
+    runs.clear()
+    capsys.readouterr()
+    assert not any(k.startswith("rate=0.7/") for k in made)  # a new start: the old check ran its runs first
+    assert main(CAPACITY + ["--out", str(out), "--set", "serving.slo.ttft=20s", "--start", "0.7"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert runs == [] and every_path(out) == paths and finished_runs(out) == before  # nothing ran, made or deleted
+    first = out / "probes" / f"{sorted(made)[0].split('/')[0]}" / "seed1"
+    assert line.startswith(f"{first}: holds a finished run of other settings than this one asks for (serving.slo.ttft: "), line
+    assert line.endswith("there, '20s' now); use another --out, or move that run aside to run it again"), line
+
+    shutil.rmtree(out / "probes" / made[-1])  # the same settings: only what is missing runs
+    assert main(CAPACITY + ["--out", str(out)]) == 0
+    assert runs == [made[-1]] and "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("variant", [[], ["--no-early-stop"]], ids=["full", "no-early-stop"])
+def test_a_reproduction_resumed_as_another_variant_is_refused_before_any_run(variant: list[str], finished: Path, runs: list[str],
+                                                                              tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """The full variant (or --no-early-stop) into a quick reproduction's folder: refused at its first configuration's
+    first run, not when each search reached its rates (the full variant's model puts its rates elsewhere, so most of
+    them would have been new runs beside the quick ones first)."""
+    d = tmp_path / "out"
+    shutil.copytree(finished, d, symlinks=True)
+    paths, before = every_path(d), finished_runs(d)
+    quick = ["--quick"] if variant else []  # full: the same folder without --quick
+    assert main(["reproduce", "case-study", "--out", str(d), "--json"] + quick + variant) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert runs == [] and every_path(d) == paths and finished_runs(d) == before
+    first = sorted((d / "prfaas_pd" / "probes").iterdir())[0] / "seed1"
+    said = "(duration: '45s' there, '150s' now; " if not variant else "(serving.slo.stop_below: 0.9 there, None now)"
+    assert line.startswith(f"{first}: holds a finished run of other settings than this one asks for {said}"), line
