@@ -4,8 +4,14 @@ What a network leaves when its Python process is SIGKILLed: its gateways' delay-
 iperf3 or worker started in its hosts), which keep their namespaces alive with the veths, the
 NFQUEUE and DROP iptables rules inside them; the two bridges in the root namespace; its state file;
 the sysctls it changed. The state file (testbed.net.state) names all of it: processes are found by
-the inode of their network namespace, so only processes inside our namespaces are signalled.
-Bridges named like ours (``br[fd]XXXXX``) that no live network claims are removed too.
+the inode of their network namespace and signalled only when that namespace is provably the recorded
+one -- its cookie is the one recorded (`state.netns_cookie`) -- and no live network of ours records
+the inode: the kernel gives a freed namespace's inode to the next one created, which may be anyone's.
+Processes in a namespace that has another cookie now are someone else's and left alone, silently. A
+file that records no cookie (written before cookies were, or on a kernel older than 5.14) cannot
+prove its namespaces: the processes found in them are not signalled but listed, one line, for the
+user to check (`ps -o pid,netns,args`) and kill by hand. Bridges named like ours (``br[fd]XXXXX``)
+that no live network claims are removed too.
 
 `clean(run=RUN_ID)` (``prfaas clean RUN_ID``) removes only the network(s) of one run -- its run id or
 its run directory, as recorded in the state file -- and leaves every other network, live or dead, and
@@ -70,12 +76,27 @@ def _our_bridges() -> list[str]:
         return [l.get_attr("IFLA_IFNAME") for l in ipr.get_links() if BRIDGE_RE.match(l.get_attr("IFLA_IFNAME") or "")]
 
 
-def remove_network(path: Path, data: dict[str, Any], report: CleanReport) -> None:
-    """Kill everything inside the network's namespaces, delete its bridges and its state file."""
+def remove_network(path: Path, data: dict[str, Any], report: CleanReport, live_inodes: frozenset[int]) -> None:
+    """Kill everything inside the network's namespaces that are provably still its own (see the module's docstring;
+    `live_inodes`: those of our live networks, never touched), delete its bridges and its state file."""
     from testbed.net.emulation import kill_pids
 
-    inodes = {h["netns_inode"] for h in data.get("hosts", {}).values() if h.get("netns_inode")}  # (`state.read_state`'s)
-    report.processes += kill_pids(state.pids_in_netns(inodes))
+    cookies = {h["netns_inode"]: h["netns_cookie"] for h in data["hosts"].values() if h["netns_inode"]}  # (`state.read_state`'s)
+    proven: list[int] = []
+    unproven: list[int] = []
+    for inode, pids in state.pids_by_netns(set(cookies) - live_inodes).items():
+        now = next((c for pid in pids if (c := state.netns_cookie(pid)) is not None), None)
+        if cookies[inode] is None or now is None:
+            unproven += pids
+        elif now == cookies[inode]:
+            proven += pids
+    report.processes += kill_pids(proven)
+    if unproven:
+        report.not_cleaned.append(
+            f"{path}: left {len(unproven)} process(es) in namespaces it records (pid {', '.join(map(str, sorted(unproven)))}), "
+            "not signalled: the kernel reuses a freed namespace's inode, and nothing proves these are still its own (it "
+            "records no namespace cookie -- a file written before they were, or on a kernel older than 5.14 -- or their "
+            "cookie could not be read); check them with `ps -o pid,netns,args -p PID` and kill those that are its")
     report.bridges += _delete_bridges(list(data.get("bridges", [])))
     for d in data.get("delayline_dirs", []):
         if Path(d).name.startswith("prfaas-delayline-") and Path(d).is_dir():
@@ -121,17 +142,20 @@ def clean(*, include_live: bool = False, run: str | None = None) -> CleanReport:
     with state.locked():
         good, damaged = state.scan_states()
         state.warn_damaged(damaged, quiet=True)  # reported below
+        alive = {path: state.owner_alive(data) for path, data in good}
+        live_inodes = frozenset(h["netns_inode"] for path, data in good if alive[path] for h in data["hosts"].values()
+                                if h["netns_inode"])
         for path, data in good:
             if run is not None and not state.matches_run(data, run):
                 continue
-            if state.owner_alive(data):
+            if alive[path]:
                 report.skipped_live.append(f"{data.get('scenario')} (pid {data.get('owner_pid')}, tag {data.get('tag')})")
                 if include_live:  # not stopped above: its owner cannot be told from a process that took its pid
                     report.not_cleaned.append(f"{path}: kept: its owner, pid {data['owner_pid']}, runs, but the file records "
                                               "no start time (owner_start) to tell it from another process that took the "
                                               "pid, so it was not stopped")
                 continue
-            remove_network(path, data, report)
+            remove_network(path, data, report, live_inodes)
         for d in damaged:
             _remove_damaged(d, run, report)
         if run is not None:

@@ -84,6 +84,7 @@ class Network:
         self._procs: list[subprocess.Popen] = []
         self._state_file: Path | None = None
         self._netns_inodes: set[int] = set()
+        self._netns_fds: list[int] = []  # our namespaces, held open until stop() ends: their inodes stay ours
         self._old_handlers: dict[int, Any] = {}
         self._stopped = False
         self._lock = threading.Lock()
@@ -142,10 +143,12 @@ class Network:
         self.net = Mininet(topo=TwoDatacenterTopo(topo_spec, tag=self.tag), switch=NetlinkBridge, controller=None,
                            link=Link, build=False, waitConnected=False)
         self.net.build()
-        for h in self.net.hosts:  # record namespaces at once, so that clean can find them after a SIGKILL
-            ino = state.netns_inode(h.pid)
-            self._netns_inodes.add(ino or 0)
-            self._state["hosts"][h.name] = {"pid": h.pid, "netns_inode": ino, "ip": self.addresses.get(h.name)}
+        for h in self.net.hosts:  # record namespaces at once, so that clean can find (inode) and know (cookie) them
+            self._netns_fds.append(os.open(f"/proc/{h.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC))
+            ino = os.fstat(self._netns_fds[-1]).st_ino
+            self._netns_inodes.add(ino)
+            self._state["hosts"][h.name] = {"pid": h.pid, "netns_inode": ino, "netns_cookie": state.netns_cookie(h.pid),
+                                            "ip": self.addresses.get(h.name)}
         state.write_state(self._state_file, self._state)
         self.net.start()
         for h in self.net.hosts:
@@ -255,6 +258,8 @@ class Network:
                     self._state_file.unlink(missing_ok=True)
 
             step("state", release)
+        while self._netns_fds:  # the namespaces go, and their inodes may be another's from now on
+            os.close(self._netns_fds.pop())
         self._restore_signal_handlers()
         try:
             atexit.unregister(self.stop)

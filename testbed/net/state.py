@@ -13,15 +13,23 @@ state directory on a disk that lost power) -- is one line naming the file and wh
 from it: no process it names is signalled, no link it names deleted, no sysctl value it holds written. `prfaas
 clean` removes such a file and says what it could not clean (`testbed.net.cleanup`); everything else passes it
 over with a warning. A process is signalled only when its pid and its start time (``owner_start``) both match.
+
+A host's namespace is recorded by its inode (``netns_inode``), which finds the processes in it, and its cookie
+(``netns_cookie``, `netns_cookie`), which proves that the namespace now at that inode is still the recorded one: the
+kernel gives a freed namespace's inode to the next namespace created (a container's, another tool's, another network
+of ours), but never its cookie.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import re
+import socket
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -54,6 +62,8 @@ TAG_RE = re.compile(r"[0-9a-f]{5}")
 STATE_NAME_RE = re.compile(r"net-([0-9]{1,10})-([0-9a-f]{5})\.json")  # `state_path`'s names
 DELAYLINE_DIR_PREFIX = "prfaas-delayline-"  # a delay line's control directory (`testbed.net.delayline`)
 PID_T_MAX = 2**31 - 1  # pid_t (the kernel's pid_max is at most 2**22)
+CLONE_NEWNET = 0x40000000  # <linux/sched.h>
+SO_NETNS_COOKIE = 71  # <asm-generic/socket.h>, Linux 5.14
 STATE_WHAT = "a network state file (testbed.net.state)"
 SYSCTL_WHAT = "the host's sysctls saved before a network started (testbed.net.state)"
 
@@ -119,6 +129,7 @@ def write_state(path: Path, data: dict[str, Any]) -> None:
 
 _pid = count_up_to(PID_T_MAX, "the largest process id (pid_t)")
 _inode = count_up_to(2**64 - 1, "the largest inode number")
+_cookie = count_up_to(2**64 - 1, "the largest namespace cookie")
 
 
 def _tag(v: Any) -> str:
@@ -155,8 +166,9 @@ def _delayline_dir(v: Any) -> str:
 
 def read_state(path: Path) -> dict[str, Any]:
     """A network's state file, checked: the owner (``owner_pid`` >= 1, ``owner_start`` its start time or absent),
-    the tag and the bridges named after it, the hosts (shell ``pid``, ``netns_inode``, ``ip``), the processes and
-    the delay lines' directories, each of its type; other keys are kept as they are (nothing acts on them). A
+    the tag and the bridges named after it, the hosts (shell ``pid``, ``netns_inode``, ``netns_cookie``: None in a
+    file written before cookies were recorded, ``ip``), the processes and the delay lines' directories, each of its
+    type; other keys are kept as they are (nothing acts on them). A
     damaged file is a `UserError` naming it and what is wrong (`testbed.validation.read_json`, `Fields`)."""
     data = read_json(path, STATE_WHAT)
     if not isinstance(data, dict):
@@ -172,7 +184,8 @@ def read_state(path: Path) -> dict[str, Any]:
     hosts = {}
     for name, h in f.get("hosts", mapping, {}).items():
         hf = Fields(h, f"hosts.{name}", str(path))
-        hosts[name] = {"pid": hf.get("pid", _pid), "netns_inode": hf.get("netns_inode", _inode, None), "ip": hf.get("ip", string, None)}
+        hosts[name] = {"pid": hf.get("pid", _pid), "netns_inode": hf.get("netns_inode", _inode, None),
+                       "netns_cookie": hf.get("netns_cookie", _cookie, None), "ip": hf.get("ip", string, None)}
     out["hosts"] = hosts
     named = STATE_NAME_RE.fullmatch(path.name)
     for key, in_name in (("owner_pid", int(named[1])), ("tag", named[2])) if named else ():
@@ -365,13 +378,37 @@ def netns_inode(pid: int) -> int | None:
         return None
 
 
-def pids_in_netns(inodes: set[int]) -> list[int]:
-    """Every process whose network namespace is one of `inodes` (never the root namespace's)."""
-    root = netns_inode(1)
-    inodes = {i for i in inodes if i and i != root}
-    out = []
+def netns_cookie(pid: int) -> int | None:
+    """The cookie of the process's network namespace (SO_NETNS_COOKIE, Linux >= 5.14): unlike its inode, never given
+    to another namespace until the host reboots. Read by a thread that joins the namespace and ends (the caller's own
+    threads stay where they are); None when it cannot be read (the process is gone or a zombie, an older kernel)."""
+    got: list[int] = []
+
+    def read() -> None:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/ns/net") as ns:
+            if ctypes.CDLL(None, use_errno=True).setns(ns.fileno(), CLONE_NEWNET) == 0:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                    got.append(int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), sys.byteorder))
+
+    reader = threading.Thread(target=read, name=f"netns-cookie-{pid}")
+    reader.start()
+    reader.join()
+    return got[0] if got else None
+
+
+def pids_by_netns(inodes: set[int]) -> dict[int, list[int]]:
+    """{inode: the processes in it} for every namespace of `inodes` that holds one, never the root namespace nor this
+    process's own (pid 1's namespace may be unreadable, in a container)."""
+    ours = {netns_inode(1), netns_inode(os.getpid())}
+    out: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
-            if netns_inode(int(entry.name)) in inodes:
-                out.append(int(entry.name))
+            ino = netns_inode(int(entry.name))
+            if ino in inodes and ino not in ours:
+                out.setdefault(ino, []).append(int(entry.name))
     return out
+
+
+def pids_in_netns(inodes: set[int]) -> list[int]:
+    """Every process whose network namespace is one of `inodes` (`pids_by_netns`)."""
+    return [pid for pids in pids_by_netns(inodes).values() for pid in pids]

@@ -1,5 +1,6 @@
 """`prfaas net up --detach / exec / down`, bad input, and `prfaas clean` after a SIGKILLed run."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from testbed.net import cleanup, state
 
 REPO = Path(__file__).resolve().parents[2]
 SETS = ["--set", "wan.delay=2ms", "--set", "scale=10"]
+DEAD = 2**22 + 1  # beyond pid_max: never a process
 
 
 def prfaas(*args, timeout=120):
@@ -84,6 +86,44 @@ def test_clean_removes_what_a_sigkilled_run_left():
     assert not state.pids_in_netns(inodes)
     assert not (set(data["bridges"]) & our_bridges())
     assert not any(d.get("owner_pid") == child.pid for _, d in state.list_states())
+
+
+def test_clean_after_a_sigkill_signals_by_namespace_cookie_not_by_inode_alone():
+    """A process that outlives its network's owner is cleaned when its namespace is provably the recorded one; a state
+    file that records the same inode with another cookie (as a dead network's would, once the kernel gave its freed
+    inode to this namespace) gets nothing signalled."""
+    child = subprocess.Popen([sys.executable, "-m", "testbed.cli", "net", "up", "net-default", *SETS], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    data, sleeper = None, None
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and data is None:
+            data = next((d for _, d in state.list_states() if d.get("owner_pid") == child.pid and d.get("ready")), None)
+            time.sleep(0.1)
+        assert data, "net up did not come up"
+        d0 = data["hosts"]["pd-d0"]
+        assert d0["netns_cookie"] == state.netns_cookie(d0["pid"]) != state.netns_cookie(os.getpid())
+        sleeper = subprocess.Popen(["mnexec", "-a", str(d0["pid"]), "sleep", "300"], start_new_session=True)
+        deadline = time.monotonic() + 10
+        while state.netns_inode(sleeper.pid) != d0["netns_inode"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    try:
+        with state.locked():
+            fake = state.state_path(DEAD, state.claim_tag("fffff", set()))
+            state.write_state(fake, {"owner_pid": DEAD, "tag": fake.stem[-5:], "run_id": "it-reused-inode", "hosts": {
+                "pd-d0": {"pid": DEAD, "netns_inode": d0["netns_inode"], "netns_cookie": d0["netns_cookie"] + 1}}})
+        rep = cleanup.clean(run="it-reused-inode")
+        assert rep.networks == [fake.name] and rep.processes == [] and rep.not_cleaned == [] and sleeper.poll() is None
+        rep = cleanup.clean()
+        assert sleeper.pid in rep.processes and sleeper.wait(timeout=10) is not None
+        assert not state.pids_in_netns({d0["netns_inode"]}) and not (set(data["bridges"]) & our_bridges())
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        sleeper.wait()
 
 
 def test_each_network_in_one_process_raises_mininet_limits_after_an_earlier_one_restored_them():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     import testbed.net.delayline as delayline
 
     rec: dict[str, Any] = {"killed": [], "deleted": [], "written": {}, "bridges": [], "netns": [],
+                           "ns": {}, "cookies": {},  # the namespaces' processes (inode: pids), their cookies (pid: cookie)
                            "sysctl": {k: "9" for k in [*state.SYSCTL_SET, *state.SYSCTL_MININET]}}
     monkeypatch.setattr(state, "STATE_DIR", tmp_path / "state")
     monkeypatch.setattr(state, "_warned", set())
@@ -38,9 +40,9 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         rec["killed"] += list(pids)
         return list(pids)
 
-    def pids_in_netns(inodes: set[int]) -> list[int]:
+    def pids_by_netns(inodes: set[int]) -> dict[int, list[int]]:
         rec["netns"].append(set(inodes))
-        return []
+        return {i: list(rec["ns"][i]) for i in inodes if i in rec["ns"]}
 
     def delete_bridges(names: list[str]) -> list[str]:
         rec["deleted"] += names
@@ -52,7 +54,8 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         return True
 
     monkeypatch.setattr(emulation, "kill_pids", kill_pids)
-    monkeypatch.setattr(state, "pids_in_netns", pids_in_netns)
+    monkeypatch.setattr(state, "pids_by_netns", pids_by_netns)
+    monkeypatch.setattr(state, "netns_cookie", lambda pid: rec["cookies"].get(pid))
     monkeypatch.setattr(cleanup, "_delete_bridges", delete_bridges)
     monkeypatch.setattr(cleanup, "_our_bridges", lambda: list(rec["bridges"]))
     monkeypatch.setattr(delayline, "remove_stale_control_dirs", lambda *a, **kw: 0)
@@ -65,7 +68,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 def good_state(pid: int = DEAD, tag: str = "0abcd", **extra: Any) -> dict[str, Any]:
     return {"owner_pid": pid, "owner_start": 1, "tag": tag, "scenario": "quick", "source": None, "ready": True,
             "run_id": "r1", "run_dir": None, "bridges": [f"brf{tag}", f"brd{tag}"],
-            "hosts": {"pd-d0": {"pid": 1234, "netns_inode": 4026532175, "ip": "10.2.0.11"}}, "processes": [1235],
+            "hosts": {"pd-d0": {"pid": 1234, "netns_inode": 4026532175, "netns_cookie": 4101, "ip": "10.2.0.11"}}, "processes": [1235],
             "delayline_dirs": ["/dev/shm/prfaas-delayline-q1-abcdefgh"], **extra}
 
 
@@ -117,6 +120,8 @@ DAMAGED = [  # (file contents, what the one line must say)
     (with_(hosts={"pd-d0": 7}), "hosts.pd-d0: must be a mapping of keys to values, got int"),
     (with_(**{"pd-d0.pid": -1}), "hosts.pd-d0.pid: -1 is not a whole number >= 1"),
     (with_(**{"pd-d0.netns_inode": "4026532175"}), "hosts.pd-d0.netns_inode: '4026532175' is not a whole number >= 1"),
+    (with_(**{"pd-d0.netns_cookie": 0}), "hosts.pd-d0.netns_cookie: 0 is not a whole number >= 1"),
+    (with_(**{"pd-d0.netns_cookie": 2**64}), "hosts.pd-d0.netns_cookie: 18446744073709551616 is more than 18446744073709551615"),
     (with_(**{"pd-d0.ip": 10}), "hosts.pd-d0.ip: 10 is not a string"),
     (with_(processes=[-1]), "processes: item 0: -1 is not a whole number >= 1"),
     (with_(processes=5), "processes: must be a list of process ids, got int"),
@@ -140,6 +145,8 @@ def test_a_good_state_file_reads_as_written_and_other_keys_are_kept(host: dict[s
     assert state.read_state(p) == d
     minimal = put(json.dumps({"owner_pid": DEAD, "tag": "00001"}), tag="00001")  # (what older tests and files hold)
     assert state.read_state(minimal)["hosts"] == {} and state.read_state(minimal)["owner_start"] is None
+    older = put(json.dumps(good_state(tag="00002", hosts={"pd-d0": {"pid": 9, "netns_inode": 8, "ip": "10.2.0.11"}})), tag="00002")
+    assert state.read_state(older)["hosts"]["pd-d0"]["netns_cookie"] is None  # (written before cookies were recorded)
 
 
 def test_every_reader_passes_over_a_damaged_file_with_one_warning_once(host: dict[str, Any], capsys: pytest.CaptureFixture[str]):
@@ -164,6 +171,68 @@ def test_clean_removes_a_damaged_file_of_a_dead_owner_and_says_what_it_could_not
     assert set(host["deleted"]) == set(host["bridges"])  # the damaged one's bridges go with the unclaimed ones
     assert len(rep.damaged) == 1 and rep.damaged[0].startswith(f"{bad}: owner_pid: -1 is not a whole number >= 1; removed it")
     assert "processes in its network's namespaces" in rep.damaged[0] and rep.not_cleaned == []
+
+
+def namespaces(**inodes: int | None) -> dict[str, dict[str, Any]]:
+    """A state file's hosts, one per namespace: {host: cookie} for the inodes 100, 101, ...; a None cookie is left out
+    (as a file written before cookies were recorded)."""
+    return {name: {"pid": 1000 + i, "netns_inode": 100 + i, "ip": f"10.2.0.{10 + i}", **({"netns_cookie": c} if c else {})}
+            for i, (name, c) in enumerate(inodes.items())}
+
+
+def test_clean_signals_a_genuine_leftover_and_not_a_namespace_that_took_a_recorded_inode(host: dict[str, Any]):
+    """The kernel gives a freed namespace's inode to the next one created: only a namespace whose cookie is the one
+    recorded is the network's own. Another's (a container's, another tool's) is left alone, and nothing is said."""
+    put(json.dumps(good_state(hosts=namespaces(d0=7, gw=8))))
+    host["ns"] = {100: [500, 501], 101: [600]}
+    host["cookies"] = {500: 7, 501: 7, 600: 99}  # 101 is another namespace now: its cookie is not the recorded 8
+    rep = cleanup.clean()
+    assert host["killed"] == [500, 501] and rep.processes == [500, 501] and rep.not_cleaned == []
+
+
+def test_clean_never_signals_processes_in_a_live_network_of_ours(host: dict[str, Any]):
+    me = os.getpid()
+    live = put(json.dumps(good_state(pid=me, owner_start=state.process_start_ticks(me), hosts=namespaces(d0=7, gw=8))), pid=me)
+    put(json.dumps(good_state(tag="00001", hosts=namespaces(d0=7, gw=None))), tag="00001")  # dead ones that recorded
+    put(json.dumps(good_state(tag="00002", hosts=namespaces(d0=None))), tag="00002")  # its inodes (and even its cookie)
+    host["ns"] = {100: [500], 101: [600]}
+    host["cookies"] = {500: 7, 600: 8}
+    rep = cleanup.clean()
+    assert host["killed"] == [] and rep.not_cleaned == [] and live.exists() and len(rep.networks) == 2
+    assert host["netns"] == [set(), set()]  # not even looked in
+
+
+@pytest.mark.parametrize("recorded, now", [(None, 7), (7, None)], ids=["no-cookie-recorded", "cookie-unreadable"])
+def test_clean_signals_nothing_it_cannot_prove_and_says_so_in_one_line(host: dict[str, Any], capsys: pytest.CaptureFixture[str],
+                                                                       recorded: int | None, now: int | None):
+    """A file written before cookies were recorded (or on a kernel older than 5.14), or a namespace whose cookie
+    cannot be read: its processes are listed, not signalled; the rest of the network is removed; exit status 1."""
+    for argv in (["clean"], ["clean", "--json"]):
+        p = put(json.dumps(good_state(hosts=namespaces(d0=recorded))))
+        host["ns"] = {100: [502, 501]}
+        host["cookies"] = {501: now, 502: now}
+        assert main(argv) == 1 and host["killed"] == [] and not p.exists()
+        out, err = capsys.readouterr()
+        line = (f"{p}: left 2 process(es) in namespaces it records (pid 501, 502), not signalled: the kernel reuses a freed "
+                "namespace's inode, and nothing proves these are still its own (it records no namespace cookie -- a file "
+                "written before they were, or on a kernel older than 5.14 -- or their cookie could not be read); check "
+                "them with `ps -o pid,netns,args -p PID` and kill those that are its")
+        if argv == ["clean"]:
+            assert out.startswith("removed: 1 network(s), 0 process(es)") and err == f"prfaas: not cleaned: {line}\n"
+        else:
+            assert json.loads(out)["not_cleaned"] == [line] and err == ""
+
+
+def test_the_root_namespace_and_our_own_are_never_looked_in():
+    own = state.netns_inode(os.getpid())
+    assert own is not None and state.pids_by_netns({own}) == {} and state.pids_in_netns({own}) == []
+
+
+def test_a_namespace_cookie_is_read_without_moving_the_caller():
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        ours = int.from_bytes(s.getsockopt(socket.SOL_SOCKET, state.SO_NETNS_COOKIE, 8), sys.byteorder)
+    assert state.netns_cookie(os.getpid()) == (ours if os.geteuid() == 0 else None)  # (joining a namespace needs root)
+    assert state.netns_cookie(DEAD) is None
 
 
 def test_clean_keeps_a_damaged_file_whose_names_pid_runs_and_its_bridges(host: dict[str, Any]):
