@@ -183,6 +183,8 @@ def _find_network(net_id: str | None) -> dict[str, Any]:
 
 
 def cmd_net_exec(args: argparse.Namespace) -> int:
+    from testbed.net import state
+
     cmd = list(args.cmd)
     while cmd[:1] == ["--id"] and len(cmd) >= 2:  # `net exec HOST --id X -- CMD`: the remainder swallowed it
         args.net_id, cmd = cmd[1], cmd[2:]
@@ -193,7 +195,13 @@ def cmd_net_exec(args: argparse.Namespace) -> int:
     hosts = d.get("hosts", {})
     if args.host not in hosts:
         raise UserError(f"net exec: no host {args.host!r}; hosts: {', '.join(sorted(hosts))}")
-    return subprocess.call(["mnexec", "-a", str(hosts[args.host]["pid"]), *cmd])
+    pid, cookie = hosts[args.host]["pid"], hosts[args.host].get("netns_cookie")
+    # the host's shell is the way into its namespace: where it has gone (the network stopping), its pid may be another
+    # process's, and mnexec would run CMD in that process's namespace, the host's own one if it is in the root namespace
+    if cookie is not None and state.netns_cookie(pid) != cookie:
+        raise HostError(f"net exec: host {args.host}'s shell (pid {pid}) is no longer in the namespace the network "
+                        f"recorded; network {d['tag']} is stopping or was killed (`prfaas net down`, `prfaas clean`)")
+    return subprocess.call(["mnexec", "-a", str(pid), *cmd])
 
 
 def cmd_net_down(args: argparse.Namespace) -> int:

@@ -412,3 +412,24 @@ def test_a_damaged_guest_probe_cache_is_probed_again_and_written_anew(tmp_path: 
     assert guest.read_accel_cache(cache) == {"boot_id": "boot", "kernel": "k", "qemu": "q", "accel": "kvm",
                                              "why": "a KVM probe boot finished in 2.0 s"}
     assert guest.choose_accel(spec, "auto")[1].endswith("(cached for this host boot)") and len(probes) == 1
+
+
+def test_net_exec_enters_a_host_only_while_its_shell_is_in_the_recorded_namespace(host: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                                                               capsys: pytest.CaptureFixture[str]):
+    """`net exec` reaches a host through its shell's pid; once the shell is gone that pid may be another process's, and
+    mnexec would run the command in that process's namespace. The recorded namespace cookie must still be the pid's."""
+    import testbed.net.commands as commands
+
+    me = os.getpid()
+    put(json.dumps(good_state(pid=me, owner_start=state.process_start_ticks(me))), pid=me)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(commands.subprocess, "call", lambda argv: calls.append(argv) or 0)
+    host["cookies"][1234] = 4101  # the shell is where the network recorded it
+    assert main(["net", "exec", "pd-d0", "--", "ip", "addr"]) == 0
+    assert calls == [["mnexec", "-a", "1234", "ip", "addr"]]
+    for now in (9999, None):  # pid 1234 is now in another namespace, or no process at all
+        host["cookies"][1234] = now
+        assert main(["net", "exec", "pd-d0", "--", "ip", "addr"]) != 0
+        err = capsys.readouterr().err
+        assert err.startswith("prfaas: error: net exec: host pd-d0's shell (pid 1234) is no longer in the namespace") and err.count("\n") == 1
+    assert len(calls) == 1
