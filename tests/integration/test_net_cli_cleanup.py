@@ -24,6 +24,23 @@ def our_bridges():
     return set(cleanup._our_bridges())
 
 
+def start_owner() -> subprocess.Popen:
+    """`prfaas net up net-default` in the foreground of a child of its own session: the owner a test SIGKILLs."""
+    return subprocess.Popen([sys.executable, "-m", "testbed.cli", "net", "up", "net-default", *SETS], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_ready(child: subprocess.Popen) -> dict:
+    """The state of `child`'s network once it is up (within 90 s)."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        data = next((d for _, d in state.list_states() if d.get("owner_pid") == child.pid and d.get("ready")), None)
+        if data:
+            return data
+        time.sleep(0.1)
+    raise AssertionError("net up did not come up")
+
+
 def test_net_up_detach_exec_down_leaves_nothing():
     before = {p.name for p, _ in state.list_states()}
     r = prfaas("net", "up", "net-default", "--detach", *SETS)
@@ -64,15 +81,9 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(override, field):
 
 
 def test_clean_removes_what_a_sigkilled_run_left():
-    child = subprocess.Popen([sys.executable, "-m", "testbed.cli", "net", "up", "net-default", *SETS], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    data = None
+    child = start_owner()
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and data is None:
-            data = next((d for _, d in state.list_states() if d.get("owner_pid") == child.pid and d.get("ready")), None)
-            time.sleep(0.1)
-        assert data, "net up did not come up"
+        data = wait_ready(child)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -92,15 +103,9 @@ def test_clean_after_a_sigkill_signals_by_namespace_cookie_not_by_inode_alone():
     """A process that outlives its network's owner is cleaned when its namespace is provably the recorded one; a state
     file that records the same inode with another cookie (as a dead network's would, once the kernel gave its freed
     inode to this namespace) gets nothing signalled."""
-    child = subprocess.Popen([sys.executable, "-m", "testbed.cli", "net", "up", "net-default", *SETS], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    data, sleeper = None, None
+    child = start_owner()
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and data is None:
-            data = next((d for _, d in state.list_states() if d.get("owner_pid") == child.pid and d.get("ready")), None)
-            time.sleep(0.1)
-        assert data, "net up did not come up"
+        data = wait_ready(child)
         d0 = data["hosts"]["pd-d0"]
         assert d0["netns_cookie"] == state.netns_cookie(d0["pid"]) != state.netns_cookie(os.getpid())
         sleeper = subprocess.Popen(["mnexec", "-a", str(d0["pid"]), "sleep", "300"], start_new_session=True)
