@@ -104,7 +104,7 @@ def _spec(spec: str) -> str:
 def _local(arg: str | None) -> Executor:
     """``local`` (one after another) or ``local:N`` (N isolated runs at once, `experiments.parallel`): N in ASCII digits,
     1 to this host's cores (`testbed.fidelity.check_parallelism` refuses more)."""
-    if arg is None or arg == "1":
+    if arg is None:
         return SequentialExecutor()
     if arg == "":
         raise UserError("--executor 'local:': N is missing; use local (one run after another) or local:N (N runs at once on "

@@ -187,12 +187,18 @@ def read_state(path: Path) -> dict[str, Any]:
         hosts[name] = {"pid": hf.get("pid", _pid), "netns_inode": hf.get("netns_inode", _inode, None),
                        "netns_cookie": hf.get("netns_cookie", _cookie, None), "ip": hf.get("ip", string, None)}
     out["hosts"] = hosts
-    named = STATE_NAME_RE.fullmatch(path.name)
-    for key, in_name in (("owner_pid", int(named[1])), ("tag", named[2])) if named else ():
+    named = name_parts(path)
+    for key, in_name in zip(("owner_pid", "tag"), named or ()):
         if out[key] != in_name:
             raise f.error(key, f"{out[key]!r} is not the one in the file's name ({in_name!r}): a state file is named "
                                "net-<owner_pid>-<tag>.json")
     return out
+
+
+def name_parts(path: Path) -> tuple[int, str] | None:
+    """(owner pid, tag) of a state file's name (`state_path`'s net-<owner pid>-<tag>.json), or None for another name."""
+    named = STATE_NAME_RE.fullmatch(path.name)
+    return (int(named[1]), named[2]) if named else None
 
 
 @dataclass(frozen=True)
@@ -205,13 +211,11 @@ class DamagedState:
 
     @property
     def pid(self) -> int | None:
-        named = STATE_NAME_RE.fullmatch(self.path.name)
-        return int(named[1]) if named else None
+        return (name_parts(self.path) or (None, None))[0]
 
     @property
     def tag(self) -> str | None:
-        named = STATE_NAME_RE.fullmatch(self.path.name)
-        return named[2] if named else None
+        return (name_parts(self.path) or (None, None))[1]
 
     def maybe_live(self) -> bool:
         """Is the pid in the file's name a running process? Then the file may be a live network's (its start time
