@@ -108,6 +108,26 @@ def _cancel_refs(refs: Sequence[Any]) -> None:
             ray.cancel(ref)
 
 
+CONNECT_TIMEOUT_S = 3.0
+
+
+def tcp_accepts(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts a TCP connection at host:port now."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a ``HOST:PORT`` cluster address, None for anything else (``auto``, ``ray://...``: Ray reads those)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or "://" in address or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]"), int(port)
+
+
 class RayExecutor(Executor):
     """Runs on the Ray cluster at `address` (``auto``: the one `ray start` made on this host, or RAY_ADDRESS)."""
 
@@ -142,6 +162,12 @@ class RayExecutor(Executor):
         ray = _import_ray()
         with self._lock:
             if not ray.is_initialized():
+                gcs = _host_port(self.address)
+                if gcs is not None and not tcp_accepts(*gcs, timeout_s=CONNECT_TIMEOUT_S):
+                    # ray.init would wait minutes on an address where nothing listens (it retries in 30 s rounds)
+                    raise UserError(f"--executor ray: no Ray cluster at {self.address!r} (nothing accepted a TCP connection "
+                                    f"there within {CONNECT_TIMEOUT_S:g} s); start one with `ray start --head --resources "
+                                    "'{\"prfaas_node\": 1}'` (docs/scale-out.md)")
                 try:
                     ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
                 except Exception as exc:  # ConnectionError; a malformed address is a ValueError, and Ray raises others

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.ray_executor import NODE_RESOURCE
+from experiments.ray_executor import NODE_RESOURCE, tcp_accepts
 
 START_TIMEOUT_S = 120.0
 # A node being started may give up on its own: on a loaded 2-core host a worker node's raylet once
@@ -28,6 +28,7 @@ START_TIMEOUT_S = 120.0
 # at once when run again). The node just started is then started again, with fresh ports, up to this
 # many times in all; a node that was already up and then exits is an error at once.
 START_ATTEMPTS = 3
+PROBE_TIMEOUT_S = 30.0
 
 
 class NodeStartFailed(RuntimeError):
@@ -35,8 +36,10 @@ class NodeStartFailed(RuntimeError):
 
 
 def free_port() -> int:
+    """A TCP port free on every address: Ray's GCS and raylets bind all of them, so a port free only on
+    127.0.0.1 (another process may hold it on the host's own address) can fail the node that takes it."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return int(s.getsockname()[1])
 
 
@@ -103,19 +106,39 @@ class LocalRayCluster:
         return self
 
     def _wait_for_nodes(self, n: int) -> None:
+        """Until `n` nodes are alive in the cluster. A probe is a fresh ``ray.init`` driver, which waits
+        minutes on a GCS that is not listening (it retries in 30 s rounds), so the GCS port must accept a TCP
+        connection first, and a probe that still hangs is killed after `PROBE_TIMEOUT_S` and counted as "not
+        yet"; the nodes are checked between probes, so a node that gave up is seen within seconds
+        (CI, 2026-12-07: one 60 s probe that hung ended the whole start, with no node named)."""
         probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
                  "print(sum(1 for x in ray.nodes() if x['Alive']))")
+        host, port = self.address.rsplit(":", 1)
         deadline = time.monotonic() + START_TIMEOUT_S
+        last = "no probe finished"
         while time.monotonic() < deadline:
             for i, p in enumerate(self.nodes):
                 if p.poll() is not None:
                     err = NodeStartFailed if i == n - 1 else RuntimeError
                     raise err(f"ray node {i} exited ({p.returncode}): {self.node_log(i)}")
-            r = subprocess.run([sys.executable, "-c", probe, self.address], capture_output=True, text=True, env=self._env(), timeout=60)
+            if not tcp_accepts(host, int(port)):
+                last = f"the head's GCS at {self.address} did not accept a connection"
+                time.sleep(0.5)
+                continue
+            timeout_s = max(1.0, min(PROBE_TIMEOUT_S, deadline - time.monotonic()))
+            try:
+                r = subprocess.run([sys.executable, "-c", probe, self.address], capture_output=True, text=True,
+                                   env=self._env(), timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                last = f"a probe of {self.address} hung for {timeout_s:.0f} s"
+                continue
             if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n)]:
                 return
+            last = f"probe: {(r.stdout.strip().splitlines() or ['?'])[-1]} node(s) alive" if r.returncode == 0 else \
+                f"probe exited {r.returncode}: {' | '.join(r.stderr.strip().splitlines()[-2:])}"
             time.sleep(1.0)
-        raise RuntimeError(f"the local Ray cluster did not reach {n} nodes within {START_TIMEOUT_S:g} s")
+        raise NodeStartFailed(f"the local Ray cluster did not reach {n} nodes within {START_TIMEOUT_S:g} s "
+                              f"({last}); node {n - 1}'s log: {self.node_log(n - 1)}")
 
     def node_log(self, i: int) -> str:
         try:
@@ -177,3 +200,4 @@ def kill_node_when_running(cluster: LocalRayCluster, node: int, timeout_s: float
                 return d
         time.sleep(0.2)
     return None
+

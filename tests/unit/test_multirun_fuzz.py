@@ -94,6 +94,8 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     ray.is_initialized = lambda: up["init"]  # type: ignore[attr-defined]
     ray.cluster_resources = lambda: {} if mode == "noresource" else {"prfaas_node": 2}  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ray", ray)
+    # the stand-in cluster "listens" at any HOST:PORT (no packet leaves for 10.0.0.1)
+    monkeypatch.setattr("experiments.ray_executor.tcp_accepts", lambda host, port, timeout_s=1.0: True)
 
 
 def one_error_line(err: str) -> str:
@@ -175,6 +177,39 @@ def test_good_executors_are_what_they_name(monkeypatch: pytest.MonkeyPatch, caps
     assert isinstance(ray, RayExecutor) and ray.address == "10.0.0.1:6379" and ray.slots == 2  # the cluster is asked now
     with pytest.raises(UserError, match="N must be a whole number >= 1"):
         make_executor("local:0")
+
+
+def test_a_ray_address_where_nothing_listens_is_refused_at_once(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]):
+    """ray.init waits minutes on an address where nothing listens (measured: over 3 min with Ray 2.60); a
+    HOST:PORT that accepts no TCP connection is one line at once, and ray.init is never called."""
+    import socket
+    import time
+
+    from experiments import ray_executor
+
+    real_check = ray_executor.tcp_accepts
+    fake_ray(monkeypatch, "ok")
+    monkeypatch.setattr(ray_executor, "tcp_accepts", real_check)  # the real check, on loopback only
+    calls: list[str | None] = []
+    monkeypatch.setattr(sys.modules["ray"], "init", lambda address=None, **kw: calls.append(address))
+    with socket.socket() as s:  # a loopback port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=rf"^--executor ray: no Ray cluster at '127\.0\.0\.1:{port}' \(nothing accepted a TCP "
+                       r"connection there within 3 s\); start one with `ray start --head"):
+        make_executor(f"ray:127.0.0.1:{port}").slots
+    assert time.monotonic() - t0 < 10 and calls == []
+    with socket.socket() as s:  # and where something listens, Ray is asked
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        listening = s.getsockname()[1]
+        assert make_executor(f"ray:127.0.0.1:{listening}").slots == 2
+    assert calls == [f"127.0.0.1:{listening}"]
+    for address in ("auto", "ray://10.0.0.1:10001", "foo", "host:notaport", "host:0", "host:70000"):
+        assert ray_executor._host_port(address) is None  # Ray reads these itself
+    assert ray_executor._host_port("[::1]:6379") == ("::1", 6379) and ray_executor._host_port("h:6379") == ("h", 6379)
 
 
 @pytest.mark.timeout(120)
