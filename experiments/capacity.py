@@ -451,13 +451,16 @@ def capacity_overrides(overrides: Sequence[str], early_stop: bool = True) -> lis
 
 def measure_capacity(scenario: str, overrides: Sequence[str], out: str | Path, *, repetitions: int = 3, rel_tol: float = 0.1,
                      max_probes: int = 8, start_rps: float | None = None, executor: Any = None, progress: Any = True,
-                     early_stop: bool = True, parallel: int | None = None, label: str = "capacity") -> dict[str, Any]:
+                     early_stop: bool = True, parallel: int | None = None, label: str = "capacity",
+                     checked: Any = None) -> dict[str, Any]:
     """Lambda_max of `scenario` with `overrides`, measured; the --json document of ``prfaas capacity``.
     `early_stop`: every probe ends as soon as it cannot pass (``serving.slo.stop_below`` = `GOOD_FRACTION`).
     `parallel`: the runs of a rate asked for at once (`search`; default: the executor's slots), less where
-    other searches share the executor (`experiments.reproduce`); `progress` and `label` as `wire_evaluator`'s."""
+    other searches share the executor (`experiments.reproduce`); `progress` and `label` as `wire_evaluator`'s.
+    `checked`: what `check_scenario` gave for this scenario, these overrides and `executor`, when the caller
+    checked it already (the CLI and `reproduce` do, before they make the output folder): not checked twice."""
     overrides = capacity_overrides(overrides, early_stop)
-    sc = check_scenario(scenario, overrides, executor)
+    sc = checked if checked is not None else check_scenario(scenario, overrides, executor)
     start = start_rps or model_start_rps(sc)
     res = search(wire_evaluator(scenario, overrides, Path(out), executor, progress, label), start, repetitions=repetitions,
                  rel_tol=rel_tol, max_probes=max_probes, parallel=parallel or getattr(executor, "slots", 1))

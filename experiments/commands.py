@@ -239,7 +239,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from experiments.executor import make_executor
     from testbed.atomic import write_json
 
-    def check() -> tuple[Path, Any]:
+    def check() -> tuple[Path, Any, Any]:
         try:
             check_search_size(args.max_probes, args.repetitions)
         except ValueError as e:
@@ -252,12 +252,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         # 250-byte file name with a `name:` in it was a "cannot create this folder (File name too long)" once checked
         out = Path(args.out) if args.out else _default_out(f"capacity-{sc.name}")
         check_resume(out, args.scenario, overrides)  # an earlier search's runs in --out: damaged or of other settings, refused now
-        return out, executor
+        return out, executor, sc
 
-    out, executor = make_output_dir(lambda checked: checked[0], check)  # the folder before the plan, after every refusal
+    out, executor, sc = make_output_dir(lambda checked: checked[0], check)  # the folder before the plan, after every refusal
     doc = measure_capacity(args.scenario, args.set, out, repetitions=args.repetitions, rel_tol=args.tolerance,
                            max_probes=args.max_probes, start_rps=args.start, executor=executor,
-                           progress=not args.json, early_stop=not args.no_early_stop)
+                           progress=not args.json, early_stop=not args.no_early_stop, checked=sc)
     write_json(out / "capacity.json", doc, indent=1)
     if args.json:
         print(json.dumps({k: doc[k] for k in ("lambda_max_rps", "ci", "ci_dose_response", "runs", "flagged_runs", "slo", "scenario")}))

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import abc
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -109,13 +108,14 @@ def _local(arg: str | None) -> Executor:
     if arg == "":
         raise UserError("--executor 'local:': N is missing; use local (one run after another) or local:N (N runs at once on "
                         "this host)")
-    # str.isdigit() takes '²' and '٣', which int() refuses or reads: a ValueError traceback; 19 digits and more are
-    # past any host's cores (and int() of 4301 digits raises)
+    # ASCII digits only: str.isdigit() alone takes '²' and '٣', which int() refuses or reads. 19 digits and more are
+    # past any host's cores (and int() of 4301 digits raises), so the length is read before the number
     cpus = os.cpu_count() or 1
-    if re.fullmatch(r"[0-9]{19,}", arg):
+    digits = arg.isascii() and arg.isdigit()
+    if digits and len(arg) >= 19:
         raise UserError(f"--executor {_spec('local:' + arg)}: N is a {len(arg)}-digit number, more runs at once than this "
                         f"host's {cpus} cores")
-    if not re.fullmatch(r"[0-9]{1,18}", arg) or int(arg) < 1:
+    if not digits or int(arg) < 1:
         raise UserError(f"--executor {_spec('local:' + arg)}: N must be a whole number >= 1 (runs at once on this host, "
                         f"at most its {cpus} cores)")
     if int(arg) == 1:

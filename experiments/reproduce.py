@@ -343,6 +343,7 @@ class CaseStudyPlan:
     scenario: Any  # the case study with `base`
     model: dict[str, dict[str, Any]]  # {reading: {configuration: ModelResult dict}} (`model_results`)
     overrides: dict[str, list[str]]  # each configuration's own (`configuration_overrides`)
+    checked: dict[str, Any]  # each configuration's search scenario, as `capacity.check_scenario` gave it
 
 
 def plan_case_study(quick: bool, only: tuple[str, ...], early_stop: bool = True, executor: Any = None,
@@ -357,12 +358,13 @@ def plan_case_study(quick: bool, only: tuple[str, ...], early_stop: bool = True,
     base = STEADY + (QUICK if quick else FULL)
     sc, model = model_results(base)
     overrides = configuration_overrides(model["literal"])
+    checked = {}
     for name in only:  # every configuration is checked before the first search starts
         search = capacity_overrides(base + overrides[name], early_stop)
-        check_scenario("case-study", search, executor)
+        checked[name] = check_scenario("case-study", search, executor)
         if out is not None:
             check_resume(Path(out) / name, "case-study", search)
-    return CaseStudyPlan(base, sc, model, overrides)
+    return CaseStudyPlan(base, sc, model, overrides, checked)
 
 
 def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: int | None = None, only: tuple[str, ...] = CONFIGURATIONS,
@@ -386,7 +388,7 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
     t0 = time.monotonic()
     if plan is None:
         plan = plan_case_study(quick, only, early_stop, executor, out)
-    base, sc, model, overrides = plan.base, plan.scenario, plan.model, plan.overrides
+    base, sc, model, overrides, checked = plan.base, plan.scenario, plan.model, plan.overrides, plan.checked
     at_once, per_search = searches_at_once(executor, len(only))
     plan = planned_wall_s(sc, quick, len(only), search["repetitions"], at_once)
     if progress:
@@ -398,7 +400,8 @@ def reproduce_case_study(out: str | Path, *, quick: bool = False, repetitions: i
         t1 = time.monotonic()
         cap = measure_capacity("case-study", base + overrides[name], Path(out) / name,
                                start_rps=model["literal"][name]["lambda_max"], executor=executor, progress=shown,
-                               early_stop=early_stop, parallel=per_search, label=name if at_once > 1 else "capacity", **search)
+                               early_stop=early_stop, parallel=per_search, label=name if at_once > 1 else "capacity",
+                               checked=checked.get(name), **search)
         return {"lambda_max_rps": cap["lambda_max_rps"], "ci": cap["ci"], "ci_dose_response": cap["ci_dose_response"], "runs": cap["runs"],
                 "bracketed": cap["bracketed"], "overrides": overrides[name], "probes": cap["probes"],
                 "flagged_runs": cap["flagged_runs"], "wall_s": time.monotonic() - t1}

@@ -236,9 +236,9 @@ def warn_damaged(damaged: list[DamagedState], *, quiet: bool = False) -> None:
                       file=sys.stderr)
 
 
-def scan_states() -> tuple[list[tuple[Path, dict[str, Any]]], list[DamagedState]]:
-    """(every state file that reads, as `read_state` gives it; every damaged one). A file removed while it is
-    read (its network stopped) is neither."""
+def scan_states(*, warn: bool = False) -> tuple[list[tuple[Path, dict[str, Any]]], list[DamagedState]]:
+    """(every state file that reads, as `read_state` gives it; every damaged one, with `warn` also warned about:
+    `warn_damaged`). A file removed while it is read (its network stopped) is neither."""
     good, damaged = [], []
     for p in sorted(STATE_DIR.glob("net-*.json")) if STATE_DIR.is_dir() else []:
         try:
@@ -246,6 +246,8 @@ def scan_states() -> tuple[list[tuple[Path, dict[str, Any]]], list[DamagedState]
         except UserError as exc:
             if os.path.lexists(p):
                 damaged.append(DamagedState(p, str(exc)))
+    if warn:
+        warn_damaged(damaged)
     return good, damaged
 
 
@@ -253,8 +255,7 @@ def claim_tag(preferred: str, existing_links: set[str]) -> str:
     """Call under `locked()`: `preferred`, or the next free 5-hex-digit tag, free meaning no state file
     (live or left by a killed run, or damaged: its name gives its tag) names it and no root-namespace link
     carries it. Tags name the bridges (``br[fd]TAG``), so two networks started at once never share one."""
-    good, damaged = scan_states()
-    warn_damaged(damaged)
+    good, damaged = scan_states(warn=True)
     taken = {str(d.get("tag")) for _, d in good} | {d.tag for d in damaged if d.tag}
     value = int(preferred, 16)
     for _ in range(1 << 20):
@@ -277,9 +278,7 @@ def matches_run(data: dict[str, Any], run: str) -> bool:
 
 def list_states() -> list[tuple[Path, dict[str, Any]]]:
     """Every state file that reads (`read_state`); a damaged one is warned about (`warn_damaged`) and passed over."""
-    good, damaged = scan_states()
-    warn_damaged(damaged)
-    return good
+    return scan_states(warn=True)[0]
 
 
 def owner_alive(data: dict[str, Any]) -> bool:
@@ -299,8 +298,7 @@ def live_states(exclude: Path | None = None) -> list[tuple[Path, dict[str, Any]]
 def others_running(exclude: Path | None) -> bool:
     """Does a network other than `exclude`'s run: a state file whose owner lives, or a damaged one whose name's pid
     runs (it may be a live network's)?"""
-    good, damaged = scan_states()
-    warn_damaged(damaged)
+    good, damaged = scan_states(warn=True)
     return any(p != exclude and owner_alive(d) for p, d in good) or any(d.path != exclude and d.maybe_live() for d in damaged)
 
 

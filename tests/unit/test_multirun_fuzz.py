@@ -475,3 +475,24 @@ def test_a_reproduction_resumed_as_another_variant_is_refused_before_any_run(var
     first = sorted((d / "prfaas_pd" / "probes").iterdir())[0] / "seed1"
     said = "(duration: '45s' there, '150s' now; " if not variant else "(serving.slo.stop_below: 0.9 there, None now)"
     assert line.startswith(f"{first}: holds a finished run of other settings than this one asks for {said}"), line
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("argv, searches", [(["capacity", "quick", "--max-probes", "2"], 1),
+                                            (["reproduce", "case-study", "--quick"], 3)])
+def test_each_search_checks_its_scenario_once(argv: list[str], searches: int, runs: list[str], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch):
+    """The command checks every search's scenario before it makes the output folder, and the search is handed what
+    was checked: `capacity.check_scenario` (~0.5 s: a whole `check_run`) runs once per search, not twice."""
+    from experiments import capacity
+
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    real = capacity.check_scenario
+
+    def counted(scenario: str, overrides: Any, executor: Any = None) -> Any:
+        calls.append((scenario, tuple(overrides)))
+        return real(scenario, overrides, executor)
+
+    monkeypatch.setattr(capacity, "check_scenario", counted)
+    assert main(argv + ["--out", str(tmp_path / "out"), "--json"]) == 0
+    assert runs and len(calls) == searches and len(set(calls)) == searches
