@@ -458,9 +458,14 @@ def measure_capacity(scenario: str, overrides: Sequence[str], out: str | Path, *
     `parallel`: the runs of a rate asked for at once (`search`; default: the executor's slots), less where
     other searches share the executor (`experiments.reproduce`); `progress` and `label` as `wire_evaluator`'s.
     `checked`: what `check_scenario` gave for this scenario, these overrides and `executor`, when the caller
-    checked it already (the CLI and `reproduce` do, before they make the output folder): not checked twice."""
+    checked it and the runs already in `out` (`check_resume`) before it made the output folder, as the CLI and
+    `reproduce` do; without it both are checked here, before the first run."""
     overrides = capacity_overrides(overrides, early_stop)
-    sc = checked if checked is not None else check_scenario(scenario, overrides, executor)
+    if checked is None:
+        sc = check_scenario(scenario, overrides, executor)
+        check_resume(out, scenario, overrides)
+    else:
+        sc = checked
     start = start_rps or model_start_rps(sc)
     res = search(wire_evaluator(scenario, overrides, Path(out), executor, progress, label), start, repetitions=repetitions,
                  rel_tol=rel_tol, max_probes=max_probes, parallel=parallel or getattr(executor, "slots", 1))

@@ -459,6 +459,22 @@ def test_a_capacity_search_resumed_with_other_settings_is_refused_before_any_run
 
 
 @pytest.mark.timeout(120)
+def test_measure_capacity_called_directly_checks_the_runs_in_out_before_any_run(runs: list[str], tmp_path: Path,
+                                                                                capsys: pytest.CaptureFixture[str]):
+    """Code that calls `measure_capacity` itself (not through the CLI or `reproduce`, which check before they make the
+    folder) gets the same check of the runs already in `out` before its first run."""
+    from experiments.capacity import measure_capacity
+
+    out = tmp_path / "out"
+    assert main(CAPACITY + ["--out", str(out)]) == 0 and len(runs) >= 2
+    paths, before = every_path(out), finished_runs(out)
+    runs.clear()
+    with pytest.raises(UserError, match=r"holds a finished run of other settings than this one asks for \(serving\.slo\.ttft: "):
+        measure_capacity("quick", ["serving.slo.ttft=20s"], out, repetitions=1, max_probes=2, start_rps=0.7, progress=False)
+    assert runs == [] and every_path(out) == paths and finished_runs(out) == before
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("variant", [[], ["--no-early-stop"]], ids=["full", "no-early-stop"])
 def test_a_reproduction_resumed_as_another_variant_is_refused_before_any_run(variant: list[str], finished: Path, runs: list[str],
                                                                               tmp_path: Path, capsys: pytest.CaptureFixture[str]):
