@@ -200,4 +200,3 @@ def kill_node_when_running(cluster: LocalRayCluster, node: int, timeout_s: float
                 return d
         time.sleep(0.2)
     return None
-
