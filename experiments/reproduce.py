@@ -343,7 +343,7 @@ class CaseStudyPlan:
     scenario: Any  # the case study with `base`
     model: dict[str, dict[str, Any]]  # {reading: {configuration: ModelResult dict}} (`model_results`)
     overrides: dict[str, list[str]]  # each configuration's own (`configuration_overrides`)
-    checked: dict[str, Any]  # each configuration's search scenario, as `capacity.check_scenario` gave it
+    checked: dict[str, Any]  # with `out`: each configuration's search scenario as `capacity.check_scenario` gave it
 
 
 def plan_case_study(quick: bool, only: tuple[str, ...], early_stop: bool = True, executor: Any = None,
@@ -361,9 +361,10 @@ def plan_case_study(quick: bool, only: tuple[str, ...], early_stop: bool = True,
     checked = {}
     for name in only:  # every configuration is checked before the first search starts
         search = capacity_overrides(base + overrides[name], early_stop)
-        checked[name] = check_scenario("case-study", search, executor)
+        scenario = check_scenario("case-study", search, executor)
         if out is not None:
             check_resume(Path(out) / name, "case-study", search)
+            checked[name] = scenario  # handed to the search only with its runs in `out` checked too (`measure_capacity`)
     return CaseStudyPlan(base, sc, model, overrides, checked)
 
 
