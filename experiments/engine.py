@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from experiments.executor import Executor, RunOutcome, RunTask, SequentialExecutor
-from testbed import rundir
+from testbed import rundir, units
 from testbed.atomic import writable_dir
-from testbed.errors import UserError
+from testbed.errors import FieldError, UserError
 from testbed.validation import path_exists
 
 if TYPE_CHECKING:
@@ -118,23 +118,39 @@ def resolve_scenario_ref(ref: str) -> str:
 
 def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = None, executor: Executor | None = None) -> "Scenario":
     """The scenario with `overrides`, checked as `prfaas run` checks it before anything starts (the file, then
-    `plan_run`: the sections together, and a KV congestion control this host's kernel must set). A multi-run
-    command checks every run this way before its first, so a bad arm or grid point is refused in one line
-    instead of failing an hour in. A run already finished in `out_dir` (which a resumed batch skips) is
-    checked as a file only: it ran, and re-reading it must not depend on this host's kernel. ``scale: auto`` is
-    resolved, its wire rates checked, at the capacity the run will resolve it at on `executor`
-    (`Executor.run_capacity_bps`; default: one run alone on this host, its whole capacity): with ``--executor
-    local:N`` the N runs share the host, each resolving at capacity / N, a larger scale than the whole capacity
-    gives, which was checked at the whole and refused by the run an hour in. (With `--executor ray` the kernel
-    asked and the capacity are the driver's, not each node's.)"""
+    `plan_run`: the sections together, and a KV congestion control the kernel must set). A multi-run command
+    checks every run this way before its first, so a bad arm or grid point is refused in one line instead of
+    failing an hour in. A run already finished in `out_dir` (which a resumed batch skips) is checked as a file
+    only: it ran, and re-reading it must not depend on any host's kernel. The kernel asked and the capacity
+    ``scale: auto`` is resolved at (its wire rates checked) are those of every host the run may land on
+    (`Executor.run_hosts`; default: one run alone on this host, its whole capacity): with ``--executor local:N``
+    the N runs share the host, each resolving at capacity / N; with ``--executor ray`` each node is asked, and
+    nodes that would resolve ``scale: auto`` differently are refused, as their runs would not be comparable."""
     from testbed.sections import load_scenario
     from testbed.serving.config import plan_run
 
     sc = load_scenario(scenario, list(overrides))
-    if out_dir is None or run_state(out_dir) != FINISHED:
-        plan_run(sc)
+    if out_dir is not None and run_state(out_dir) == FINISHED:
+        return sc
+    kv_cc = plan_run(sc, kernel=False).spec.kv_congestion_control
+    if kv_cc is None and sc.scale != "auto":
+        return sc  # nothing a host decides
+    hosts = (executor or SequentialExecutor()).run_hosts(kv_cc)
+    scales: dict[str, float] = {}
+    for host in hosts:
+        where = "" if len(hosts) == 1 and host.name == "this host" else f" (on {host.name})"
+        if host.kv_cc_refused is not None:
+            raise FieldError("serving.kv_congestion_control", host.kv_cc_refused + where, sc.source)
         if sc.scale == "auto":  # resolved as the run will resolve it (`Network`, in the executor's process)
-            sc.resolve_scale((executor or SequentialExecutor()).run_capacity_bps())
+            try:
+                scales[host.name] = sc.resolve_scale(host.capacity_bps).factor
+            except FieldError as exc:
+                raise FieldError(exc.field, exc.message + where, exc.source) from None
+    if len(set(scales.values())) > 1:
+        said = ", ".join(f"{h.name}: {units.format_rate(h.capacity_bps)}, scale {scales[h.name]:g}" for h in hosts)
+        raise FieldError("scale", f"'auto' resolves differently on the hosts the runs may land on ({said}), so their runs "
+                         "would not be comparable; give every node the same PRFAAS_CAPACITY_BPS, or set a number "
+                         "(--set scale=N)", sc.source)
     return sc
 
 

@@ -56,6 +56,15 @@ class RunOutcome:
 OnDone = Callable[[RunOutcome], None]
 
 
+@dataclass(frozen=True)
+class RunHost:
+    """A host an executor's runs go to, with what `experiments.engine.check_run` checks a run against there."""
+
+    name: str  # "this host", or a Ray node's HOSTNAME/NODE_ID (the name its runs' outcomes carry)
+    capacity_bps: float  # the WAN capacity a run there resolves ``scale: auto`` at (`Scenario.resolve_scale`)
+    kv_cc_refused: str | None  # why that host's kernel refuses the KV congestion control asked; None: it sets it
+
+
 class Executor(abc.ABC):
     """Runs `RunTask`s; see the module docstring for the contract."""
 
@@ -69,11 +78,19 @@ class Executor(abc.ABC):
     def run_capacity_bps(self) -> float:
         """The WAN capacity each of its runs resolves ``scale: auto`` at (`Scenario.resolve_scale`), which
         `experiments.engine.check_run` checks before the first run: this host's whole (`host_capacity_bps`) for a run
-        alone on it; `local:N`'s N runs share it (`experiments.parallel`). Ray's runs resolve at their node's, which
-        the driver cannot read: its own stands for it."""
+        alone on it; `local:N`'s N runs share it (`experiments.parallel`). Ray's runs resolve at their node's
+        (`run_hosts`)."""
         from testbed.net.emulation import host_capacity_bps
 
         return host_capacity_bps()[0]
+
+    def run_hosts(self, kv_cc: str | None) -> list[RunHost]:
+        """Every host a run may land on, each with the capacity ``scale: auto`` resolves at there and whether its
+        kernel sets the KV congestion control `kv_cc` (None: the hosts' default, nothing to ask): `check_run`
+        checks a run on each. Here: this host alone."""
+        from testbed.kv.transport import congestion_control_refused
+
+        return [RunHost("this host", self.run_capacity_bps(), congestion_control_refused(kv_cc) if kv_cc else None)]
 
     def cancel(self) -> None:
         """Stop the runs in progress and start none; a no-op where ``run`` is never called from several

@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from experiments.executor import Executor, OnDone, RunOutcome, RunTask
+from experiments.executor import Executor, OnDone, RunHost, RunOutcome, RunTask
 from experiments.parallel import CANCELLED, failed, outcome_from_dict, outcome_to_dict, task_from_dict, task_to_dict
 from testbed.errors import UserError
 from testbed.fidelity import NODE_ENV
@@ -42,6 +42,7 @@ from testbed.fidelity import NODE_ENV
 NODE_RESOURCE = "prfaas_node"
 SCRATCH_ENV = "PRFAAS_RAY_SCRATCH"  # where a node keeps a run until it is sent back (default: the system's temp dir)
 MAX_RETRIES = 3  # resubmissions of a run whose node (or worker process) died
+HOST_FACTS_TIMEOUT_S = 60.0  # for every node to answer `RayExecutor.run_hosts` (a fresh worker process each: seconds)
 
 
 def _import_ray() -> Any:
@@ -74,13 +75,27 @@ def unpack_dir(blob: bytes, dest: Path) -> None:
         tar.extractall(dest, members=members)
 
 
-def run_on_node(task_d: dict[str, Any], scenario_text: str | None) -> tuple[dict[str, Any], bytes | None]:
-    """The body of a Ray task: run one task on this node; return its outcome and its packed run directory."""
+def _node_name() -> str:
+    """This Ray node's name in outcomes and run records: HOSTNAME/NODE_ID (8 hex digits)."""
     import ray
 
+    return f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
+
+
+def host_facts(kv_cc: str | None) -> dict[str, Any]:
+    """The body of a Ray task pinned to one node: what `check_run` checks a run against there (`RunHost`)."""
+    from testbed.kv.transport import congestion_control_refused
+    from testbed.net.emulation import host_capacity_bps
+
+    return {"name": _node_name(), "capacity_bps": host_capacity_bps()[0],
+            "kv_cc_refused": congestion_control_refused(kv_cc) if kv_cc else None}
+
+
+def run_on_node(task_d: dict[str, Any], scenario_text: str | None) -> tuple[dict[str, Any], bytes | None]:
+    """The body of a Ray task: run one task on this node; return its outcome and its packed run directory."""
     from experiments.runs import execute
 
-    node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
+    node = _node_name()
     os.environ[NODE_ENV] = node
     tmp = Path(tempfile.mkdtemp(prefix="prfaas-ray-", dir=os.environ.get(SCRATCH_ENV) or None))
     try:  # (a node killed mid-run leaves it behind: `LocalRayCluster` points it into its own temp dir)
@@ -142,6 +157,7 @@ class RayExecutor(Executor):
         self._pending: set[Any] = set()  # every caller's refs not yet returned, for `cancel`
         self._cancelled = False
         self._slots: int | None = None
+        self._hosts: dict[str | None, list[RunHost]] = {}  # `run_hosts` per KV congestion control asked
 
     @property
     def slots(self) -> int:  # type: ignore[override]
@@ -151,6 +167,33 @@ class RayExecutor(Executor):
                 ray = self._connect()
                 self._slots = max(1, int(ray.cluster_resources().get(NODE_RESOURCE, 1)))
             return self._slots
+
+    def run_hosts(self, kv_cc: str | None) -> list[RunHost]:
+        """Each node that takes runs, asked by a task pinned to it (once per congestion control; no CPU or run slot
+        asked, so it is answered while the node runs): its ``PRFAAS_CAPACITY_BPS`` (or the default) and its kernel."""
+        with self._lock:
+            if kv_cc in self._hosts:
+                return self._hosts[kv_cc]
+        ray = self._connect()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(NODE_RESOURCE, 0) >= 1]
+        if not nodes:
+            raise UserError(f"--executor ray: no live node of the cluster offers the resource {NODE_RESOURCE!r} (docs/scale-out.md)")
+        ask = ray.remote(num_cpus=0, max_retries=0)(host_facts)
+        refs = {ask.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(kv_cc):
+                n for n in nodes}
+        _, late = ray.wait(list(refs), num_returns=len(refs), timeout=HOST_FACTS_TIMEOUT_S)
+        if late:
+            _cancel_refs(late)
+            names = ", ".join(f"{refs[r].get('NodeManagerAddress', '?')}/{refs[r]['NodeID'][:8]}" for r in late)
+            raise UserError(f"--executor ray: node(s) {names} did not answer within {HOST_FACTS_TIMEOUT_S:g} s what a run "
+                            "there would resolve `scale: auto` at and whether its kernel sets the KV congestion control; "
+                            "is `ray status` healthy? (docs/scale-out.md)")
+        hosts = sorted((RunHost(**ray.get(r)) for r in refs), key=lambda h: h.name)
+        with self._lock:
+            self._hosts[kv_cc] = hosts
+        return hosts
 
     def cancel(self) -> None:
         with self._lock:

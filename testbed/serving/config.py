@@ -342,8 +342,10 @@ def check_scenario(scenario: Scenario) -> None:
     _check(scenario)
 
 
-def plan_run(scenario: Scenario) -> ServingPlan:
-    """All checks that need more than the serving section alone, before anything starts."""
+def plan_run(scenario: Scenario, *, kernel: bool = True) -> ServingPlan:
+    """All checks that need more than the serving section alone, before anything starts. `kernel`: also ask this
+    host's kernel whether it sets the KV congestion control; False where the run goes to other hosts, which the
+    caller asks (`experiments.executor.Executor.run_hosts`)."""
     for key in ("model", "workload", "policy"):
         if scenario.section(key) is None:
             raise FieldError(key, "is required for a run", scenario.source)
@@ -361,7 +363,7 @@ def plan_run(scenario: Scenario) -> ServingPlan:
             raise FieldError(f"serving.{name}", f"is a TCP setting; the {plan.spec.kv_connector!r} connector has none "
                              "(set it to null, or kv_connector: tcp)", scenario.source)
     cc = plan.spec.kv_congestion_control
-    if cc is not None:
+    if cc is not None and kernel:
         from testbed.kv.transport import congestion_control_refused
 
         if (why := congestion_control_refused(cc)) is not None:

@@ -181,6 +181,15 @@ def test_a_two_run_experiment_on_a_real_two_node_ray_cluster(ray_cluster: Any, l
         fid = assert_complete_run(t, outcomes[t.key])
         assert fid["node"] == outcomes[t.key].node  # the node's name and calibration travel with the run
     assert len({o.node for o in outcomes.values()}) == 2  # one run on each node, at once
+    # each node asked what a run there is checked against: its capacity (scale: auto) and its kernel
+    from experiments.engine import check_run
+    from testbed.net.emulation import host_capacity_bps
+
+    hosts = ex.run_hosts("cubic")
+    assert {h.name for h in hosts} == {o.node for o in outcomes.values()}
+    assert [h.capacity_bps for h in hosts] == [host_capacity_bps()[0]] * 2 and [h.kv_cc_refused for h in hosts] == [None, None]
+    assert all("'nosuchcc' cannot be set on this host" in str(h.kv_cc_refused) for h in ex.run_hosts("nosuchcc"))
+    assert check_run(tasks[0].scenario, ["scale=auto"], executor=ex).scale == "auto"
 
 
 def test_a_run_on_a_lost_node_is_retried_and_nothing_is_lost_duplicated_or_left(ray_cluster: Any, leftovers_checked: Path):

@@ -189,3 +189,131 @@ def test_a_shared_progress_display_gets_a_row_per_batch_of_runs_and_loses_it_whe
     out = run_tasks(tasks, Recording(), label="prfaas_pd 2.8 req/s", progress=bar)
     assert rows == [["prfaas_pd 2.8 req/s"]] and sorted(out) == ["s0", "s1"]
     assert bar.tasks == []  # the row is gone: the next rate of the search gets its own
+
+
+# --------------------------------------------------------------------- the hosts a run is checked against
+
+
+class OnHosts(SequentialExecutor):
+    """An executor whose runs may land on the given hosts (what `RayExecutor.run_hosts` answers)."""
+
+    def __init__(self, hosts: list) -> None:
+        self.hosts, self.asked = hosts, []
+
+    def run_hosts(self, kv_cc):
+        self.asked.append(kv_cc)
+        return self.hosts
+
+
+def test_each_run_is_checked_on_every_host_it_may_land_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from experiments import engine
+    from experiments.engine import check_run
+    from experiments.executor import RunHost
+    from testbed.errors import FieldError
+    from testbed.kv.transport import congestion_control_refused
+    from testbed.net.emulation import host_capacity_bps
+
+    here = SequentialExecutor().run_hosts("cubic")  # this host: its whole capacity, and its kernel asked
+    assert here == [RunHost("this host", host_capacity_bps()[0], None)]
+    assert SequentialExecutor().run_hosts(None)[0].kv_cc_refused is None  # the hosts' default: nothing to ask
+    refused = SequentialExecutor().run_hosts("nosuchcc")[0].kv_cc_refused
+    assert refused == congestion_control_refused("nosuchcc") and "'nosuchcc' cannot be set on this host" in refused
+    assert ParallelExecutor(1, warn=False).run_hosts(None)[0].capacity_bps == host_capacity_bps()[0]
+
+    a, b = RunHost("a/0000000a", 5e9, None), RunHost("b/0000000b", 5e9, "'bbr' cannot be set on this host (no such)")
+    auto = ["scale=auto", "serving.kv_congestion_control=bbr"]
+    ex = OnHosts([a, a])
+    assert check_run("quick", auto, executor=ex).scale == "auto" and ex.asked == ["bbr"]
+    with pytest.raises(FieldError, match=r"quick\.yaml: serving\.kv_congestion_control: 'bbr' cannot be set on this host \(no such\) "
+                                         r"\(on b/0000000b\)$"):
+        check_run("quick", auto, executor=OnHosts([a, b]))
+    # quick's 5 Gbps WAN: scale 1 at 5 Gbps, 10 at 500 Mbps -- the runs would not be comparable
+    slow = RunHost("c/0000000c", 5e8, None)
+    with pytest.raises(FieldError, match=r"quick\.yaml: scale: 'auto' resolves differently on the hosts the runs may land on "
+                                         r"\(a/0000000a: 5 Gbps, scale 1, c/0000000c: 500 Mbps, scale 10\)"):
+        check_run("quick", ["scale=auto"], executor=OnHosts([a, slow]))
+    assert check_run("quick", ["scale=10"], executor=OnHosts([a, slow])).scale == 10  # a number is the same everywhere
+    with pytest.raises(FieldError, match=r"\(on d/0000000d\)$"):  # a host so small that a wire rate falls below 8 Kbps
+        check_run("quick", ["scale=auto"], executor=OnHosts([a, RunHost("d/0000000d", 1.0, None)]))
+    with pytest.raises(FieldError, match=r"quick\.yaml: serving\.kv_congestion_control: 'bbr' cannot be set on this host \(no such\)$"):
+        check_run("quick", auto, executor=OnHosts([RunHost("this host", 5e9, b.kv_cc_refused)]))  # alone: no "(on ...)"
+    # a run finished in out_dir is checked as a file only: no host is asked
+    monkeypatch.setattr("experiments.engine.run_state", lambda out: engine.FINISHED if out == tmp_path else engine.TO_RUN)
+    ex = OnHosts([b])
+    assert check_run("quick", auto, tmp_path, executor=ex).scale == "auto" and ex.asked == []
+    with pytest.raises(FieldError, match="on b/0000000b"):
+        check_run("quick", auto, tmp_path / "not-run", executor=ex)
+
+
+def test_ray_asks_each_live_node_that_takes_runs_once_and_names_one_that_does_not_answer(monkeypatch: pytest.MonkeyPatch):
+    """`RayExecutor.run_hosts` on a stand-in `ray` module (the real cluster: tests/integration/test_scale_out.py):
+    one task per live node with the run resource, pinned to it (not soft), asking no CPU; answers kept per
+    congestion control; a node that does not answer in time is named, and its task cancelled."""
+    import sys
+    import types
+
+    from experiments import ray_executor
+    from experiments.executor import RunHost
+    from experiments.ray_executor import NODE_RESOURCE, RayExecutor
+
+    ray, util, strategies = (types.ModuleType(n) for n in ("ray", "ray.util", "ray.util.scheduling_strategies"))
+
+    class Pinned:
+        def __init__(self, node_id: str, soft: bool) -> None:
+            self.node_id, self.soft = node_id, soft
+
+    class Ref:
+        def __init__(self, node_id: str, kv_cc) -> None:
+            self.node_id, self.kv_cc = node_id, kv_cc
+
+    asked: list[tuple] = []
+    cancelled: list[str] = []
+    late: set[str] = set()
+
+    class Remote:
+        def __init__(self, fn, opts: dict) -> None:
+            self.fn, self.opts = fn, opts
+
+        def options(self, scheduling_strategy: Pinned) -> "Remote":
+            return Remote(self.fn, {**self.opts, "pinned": scheduling_strategy})
+
+        def remote(self, kv_cc) -> Ref:
+            p = self.opts["pinned"]
+            asked.append((self.fn.__name__, p.node_id, p.soft, self.opts["num_cpus"], kv_cc))
+            return Ref(p.node_id, kv_cc)
+
+    def get(ref: Ref) -> dict:
+        return {"name": f"h/{ref.node_id[:8]}", "capacity_bps": 5e9 if ref.node_id != "n3" * 8 else 2e9,
+                "kv_cc_refused": None if ref.kv_cc != "bbr" or ref.node_id != "n3" * 8 else "'bbr' cannot be set"}
+
+    strategies.NodeAffinitySchedulingStrategy = Pinned
+    ray.util = util
+    util.scheduling_strategies = strategies
+    ray.is_initialized, ray.init = (lambda: True), (lambda **kw: None)
+    ray.cluster_resources = lambda: {NODE_RESOURCE: 3}
+    ray.nodes = lambda: [{"NodeID": "n1" * 8, "Alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {NODE_RESOURCE: 2}},
+                         {"NodeID": "n2" * 8, "Alive": False, "NodeManagerAddress": "10.0.0.2", "Resources": {NODE_RESOURCE: 1}},
+                         {"NodeID": "n3" * 8, "Alive": True, "NodeManagerAddress": "10.0.0.3", "Resources": {NODE_RESOURCE: 1}},
+                         {"NodeID": "n4" * 8, "Alive": True, "NodeManagerAddress": "10.0.0.4", "Resources": {"CPU": 8}}]
+    ray.remote = lambda **opts: (lambda fn: Remote(fn, opts))
+    ray.wait = lambda refs, num_returns, timeout: ([r for r in refs if r.node_id not in late], [r for r in refs if r.node_id in late])
+    ray.get = get
+    ray.cancel = lambda ref: cancelled.append(ref.node_id)
+    for name, mod in (("ray", ray), ("ray.util", util), ("ray.util.scheduling_strategies", strategies)):
+        monkeypatch.setitem(sys.modules, name, mod)
+
+    ex = RayExecutor("auto", progress=False)
+    hosts = ex.run_hosts("bbr")
+    assert hosts == [RunHost("h/n1n1n1n1", 5e9, None), RunHost("h/n3n3n3n3", 2e9, "'bbr' cannot be set")]
+    assert asked == [("host_facts", "n1" * 8, False, 0, "bbr"), ("host_facts", "n3" * 8, False, 0, "bbr")]
+    assert ex.run_hosts("bbr") == hosts and len(asked) == 2  # asked once
+    assert ex.run_hosts(None)[1].kv_cc_refused is None and len(asked) == 4  # another congestion control: asked again
+    late.add("n3" * 8)
+    with pytest.raises(UserError, match=r"^--executor ray: node\(s\) 10\.0\.0\.3/n3n3n3n3 did not answer within 60 s what a run "
+                                        r"there would resolve `scale: auto` at"):
+        ex.run_hosts("cubic")
+    assert cancelled == ["n3" * 8]
+    monkeypatch.setattr(ray, "nodes", lambda: [])
+    with pytest.raises(UserError, match="no live node of the cluster offers the resource 'prfaas_node'"):
+        RayExecutor("auto", progress=False).run_hosts(None)
+    assert ray_executor.HOST_FACTS_TIMEOUT_S == 60
