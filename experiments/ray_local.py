@@ -50,7 +50,8 @@ class LocalRayCluster:
         self.workers, self.runs_per_node, self.object_store_bytes = workers, runs_per_node, object_store_bytes
         self.temp_dir = Path(tempfile.mkdtemp(prefix="prfaas-ray-"))
         self.nodes: list[subprocess.Popen] = []
-        self.address = ""
+        self.gcs_port = 0
+        self.address = ""  # the head's 127.0.0.1:`gcs_port`, once started
 
     def __enter__(self) -> "LocalRayCluster":
         try:
@@ -74,7 +75,7 @@ class LocalRayCluster:
                 "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port()),
                 "--node-ip-address", "127.0.0.1"]
         if head:
-            return argv + ["--head", "--port", self.address.rsplit(":", 1)[1], "--include-dashboard", "false",
+            return argv + ["--head", "--port", str(self.gcs_port), "--include-dashboard", "false",
                            "--temp-dir", str(self.temp_dir)]
         return argv + ["--address", self.address]
 
@@ -89,7 +90,8 @@ class LocalRayCluster:
         for i in range(1 + self.workers):
             for attempt in range(1, START_ATTEMPTS + 1):
                 if i == 0:
-                    self.address = f"127.0.0.1:{free_port()}"
+                    self.gcs_port = free_port()
+                    self.address = f"127.0.0.1:{self.gcs_port}"
                 log = open(self.temp_dir / f"node{i}.log", "w")
                 node = subprocess.Popen(self._node_argv(head=i == 0), stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True, env=self._env())
@@ -113,7 +115,6 @@ class LocalRayCluster:
         (CI, 2026-12-07: one 60 s probe that hung ended the whole start, with no node named)."""
         probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
                  "print(sum(1 for x in ray.nodes() if x['Alive']))")
-        host, port = self.address.rsplit(":", 1)
         deadline = time.monotonic() + START_TIMEOUT_S
         last = "no probe finished"
         while time.monotonic() < deadline:
@@ -121,7 +122,7 @@ class LocalRayCluster:
                 if p.poll() is not None:
                     err = NodeStartFailed if i == n - 1 else RuntimeError
                     raise err(f"ray node {i} exited ({p.returncode}): {self.node_log(i)}")
-            if not tcp_accepts(host, int(port)):
+            if not tcp_accepts("127.0.0.1", self.gcs_port):
                 last = f"the head's GCS at {self.address} did not accept a connection"
                 time.sleep(0.5)
                 continue

@@ -147,7 +147,7 @@ class Network:
             self._netns_fds.append(os.open(f"/proc/{h.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC))
             ino = os.fstat(self._netns_fds[-1]).st_ino
             self._netns_inodes.add(ino)
-            self._state["hosts"][h.name] = {"pid": h.pid, "netns_inode": ino, "netns_cookie": state.netns_cookie(h.pid),
+            self._state["hosts"][h.name] = {"pid": h.pid, "netns_inode": ino, "netns_cookie": state.netns_cookie_of_fd(self._netns_fds[-1]),
                                             "ip": self.addresses.get(h.name)}
         state.write_state(self._state_file, self._state)
         self.net.start()

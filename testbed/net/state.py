@@ -382,17 +382,30 @@ def netns_inode(pid: int) -> int | None:
 
 def netns_cookie(pid: int) -> int | None:
     """The cookie of the process's network namespace (SO_NETNS_COOKIE, Linux >= 5.14): unlike its inode, never given
-    to another namespace until the host reboots. Read by a thread that joins the namespace and ends (the caller's own
-    threads stay where they are); None when it cannot be read (the process is gone or a zombie, an older kernel)."""
+    to another namespace until the host reboots. None when it cannot be read (the process is gone or a zombie, an
+    older kernel). A caller that holds the namespace open reads it from that (`netns_cookie_of_fd`): a pid may
+    end and be given to another process between two reads, an open namespace stays the one opened."""
+    try:
+        ns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return netns_cookie_of_fd(ns)
+    finally:
+        os.close(ns)
+
+
+def netns_cookie_of_fd(ns_fd: int) -> int | None:
+    """The cookie of the network namespace open at `ns_fd` (`netns_cookie`). Read by a thread that joins the
+    namespace and ends (the caller's own threads stay where they are); None when it cannot be read."""
     got: list[int] = []
 
     def read() -> None:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/ns/net") as ns:
-            if ctypes.CDLL(None, use_errno=True).setns(ns.fileno(), CLONE_NEWNET) == 0:
-                with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-                    got.append(int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), sys.byteorder))
+        if ctypes.CDLL(None, use_errno=True).setns(ns_fd, CLONE_NEWNET) == 0:
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                got.append(int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), sys.byteorder))
 
-    reader = threading.Thread(target=read, name=f"netns-cookie-{pid}")
+    reader = threading.Thread(target=read, name=f"netns-cookie-fd{ns_fd}")
     reader.start()
     reader.join()
     return got[0] if got else None

@@ -233,6 +233,16 @@ def test_a_namespace_cookie_is_read_without_moving_the_caller():
         ours = int.from_bytes(s.getsockopt(socket.SOL_SOCKET, state.SO_NETNS_COOKIE, 8), sys.byteorder)
     assert state.netns_cookie(os.getpid()) == (ours if os.geteuid() == 0 else None)  # (joining a namespace needs root)
     assert state.netns_cookie(DEAD) is None
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)  # an open namespace: read from it, whatever its pid does
+    try:
+        assert state.netns_cookie_of_fd(fd) == state.netns_cookie(os.getpid())
+    finally:
+        os.close(fd)
+    with open(os.devnull) as not_a_namespace:
+        assert state.netns_cookie_of_fd(not_a_namespace.fileno()) is None
+    # and the caller's threads stayed where they were
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        assert int.from_bytes(s.getsockopt(socket.SOL_SOCKET, state.SO_NETNS_COOKIE, 8), sys.byteorder) == ours
 
 
 def test_clean_keeps_a_damaged_file_whose_names_pid_runs_and_its_bridges(host: dict[str, Any]):
