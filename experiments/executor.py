@@ -16,6 +16,9 @@ The contract, for every implementation:
   the process (or node) they choose;
 - ``run`` may be called from several threads at once (`experiments.reproduce` runs a search per
   configuration side by side): together they never run more than ``slots`` runs at once;
+- ``run_hosts(kv_cc)`` names every host a run may land on, with the capacity ``scale: auto`` resolves at there
+  and whether its kernel sets the KV congestion control: `experiments.engine.check_run` checks each run on
+  each of them before the first run starts;
 - ``cancel()`` stops every run in progress (each tears its network down) and makes every later run a
   failed outcome at once, for the rest of the executor's life; it is for a caller that gives up (an
   interrupt, a failed search beside), not a pause.
