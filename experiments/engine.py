@@ -138,7 +138,7 @@ def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = No
     hosts = (executor or SequentialExecutor()).run_hosts(kv_cc)
     scales: dict[str, float] = {}
     for host in hosts:
-        where = "" if len(hosts) == 1 and host.name == "this host" else f" (on {host.name})"
+        where = "" if host.name == "this host" else f" (on {host.name})"
         if host.kv_cc_refused is not None:
             raise FieldError("serving.kv_congestion_control", host.kv_cc_refused + where, sc.source)
         if sc.scale == "auto":  # resolved as the run will resolve it (`Network`, in the executor's process)

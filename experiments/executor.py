@@ -67,6 +67,13 @@ class RunHost:
     capacity_bps: float  # the WAN capacity a run there resolves ``scale: auto`` at (`Scenario.resolve_scale`)
     kv_cc_refused: str | None  # why that host's kernel refuses the KV congestion control asked; None: it sets it
 
+    @classmethod
+    def here(cls, name: str, capacity_bps: float, kv_cc: str | None) -> "RunHost":
+        """This host as `name`, its kernel asked for `kv_cc` (None: the hosts' default, nothing to ask)."""
+        from testbed.kv.transport import congestion_control_refused
+
+        return cls(name, capacity_bps, congestion_control_refused(kv_cc) if kv_cc else None)
+
 
 class Executor(abc.ABC):
     """Runs `RunTask`s; see the module docstring for the contract."""
@@ -91,9 +98,7 @@ class Executor(abc.ABC):
         """Every host a run may land on, each with the capacity ``scale: auto`` resolves at there and whether its
         kernel sets the KV congestion control `kv_cc` (None: the hosts' default, nothing to ask): `check_run`
         checks a run on each. Here: this host alone."""
-        from testbed.kv.transport import congestion_control_refused
-
-        return [RunHost("this host", self.run_capacity_bps(), congestion_control_refused(kv_cc) if kv_cc else None)]
+        return [RunHost.here("this host", self.run_capacity_bps(), kv_cc)]
 
     def cancel(self) -> None:
         """Stop the runs in progress and start none; a no-op where ``run`` is never called from several

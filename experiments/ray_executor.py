@@ -21,6 +21,7 @@ Progress is shown per node (runs done and failed on each) as outcomes come in; e
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import shutil
@@ -84,11 +85,9 @@ def _node_name() -> str:
 
 def host_facts(kv_cc: str | None) -> dict[str, Any]:
     """The body of a Ray task pinned to one node: what `check_run` checks a run against there (`RunHost`)."""
-    from testbed.kv.transport import congestion_control_refused
     from testbed.net.emulation import host_capacity_bps
 
-    return {"name": _node_name(), "capacity_bps": host_capacity_bps()[0],
-            "kv_cc_refused": congestion_control_refused(kv_cc) if kv_cc else None}
+    return dataclasses.asdict(RunHost.here(_node_name(), host_capacity_bps()[0], kv_cc))
 
 
 def run_on_node(task_d: dict[str, Any], scenario_text: str | None) -> tuple[dict[str, Any], bytes | None]:
