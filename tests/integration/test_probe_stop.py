@@ -49,9 +49,11 @@ def test_a_probe_ends_once_it_filled_the_path_and_reads_what_the_whole_probe_rea
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     whole = [r for r in rows if not r["filled"]]
     early = [r for r in rows if r["filled"]]
-    assert len(whole) == len(early) == 3 and all(r["ok"] for r in rows)
-    assert not any(r["stopped"] for r in whole) and all(r["bytes"] == 62_500_000 for r in whole)
-    assert all(r["stopped"] and r["bytes"] < 62_500_000 for r in early)  # ended with bytes left unsent
+    assert len(whole) == len(early) == 3 and all(r["ok"] for r in rows), rows
+    assert not any(r["stopped"] for r in whole) and all(r["bytes"] == 62_500_000 for r in whole), rows
+    # ended with bytes left unsent; a probe whose two pings both met host noise reads an unloaded RTT so high that
+    # the 1-BDP queue is no standing queue above it and is sent whole, the safe way (once in CI at 2c92c53): 2 of 3
+    assert all(r["bytes"] < 62_500_000 for r in early if r["stopped"]) and sum(r["stopped"] for r in early) >= 2, rows
     mid = lambda rs, k: sorted(r[k] for r in rs)[1]  # noqa: E731  (the median of three)
     assert mid(early, "seconds") < 0.7 * mid(whole, "seconds"), rows
     # both read the shaped line (1 Gbps on the wire, less headers): the early end costs no accuracy
