@@ -118,7 +118,7 @@ def resolve_scenario_ref(ref: str) -> str:
 
 def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = None, executor: Executor | None = None) -> "Scenario":
     """The scenario with `overrides`, checked as `prfaas run` checks it before anything starts (the file, then
-    `plan_run`: the sections together, and a KV congestion control the kernel must set). A multi-run command
+    `plan_serving`: the sections together; then a KV congestion control the kernel must set). A multi-run command
     checks every run this way before its first, so a bad arm or grid point is refused in one line instead of
     failing an hour in. A run already finished in `out_dir` (which a resumed batch skips) is checked as a file
     only: it ran, and re-reading it must not depend on any host's kernel. The kernel asked and the capacity
@@ -127,12 +127,12 @@ def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = No
     the N runs share the host, each resolving at capacity / N; with ``--executor ray`` each node is asked, and
     nodes that would resolve ``scale: auto`` differently are refused, as their runs would not be comparable."""
     from testbed.sections import load_scenario
-    from testbed.serving.config import plan_run
+    from testbed.serving.config import plan_serving
 
     sc = load_scenario(scenario, list(overrides))
     if out_dir is not None and run_state(out_dir) == FINISHED:
         return sc
-    kv_cc = plan_run(sc, kernel=False).spec.kv_congestion_control
+    kv_cc = plan_serving(sc).spec.kv_congestion_control
     if kv_cc is None and sc.scale != "auto":
         return sc  # nothing a host decides
     hosts = (executor or SequentialExecutor()).run_hosts(kv_cc)

@@ -342,10 +342,22 @@ def check_scenario(scenario: Scenario) -> None:
     _check(scenario)
 
 
-def plan_run(scenario: Scenario, *, kernel: bool = True) -> ServingPlan:
-    """All checks that need more than the serving section alone, before anything starts. `kernel`: also ask this
-    host's kernel whether it sets the KV congestion control; False where the run goes to other hosts, which the
-    caller asks (`experiments.executor.Executor.run_hosts`)."""
+def plan_run(scenario: Scenario) -> ServingPlan:
+    """Everything checked before a run starts on this host: `plan_serving`, then whether this host's kernel sets
+    the KV congestion control. (A run that may go to other hosts is checked with `plan_serving`, and each host is
+    asked by `experiments.executor.Executor.run_hosts`.)"""
+    plan = plan_serving(scenario)
+    cc = plan.spec.kv_congestion_control
+    if cc is not None:
+        from testbed.kv.transport import congestion_control_refused
+
+        if (why := congestion_control_refused(cc)) is not None:
+            raise FieldError("serving.kv_congestion_control", why, scenario.source)
+    return plan
+
+
+def plan_serving(scenario: Scenario) -> ServingPlan:
+    """All checks that need more than the serving section alone and nothing of a host, before anything starts."""
     for key in ("model", "workload", "policy"):
         if scenario.section(key) is None:
             raise FieldError(key, "is required for a run", scenario.source)
@@ -362,10 +374,4 @@ def plan_run(scenario: Scenario, *, kernel: bool = True) -> ServingPlan:
         if value is not None and plan.spec.kv_connector != "tcp":
             raise FieldError(f"serving.{name}", f"is a TCP setting; the {plan.spec.kv_connector!r} connector has none "
                              "(set it to null, or kv_connector: tcp)", scenario.source)
-    cc = plan.spec.kv_congestion_control
-    if cc is not None and kernel:
-        from testbed.kv.transport import congestion_control_refused
-
-        if (why := congestion_control_refused(cc)) is not None:
-            raise FieldError("serving.kv_congestion_control", why, scenario.source)
     return plan

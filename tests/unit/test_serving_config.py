@@ -197,6 +197,19 @@ def test_a_congestion_control_the_kernel_cannot_set_is_refused_before_the_run_wi
     assert "reno" in str(err)  # the kernel's list of what it has
 
 
+def test_plan_serving_checks_every_section_but_asks_no_kernel(tmp_path):
+    """What a run on other hosts is checked with (`experiments.engine.check_run`): each host's kernel is asked
+    there, so a name this host lacks passes, and a malformed one is still refused."""
+    from testbed.serving.config import plan_serving
+
+    assert plan_serving(load_scenario("quick", ["serving.kv_congestion_control=nosuchcc"])).spec.kv_congestion_control == "nosuchcc"
+    net_only = tmp_path / "net-only.yaml"
+    net_only.write_text("name: s\nwan: {rate: 10Gbps}\n")
+    scenario = load_scenario(str(net_only), [])  # a file that loads: a network alone
+    with pytest.raises(FieldError, match="model: is required for a run"):
+        plan_serving(scenario)  # nothing a run could serve
+
+
 def test_a_congestion_control_refused_for_want_of_permission_says_so_and_names_the_allowed_list(monkeypatch):
     import errno
     import socket
