@@ -261,7 +261,8 @@ def non_negative(v: Any) -> float:
 
 def load_yaml(text: str) -> Any:
     """`yaml.safe_load`, except that a key given twice in one mapping is a `yaml.YAMLError` naming both lines:
-    PyYAML keeps the last silently, so a second ``threshold:`` a few lines down replaced the first unseen."""
+    PyYAML keeps the last silently, so a second ``threshold:`` a few lines down replaced the first unseen; and data
+    nested deeper than Python's recursion limit is a `yaml.YAMLError` too ("nested too deeply")."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -281,7 +282,10 @@ def load_yaml(text: str) -> Any:
                         key_node.start_mark)
             return super().construct_mapping(node, deep)
 
-    return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
+    try:
+        return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
+    except RecursionError:  # `seed: [[[[...` hundreds deep: a traceback before, wherever YAML is read
+        raise yaml.YAMLError("nested too deeply") from None
 
 
 def _path_test(path: Path | str, test: Callable[[Path], bool]) -> bool:

@@ -48,6 +48,44 @@ def test_spec_reads_arms_seeds_and_pairs_and_names_bad_fields():
             parse_spec({**SPEC, **bad}, "s.yaml")
 
 
+def test_a_metric_that_is_no_summary_figure_is_refused_naming_the_figure_it_resembles():
+    """`ttft_p90` was accepted and left out of comparison.json without a word, after every run had run."""
+    with pytest.raises(UserError) as exc:
+        parse_spec({**SPEC, "metrics": ["throughput_rps", "ttft_p90"]}, "s.yaml")
+    assert str(exc.value).startswith("s.yaml: metrics: 'ttft_p90' is not a figure of a run's summary; did you mean ttft_s.p90")
+    with pytest.raises(UserError, match="named twice"):
+        parse_spec({**SPEC, "metrics": ["ttft_s.p90", "ttft_s.p90"]}, "s.yaml")
+    assert parse_spec({**SPEC, "metrics": ["fidelity_rate_ratio", "queue.growing"]}).metrics == ("fidelity_rate_ratio", "queue.growing")
+
+
+def test_the_metrics_a_spec_may_name_are_the_figures_of_a_runs_summary(tmp_path):
+    """`spec.METRICS` against what a run's summary holds, flattened as results.parquet holds it: every number or
+    true/false figure (the timing fidelity's too) is a metric, and every metric is such a figure."""
+    from experiments.experiment import flatten
+    from experiments.runs import summarize_run_dir
+    from experiments.spec import METRICS
+    from testbed.fidelity import summary_fields
+
+    figures = {**flatten(summarize_run_dir(write_run_dir(tmp_path / "r"))), **summary_fields({"ok": True, "cpus": 2})}
+    texts = {"compute", "model", "policy", "signals", "kv_congestion_control", "egress_gbps.source", "wan_gbps.source",
+             "estimator.signals", "prefix_cache.hybrid", "fidelity_flags", "node", "early_stop", "drain_cut"}
+    assert {k for k, v in figures.items() if isinstance(v, str)} <= texts  # figures that are words are no metric
+    assert set(METRICS) == set(figures) - texts
+
+
+def test_an_arm_cannot_set_its_own_seed_and_a_value_stays_what_the_spec_wrote():
+    for where in ({"set": {"duration": "20s", "seed": 7}}, {"arms": {**SPEC["arms"], "odd": {"seed": None}}},
+                  {"arms": {**SPEC["arms"], "odd": ["policy.name=prfaas", "seed=3"]}}):
+        with pytest.raises(UserError, match=r"\.seed: each run's seed comes from the spec's seeds:"):
+            parse_spec({**SPEC, **where}, "s.yaml")
+    spec = parse_spec({**SPEC, "set": {"name": "a: b", "workload.output": 128, "policy.threshold": "16K",
+                                       "serving.slo": {"ttft": "30s"}, "cross_traffic": None}})
+    from testbed.scenario import apply_overrides
+
+    assert apply_overrides({}, list(spec.overrides)) == {"name": "a: b", "workload": {"output": 128}, "policy": {"threshold": "16K"},
+                                                         "serving": {"slo": {"ttft": "30s"}}, "cross_traffic": None}
+
+
 def test_an_experiments_seeds_are_read_as_a_scenarios_seed_is():
     assert parse_spec({**SPEC, "seeds": [0, 2**32 - 1]}).seeds == (0, 2**32 - 1)
     for seeds, says in (([1, 10**400], "a 401-digit number is not a seed"), ([1, 2**32], "4294967296 is not a seed")):

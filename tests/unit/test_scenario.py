@@ -198,6 +198,24 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
     assert load_yaml("b: &b {x: 1, y: 2}\nc: {<<: *b, x: 3}\n")["c"] == {"x": 3, "y": 2}
 
 
+def test_yaml_nested_too_deeply_is_one_line_in_a_file_and_in_a_set_value(tmp_path):
+    """A list 3000 deep was a RecursionError traceback wherever YAML is read (a scenario, a spec, --set)."""
+    deep = "[" * 3000 + "]" * 3000
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: s\nseed: {deep}\n")
+    with pytest.raises(UserError) as err:
+        load_scenario(str(path))
+    assert str(err.value) == f"{path}: not valid YAML (nested too deeply)"
+    with pytest.raises(UserError, match="the value is not valid YAML \\(nested too deeply\\)"):
+        apply_overrides({}, [f"seed={deep}"])
+    from testbed.validation import load_yaml
+
+    node, depth = load_yaml("[" * 50 + "]" * 50), 1  # a reasonable depth still loads
+    while node:
+        node, depth = node[0], depth + 1
+    assert depth == 50
+
+
 @pytest.mark.parametrize("value", [{}, "", 0, False])
 def test_an_empty_non_list_is_not_an_empty_list(value):
     """`wan.schedule: {}` (or '', 0) passed as no schedule: `Fields.items` took anything falsy for []."""
