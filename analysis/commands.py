@@ -10,7 +10,7 @@ from typing import Any
 
 from testbed.atomic import make_output_dir
 from testbed.errors import UserError
-from testbed.validation import at_least_one, option, positive_number
+from testbed.validation import at_least_one, option, path_option
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -20,14 +20,15 @@ def register(sub: "argparse._SubParsersAction") -> None:
     src.add_argument("--paper-case-study", action="store_true", help="the paper's case study (32 H200 + 64 H20, 100 Gbps)")
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override (with --scenario)")
     m.add_argument("--reading", choices=("literal", "mean"), default="literal", help="primary reading of Eq. 3 (the other is shown beside it)")
-    m.add_argument("--step", type=option(positive_number), default=64.0, metavar="TOKENS", help="threshold grid step (default 64 tokens)")
+    m.add_argument("--step", type=option(at_least_one, whole=True), default=64, metavar="TOKENS",
+                   help="threshold grid step (default 64 tokens; at least 1: a finer grid only costs memory)")
     m.add_argument("--json", action="store_true", help="print JSON")
-    m.add_argument("--plots", metavar="DIR", help="write Lambda-vs-t and Lambda-vs-split figures here")
+    m.add_argument("--plots", type=path_option, metavar="DIR", help="write Lambda-vs-t and Lambda-vs-split figures here")
     m.set_defaults(func=cmd_model)
 
     r = sub.add_parser("report", help="report.html and plots of one run or a comparison of several")
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    r.add_argument("--out", metavar="DIR", help="where report.html and plots/ go (default: the run directory; required for several)")
+    r.add_argument("--out", type=path_option, metavar="DIR", help="where report.html and plots/ go (default: the run directory; required for several)")
     r.set_defaults(func=cmd_report)
 
     w = sub.add_parser("wall", help="the bandwidth wall: Phi_kv per model (published, profiles, measured) and cluster egress")
@@ -61,6 +62,8 @@ def cmd_model(args: argparse.Namespace) -> int:
     from analysis import throughput_model as tm
 
     if args.paper_case_study:
+        if args.set:  # the paper's fixed inputs: an override was ignored without a word (exit 0)
+            raise UserError(f"--set {args.set[0]}: overrides a scenario, so it goes with --scenario, not --paper-case-study")
         cm, homo, dist = tm.paper_case_study()
         inputs = dict(tm.CASE_STUDY_INPUTS)
     else:

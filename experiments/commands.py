@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from testbed import rundir
 from testbed.atomic import make_output_dir
 from testbed.errors import UserError
-from testbed.validation import option, positive_number, random_seed, run_count
+from testbed.validation import option, path_option, positive_number, random_seed, run_count
 
 KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
 
@@ -21,7 +21,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                        description="Bring up the scenario's network, start the workers and the router in its hosts, "
                                    "drive the workload, collect the run directory, tear everything down.")
     p.add_argument("scenario", help="a scenario file, or the name of a ready one in topologies/ (e.g. quick)")
-    p.add_argument("--out", help="run directory (default: runs/<scenario>-<time>)")
+    p.add_argument("--out", type=path_option, help="run directory (default: runs/<scenario>-<time>)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario field, e.g. --set wan.rate=20Gbps --set policy.name=fixed-threshold")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
@@ -29,7 +29,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     q = sub.add_parser("quickstart", help="run topologies/quick.yaml under two policies and compare them in a report",
                        description="README's main job: the quick scenario under each policy given (default: prfaas, then "
                                    "fixed-threshold on the same workload and WAN), then one comparison report.")
-    q.add_argument("--out", help="parent directory of the runs (default: runs/quick-<time>)")
+    q.add_argument("--out", type=path_option, help="parent directory of the runs (default: runs/quick-<time>)")
     q.add_argument("--policies", default="prfaas,fixed-threshold", help="comma-separated policies to compare")
     q.add_argument("--no-progress", action="store_true")
     q.set_defaults(func=cmd_quickstart)
@@ -38,14 +38,14 @@ def register(sub: "argparse._SubParsersAction") -> None:
     s.add_argument("scenario", metavar="SCENARIO")
     s.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="e.g. --grid wan.rate=10Gbps,40Gbps --grid seed=1,2")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to every point")
-    s.add_argument("--out", required=True, metavar="DIR")
+    s.add_argument("--out", type=path_option, required=True, metavar="DIR")
     _executor_option(s)
     s.set_defaults(func=cmd_sweep)
 
     e = sub.add_parser("experiment", help="arms x seeds x repetitions of a scenario, compared with paired 95%% CIs (resumable)",
                        description="Run an experiment spec (docs/experiments.md): results.parquet, comparison.json and report.md in --out.")
     e.add_argument("spec", metavar="SPEC.yaml")
-    e.add_argument("--out", required=True, metavar="DIR")
+    e.add_argument("--out", type=path_option, required=True, metavar="DIR")
     _executor_option(e)
     e.set_defaults(func=cmd_experiment)
 
@@ -53,7 +53,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                        description="Bracket then bisect the Poisson arrival rate of SCENARIO (docs/experiments.md, Capacity).")
     c.add_argument("scenario", metavar="SCENARIO")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override")
-    c.add_argument("--out", metavar="DIR", help="where the probe runs go (default: runs/capacity-<the scenario's name>-<time>, "
+    c.add_argument("--out", type=path_option, metavar="DIR", help="where the probe runs go (default: runs/capacity-<the scenario's name>-<time>, "
                                                 "named as prfaas run names its run directory)")
     c.add_argument("--repetitions", type=option(run_count, whole=True), default=3,
                    help="runs (seeds 1..N) that decide a marginal rate at the edge by majority (default 3)")
@@ -69,7 +69,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     r = sub.add_parser("reproduce", help="the paper's headline on the wire: Lambda_max of PrfaaS-PD, homogeneous PD, naive heterogeneous")
     r.add_argument("target", choices=("case-study",))
     r.add_argument("--quick", action="store_true", help="45-s runs, 128-token answers, 15%% tolerance (docs/experiments.md)")
-    r.add_argument("--out", metavar="DIR", help="default: runs/reproduce-case-study-<time>")
+    r.add_argument("--out", type=path_option, metavar="DIR", help="default: runs/reproduce-case-study-<time>")
     r.add_argument("--repetitions", type=option(run_count, whole=True), help="runs that decide a marginal rate (default: 2 with --quick, 3 without)")
     r.add_argument("--only", default=",".join(("prfaas_pd", "homogeneous_pd", "naive_heterogeneous")),
                    help="comma-separated configurations to measure")

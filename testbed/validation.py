@@ -362,6 +362,15 @@ def read_json(path: Path, what: str = "a JSON file") -> Any:
         raise UserError(f"{path}: not {what} (JSON nested too deeply)") from None
 
 
+def path_option(text: str) -> str:
+    """A command-line option that names a file or folder (`--out`): an empty name is refused, as argparse refuses a
+    bad number (``argument --out: '' is no path; name a folder``). `--out ""` was taken as "no --out": `capacity`
+    started its runs in the default folder, `experiment` wrote into the current one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is no path; name a file or folder")
+    return text
+
+
 def option(parse: Callable[[Any], T], whole: bool = False) -> Callable[[str], T]:
     """A command-line option's argparse `type=`: the text read as a whole number (`whole`) or a number, then checked
     by one of the readers above, so a CLI option and a scenario field refuse a value in the same words. argparse

@@ -11,7 +11,7 @@ from typing import Any
 
 from testbed import units
 from testbed.errors import UserError
-from testbed.validation import Fields, option, random_seed, read_yaml
+from testbed.validation import Fields, option, path_option, random_seed, read_yaml
 from testbed.scenario import apply_overrides, find_scenario
 from testbed.sections import load_scenario
 from testbed.blocks import BLOCK_TOKENS
@@ -30,7 +30,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     s.set_defaults(func=cmd_stats)
     g = tsub.add_parser("generate", help="draw a scenario's workload and write it as a Mooncake JSONL trace")
     g.add_argument("source", metavar="SCENARIO_OR_SPEC", help="a scenario (name or file) with a workload: section, or a YAML file holding only a workload section")
-    g.add_argument("--out", required=True, metavar="FILE", help="output JSONL file")
+    g.add_argument("--out", type=path_option, required=True, metavar="FILE", help="output JSONL file")
     g.add_argument("--duration", metavar="TIME", help="e.g. 10min (default: the scenario's duration, else 60s)")
     g.add_argument("--seed", type=option(random_seed, whole=True), help="default: the scenario's seed, else 1")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field")

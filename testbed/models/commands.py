@@ -9,7 +9,7 @@ import json
 from testbed import units
 from testbed.atomic import make_output_dir
 from testbed.errors import UserError
-from testbed.validation import at_least_one, option, random_seed
+from testbed.validation import at_least_one, option, path_option, random_seed
 from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, list_presets, load_model_spec
 
 KIND_LABELS = {"gqa": "full attention (GQA/MHA)", "mla": "full attention (MLA)", "linear": "linear (fixed state)", "swa": "sliding window"}
@@ -39,7 +39,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     q.add_argument("--model", help="a preset name or a YAML spec file")
     q.add_argument("--variant", default="faithful", help="faithful (real cache geometry), tiny, or full (real widths; default faithful)")
     q.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
-    q.add_argument("--out", help="profile YAML to write")
+    q.add_argument("--out", type=path_option, help="profile YAML to write")
     q.add_argument("--lengths", help="prefill lengths, e.g. 256,512,1K (default: by device and variant)")
     q.add_argument("--batches", default="1,2,4,8", help="decode batch sizes (default 1,2,4,8)")
     q.add_argument("--contexts", help="decode context lengths (default: the shortest and longest prefill length)")

@@ -58,6 +58,18 @@ def test_a_refused_capacity_search_leaves_no_folder(nothing_runs, capsys):
     assert list(nothing_runs.iterdir()) == []  # was runs/capacity-quick-<time>, and named/
 
 
+def test_an_empty_out_is_refused_not_read_as_no_out(nothing_runs, capsys):
+    """`--out ""` was "no --out": `capacity` started its search in runs/capacity-quick-<time>, `experiment` wrote into
+    the current folder."""
+    spec = nothing_runs / "spec.yaml"
+    spec.write_text("scenario: quick\narms: {a: {policy.name: prfaas}}\n")
+    for argv in (["capacity", "quick"], ["experiment", str(spec)], ["run", "quick"], ["sweep", "quick", "--grid", "seed=1,2"],
+                 ["reproduce", "case-study"], ["report", str(nothing_runs)]):
+        for empty in ("", " "):
+            assert refused([*argv, "--out", empty], capsys).endswith(f"argument --out: {empty!r} is no path; name a file or folder")
+    assert sorted(p.name for p in nothing_runs.iterdir()) == ["spec.yaml"]
+
+
 def test_a_refused_reproduction_leaves_no_folder(nothing_runs, capsys, monkeypatch):
     from experiments import capacity
     from testbed.errors import FieldError

@@ -172,11 +172,21 @@ def test_model_command_prints_one_json_section_per_configuration(capsys):
 def test_model_command_refuses_a_bad_step(capsys):
     from testbed.cli import main
 
-    for bad, why in (("0", "must be > 0"), ("nan", "is not a number"), ("inf", "is not a number")):  # nan, inf: were a numpy traceback and a hang
+    # nan, inf: were a numpy traceback and a hang; 0.001 ran out of memory (a grid point per thousandth of a token)
+    for bad, why in (("0", "0 is not a whole number >= 1"), ("nan", "'nan' is not a whole number"),
+                     ("inf", "'inf' is not a whole number"), ("0.001", "'0.001' is not a whole number")):
         with pytest.raises(SystemExit) as exit_:
             main(["model", "--paper-case-study", "--step", bad])
         assert exit_.value.code == 2
-        assert capsys.readouterr().err.strip() == f"prfaas model: error: argument --step: {bad} {why}"
+        assert capsys.readouterr().err.strip() == f"prfaas model: error: argument --step: {why}"
+
+
+def test_model_refuses_set_without_a_scenario(capsys):
+    """The paper's case study has fixed inputs: `--set` was ignored there, exit 0."""
+    from testbed.cli import main
+
+    assert main(["model", "--paper-case-study", "--set", "wan.rate=20Gbps"]) == 2
+    assert "--set wan.rate=20Gbps: overrides a scenario, so it goes with --scenario" in capsys.readouterr().err
 
 
 def test_model_plots_into_a_path_that_cannot_be_a_folder_is_one_line(tmp_path, capsys):
