@@ -70,7 +70,10 @@ def read_queue_measurement(path: Path) -> QueueMeasurement:
     if f is None:
         raise UserError(f"{where}: directions: no entry with direction prfaas_to_pd (as `prfaas check --json` writes it)")
     wire_rate_bps, rtt_s = f.get("wire_rate_bps", positive_number), f.get("rtt_s", positive_number)
-    queue_bytes = int(f.get("queue_wire_bytes", positive_number))  # (a 401-digit count was an OverflowError in the drain time)
+    queue_bytes = f.get("queue_wire_bytes", positive_number)  # (a 401-digit count was an OverflowError in the drain time)
+    if queue_bytes > 2.0**53:  # 1e308 was one too (its drain time overflowed a float)
+        raise f.error("queue_wire_bytes", f"{queue_bytes:g} is not a queue `prfaas check` reports (at most 2**53 bytes)")
+    queue_bytes = int(queue_bytes)
     where = file("iperf3.json")
     iperf = Fields(read_json(where, "the output of `iperf3 -J`"), "", str(where))
     goodput = iperf.section("end").section("sum_received").get("bits_per_second", non_negative)

@@ -144,6 +144,12 @@ SCHEDULER_COLUMNS = (
     "tick_late_s",  # how late the control loop ran this tick (timing fidelity: testbed.fidelity.router_timing)
 )
 SCHEDULER_REQUIRED = ("t_s",)
+SCHEDULER_TEXT_COLUMNS = ("kind", "request_id", "route", "reason", "signals", "estimate_evidence", "bandwidth_scarce",
+                          "compress_kv", "backlogged", "measured", "ok", "probe_stopped")  # words and true/false: every other column is numbers
+LINK_TEXT_COLUMNS = ("direction", "link_up")
+TCP_TEXT_COLUMNS = ("cluster", "cc")  # tcp.parquet: words ...
+TCP_BOOL_COLUMNS = ("app_limited",)  # ... and true/false; every other column is numbers
+CROSS_TRAFFIC_TEXT_COLUMNS = ("flow", "protocol", "src", "dst")
 
 CROSS_TRAFFIC_COLUMNS = ("t_s", "flow", "protocol", "src", "dst", "period", "interval_s", "bytes", "achieved_bps",
                          "configured_bps", "lost_packets", "packets", "jitter_ms")
@@ -191,23 +197,35 @@ SUMMARY_FIELDS = {"requests_total": _request_count, "requests_ok": _request_coun
 QUEUE_FIELDS = {"growing": boolean, "p_value": _figure, "growth": _figure, "samples": positive_int}
 
 
+# what every generated request has (the collection writes them from the workload): a row without one is no request
+REQUEST_NOT_NA = ("request_id", "input_len", "output_len")
+
+
 def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
-    """`df` with every known column cast to its `REQUEST_DTYPES` dtype (unparseable numbers become NA). A number
-    outside its column's `REQUEST_RANGES` (no run writes one) is a `ValueError` naming the column and row: a count,
+    """`df` with every known column cast to its `REQUEST_DTYPES` dtype. A value that is not a number in a numeric
+    column (text), a number outside its column's `REQUEST_RANGES` (no run writes one), NA in `REQUEST_NOT_NA` or a
+    `block_hashes` entry that is not a list of whole numbers is a `ValueError` naming the column and row: a count,
     byte count or index below 0, not whole or past int64; a time or duration below 0 or beyond a week; a negative
-    threshold; an infinity but +inf as a `threshold`. NA is allowed everywhere. Before 2026-12-07 these were casting
-    tracebacks, or a 1e300-s transfer asked the report for an array of that many seconds."""
+    threshold; an infinity but +inf as a `threshold`. NA is allowed elsewhere. Before 2026-12-07 these were casting
+    tracebacks, or a 1e300-s transfer asked the report for an array of that many seconds (and text became NA
+    without a word until session 65, failing later in the analysis)."""
     import numpy as np
-    import pandas as pd
 
     df = df.copy()
+    for col in REQUEST_NOT_NA:
+        if col in df and df[col].isna().any():
+            raise ValueError(f"column {col}: row {int(np.flatnonzero(df[col].isna().to_numpy())[0])} has none (every "
+                             "request has one)")
     for col, dtype in REQUEST_DTYPES.items():
-        if col not in df or dtype == LIST:
+        if col not in df:
+            continue
+        if dtype == LIST:
+            _check_lists(df[col], col)
             continue
         if dtype == STRING:
             df[col] = df[col].astype(STRING)
             continue
-        num = pd.to_numeric(df[col], errors="coerce").astype(float)
+        num = numbers(df[col], f"column {col}").astype(float)
         x = num.to_numpy()
         lo, hi, what = REQUEST_RANGES[col]
         bad = ~np.isnan(x) & ~((lo <= x) & (x <= hi) & ((x == np.round(x)) if dtype == INT else True))
@@ -215,6 +233,35 @@ def coerce_requests(df: pd.DataFrame) -> pd.DataFrame:
             raise ValueError(f"column {col}: {float(x[bad][0])!r} (row {int(np.flatnonzero(bad)[0])}) is not {what}")
         df[col] = num if dtype == FLOAT else num.astype(INT)
     return df
+
+
+def numbers(column: pd.Series, where: str) -> pd.Series:
+    """`column` as numbers (NA stays NA); a value that is text or anything else not a number is a `ValueError`
+    naming `where`, the value and its row (`pd.to_numeric(errors="coerce")` made it NA without a word)."""
+    import numpy as np
+    import pandas as pd
+
+    if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+        return column
+    num = pd.to_numeric(column, errors="coerce")
+    bad = (column.notna() & num.isna()).to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{where}: {column.iloc[i]!r} (row {i}) is not a number")
+    return num
+
+
+def _check_lists(column: pd.Series, col: str) -> None:
+    """Each entry of a list column (`block_hashes`) is NA or a list of whole numbers."""
+    import numpy as np
+
+    for i, v in enumerate(column):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            continue
+        if not isinstance(v, (list, tuple, np.ndarray)) or not all(
+                isinstance(h, (int, np.integer)) and not isinstance(h, bool) for h in v):
+            shown = v.tolist() if isinstance(v, np.ndarray) else v  # parquet reads a list back as an array
+            raise ValueError(f"column {col}: {shown!r} (row {i}) is not a list of whole numbers")
 
 
 def empty_link_frame() -> pd.DataFrame:
@@ -398,6 +445,32 @@ def _read_parquet(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
     return df
 
 
+def _numeric(df: pd.DataFrame, path: Path, text: tuple[str, ...], bools: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A telemetry frame (link, scheduler, tcp, cross traffic) whose columns but `text` and `bools` hold numbers (NA
+    allowed), whose `bools` hold true/false, and whose `t_s` is a time in every row: one that does not is a `UserError`
+    naming the file, column and row. A hand-edited or damaged file was a traceback in the report (a NaN `t_s`: numpy's
+    arange; text in `tx_bytes`, `rtt_us` or `app_limited`)."""
+    import numpy as np
+
+    df = df.copy()
+    try:
+        for col in df.columns:
+            if col in bools:
+                bad = [i for i, v in enumerate(df[col]) if not isinstance(v, (bool, np.bool_))]
+                if bad:
+                    raise ValueError(f"column {col}: {df[col].iloc[bad[0]]!r} (row {bad[0]}) is not true or false")
+            elif col not in text:
+                df[col] = numbers(df[col], f"column {col}")
+    except ValueError as exc:
+        raise UserError(f"{path}: {exc}") from None
+    t = df["t_s"].to_numpy(dtype=float)
+    bad = ~np.isfinite(t) | (np.abs(t) > MAX_DURATION_S)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise UserError(f"{path}: column t_s: {float(t[i])!r} (row {i}) is not a time in seconds (within a week of the run's start)")
+    return df
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     data = read_json(path, f"a run directory's {path.name}")
     if not isinstance(data, dict):
@@ -457,8 +530,10 @@ def load_run_dir(path: str | Path, *, require_summary: bool = True) -> RunData:
         requests = coerce_requests(_read_parquet(p / REQUESTS_FILE, REQUEST_REQUIRED))
     except ValueError as exc:
         raise UserError(f"{p / REQUESTS_FILE}: {exc}") from None
-    link = _read_parquet(p / LINK_FILE, LINK_REQUIRED)
-    scheduler = _read_parquet(p / SCHEDULER_FILE, SCHEDULER_REQUIRED)
-    cross = _read_parquet(p / CROSS_TRAFFIC_FILE, ("t_s",)) if (p / CROSS_TRAFFIC_FILE).is_file() else None
-    tcp = _read_parquet(p / TCP_FILE, TCP_REQUIRED) if (p / TCP_FILE).is_file() else None
+    link = _numeric(_read_parquet(p / LINK_FILE, LINK_REQUIRED), p / LINK_FILE, LINK_TEXT_COLUMNS)
+    scheduler = _numeric(_read_parquet(p / SCHEDULER_FILE, SCHEDULER_REQUIRED), p / SCHEDULER_FILE, SCHEDULER_TEXT_COLUMNS)
+    cross = (_numeric(_read_parquet(p / CROSS_TRAFFIC_FILE, ("t_s",)), p / CROSS_TRAFFIC_FILE, CROSS_TRAFFIC_TEXT_COLUMNS)
+             if (p / CROSS_TRAFFIC_FILE).is_file() else None)
+    tcp = (_numeric(_read_parquet(p / TCP_FILE, TCP_REQUIRED), p / TCP_FILE, TCP_TEXT_COLUMNS, TCP_BOOL_COLUMNS)
+           if (p / TCP_FILE).is_file() else None)
     return RunData(p, scenario, environment, requests, link, scheduler, summary, cross, tcp)

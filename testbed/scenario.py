@@ -463,7 +463,7 @@ class Scenario:
 def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Section]) -> Scenario:
     """A scenario from its YAML data: the network part, and each of `sections` the data has (any other
     key is refused). Whole scenarios: `testbed.sections.parse_scenario`."""
-    f = Fields(data, "", source)
+    f = Fields(data, "", source, document="scenario")
     # a plain name, or the file's (`name_or_stem`): it names the run's directory, runs/<name>-<time> (without '/', at most
     # `MAX_NAME_BYTES`). Any value passed through `str` before: ``name: [1, 2]`` ran as "[1, 2]", ``name: ../../x``
     # wrote its run two levels up.

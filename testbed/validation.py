@@ -57,11 +57,13 @@ class Fields:
     ``f.done()`` refuses keys nobody read, listing the allowed ones.
     """
 
-    def __init__(self, data: Any, path: str = "", source: str | None = None) -> None:
+    def __init__(self, data: Any, path: str = "", source: str | None = None, document: str = "top level") -> None:
+        """`document`: what a whole file that is no mapping is called in the refusal (``scenario``; a model spec, an
+        experiment spec or a profile said "scenario:" too until 2026-12-07)."""
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise FieldError(path or "scenario", f"must be a mapping of keys to values, got {type(data).__name__}", source)
+            raise FieldError(path or document, f"must be a mapping of keys to values, got {type(data).__name__}", source)
         self.data = data
         self.path = path
         self.source = source

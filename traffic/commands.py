@@ -62,6 +62,9 @@ def _print_stats(name: str, st: TraceStats, skipped: int, problems: tuple[str, .
     from rich.console import Console
     from rich.table import Table
 
+    if not st.requests:  # a table of NaN said nothing
+        print(f"{name}: no requests" + (f" ({skipped} bad lines skipped)" if skipped else "") + ": nothing to summarise")
+        return
     t = Table(title_justify="left", title=f"{name}: {st.requests} requests" + (f" ({skipped} bad lines skipped)" if skipped else ""))
     for col in ("", "mean", "std", "min", "p50", "p90", "p99", "max"):
         t.add_column(col, justify="right" if col else "left", no_wrap=True)

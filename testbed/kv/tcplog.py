@@ -31,13 +31,13 @@ from typing import Any
 
 from testbed.clock import run_t0
 from testbed.kv.transport import TcpSample
+from testbed.rundir import TCP_BOOL_COLUMNS, TCP_TEXT_COLUMNS
 
 SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(TcpSample))
 # tcp.parquet. `sender`: the how-many-th sender this prefill worker made to that decode worker (0 first; a
 # broken one is replaced and its connections' counters start again). Rates and bytes: wire units (x scale: emulated).
 COLUMNS = ("cluster", "prefill_instance", "decode_instance", "sender") + SAMPLE_FIELDS
-TEXT_COLUMNS = ("cluster", "cc")
-BOOL_COLUMNS = ("app_limited",)
+TEXT_COLUMNS, BOOL_COLUMNS = TCP_TEXT_COLUMNS, TCP_BOOL_COLUMNS  # (owned by testbed.rundir, which checks them on reading)
 FLOAT_COLUMNS = ("t_s", "delivery_rate_bps")
 CONNECTION = ("cluster", "prefill_instance", "decode_instance", "sender", "connection")  # one TCP connection's rows
 

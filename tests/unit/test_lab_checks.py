@@ -228,6 +228,9 @@ def _lab1_folder(d: Path) -> Path:
     (lambda d: (d / "check.json").write_text('{"directions": [{"direction": "prfaas_to_pd", "wire_rate_bps": 1e8, "rtt_s": 0.04, '
                                              '"queue_wire_bytes": 1' + "0" * 400 + '}]}'),
      r"directions\[0\].queue_wire_bytes: a 401-digit number is out of range"),
+    (lambda d: (d / "check.json").write_text('{"directions": [{"direction": "prfaas_to_pd", "wire_rate_bps": 1e8, "rtt_s": 0.04, '
+                                             '"queue_wire_bytes": 1e308}]}'),  # an OverflowError in the drain time before
+     r"directions\[0\].queue_wire_bytes: 1e\+308 is not a queue `prfaas check` reports \(at most 2\*\*53 bytes\)"),
     (lambda d: (d / "check.json").write_text('{"directions": {"a": 1}}'), r"check.json: directions: must be a list, got dict"),
     (lambda d: (d / "iperf3.json").write_text('{"end": {"sum_received": {"bits_per_second": "fast"}}}'),
      r"iperf3.json: end.sum_received.bits_per_second: 'fast' is not a number"),

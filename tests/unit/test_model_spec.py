@@ -236,3 +236,12 @@ def test_a_scenario_file_with_a_model_section_gets_a_typed_section(tmp_path: Pat
     path.write_text(yaml.safe_dump({"name": "s", "wan": {"rate": "10Gbps"}, "model": {"name": "qwen3.5-397b", "variant": "big"}}))
     with pytest.raises(FieldError, match="model.variant: 'big' is not allowed; use one of: faithful, tiny"):
         load_scenario(str(path))
+
+
+def test_a_model_file_that_is_no_mapping_is_named_as_the_file_not_a_scenario(tmp_path: Path) -> None:
+    """It said "scenario: must be a mapping" (the label of a scenario file) until 2026-12-07."""
+    path = tmp_path / "m.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(UserError) as exc:
+        load_model_spec(str(path))
+    assert str(exc.value) == f"{path}: top level: must be a mapping of keys to values, got list"

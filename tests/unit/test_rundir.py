@@ -31,10 +31,28 @@ def test_written_run_directory_loads_back_with_declared_dtypes_and_environment(t
 
 
 def test_coerce_requests_turns_strings_and_none_into_typed_columns():
-    df = rundir.coerce_requests(pd.DataFrame({"request_id": ["a", "b"], "kv_bytes": ["12", None], "arrival_s": [1, "x"]}))
+    df = rundir.coerce_requests(pd.DataFrame({"request_id": ["a", "b"], "kv_bytes": ["12", None], "arrival_s": [1, None]}))
     assert str(df["kv_bytes"].dtype) == "Int64" and df["kv_bytes"].iloc[0] == 12 and pd.isna(df["kv_bytes"].iloc[1])
     assert str(df["arrival_s"].dtype) == "float64" and pd.isna(df["arrival_s"].iloc[1])
     assert str(df["request_id"].dtype) == "string"
+
+
+@pytest.mark.parametrize("column,damage,says", [
+    ("arrival_s", lambda c: c.astype(str).where(c.index != 1, "x"), "column arrival_s: 'x' (row 1) is not a number"),  # was NA
+    ("input_len", lambda c: c.astype(str).where(c.index != 1, "many"),  # was NA without a word, then int(NA) in the report
+     "column input_len: 'many' (row 1) is not a number"),
+    ("input_len", lambda c: c.astype(object).where(c.index != 1, None), "column input_len: row 1 has none (every request has one)"),
+    ("block_hashes", lambda c: [7] * len(c), "column block_hashes: 7 (row 0) is not a list of whole numbers"),  # was a TypeError
+    ("block_hashes", lambda c: [["a"]] * len(c), "column block_hashes: ['a'] (row 0) is not a list of whole numbers"),
+])
+def test_a_requests_column_that_holds_no_number_is_refused_naming_it(tmp_path, column, damage, says):
+    d = write_run_dir(tmp_path / "r")
+    df = pd.read_parquet(d / rundir.REQUESTS_FILE)
+    df[column] = damage(df[column] if column in df else df["input_len"])
+    df.to_parquet(d / rundir.REQUESTS_FILE)
+    with pytest.raises(UserError) as exc:
+        rundir.load_run_dir(d)
+    assert str(exc.value) == f"{d / rundir.REQUESTS_FILE}: {says}"
 
 
 @pytest.mark.parametrize("change,match", [
@@ -268,3 +286,27 @@ def test_a_number_outside_its_columns_range_is_one_line_naming_the_column_and_ro
 def test_every_whole_number_column_is_a_count_or_index_from_0():
     """(rundir asserts at import that every numeric column has exactly one range.)"""
     assert all(rundir.REQUEST_RANGES[c] == rundir.WHOLE for c, d in rundir.REQUEST_DTYPES.items() if d == rundir.INT)
+
+
+@pytest.mark.parametrize("file,column,value,says", [
+    (rundir.LINK_FILE, "t_s", float("nan"), "column t_s: nan (row 1) is not a time in seconds"),  # was numpy's arange in the report
+    (rundir.LINK_FILE, "tx_bytes", "lots", "column tx_bytes: 'lots' (row 1) is not a number"),
+    (rundir.TCP_FILE, "rtt_us", "slow", "column rtt_us: 'slow' (row 1) is not a number"),
+    (rundir.TCP_FILE, "app_limited", "no", "column app_limited: 'no' (row 0) is not true or false"),  # was a TypeError
+    (rundir.SCHEDULER_FILE, "t_s", "soon", "column t_s: 'soon' (row 1) is not a number"),  # was a ValueError in replay-estimator
+])
+def test_a_telemetry_column_that_holds_no_number_is_refused_naming_it(tmp_path, file, column, value, says):
+    d = write_run_dir(tmp_path / "r")
+    df = pd.read_parquet(d / file)
+    assert len(df) > 1 and column in df
+    if column == "app_limited":
+        df[column] = value  # the whole column words: parquet keeps a column one type
+    elif isinstance(value, str):
+        df[column] = df[column].astype(str)
+        df.loc[df.index[1], column] = value
+    else:
+        df.loc[df.index[1], column] = value
+    df.to_parquet(d / file)
+    with pytest.raises(UserError) as exc:
+        rundir.load_run_dir(d)
+    assert str(exc.value).startswith(f"{d / file}: {says}")

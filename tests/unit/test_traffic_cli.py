@@ -36,6 +36,15 @@ def test_bad_trace_is_one_line_error_and_skip_bad_counts(tmp_path: Path, capsys:
     assert d["requests"] == 1 and d["skipped_lines"] == 1
 
 
+def test_stats_of_an_empty_trace_says_so_instead_of_a_table_of_nan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "empty.jsonl"
+    p.write_text("")
+    assert main(["traffic", "stats", str(p)]) == 0
+    assert capsys.readouterr().out.strip() == f"{p}: no requests: nothing to summarise"
+    assert main(["traffic", "stats", str(p), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] == 0
+
+
 def test_generate_from_a_workload_spec_file(tmp_path: Path) -> None:
     spec = tmp_path / "wl.yaml"
     spec.write_text("arrivals: {rate: 10/s}\noutput: 64\nsessions: {turns: 2}\n")
