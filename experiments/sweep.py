@@ -54,9 +54,11 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
         if "=" not in it:
             raise UserError(f"--grid {it!r}: use key=v1,v2,... e.g. --grid wan.rate=10Gbps,20Gbps")
         key, vals = it.split("=", 1)
-        values = [v.strip() for v in vals.split(",") if v.strip()]
-        if not key.strip() or not values:
+        values = [v.strip() for v in vals.split(",")]
+        if not key.strip() or values == [""]:
             raise UserError(f"--grid {it!r}: needs a key and at least one value")
+        if "" in values:  # `seed=1,,2` ran seeds 1 and 2 without a word: a value left out, or a comma too many
+            raise UserError(f"--grid {it!r}: an empty value (two commas in a row, or one at an end); give each value")
         if key.strip() in (k for k, _ in out):
             raise UserError(f"--grid: key {key.strip()!r} given twice")
         if len(set(values)) < len(values):  # two points with the same overrides would be one run directory

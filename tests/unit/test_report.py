@@ -258,6 +258,11 @@ def test_sweep_refuses_a_bad_grid_and_bad_points_before_running(tmp_path):
         parse_grid(["seed=1", "seed=2"])
     with pytest.raises(UserError, match="value '1' given twice"):  # two points, one run directory (was a ValueError traceback)
         parse_grid(["seed=1,2,1"])
+    for gap in ("seed=1,,2", "seed=1,2,", "seed=,1"):  # `seed=1,,2` ran seeds 1 and 2 without a word
+        with pytest.raises(UserError, match="an empty value"):
+            parse_grid([gap])
+    with pytest.raises(UserError, match="at least one value"):
+        parse_grid(["seed="])
     assert len(expand(parse_grid(["a=1,2,3", "b=x,y"]))) == 6
     ran = []
     with pytest.raises(UserError, match="wan.rate"):
