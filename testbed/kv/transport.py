@@ -805,6 +805,9 @@ class KVSender(KVSendConnector):
 
 # ================================================================================================ receiver
 
+ACCEPT_RETRY_S = 0.05  # the first pause after a failed accept (doubled up to 1 s while it keeps failing)
+
+
 @dataclass
 class _RecvRequest:
     request_id: str
@@ -824,6 +827,7 @@ class _RecvConn:
         self.send_lock = threading.Lock()
         self.scratch = bytearray(0)
         self.thread: threading.Thread | None = None
+        self.requests: set[str] = set()  # ids whose frames came on this connection (pruned to those in flight)
 
     def scratch_view(self, nbytes: int) -> memoryview:
         if len(self.scratch) < nbytes:
@@ -843,13 +847,15 @@ class KVReceiver(KVRecvConnector):
 
     def __init__(self, bind_host: str, port: int, on_complete: Callable[[str, ReceivedKV], None], *,
                  limits: WireLimits = WireLimits(), max_inflight_bytes: int = 16 << 30,
-                 request_timeout_s: float = 300.0) -> None:
+                 request_timeout_s: float = 300.0, max_connections: int = 1024, max_inflight_requests: int = 4096) -> None:
         self.bind_host = bind_host
         self.port = port
         self.on_complete = on_complete
         self.limits = limits
         self.max_inflight_bytes = max_inflight_bytes
         self.request_timeout_s = request_timeout_s
+        self.max_connections = max_connections  # more at once are closed as they come (each holds a thread)
+        self.max_inflight_requests = max_inflight_requests  # transfers begun and not ended; more are refused
         self._lock = threading.Lock()
         self._requests: dict[str, _RecvRequest] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()  # recent ids: late frames of these are discarded
@@ -912,28 +918,59 @@ class KVReceiver(KVRecvConnector):
     # ------------------------------------------------------------ internals
 
     def _accept_loop(self) -> None:
+        """Accept senders until closed. A failed accept (out of file descriptors, EMFILE) or a connection that cannot
+        be set up is logged and retried with a growing pause (at most 1 s): the first version returned, and the
+        receiver stopped accepting for good without a word. More than `max_connections` at once are closed."""
         assert self._listener is not None
+        pause_s, failing = ACCEPT_RETRY_S, False
         while not self._closed.is_set():
             try:
                 sock, addr = self._listener.accept()
-            except OSError:
-                return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError as e:
+                if self._closed.is_set():
+                    return
+                if not failing:
+                    log.warning("KV receiver on port %s: accept failed (%s); retrying", self.port, e)
+                failing = True
+                self._closed.wait(pause_s)
+                pause_s = min(2 * pause_s, 1.0)
+                continue
+            if failing:
+                log.warning("KV receiver on port %s: accepting again", self.port)
+            pause_s, failing = ACCEPT_RETRY_S, False
             conn = _RecvConn(sock, f"{addr[0]}:{addr[1]}")
-            conn.thread = threading.Thread(target=self._conn_loop, args=(conn,), name=f"kv-recv-{conn.peer}", daemon=True)
             with self._lock:
-                self._conns.append(conn)
-                self.connections_accepted += 1
-            conn.thread.start()
+                full = len(self._conns) >= self.max_connections
+                if not full:
+                    self._conns.append(conn)
+                    self.connections_accepted += 1
+            try:
+                if full:
+                    raise OSError(f"{self.max_connections} connections open already")
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.thread = threading.Thread(target=self._conn_loop, args=(conn,), name=f"kv-recv-{conn.peer}", daemon=True)
+                conn.thread.start()
+            except (OSError, RuntimeError) as e:  # RuntimeError: no thread can be started
+                log.warning("KV receiver: refusing connection %s: %s", conn.peer, e)
+                sock.close()
+                with self._lock:
+                    if conn in self._conns:
+                        self._conns.remove(conn)
 
     def _sink(self, conn: _RecvConn, h: DataHeader) -> memoryview:
         with self._lock:
             req = self._requests.get(h.request_id)
             if req is None and h.request_id not in self._finished:
+                if len(self._requests) >= self.max_inflight_requests:  # a flood of ids, each holding its bookkeeping
+                    raise WireError(f"request {h.request_id!r}: {self.max_inflight_requests} transfers in flight already")
                 req = self._requests[h.request_id] = _RecvRequest(h.request_id, KVAssembler(h.request_id, self.limits),
                                                                   now_s(), now_s())
             if req is None or req.failed:
                 return conn.scratch_view(h.length)
+            if h.request_id not in conn.requests:
+                if len(conn.requests) >= 64:
+                    conn.requests.intersection_update(self._requests)
+                conn.requests.add(h.request_id)
             req.last_s = now_s()
             try:
                 target = req.assembler.sink(h)
@@ -980,6 +1017,13 @@ class KVReceiver(KVRecvConnector):
             with self._lock:
                 if conn in self._conns:
                     self._conns.remove(conn)
+                # a sender whose connection fails fails as a whole (`KVSender._fail`), so a transfer that had frames on
+                # this one cannot complete: fail it now and free its tensors, not after `request_timeout_s` (a header
+                # that announced 1 GiB, then a close, held that memory for 300 s)
+                orphans = [rid for rid in conn.requests
+                           if rid in self._requests and self._requests[rid].failed is None] if not self._closed.is_set() else []
+            for rid in orphans:
+                self._fail(rid, f"connection {conn.peer} closed before the transfer completed")
 
     def _on_data(self, conn: _RecvConn, frame: DataFrame) -> None:
         h = frame.header

@@ -96,6 +96,9 @@ class WireLimits:
     max_tensor_bytes: int = 8 << 30
     max_request_bytes: int = 64 << 30
     max_layers: int = 4096
+    # frames of one request: each costs a record, so empty frames repeated (shape (0, 1, 1), no payload) grew a
+    # receiver's memory without bound; a 64 GiB request in 1 MiB frames is 65,536
+    max_frames: int = 1 << 18
 
 
 def checksum(data: memoryview | bytes | bytearray) -> int:
@@ -603,6 +606,8 @@ class KVAssembler:
             dst = parts.view[h.offset:h.offset + h.length]
             if frame.payload.obj is not parts.view.obj:  # not received in place via sink()
                 dst[:] = frame.payload
+        if len(self.records) >= self.limits.max_frames:
+            raise WireError(f"request {self.request_id}: more than {self.limits.max_frames} frames")
         parts.covered.append((h.offset, h.length))
         parts.covered_bytes += h.length
         if parts.covered_bytes > h.tensor_bytes:

@@ -32,7 +32,10 @@ def read_json_body(handler: BaseHTTPRequestHandler, max_bytes: int = MAX_BODY_BY
     timeout is lifted afterwards (the answer may take as long as the request does)."""
     if handler.headers.get("Transfer-Encoding"):
         raise BodyError("Transfer-Encoding", "is not supported; send the body with a Content-Length", 411)
-    raw = (handler.headers.get("Content-Length") or "0").strip()
+    given = handler.headers.get_all("Content-Length") or []
+    if len(given) > 1:  # the first one won: a proxy that read the other would see another body (request smuggling)
+        raise BodyError("Content-Length", f"given {len(given)} times; give it once")
+    raw = (given[0] if given else "0").strip()
     if not (raw.isascii() and raw.isdigit()):
         raise BodyError("Content-Length", f"{raw!r} is not a whole number of bytes >= 0")
     n = int(raw)
@@ -52,6 +55,16 @@ def read_json_body(handler: BaseHTTPRequestHandler, max_bytes: int = MAX_BODY_BY
         raise BodyError("body", f"not valid JSON: {exc}") from None
     except RecursionError:
         raise BodyError("body", "JSON nested too deeply") from None
+
+
+class RequestHandler(BaseHTTPRequestHandler):
+    """The router's and the workers' handler base: each request of a kept-alive connection is read within `timeout`
+    again (`read_json_body` lifts it for the answer, which may take as long as the request does; the next request's
+    wait then had none, and an idle keep-alive client held a server thread for good)."""
+
+    def handle_one_request(self) -> None:
+        self.connection.settimeout(self.timeout)
+        super().handle_one_request()
 
 
 class Server(ThreadingHTTPServer):

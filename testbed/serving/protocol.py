@@ -33,6 +33,19 @@ ROLES = ("prefill", "decode")
 ROUTES = ("prfaas", "pd")
 
 M = TypeVar("M")
+PROBE_MAX_BYTES = (1 << 32) - 1  # a probe's filler is one profile layer: at most what one layer's frames may carry
+PROBE_MAX_PINGS = 100
+PROBE_MAX_TIMEOUT_S = 600.0
+
+
+def _at_most(read: Callable[[Any], Any], most: float) -> Callable[[Any], Any]:
+    """`read`, then at most `most`."""
+    def check(v: Any) -> Any:
+        x = read(v)
+        if x > most:
+            raise ValueError(f"{v!r} is more than {most if isinstance(most, int) else f'{most:g}'}")
+        return x
+    return check
 
 
 def _read(cls: type[M], data: Any, source: str, path: str, fields: Callable[[Fields], dict[str, Any]]) -> M:
@@ -192,9 +205,12 @@ class ProbeRequest:
 
     @classmethod
     def from_json(cls, data: Any, source: str = "POST /v1/probe") -> "ProbeRequest":
+        # bounded (since 2026-12-07): 10**18 bytes was a traceback in the probe's thread and a 200 without a reason,
+        # 10**9 pings ran for hours
         return _read(cls, data, source, "", lambda f: {
-            "decode": KVDestination.read(f.section("decode")), "bytes": f.get("bytes", positive_int, 0),
-            "pings": f.get("pings", positive_int, 2), "timeout_s": f.get("timeout_s", positive_number, 2.0),
+            "decode": KVDestination.read(f.section("decode")), "bytes": f.get("bytes", _at_most(positive_int, PROBE_MAX_BYTES), 0),
+            "pings": f.get("pings", _at_most(positive_int, PROBE_MAX_PINGS), 2),
+            "timeout_s": f.get("timeout_s", _at_most(positive_number, PROBE_MAX_TIMEOUT_S), 2.0),
             "stop_queue_ms": f.get("stop_queue_ms", non_negative, 0.0),
             "stop_queue_fraction": f.get("stop_queue_fraction", non_negative, 0.0),
             "stop_path_ratio": f.get("stop_path_ratio", non_negative, 0.0),

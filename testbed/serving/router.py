@@ -41,7 +41,7 @@ from testbed.models.spec import DTYPE_BYTES, parse_dtype
 from testbed.scale import Scale
 from testbed.validation import Fields, boolean, non_negative, positive_int, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
-from testbed.serving.httpio import BodyError, Server, read_json_body
+from testbed.serving.httpio import BodyError, RequestHandler, Server, read_json_body
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
@@ -896,7 +896,7 @@ ENDPOINTS = {"GET": ("/v1/models", "/metrics", "/v1/state", "/v1/records", "/v1/
 
 
 def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(RequestHandler):
         protocol_version = "HTTP/1.0"  # one response per connection; a stream ends when we close
         timeout = router.cfg.request_timeout_s  # for the request line, headers and body (`_body` lifts it after)
 

@@ -30,7 +30,7 @@ from testbed.atomic import write_json
 from testbed.errors import FieldError
 from testbed.blocks import BLOCK_TOKENS
 from testbed.kv.transport import PROBE_PREFIX
-from testbed.serving.httpio import BodyError, Server, read_json_body
+from testbed.serving.httpio import BodyError, RequestHandler, Server, read_json_body
 from testbed.serving.kvmanager import prefilled_blocks
 from testbed.serving.protocol import (
     DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
@@ -807,7 +807,7 @@ class DecodeWorker:
 
 
 def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(RequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = worker.cfg.request_timeout_s  # for the request line, headers and body (`read_json_body` lifts it)
 

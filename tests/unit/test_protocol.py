@@ -88,3 +88,16 @@ def test_a_probe_request_ends_its_burst_early_only_with_a_path_ratio() -> None:
     assert ProbeRequest(d, bytes=10).fill_stop() is None  # the default: every byte
     stop = ProbeRequest(d, bytes=10, stop_queue_ms=2.0, stop_queue_fraction=0.4, stop_path_ratio=3.0).fill_stop()
     assert stop is not None and (stop.queue_ms, stop.queue_fraction, stop.path_ratio) == (2.0, 0.4, 3.0)
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("bytes", 10**18, "bytes: 1000000000000000000 is more than 4294967295"),  # was a traceback in the probe's thread
+    ("pings", 10**9, "pings: 1000000000 is more than 100"),  # ran for hours
+    ("timeout_s", 1e9, "timeout_s: 1000000000.0 is more than 600"),
+])
+def test_a_probe_request_is_bounded_naming_the_field(field: str, value: float, says: str) -> None:
+    body = {**ProbeRequest(KVDestination("h", 1, 0), bytes=10).to_json(), field: value}
+    with pytest.raises(FieldError) as exc:
+        ProbeRequest.from_json(body)
+    assert str(exc.value) == f"POST /v1/probe: {says}"
+    assert ProbeRequest.from_json({**body, field: 5 if field != "timeout_s" else 5.0}).to_json()[field] == 5

@@ -378,6 +378,85 @@ def test_incomplete_transfer_times_out_with_a_reason() -> None:
     assert not got.ok and "timed out" in (got.reason or "")
 
 
+def test_a_transfer_whose_connection_closes_fails_at_once_and_frees_its_memory() -> None:
+    """A sender fails as a whole when a connection fails, so the receiver fails the transfers that had frames on a
+    closed connection at once: a header that announced a tensor, then a close, held its memory until the timeout."""
+    results = Results()
+    with KVReceiver(LOOPBACK, 0, results, request_timeout_s=300) as rx:
+        tx = KVSender(LOOPBACK, rx.port, connections=1)
+        tx.send_layer("cut", _cache().layers[1])  # no trailer
+        deadline = time.monotonic() + 10
+        while rx.inflight_bytes == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rx.inflight_bytes > 0
+        tx.close()
+        got = results.wait("cut", timeout_s=5)  # not 300 s
+        assert not got.ok and "closed before the transfer completed" in (got.reason or "")
+        assert rx.inflight_bytes == 0
+        with KVSender(LOOPBACK, rx.port, connections=2) as tx2:  # and it still serves
+            assert tx2.send_cache(_cache("next")).ok
+
+
+def test_a_failing_accept_is_retried_not_the_end_of_the_receiver(caplog: pytest.LogCaptureFixture) -> None:
+    """Out of file descriptors (EMFILE), accept() raised and the accept thread returned: the receiver stayed up and
+    never accepted again, without a word."""
+    import errno
+    import logging
+
+    class Flaky:
+        def __init__(self, ls: socket.socket) -> None:
+            self.ls, self.failures = ls, 3
+
+        def accept(self) -> tuple[socket.socket, tuple[str, int]]:
+            if self.failures:
+                self.failures -= 1
+                raise OSError(errno.EMFILE, "Too many open files")
+            return self.ls.accept()
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.ls, name)
+
+    results = Results()
+    rx = KVReceiver(LOOPBACK, 0, results)
+    real = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    real.bind((LOOPBACK, 0))
+    real.listen(8)
+    rx.port, rx._listener = real.getsockname()[1], Flaky(real)  # type: ignore[assignment]
+    accept = threading.Thread(target=rx._accept_loop, daemon=True)
+    with caplog.at_level(logging.WARNING, logger="testbed.kv.transport"):
+        accept.start()
+        try:
+            with KVSender(LOOPBACK, rx.port, connections=1) as tx:
+                assert tx.send_cache(_cache("through")).ok
+            assert results.wait("through").ok
+        finally:
+            rx.close()
+            accept.join(5)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("accept failed" in m and "Too many open files" in m for m in said) == 1 and any("accepting again" in m for m in said)
+
+
+def test_connections_past_the_cap_are_closed_and_the_others_served() -> None:
+    results = Results()
+    with KVReceiver(LOOPBACK, 0, results, max_connections=2) as rx:
+        idle = [socket.create_connection((LOOPBACK, rx.port)) for _ in range(2)]
+        try:
+            with socket.create_connection((LOOPBACK, rx.port)) as third:
+                third.settimeout(5)
+                try:
+                    assert third.recv(10) == b""  # closed as it came
+                except ConnectionResetError:
+                    pass
+        finally:
+            for c in idle:
+                c.close()
+        deadline = time.monotonic() + 5
+        while rx._conns and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with KVSender(LOOPBACK, rx.port, connections=2) as tx:
+            assert tx.send_cache(_cache("capped")).ok
+
+
 def test_receiver_death_fails_the_transfer_without_hanging() -> None:
     results = Results()
     rx = KVReceiver(LOOPBACK, 0, results).start()

@@ -230,6 +230,14 @@ def test_request_byte_limit_bounds_what_a_transfer_may_allocate() -> None:
         decode_transfer(data, WireLimits(max_request_bytes=4096))
 
 
+def test_frame_limit_bounds_the_records_a_transfer_may_keep() -> None:
+    """Empty frames repeated cost a record each and no byte of the budget: a receiver's memory grew without bound."""
+    data = b"".join(encode_cache(_cache(["gqa", "gqa"], tokens=64), 64))
+    assert decode_transfer(data, WireLimits(max_frames=10_000))
+    with pytest.raises(WireError, match="more than 3 frames"):
+        decode_transfer(data, WireLimits(max_frames=3))
+
+
 def test_layer_sent_with_two_kinds_is_rejected() -> None:
     a = layer_frames("r", LayerKV(0, "gqa", _layer("gqa").tensors))
     b = layer_frames("r", LayerKV(0, "swa", _layer("swa").tensors))

@@ -234,12 +234,22 @@ def test_a_body_that_is_not_exactly_its_content_length_of_json_gets_one_line_and
                 (head("Content-Length: 100") + b"{}", True, 400, "body: Content-Length says 100 bytes but the body ended after 2"),
                 (head("Content-Length: 100") + b"{}", False, 400, "body: the 100 bytes of Content-Length did not arrive within 1.0 s"),
                 (head("Content-Length: 200000") + b"[" * 100000 + b"]" * 100000, False, 400, "body: JSON nested too deeply"),
+                (head("Content-Length: 2", "Content-Length: 100") + b"{}", False, 400, "Content-Length: given 2 times; give it once"),
                 (b"PUT /v1/prefill HTTP/1.1\r\nHost: x\r\n\r\n", False, 501, "Unsupported method ('PUT')")):
             t0 = time.monotonic()
             got, error = send(data, half_close)
             assert got == code and says in error, error
             assert time.monotonic() - t0 < 5
         assert send(head("Content-Length: 2") + b"{}") == (404, "no such path /v1/prefill on a prefill worker")  # still serving
+        # a kept-alive connection that sends nothing after its answer is closed after the handler's timeout (1 s): the
+        # timeout lifted for the answer stayed lifted, and an idle client held a server thread for good
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(head("Content-Length: 2") + b"{}")
+            r = http.client.HTTPResponse(s)
+            r.begin()
+            r.read()
+            t0 = time.monotonic()
+            assert s.recv(10) == b"" and time.monotonic() - t0 < 5  # the server hung up
     finally:
         srv.shutdown()
         srv.server_close()
