@@ -23,6 +23,7 @@ from typing import Any, Callable, TypeVar
 from testbed.kv.transport import FillStop
 from testbed.kv.wire import MAX_REQUEST_ID_BYTES
 from testbed.models.spec import parse_dtype
+from testbed.units import MAX_TOKENS
 from testbed.validation import (
     Fields, at_least_one, boolean, integers, mapping, non_negative, positive_int, positive_number, string, text,
 )
@@ -38,6 +39,32 @@ PROBE_MAX_PINGS = 100
 PROBE_MAX_TIMEOUT_S = 600.0
 
 
+MAX_TOKEN_ID = (1 << 31) - 1  # a token id: below any vocabulary's size (the router checks the model's own)
+MAX_BLOCK_HASH = (1 << 63) - 1  # a block hash: the router's are blake2b-64 >> 1, a trace's hash_ids small numbers
+
+
+def _ints_within(most: int, what: str) -> Callable[[Any], tuple[int, ...]]:
+    """A list of whole numbers from 0 to `most` (`what` names them)."""
+    def read(v: Any) -> tuple[int, ...]:
+        out = integers(v)
+        bad = next((x for x in out if x < 0 or x > most), None)
+        if bad is not None:
+            raise ValueError(f"{bad} is not {what} (0 to {most})")
+        return out
+    return read
+
+
+_TOKEN_IDS = _ints_within(MAX_TOKEN_ID, "a token id")
+_BLOCK_HASHES = _ints_within(MAX_BLOCK_HASH, "a block hash")
+
+
+def _prompt_fits(f: Fields, out: dict[str, Any]) -> None:
+    """A prompt's token ids are at most `input_len` of them (1.5 million ids with input_len 3 were taken)."""
+    ids = out["prompt_token_ids"]
+    if ids is not None and len(ids) > out["input_len"]:
+        raise f.error("prompt_token_ids", f"{len(ids)} token ids, more than input_len ({out['input_len']})")
+
+
 def _at_most(read: Callable[[Any], Any], most: float) -> Callable[[Any], Any]:
     """`read`, then at most `most`."""
     def check(v: Any) -> Any:
@@ -46,6 +73,9 @@ def _at_most(read: Callable[[Any], Any], most: float) -> Callable[[Any], Any]:
             raise ValueError(f"{v!r} is more than {most if isinstance(most, int) else f'{most:g}'}")
         return x
     return check
+
+
+_TOKENS = _at_most(at_least_one, MAX_TOKENS)  # a request's token count: 1 to `units.MAX_TOKENS`, as the router's
 
 
 def _read(cls: type[M], data: Any, source: str, path: str, fields: Callable[[Fields], dict[str, Any]]) -> M:
@@ -85,7 +115,7 @@ class KVDestination:
 
     @classmethod
     def read(cls, f: Fields) -> "KVDestination":
-        out = cls(f.get("host", text), f.get("kv_port", at_least_one), f.get("instance", positive_int))
+        out = cls(f.get("host", text), f.get("kv_port", _at_most(at_least_one, 65535)), f.get("instance", positive_int))
         f.done()
         return out
 
@@ -135,11 +165,11 @@ class PrefillRequest:
     @classmethod
     def from_json(cls, data: Any, source: str = "POST /v1/prefill") -> "PrefillRequest":
         def fields(f: Fields) -> dict[str, Any]:
-            out = {"request_id": f.get("request_id", request_id), "input_len": f.get("input_len", at_least_one),
+            out = {"request_id": f.get("request_id", request_id), "input_len": f.get("input_len", _TOKENS),
                    "decode": KVDestination.read(f.section("decode")) if f.has("decode") else f.get("decode", mapping),
                    "cached_len": f.get("cached_len", positive_int, 0), "decode_prefix_len": f.get("decode_prefix_len", positive_int, 0),
-                   "block_hashes": f.get("block_hashes", integers, ()),
-                   "prompt_token_ids": f.get("prompt_token_ids", integers, None), "route": f.choice("route", ROUTES, "prfaas"),
+                   "block_hashes": f.get("block_hashes", _BLOCK_HASHES, ()),
+                   "prompt_token_ids": f.get("prompt_token_ids", _TOKEN_IDS, None), "route": f.choice("route", ROUTES, "prfaas"),
                    "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), "priority": f.get("priority", positive_int, 0),
                    "slo_ttft_s": f.get("slo_ttft_s", positive_number, None),
                    "kv_dtype": f.get("kv_dtype", parse_dtype, None),
@@ -147,6 +177,7 @@ class PrefillRequest:
             for key in ("cached_len", "decode_prefix_len"):
                 if out[key] >= out["input_len"]:
                     raise f.error(key, f"{out[key]} must be below input_len ({out['input_len']})")
+            _prompt_fits(f, out)
             return out
 
         return _read(cls, data, source, "", fields)
@@ -171,11 +202,16 @@ class DecodeRequest:
 
     @classmethod
     def from_json(cls, data: Any, source: str = "POST /v1/decode") -> "DecodeRequest":
-        return _read(cls, data, source, "", lambda f: {
-            "request_id": f.get("request_id", request_id), "input_len": f.get("input_len", at_least_one),
-            "output_len": f.get("output_len", at_least_one, 1), "prompt_token_ids": f.get("prompt_token_ids", integers, None),
-            "block_hashes": f.get("block_hashes", integers, ()), "kv_dtype": f.get("kv_dtype", parse_dtype, None),
-            **_deadline(f, None)})
+        def fields(f: Fields) -> dict[str, Any]:
+            out = {"request_id": f.get("request_id", request_id), "input_len": f.get("input_len", _TOKENS),
+                   # (10**21 tokens held a batch slot for good: the router refuses past `units.MAX_TOKENS` too)
+                   "output_len": f.get("output_len", _TOKENS, 1), "prompt_token_ids": f.get("prompt_token_ids", _TOKEN_IDS, None),
+                   "block_hashes": f.get("block_hashes", _BLOCK_HASHES, ()), "kv_dtype": f.get("kv_dtype", parse_dtype, None),
+                   **_deadline(f, None)}
+            _prompt_fits(f, out)
+            return out
+
+        return _read(cls, data, source, "", fields)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
 from testbed.serving.protocol import (
-    DECODE_PREFIX_HEADER, DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, ProbeRequest, TokenEvent,
+    DECODE_PREFIX_HEADER, MAX_BLOCK_HASH, DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
+    TokenEvent,
     WorkerState,
     decode_event, request_id,
 )
@@ -221,14 +222,24 @@ def _token_count(v: Any, param: str, needed: str = "") -> int:
     return v
 
 
+PRFAAS_EXTENSION = ("block_hashes", "input_len", "request_id")  # the body's "prfaas" object (docs/router.md, "HTTP API")
+
+
 def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
     """An OpenAI completions body, plus the testbed extension ``"prfaas": {"block_hashes", "input_len",
     "request_id"}`` for hashed prompts without token text."""
     if not isinstance(body, dict):
         raise BadRequest("body", "the body must be a JSON object")
-    ext = body.get("prfaas") or {}
-    if not isinstance(ext, dict):
-        raise BadRequest("prfaas", "must be an object")
+    ext = body.get("prfaas", {})
+    if ext is None:
+        ext = {}
+    if not isinstance(ext, dict):  # `[]` and `0` passed as no extension until 2026-12-07
+        raise BadRequest("prfaas", f"must be an object with {', '.join(PRFAAS_EXTENSION)}, got {type(ext).__name__}")
+    unknown = sorted(map(str, set(ext) - set(PRFAAS_EXTENSION)))
+    if unknown:  # a typo (`block_hash`) was ignored, and the prompt served as if the extension were not there
+        raise BadRequest(f"prfaas.{unknown[0]}", f"unknown key; allowed: {', '.join(PRFAAS_EXTENSION)}")
+    if "input_len" in ext and "block_hashes" not in ext:
+        raise BadRequest("prfaas.input_len", "goes with prfaas.block_hashes (a prompt's length is its own)")
     max_tokens = _token_count(body.get("max_tokens", 16), "max_tokens")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -238,6 +249,8 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
         hashes = ext["block_hashes"]
         if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
             raise BadRequest("prfaas.block_hashes", "must be a list of integers")
+        if any(h < 0 or h > MAX_BLOCK_HASH for h in hashes):
+            raise BadRequest("prfaas.block_hashes", f"a block hash lies in [0, {MAX_BLOCK_HASH}]")
         n = _token_count(ext.get("input_len"), "prfaas.input_len", " (needed with block_hashes)")
         if len(hashes) > math.ceil(n / BLOCK_TOKENS):
             raise BadRequest("prfaas.block_hashes", f"{len(hashes)} hashes for {n} tokens; at most one per {BLOCK_TOKENS} tokens")
@@ -262,7 +275,9 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
         raise BadRequest("stream", f"{stream!r} is not true or false")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model", f"{model!r} is not a string")
-    rid = ext.get("request_id") or f"cmpl-{uuid.uuid4().hex[:16]}"
+    rid = ext.get("request_id")
+    if rid is None:  # (a request_id of 0 or "" became a generated one, without a word)
+        rid = f"cmpl-{uuid.uuid4().hex[:16]}"
     try:
         rid = request_id(rid)
     except ValueError as exc:
@@ -617,6 +632,13 @@ class Router:
             except ValueError:
                 raise ValueError(f"{v!r} is not a number >= 0") from None
 
+        def time_s(v: Any) -> float:  # the router's clock (`clock.now_s`, the host's monotonic one): 1e300 was taken
+            x = reading(v)
+            if abs(x - clock.now_s()) > units.MAX_DURATION_S:
+                raise ValueError(f"{v!r} is not a time on the router's clock (within a week of its now, "
+                                 f"{clock.now_s():.0f} s)")
+            return x
+
         try:
             to_em = Scale() if f.choice("units", ("wire", "emulated"), "wire") == "emulated" else self.scale
             vals = {}
@@ -625,7 +647,7 @@ class Router:
                 v = f.get(name, reading, None)
                 if v is not None:
                     vals[name] = convert(v)
-            t = f.get("t_s", reading, None)
+            t = f.get("t_s", time_s, None)
             f.done()
         except FieldError as exc:
             raise BadRequest(exc.field, exc.message) from None

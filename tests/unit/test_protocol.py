@@ -101,3 +101,20 @@ def test_a_probe_request_is_bounded_naming_the_field(field: str, value: float, s
         ProbeRequest.from_json(body)
     assert str(exc.value) == f"POST /v1/probe: {says}"
     assert ProbeRequest.from_json({**body, field: 5 if field != "timeout_s" else 5.0}).to_json()[field] == 5
+
+
+@pytest.mark.parametrize("message,field,value,says", [
+    # a worker took what the router refuses (10**21 tokens held a batch slot for good); since 2026-12-07
+    (DecodeRequest, "output_len", 10**21, "output_len: 1000000000000000000000 is more than 16777216"),
+    (DecodeRequest, "input_len", 10**15, "input_len: 1000000000000000 is more than 16777216"),
+    (DecodeRequest, "prompt_token_ids", [-1], "prompt_token_ids: -1 is not a token id (0 to 2147483647)"),
+    (DecodeRequest, "prompt_token_ids", [1] * 4096, "prompt_token_ids: 4096 token ids, more than input_len (2048)"),
+    (PrefillRequest, "block_hashes", [10**30], f"block_hashes: {10**30} is not a block hash (0 to 9223372036854775807)"),
+    (PrefillRequest, "decode", {"host": "h", "kv_port": 70000, "instance": 0}, "decode.kv_port: 70000 is more than 65535"),
+])
+def test_a_worker_request_is_bounded_as_the_router_bounds_it(message, field: str, value: object, says: str) -> None:
+    good = (DecodeRequest("r1", 2048, 16) if message is DecodeRequest
+            else PrefillRequest("r1", 2048, KVDestination("h", 1, 0))).to_json()
+    with pytest.raises(FieldError) as exc:
+        message.from_json({**good, field: value})
+    assert str(exc.value).endswith(says)

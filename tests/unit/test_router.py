@@ -452,12 +452,19 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
                         ({"prompt": "x", "prfaas": {"request_id": {"id": 1}}}, "prfaas.request_id"),
                         ({"prompt": "a \ud800 b"}, "prompt"), ({"prompt": "x", "max_tokens": 10 ** 21}, "max_tokens"),
                         ({"prompt": "x", "max_tokens": 16 * 2 ** 20 + 1}, "max_tokens"),
-                        ({"prfaas": {"block_hashes": [1], "input_len": 10 ** 21}}, "prfaas.input_len")):
+                        ({"prfaas": {"block_hashes": [1], "input_len": 10 ** 21}}, "prfaas.input_len"),
+                        # taken as no extension, ignored, or served as if absent until 2026-12-07 (session 65)
+                        ({"prompt": "x", "prfaas": []}, "prfaas"), ({"prompt": "x", "prfaas": 0}, "prfaas"),
+                        ({"prompt": "x", "prfaas": {"block_hash": [1]}}, "prfaas.block_hash"),
+                        ({"prompt": "x", "prfaas": {"input_len": 5}}, "prfaas.input_len"),
+                        ({"prfaas": {"block_hashes": [10 ** 30], "input_len": 100}}, "prfaas.block_hashes"),
+                        ({"prfaas": {"block_hashes": [-1], "input_len": 100}}, "prfaas.block_hashes"),
+                        ({"prompt": "x", "prfaas": {"request_id": 0}}, "prfaas.request_id")):
         code, out = post(r, "/v1/completions", body)
         assert code == 400 and out["error"]["param"] == param
     for sample, param in (({"egress_bps": "fast"}, "egress_bps"), ({"backlog_bytes": 10 ** 400}, "backlog_bytes"),
                           ({"t_s": float("nan"), "egress_bps": 1}, "t_s"), ({"t_s": "now", "egress_bps": 1}, "t_s"),
-                          ({"units": "bits", "egress_bps": 1}, "units")):
+                          ({"units": "bits", "egress_bps": 1}, "units"), ({"t_s": 1e300, "egress_bps": 1}, "t_s")):
         code, out = post(r, "/v1/telemetry", sample)
         assert code == 400 and out["error"]["param"] == param
     assert r.records() == [] and r.state()["wan"]["egress_bps"] == 0.0  # no refused sample was taken
