@@ -13,6 +13,7 @@ import random
 from typing import Sequence
 
 BLOCK_TOKENS = 512  # Mooncake's block size (its traces' hash_ids are one per 512 tokens)
+HASH_RANGE = (-(2**63), 2**63 - 1)  # a block's hash id: signed 64-bit (numpy int64, as `RequestBatch` keeps them)
 
 
 def prompt_token_ids(block_hashes: Sequence[int], input_len: int, vocab_size: int, request_id: str) -> list[int]:

@@ -17,13 +17,12 @@ from typing import Any, Iterable
 
 from testbed import units
 from testbed.errors import UserError
-from testbed.blocks import BLOCK_TOKENS
+from testbed.blocks import BLOCK_TOKENS, HASH_RANGE
 from traffic.request import Request, RequestBatch
 
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 KEEP_PROBLEMS = 20
 MAX_TIMESTAMP_MS = units.MAX_DURATION_S * 1000.0
-HASH_RANGE = (-(2**63), 2**63 - 1)  # numpy int64, as `RequestBatch` keeps them
 
 
 class TraceLineError(ValueError):

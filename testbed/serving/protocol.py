@@ -22,6 +22,7 @@ from typing import Any, Callable, TypeVar
 
 from testbed.kv.transport import FillStop
 from testbed.kv.wire import MAX_REQUEST_ID_BYTES
+from testbed.blocks import HASH_RANGE
 from testbed.models.spec import parse_dtype
 from testbed.units import MAX_TOKENS
 from testbed.validation import (
@@ -40,22 +41,21 @@ PROBE_MAX_TIMEOUT_S = 600.0
 
 
 MAX_TOKEN_ID = (1 << 31) - 1  # a token id: below any vocabulary's size (the router checks the model's own)
-MAX_BLOCK_HASH = (1 << 63) - 1  # a block hash: the router's are blake2b-64 >> 1, a trace's hash_ids small numbers
 
 
-def _ints_within(most: int, what: str) -> Callable[[Any], tuple[int, ...]]:
-    """A list of whole numbers from 0 to `most` (`what` names them)."""
+def _ints_within(least: int, most: int, what: str) -> Callable[[Any], tuple[int, ...]]:
+    """A list of whole numbers from `least` to `most` (`what` names them)."""
     def read(v: Any) -> tuple[int, ...]:
         out = integers(v)
-        bad = next((x for x in out if x < 0 or x > most), None)
+        bad = next((x for x in out if x < least or x > most), None)
         if bad is not None:
-            raise ValueError(f"{bad} is not {what} (0 to {most})")
+            raise ValueError(f"{bad} is not {what} ({least} to {most})")
         return out
     return read
 
 
-_TOKEN_IDS = _ints_within(MAX_TOKEN_ID, "a token id")
-_BLOCK_HASHES = _ints_within(MAX_BLOCK_HASH, "a block hash")
+_TOKEN_IDS = _ints_within(0, MAX_TOKEN_ID, "a token id")
+_BLOCK_HASHES = _ints_within(*HASH_RANGE, "a block hash (signed 64-bit)")
 
 
 def _prompt_fits(f: Fields, out: dict[str, Any]) -> None:

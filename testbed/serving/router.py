@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from testbed import clock, units
-from testbed.blocks import BLOCK_TOKENS, prompt_token_ids
+from testbed.blocks import BLOCK_TOKENS, HASH_RANGE, prompt_token_ids
 from testbed.errors import FieldError, UserError
 from testbed.rundir import CLIENT_DISCONNECTED, ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
 from testbed.models.spec import DTYPE_BYTES, parse_dtype
@@ -46,7 +46,7 @@ from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
 from testbed.serving.protocol import (
-    DECODE_PREFIX_HEADER, MAX_BLOCK_HASH, DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
+    DECODE_PREFIX_HEADER, DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
     TokenEvent,
     WorkerState,
     decode_event, request_id,
@@ -249,8 +249,8 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
         hashes = ext["block_hashes"]
         if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
             raise BadRequest("prfaas.block_hashes", "must be a list of integers")
-        if any(h < 0 or h > MAX_BLOCK_HASH for h in hashes):
-            raise BadRequest("prfaas.block_hashes", f"a block hash lies in [0, {MAX_BLOCK_HASH}]")
+        if any(h < HASH_RANGE[0] or h > HASH_RANGE[1] for h in hashes):
+            raise BadRequest("prfaas.block_hashes", "a block hash is a signed 64-bit number (-2^63 to 2^63 - 1), as a trace's hash_ids")
         n = _token_count(ext.get("input_len"), "prfaas.input_len", " (needed with block_hashes)")
         if len(hashes) > math.ceil(n / BLOCK_TOKENS):
             raise BadRequest("prfaas.block_hashes", f"{len(hashes)} hashes for {n} tokens; at most one per {BLOCK_TOKENS} tokens")

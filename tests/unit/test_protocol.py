@@ -109,7 +109,8 @@ def test_a_probe_request_is_bounded_naming_the_field(field: str, value: float, s
     (DecodeRequest, "input_len", 10**15, "input_len: 1000000000000000 is more than 16777216"),
     (DecodeRequest, "prompt_token_ids", [-1], "prompt_token_ids: -1 is not a token id (0 to 2147483647)"),
     (DecodeRequest, "prompt_token_ids", [1] * 4096, "prompt_token_ids: 4096 token ids, more than input_len (2048)"),
-    (PrefillRequest, "block_hashes", [10**30], f"block_hashes: {10**30} is not a block hash (0 to 9223372036854775807)"),
+    (PrefillRequest, "block_hashes", [10**30], f"block_hashes: {10**30} is not a block hash (signed 64-bit) "
+                                               "(-9223372036854775808 to 9223372036854775807)"),
     (PrefillRequest, "decode", {"host": "h", "kv_port": 70000, "instance": 0}, "decode.kv_port: 70000 is more than 65535"),
 ])
 def test_a_worker_request_is_bounded_as_the_router_bounds_it(message, field: str, value: object, says: str) -> None:

@@ -458,7 +458,7 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
                         ({"prompt": "x", "prfaas": {"block_hash": [1]}}, "prfaas.block_hash"),
                         ({"prompt": "x", "prfaas": {"input_len": 5}}, "prfaas.input_len"),
                         ({"prfaas": {"block_hashes": [10 ** 30], "input_len": 100}}, "prfaas.block_hashes"),
-                        ({"prfaas": {"block_hashes": [-1], "input_len": 100}}, "prfaas.block_hashes"),
+                        ({"prfaas": {"block_hashes": [-(2 ** 63) - 1], "input_len": 100}}, "prfaas.block_hashes"),
                         ({"prompt": "x", "prfaas": {"request_id": 0}}, "prfaas.request_id")):
         code, out = post(r, "/v1/completions", body)
         assert code == 400 and out["error"]["param"] == param
