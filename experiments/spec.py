@@ -4,7 +4,7 @@ seeds and repetitions. Every bad value is one `FieldError` naming its key (exit 
     name: policies-on-quick
     scenario: quick                 # a ready scenario's name, or a file (relative to this spec)
     set: {duration: 20s}            # overrides for every arm (optional)
-    arms:                           # arm name -> its overrides (key: value, as --set key=value)
+    arms:                           # arm name -> its overrides (key: YAML value, or "key=value" texts as --set)
       prfaas: {policy.name: prfaas}
       fixed: {policy.name: fixed-threshold}
     seeds: [1, 2]                   # or a count: 3 means 1, 2, 3

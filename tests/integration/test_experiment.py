@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(400)
 SPEC = {
     "name": "micro",
     "scenario": "quick",
-    "set": {"duration": "6s", "wan.schedule": "[]", "workload.arrivals.rate": "2/s",
+    "set": {"duration": "6s", "wan.schedule": [], "workload.arrivals.rate": "2/s",
             "serving.instances.prfaas_prefill": 1, "serving.instances.pd_prefill": 1, "serving.instances.pd_decode": 1},
     "arms": {"prfaas": {"policy.name": "prfaas"}, "all-local": {"policy.name": "all-local"}},
     "seeds": [1, 2],
