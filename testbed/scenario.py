@@ -499,12 +499,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     if not isinstance(out, dict):  # a list or scalar file: its reader refuses it, naming the file
         return out
     for item in overrides:
+        said = repr(item) if len(item) <= 200 else f"{item[:60]!r}... ({len(item)} characters)"  # a 6000-character value echoed whole
         if "=" not in item:
-            raise UserError(f"--set {item!r}: use key=value, e.g. --set wan.rate=20Gbps")
+            raise UserError(f"--set {said}: use key=value, e.g. --set wan.rate=20Gbps")
         key, value = item.split("=", 1)
         parts = key.strip().split(".")
         if not all(p.strip() for p in parts):
-            raise UserError(f"--set {item!r}: the key has an empty part; use a dotted path such as wan.rate=20Gbps")
+            raise UserError(f"--set {said}: the key has an empty part; use a dotted path such as wan.rate=20Gbps")
         node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})
@@ -513,7 +514,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         try:
             node[parts[-1]] = load_yaml(value)
         except yaml.YAMLError as exc:
-            raise UserError(f"--set {item!r}: the value is not valid YAML ({getattr(exc, 'problem', None) or exc}); "
+            raise UserError(f"--set {said}: the value is not valid YAML ({getattr(exc, 'problem', None) or exc}); "
                             "quote a string, e.g. --set 'name=\"a: b\"'") from None
     return out
 
