@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import mmap
 import struct
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -545,6 +546,19 @@ class _TensorParts:
     view: memoryview | None
     covered: list[tuple[int, int]] = field(default_factory=list)
     covered_bytes: int = 0
+    alloc_lock: threading.Lock = field(default_factory=threading.Lock)  # one allocation, outside a receiver's lock
+
+    def allocate(self) -> memoryview | None:
+        """The destination tensor's bytes, allocated on first use (None: a discarded, profile-mode tensor). Safe from
+        several threads: the first allocates, the others wait for it (`KVReceiver` calls it outside its own lock, so a
+        large tensor's allocation, whose pages are faulted in at once, no longer stalls every other connection)."""
+        if self.header.discard:
+            return None
+        with self.alloc_lock:
+            if self.view is None:
+                self.tensor = alloc_tensor(self.header.shape, self.header.dtype)
+                self.view = tensor_view(self.tensor)
+            return self.view
 
 
 class KVAssembler:
@@ -582,27 +596,29 @@ class KVAssembler:
                                 f"limit of {self.limits.max_request_bytes}")
             if len(self.kinds) > self.limits.max_layers:
                 raise WireError(f"request {self.request_id}: more than {self.limits.max_layers} layers")
-            self.allocated_bytes += size
-            tensor = view = None
-            if not h.discard:
-                tensor = alloc_tensor(h.shape, h.dtype)
-                view = tensor_view(tensor)
-            parts = self.parts[key] = _TensorParts(h, tensor, view)
+            self.allocated_bytes += size  # reserved now; the tensor itself on first use (`_TensorParts.allocate`)
+            parts = self.parts[key] = _TensorParts(h, None, None)
         elif (parts.header.dtype, parts.header.shape, parts.header.flags) != (h.dtype, h.shape, h.flags):
             raise WireError(f"layer {h.layer_index} {_slot_name(h)}: frames disagree on dtype/shape "
                             f"({parts.header.dtype} {parts.header.shape} vs {h.dtype} {h.shape})")
         return parts
 
+    def reserve(self, h: DataHeader) -> _TensorParts:
+        """Check a frame's header against the transfer and reserve its tensor's bytes within the limits, without
+        allocating them: the caller allocates (`_TensorParts.allocate`), where it holds no lock of its own."""
+        return self._parts_for(h)
+
     def sink(self, h: DataHeader) -> memoryview | None:
         """Where a frame's payload should be received: its place in the destination tensor (None: scratch)."""
-        parts = self._parts_for(h)
-        return None if parts.view is None else parts.view[h.offset:h.offset + h.length]
+        view = self._parts_for(h).allocate()
+        return None if view is None else view[h.offset:h.offset + h.length]
 
     def add(self, frame: DataFrame) -> None:
         """Record a verified frame; its payload must already be in place (via `sink`) or is copied there."""
         h = frame.header
         parts = self._parts_for(h)
-        if parts.view is not None:
+        if parts.allocate() is not None:
+            assert parts.view is not None
             dst = parts.view[h.offset:h.offset + h.length]
             if frame.payload.obj is not parts.view.obj:  # not received in place via sink()
                 dst[:] = frame.payload

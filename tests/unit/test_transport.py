@@ -397,6 +397,35 @@ def test_a_transfer_whose_connection_closes_fails_at_once_and_frees_its_memory()
             assert tx2.send_cache(_cache("next")).ok
 
 
+def test_a_tensor_being_allocated_does_not_stall_another_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new tensor's pages are faulted in when it is allocated (1 GiB: 13.6 s on the 2-core VM); under the receiver's
+    lock that stalled every other connection. Here the first allocation waits until another sender's transfer has
+    completed: under the lock, that transfer could never complete."""
+    from testbed.kv import wire
+
+    real, entered, release = wire.alloc_tensor, threading.Event(), threading.Event()
+    calls = []
+
+    def slow_first(shape, dtype):  # type: ignore[no-untyped-def]
+        calls.append(shape)
+        if len(calls) == 1:
+            entered.set()
+            assert release.wait(20), "never released"
+        return real(shape, dtype)
+
+    monkeypatch.setattr(wire, "alloc_tensor", slow_first)
+    results = Results()
+    with KVReceiver(LOOPBACK, 0, results) as rx, KVSender(LOOPBACK, rx.port, connections=1) as slow, \
+            KVSender(LOOPBACK, rx.port, connections=1) as fast:
+        done = threading.Thread(target=lambda: slow.send_cache(_cache("slow")), daemon=True)
+        done.start()
+        assert entered.wait(10)
+        assert fast.send_cache(_cache("fast")).ok  # while the first allocation still waits
+        release.set()
+        done.join(20)
+        assert results.wait("slow").ok and results.wait("fast").ok
+
+
 def test_a_failing_accept_is_retried_not_the_end_of_the_receiver(caplog: pytest.LogCaptureFixture) -> None:
     """Out of file descriptors (EMFILE), accept() raised and the accept thread returned: the receiver stayed up and
     never accepted again, without a word."""
