@@ -60,15 +60,30 @@ def get_lab(number: int) -> Lab:
 
 def start_lab(lab: Lab, dest: Path, *, force: bool = False) -> list[Path]:
     """Copy the lab's student files into `dest` (scenarios, questions, answers template, scripts) and make
-    its ``runs/`` folder. Refuses to overwrite an answers file unless `force`."""
+    its ``runs/`` folder. Every check comes before the first copy: a file of the lab already there (the student's
+    answers, or a scenario they edited) is not overwritten unless `force`; a link or folder where a file goes, and a
+    file where ``runs/`` goes, are refused even with it. (Until 2026-12-07 only the answers file was guarded; a link
+    was written through, to a file outside the folder; a folder took the file inside it; a file named runs was a
+    FileExistsError traceback.)"""
+    names = lab.files + ("handout.md",)
+
     def check() -> None:
-        if (dest / lab.answers).exists() and not force:
-            raise UserError(f"{dest / lab.answers} exists already (your answers?); use another --dir or --force")
+        for name in names:
+            p = dest / name
+            if p.is_symlink() or (p.exists() and not p.is_file()):
+                raise UserError(f"{p}: a {'link' if p.is_symlink() else 'folder'} where the lab's file goes; move it aside")
+        there = [name for name in names if (dest / name).exists()]
+        if there and not force:
+            raise UserError(f"{dest / there[0]} exists already ({'your answers?' if lab.answers in there else 'edited?'}); "
+                            "use another --dir, or --force to overwrite the lab's files")
+        runs = dest / "runs"
+        if runs.is_symlink() or (runs.exists() and not runs.is_dir()):
+            raise UserError(f"{runs}: not a folder (the lab's runs go there); move it aside")
 
     make_output_dir(dest, check)
     out = []
-    for name in lab.files + ("handout.md",):
-        shutil.copy(lab.folder / name, dest / name)
+    for name in names:
+        shutil.copy(lab.folder / name, dest / name)  # with its mode (measure.sh runs)
         out.append(dest / name)
     (dest / "runs").mkdir(exist_ok=True)
     return out

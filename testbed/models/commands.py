@@ -158,6 +158,9 @@ def run_profile(args: argparse.Namespace) -> int:
                            _token_list(args.contexts, "--contexts"), args.repeats, depth=args.depth, layers=args.layers,
                            validate=args.validate, seed=args.seed, clock=args.clock)
         check_plan(plan)  # the device, --depth and --clock too
+        out = Path(args.out)
+        if out.is_symlink() and not out.exists() or out.exists() and not out.is_file():  # an IsADirectoryError after the timing
+            raise UserError(f"--out {out}: {'a folder' if out.is_dir() else 'not a file'}; name the profile's YAML file")
         return plan
 
     plan = make_output_dir(Path(args.out).parent, check)  # and an --out that cannot be written, before minutes of timing

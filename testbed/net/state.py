@@ -159,9 +159,25 @@ def _bridge(v: Any) -> str:
 
 
 def _delayline_dir(v: Any) -> str:
+    """A delay line's control directory: made by `tempfile.mkdtemp` in /dev/shm or the system's temp folder
+    (`testbed.net.delayline`), so anywhere else is not ours (`prfaas clean` removes these folders; until 2026-12-07 any
+    absolute path named prfaas-delayline-... was taken, /home/x/prfaas-delayline-a included)."""
+    import tempfile
+
     if not isinstance(v, str) or not os.path.isabs(v) or "\0" in v or not Path(v).name.startswith(DELAYLINE_DIR_PREFIX):
         raise ValueError(f"{v!r} is not a delay line's control directory (an absolute path named {DELAYLINE_DIR_PREFIX}...)")
+    if str(Path(v).parent) not in ("/dev/shm", tempfile.gettempdir()):
+        raise ValueError(f"{v!r} is not in /dev/shm or {tempfile.gettempdir()}, where delay lines make their directories")
     return v
+
+
+def _host_pid(v: Any) -> int:
+    """A host's shell: a child of the run's, never the host's init (pid 1 without a cookie made `net exec` enter the
+    root namespace)."""
+    pid = _pid(v)
+    if pid < 2:
+        raise ValueError(f"{pid} is not a host shell's pid (>= 2)")
+    return pid
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -184,7 +200,7 @@ def read_state(path: Path) -> dict[str, Any]:
     hosts = {}
     for name, h in f.get("hosts", mapping, {}).items():
         hf = Fields(h, f"hosts.{name}", str(path))
-        hosts[name] = {"pid": hf.get("pid", _pid), "netns_inode": hf.get("netns_inode", _inode, None),
+        hosts[name] = {"pid": hf.get("pid", _host_pid), "netns_inode": hf.get("netns_inode", _inode, None),
                        "netns_cookie": hf.get("netns_cookie", _cookie, None), "ip": hf.get("ip", string, None)}
     out["hosts"] = hosts
     named = name_parts(path)
@@ -192,6 +208,9 @@ def read_state(path: Path) -> dict[str, Any]:
         if out[key] != in_name:
             raise f.error(key, f"{out[key]!r} is not the one in the file's name ({in_name!r}): a state file is named "
                                "net-<owner_pid>-<tag>.json")
+    foreign = [b for b in out["bridges"] if b[3:] != out["tag"]]
+    if foreign:  # another network's bridge: `prfaas clean` would have deleted it
+        raise f.error("bridges", f"{foreign[0]!r} is not named after this network's tag {out['tag']!r} (brf or brd + tag)")
     return out
 
 

@@ -67,6 +67,32 @@ def test_lab_start_and_show_work_from_any_directory(tmp_path: Path) -> None:
     assert show.returncode == 2 and "no such lab" in show.stderr
 
 
+def test_lab_start_writes_no_file_through_a_link_into_a_folder_or_over_an_edited_scenario(tmp_path: Path) -> None:
+    """A link where a lab file goes was written through (to a file outside the folder), a folder took the file inside
+    it, an edited scenario was overwritten without --force, and a file named runs was a FileExistsError traceback."""
+    from labs.catalog import get_lab, start_lab
+    from testbed.errors import UserError
+
+    lab = get_lab(1)
+    scenario = next(f for f in lab.files if f.endswith(".yaml") and f != lab.answers)
+    precious = tmp_path / "precious"
+    precious.write_text("mine")
+    cases = {"link": lambda d: (d / scenario).symlink_to(precious), "folder": lambda d: (d / scenario).mkdir(),
+             "edited": lambda d: (d / scenario).write_text("edited"), "runs": lambda d: (d / "runs").write_text("x")}
+    for case, make in cases.items():
+        d = tmp_path / case
+        d.mkdir()
+        make(d)
+        for force in ((False,) if case == "edited" else (False, True)):
+            with pytest.raises(UserError):
+                start_lab(lab, d, force=force)
+        assert not (d / lab.answers).exists()  # nothing copied: every check comes first
+    assert precious.read_text() == "mine" and (tmp_path / "edited" / scenario).read_text() == "edited"
+    start_lab(lab, tmp_path / "edited", force=True)  # --force overwrites the lab's own files
+    assert (tmp_path / "edited" / scenario).read_text() == (lab.folder / scenario).read_text()
+    assert os.access(tmp_path / "edited" / "measure.sh", os.X_OK) if "measure.sh" in lab.files else True
+
+
 def _ttft(df: pd.DataFrame) -> pd.Series:
     return df["first_token_s"] - df["arrival_s"]
 

@@ -106,6 +106,9 @@ def test_a_refused_profile_calibration_or_wall_leaves_no_folder(nothing_runs, ca
                                                              "e.g. 256,512,1K")
     assert refused(profile + ["--depth", "999"], capsys).startswith("prfaas: error: --depth: 999 is not within 1..")
     assert refused(["profile", "--model", "nosuch", "--out", "d/p.yaml"], capsys).startswith("prfaas: error: ")
+    (nothing_runs / "pdir").mkdir()  # an IsADirectoryError traceback after the whole timing, until 2026-12-07
+    assert refused(profile[:-1] + ["pdir"], capsys) == "prfaas: error: --out pdir: a folder; name the profile's YAML file"
+    (nothing_runs / "pdir").rmdir()
     assert refused(["calibrate", "quick", "--set", "seed=-1", "--json", "d/c.json"], capsys).endswith(SEED)
     # scale: auto, resolved from the host's capacity (5 Gbps: 20 for a 100 Gbps WAN), puts a 100 Kbps LAN at 5 Kbps
     auto = refused(["calibrate", "quick", "--set", "scale=auto", "--set", "wan.rate=100Gbps", "--set", "topology.lan_rate=100Kbps",

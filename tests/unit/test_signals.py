@@ -45,6 +45,16 @@ def test_a_5x_step_down_is_detected_within_2s_and_then_tracked_within_20pct() ->
     assert at_dip.congested and at_dip.queue_delay_ms == pytest.approx(30.0 - 10.5)
 
 
+def test_a_tiny_probe_tau_grows_the_estimate_to_its_ceiling_instead_of_overflowing() -> None:
+    """`policy.estimator.probe_tau: 1us` passed every check and made exp() overflow at the next headroom poll
+    (an OverflowError in replay-estimator; in a live router, in its control loop)."""
+    est = BandwidthEstimator(10 * G, EstimatorSpec(probe_tau_s=1e-6))
+    est.update(0.0, 1 * G, 50e6, 10.0, 10.0)
+    est.estimate = dataclasses.replace(est.estimate, available_bps=1 * G)
+    est._value = 1 * G
+    assert est.update(7.0, 1 * G, 50e6, 10.0, 10.0).available_bps == 10 * G  # at the nominal ceiling, no traceback
+
+
 def test_a_step_up_is_followed_as_soon_as_the_backlogged_senders_get_more() -> None:
     est = BandwidthEstimator(10 * G)
     rate = lambda t: 2 * G if t < 10 else 10 * G  # noqa: E731

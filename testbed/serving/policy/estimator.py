@@ -91,6 +91,7 @@ class EstimatorSpec:
 
 
 SATURATED, HEADROOM, NONE = "saturated", "headroom", "none"
+MAX_GROWTH_EXPONENT = 50.0  # e**50 times any estimate is past every nominal rate (then capped at the ceiling)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,8 @@ class BandwidthEstimator:
             evidence, self._value, self._saturated_t = SATURATED, self._from_above(t_s, x), t_s
         elif backlogged:
             evidence, self.unconfirmed = HEADROOM, False
-            grown = self._value * math.exp(dt / s.probe_tau_s) if dt > 0 else self._value
+            # the exponent capped: the ceiling bounds the growth anyway, and a probe_tau of 1 us overflowed exp()
+            grown = self._value * math.exp(min(dt / s.probe_tau_s, MAX_GROWTH_EXPONENT)) if dt > 0 else self._value
             grown = max(self._value, min(grown, self._ceiling(t_s)))
             self._value = min(max(grown, x), self.nominal_bps)
         else:
