@@ -110,6 +110,8 @@ def test_a_refused_profile_calibration_or_wall_leaves_no_folder(nothing_runs, ca
     assert refused(profile[:-1] + ["pdir"], capsys) == "prfaas: error: --out pdir: a folder; name the profile's YAML file"
     (nothing_runs / "pdir").rmdir()
     assert refused(["calibrate", "quick", "--set", "seed=-1", "--json", "d/c.json"], capsys).endswith(SEED)
+    assert refused(["calibrate", "quick", "--duration", "1e9"], capsys).endswith(  # iperf3 refused it mid-calibration
+        "argument --duration: 1e9 is more than 86400 s, iperf3's longest run")
     # scale: auto, resolved from the host's capacity (5 Gbps: 20 for a 100 Gbps WAN), puts a 100 Kbps LAN at 5 Kbps
     auto = refused(["calibrate", "quick", "--set", "scale=auto", "--set", "wan.rate=100Gbps", "--set", "topology.lan_rate=100Kbps",
                     "--json", "d/c.json"], capsys)

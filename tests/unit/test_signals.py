@@ -558,6 +558,14 @@ def test_a_lone_saturated_poll_asks_for_the_next_poll_sooner_once() -> None:
     with pytest.raises(FieldError, match="poll_confirm"):
         parse_policy_section(Fields({"name": "prfaas", "estimator": {"poll_confirm": "-1s"}}, "policy"))
 
+def test_the_polled_floors_poll_count_is_a_count_from_1_to_10000() -> None:
+    """0 and a 20-digit count were taken (session 65's fuzzing pass)."""
+    for bad, says in ((0, "0 is not a whole number >= 1"), (10**20, "is more than 10000, more polls than a window holds")):
+        with pytest.raises(FieldError, match=says):
+            parse_policy_section(Fields({"name": "prfaas", "estimator": {"rtt_window_polls": bad}}, "policy"))
+    assert parse_policy_section(Fields({"name": "prfaas", "estimator": {"rtt_window_polls": 3}}, "policy")).estimator.rtt_window_polls == 3
+
+
 def test_a_bound_that_does_not_reach_the_lone_cap_needs_no_confirmation() -> None:
     """A filled probe a little below the estimate lowers it all the way (within `lone_drop_fraction`): nothing
     is held back, so nothing asks for a second probe; neither does a probe that read more than the estimate."""

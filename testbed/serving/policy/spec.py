@@ -11,7 +11,7 @@ from typing import Any
 
 from testbed import units
 from testbed.serving.policy.estimator import EstimatorSpec
-from testbed.validation import Fields, boolean, number, positive_int, positive_number
+from testbed.validation import Fields, boolean, count_up_to, number, positive_int, positive_number
 
 MAX_TOKENS = 128 * 1024  # the paper's longest request (truncation point of its length distribution)
 
@@ -224,7 +224,7 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
         queue_delay_fraction=f.get("queue_delay_fraction", units.parse_fraction, d.queue_delay_fraction),
         probe_tau_s=f.get("probe_tau", _duration, d.probe_tau_s),
         rtt_window_s=f.get("rtt_window", _duration, d.rtt_window_s),
-        rtt_window_polls=f.get("rtt_window_polls", positive_int, d.rtt_window_polls),
+        rtt_window_polls=f.get("rtt_window_polls", count_up_to(10_000, "more polls than a window holds"), d.rtt_window_polls),
         saturated_window_s=f.get("saturated_window", _duration, d.saturated_window_s),
         probe_after_s=f.get("probe_after", lambda v: units.parse_duration_s(v, allow_zero=True), d.probe_after_s),
         probe_bdp=f.get("probe_bdp", positive_number, d.probe_bdp),
