@@ -159,15 +159,15 @@ def _bridge(v: Any) -> str:
 
 
 def _delayline_dir(v: Any) -> str:
-    """A delay line's control directory: made by `tempfile.mkdtemp` in /dev/shm or the system's temp folder
+    """A delay line's control directory: made by `tempfile.mkdtemp` under /dev/shm or the system's temp folder
     (`testbed.net.delayline`), so anywhere else is not ours (`prfaas clean` removes these folders; until 2026-12-07 any
     absolute path named prfaas-delayline-... was taken, /home/x/prfaas-delayline-a included)."""
     import tempfile
 
     if not isinstance(v, str) or not os.path.isabs(v) or "\0" in v or not Path(v).name.startswith(DELAYLINE_DIR_PREFIX):
         raise ValueError(f"{v!r} is not a delay line's control directory (an absolute path named {DELAYLINE_DIR_PREFIX}...)")
-    if str(Path(v).parent) not in ("/dev/shm", tempfile.gettempdir()):
-        raise ValueError(f"{v!r} is not in /dev/shm or {tempfile.gettempdir()}, where delay lines make their directories")
+    if not any(Path(v).parent.is_relative_to(base) for base in ("/dev/shm", tempfile.gettempdir())):
+        raise ValueError(f"{v!r} is not under /dev/shm or {tempfile.gettempdir()}, where delay lines make their directories")
     return v
 
 

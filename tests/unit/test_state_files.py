@@ -119,7 +119,7 @@ DAMAGED = [  # (file contents, what the one line must say)
     # another network's bridge, a folder outside /dev/shm or the temp folder, the host's init as a host shell: clean and
     # net exec would have acted on them (until 2026-12-07)
     (with_(bridges=["brf0abcd", "brf11111"]), "bridges: 'brf11111' is not named after this network's tag '0abcd'"),
-    (with_(delayline_dirs=["/home/x/prfaas-delayline-a"]), "delayline_dirs: item 0: '/home/x/prfaas-delayline-a' is not in /dev/shm"),
+    (with_(delayline_dirs=["/home/x/prfaas-delayline-a"]), "delayline_dirs: item 0: '/home/x/prfaas-delayline-a' is not under /dev/shm"),
     (with_(**{"pd-d0.pid": 1}), "hosts.pd-d0.pid: 1 is not a host shell's pid (>= 2)"),
     (with_(hosts=[1, 2]), "hosts: must be an object, got list"),
     (with_(hosts={"pd-d0": 7}), "hosts.pd-d0: must be a mapping of keys to values, got int"),
