@@ -15,7 +15,7 @@ import pandas as pd
 from analysis import stats
 from experiments.engine import SKIPPED, check_run, run_tasks
 from experiments.executor import Executor, RunOutcome, RunTask
-from experiments.spec import KNOWN_DIRECTIONS, ExperimentSpec
+from experiments.spec import METRICS, ExperimentSpec
 from testbed import rundir
 from testbed.atomic import make_output_dir, write_json, write_parquet, write_text
 from testbed.errors import UserError
@@ -145,7 +145,7 @@ def report_text(spec: ExperimentSpec, results: pd.DataFrame, comparisons: list[s
     if few:
         lines += [f"Note: comparisons with fewer than {stats.FEW_PAIRS} pairs (n = {', '.join(map(str, few))}) have intervals "
                   "that are too narrow (docs/experiments.md, Statistics); read them as indicative only.", ""]
-    lines += [f"- {stats.sentence(c, KNOWN_DIRECTIONS.get(c.metric))}" for c in comparisons]
+    lines += [f"- {stats.sentence(c, METRICS.get(c.metric))}" for c in comparisons]
     lines += order_lines(order_checks(results, spec))
     lines += fidelity_lines(results)
     failed = results[results["status"] != "ok"]

@@ -67,7 +67,6 @@ METRICS: dict[str, bool | None] = {
                                        "rate_ratio", "router_tick_late_p99_s", "rtt_configured_s", "rtt_p50_s",
                                        "run_cpu_cores", "schedule_late_p99_s", "sleep_late_p99_s")},
 }
-KNOWN_DIRECTIONS = METRICS  # (the name the report reads it by)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 

@@ -142,6 +142,20 @@ def random_seed(v: Any) -> int:
     return v
 
 
+def at_most(read: Callable[[Any], T], most: float, unit: str = "", why: str = "") -> Callable[[Any], T]:
+    """`read`, then at most `most` (`unit` follows the bound, `why` says why no more): a value's bound where its reader
+    has none (a protocol field, a command-line option). A count is `count_up_to`'s."""
+
+    def check(v: Any) -> T:
+        x = read(v)
+        if x > most:  # type: ignore[operator]
+            bound = most if isinstance(most, int) else f"{most:g}"
+            raise ValueError(f"{v!r} is more than {bound}" + (f" {unit}" if unit else "") + (f", {why}" if why else ""))
+        return x
+
+    return check
+
+
 def count_up_to(most: int, why: str = "") -> Callable[[Any], int]:
     """A reader of a count: a whole number from 1 to `most` (`why`, when given, says why no more: it follows the
     refusal). The one bounded count: runs (`run_count`), iperf3 streams, a profile's batch and GPUs."""

@@ -37,7 +37,6 @@ SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(TcpSample))
 # tcp.parquet. `sender`: the how-many-th sender this prefill worker made to that decode worker (0 first; a
 # broken one is replaced and its connections' counters start again). Rates and bytes: wire units (x scale: emulated).
 COLUMNS = ("cluster", "prefill_instance", "decode_instance", "sender") + SAMPLE_FIELDS
-TEXT_COLUMNS, BOOL_COLUMNS = TCP_TEXT_COLUMNS, TCP_BOOL_COLUMNS  # (owned by testbed.rundir, which checks them on reading)
 FLOAT_COLUMNS = ("t_s", "delivery_rate_bps")
 CONNECTION = ("cluster", "prefill_instance", "decode_instance", "sender", "connection")  # one TCP connection's rows
 
@@ -169,7 +168,7 @@ def read_tcp_logs(paths: Iterable[Path]) -> Any:
             continue
         df = pd.read_csv(io.StringIO("\n".join(complete)), names=list(COLUMNS), header=None, dtype=str)
         for c in COLUMNS:
-            if c not in TEXT_COLUMNS:
+            if c not in TCP_TEXT_COLUMNS:
                 df[c] = pd.to_numeric(df[c], errors="coerce")
         df["cc"] = df["cc"].fillna("")  # not read (a sample from a sender without the name): unknown, kept
         df = df.replace([float("inf"), float("-inf")], float("nan")).dropna()
@@ -182,4 +181,4 @@ def read_tcp_logs(paths: Iterable[Path]) -> Any:
 
 
 def _dtype(column: str) -> str:
-    return "object" if column in TEXT_COLUMNS else "bool" if column in BOOL_COLUMNS else "float64" if column in FLOAT_COLUMNS else "int64"
+    return "object" if column in TCP_TEXT_COLUMNS else "bool" if column in TCP_BOOL_COLUMNS else "float64" if column in FLOAT_COLUMNS else "int64"

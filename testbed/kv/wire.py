@@ -578,7 +578,10 @@ class KVAssembler:
         self.payload_bytes = 0
         self.discard: bool | None = None
 
-    def _parts_for(self, h: DataHeader) -> _TensorParts:
+    def reserve(self, h: DataHeader) -> _TensorParts:
+        """Check a frame's header against the transfer and reserve its tensor's bytes within the limits, without
+        allocating them: the tensor is allocated on first use (`_TensorParts.allocate`; `KVReceiver` calls it where
+        it holds no lock of its own)."""
         if h.request_id != self.request_id:
             raise WireError(f"request_id: frame for {h.request_id!r} given to the assembler of {self.request_id!r}")
         if self.discard is None:
@@ -603,27 +606,22 @@ class KVAssembler:
                             f"({parts.header.dtype} {parts.header.shape} vs {h.dtype} {h.shape})")
         return parts
 
-    def reserve(self, h: DataHeader) -> _TensorParts:
-        """Check a frame's header against the transfer and reserve its tensor's bytes within the limits, without
-        allocating them: the caller allocates (`_TensorParts.allocate`), where it holds no lock of its own."""
-        return self._parts_for(h)
-
     def sink(self, h: DataHeader) -> memoryview | None:
         """Where a frame's payload should be received: its place in the destination tensor (None: scratch)."""
-        view = self._parts_for(h).allocate()
+        view = self.reserve(h).allocate()
         return None if view is None else view[h.offset:h.offset + h.length]
 
     def add(self, frame: DataFrame) -> None:
         """Record a verified frame; its payload must already be in place (via `sink`) or is copied there."""
         h = frame.header
-        parts = self._parts_for(h)
+        if len(self.records) >= self.limits.max_frames:
+            raise WireError(f"request {self.request_id}: more than {self.limits.max_frames} frames")
+        parts = self.reserve(h)
         if parts.allocate() is not None:
             assert parts.view is not None
             dst = parts.view[h.offset:h.offset + h.length]
             if frame.payload.obj is not parts.view.obj:  # not received in place via sink()
                 dst[:] = frame.payload
-        if len(self.records) >= self.limits.max_frames:
-            raise WireError(f"request {self.request_id}: more than {self.limits.max_frames} frames")
         parts.covered.append((h.offset, h.length))
         parts.covered_bytes += h.length
         if parts.covered_bytes > h.tensor_bytes:

@@ -15,19 +15,8 @@ from typing import Any
 
 from testbed.atomic import make_output_dir, write_json
 from testbed.errors import HostError, UserError
-from testbed.validation import option, positive_number
-from traffic.cross import stream_count
-
-
-def _iperf3_seconds(v: object) -> float:
-    """An iperf3 run's length: > 0 and at most iperf3's own -t limit (a larger one was passed to iperf3, which refused it
-    in the middle of the calibration)."""
-    from traffic.cross import IPERF3_MAX_T_S
-
-    x = positive_number(v)
-    if x > IPERF3_MAX_T_S:
-        raise ValueError(f"{v!r} is more than {IPERF3_MAX_T_S} s, iperf3's longest run")
-    return x
+from testbed.validation import at_most, option, positive_number
+from traffic.cross import IPERF3_MAX_T_S, stream_count
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -64,7 +53,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     cal.add_argument("--json", dest="json_file", type=Path, metavar="FILE", help="write the figures as JSON")
     cal.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     cal.add_argument("--streams", type=option(stream_count, whole=True), default=4, help="iperf3 -P (1 to 128; default 4)")
-    cal.add_argument("--duration", type=option(_iperf3_seconds), default=5.0,
+    # at most iperf3's own -t limit: a larger one was passed to iperf3, which refused it in the middle of the calibration
+    cal.add_argument("--duration", type=option(at_most(positive_number, IPERF3_MAX_T_S, "s", "iperf3's longest run")), default=5.0,
                      help="seconds per iperf3 run (at most 86400, iperf3's own limit)")
     cal.set_defaults(func=cmd_calibrate)
 

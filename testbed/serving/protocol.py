@@ -26,7 +26,7 @@ from testbed.blocks import HASH_RANGE
 from testbed.models.spec import parse_dtype
 from testbed.units import MAX_TOKENS
 from testbed.validation import (
-    Fields, at_least_one, boolean, integers, mapping, non_negative, positive_int, positive_number, string, text,
+    Fields, at_least_one, at_most, boolean, integers, mapping, non_negative, positive_int, positive_number, string, text,
 )
 
 STATUSES = ("ok", "failed")
@@ -65,17 +65,7 @@ def _prompt_fits(f: Fields, out: dict[str, Any]) -> None:
         raise f.error("prompt_token_ids", f"{len(ids)} token ids, more than input_len ({out['input_len']})")
 
 
-def _at_most(read: Callable[[Any], Any], most: float) -> Callable[[Any], Any]:
-    """`read`, then at most `most`."""
-    def check(v: Any) -> Any:
-        x = read(v)
-        if x > most:
-            raise ValueError(f"{v!r} is more than {most if isinstance(most, int) else f'{most:g}'}")
-        return x
-    return check
-
-
-_TOKENS = _at_most(at_least_one, MAX_TOKENS)  # a request's token count: 1 to `units.MAX_TOKENS`, as the router's
+_TOKENS = at_most(at_least_one, MAX_TOKENS)  # a request's token count: 1 to `units.MAX_TOKENS`, as the router's
 
 
 def _read(cls: type[M], data: Any, source: str, path: str, fields: Callable[[Fields], dict[str, Any]]) -> M:
@@ -115,7 +105,7 @@ class KVDestination:
 
     @classmethod
     def read(cls, f: Fields) -> "KVDestination":
-        out = cls(f.get("host", text), f.get("kv_port", _at_most(at_least_one, 65535)), f.get("instance", positive_int))
+        out = cls(f.get("host", text), f.get("kv_port", at_most(at_least_one, 65535)), f.get("instance", positive_int))
         f.done()
         return out
 
@@ -244,9 +234,9 @@ class ProbeRequest:
         # bounded (since 2026-12-07): 10**18 bytes was a traceback in the probe's thread and a 200 without a reason,
         # 10**9 pings ran for hours
         return _read(cls, data, source, "", lambda f: {
-            "decode": KVDestination.read(f.section("decode")), "bytes": f.get("bytes", _at_most(positive_int, PROBE_MAX_BYTES), 0),
-            "pings": f.get("pings", _at_most(positive_int, PROBE_MAX_PINGS), 2),
-            "timeout_s": f.get("timeout_s", _at_most(positive_number, PROBE_MAX_TIMEOUT_S), 2.0),
+            "decode": KVDestination.read(f.section("decode")), "bytes": f.get("bytes", at_most(positive_int, PROBE_MAX_BYTES), 0),
+            "pings": f.get("pings", at_most(positive_int, PROBE_MAX_PINGS), 2),
+            "timeout_s": f.get("timeout_s", at_most(positive_number, PROBE_MAX_TIMEOUT_S), 2.0),
             "stop_queue_ms": f.get("stop_queue_ms", non_negative, 0.0),
             "stop_queue_fraction": f.get("stop_queue_fraction", non_negative, 0.0),
             "stop_path_ratio": f.get("stop_path_ratio", non_negative, 0.0),
