@@ -331,6 +331,25 @@ def check_lab5(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
 CHECKERS: dict[int, Checker] = {1: check_lab1, 2: check_lab2, 3: check_lab3, 4: check_lab4, 5: check_lab5}
 
 
-def run_names(answers: dict[str, Any]) -> list[str]:
+def run_name(key: Any, source: str | None = None) -> str:
+    """A key of the answers' ``runs:``, the name of a folder under the answers file's runs/: plain names (`path_name`'s:
+    no '\\' or NUL, not '.' or '..', at most `MAX_NAME_BYTES` bytes each) joined by '/', as the checker names the runs
+    it finds (``prfaas/seed1-rep1`` from `prfaas experiment`). Else one `FieldError` naming ``runs`` (`source`: the
+    answers file): ``../../etc``, ``/etc`` or ``''`` was joined to runs/ as it stood, and the check read that folder."""
+    from testbed.validation import MAX_NAME_BYTES, FieldError, plain_name
+
+    name = str(key)
+    try:
+        for part in name.split("/"):
+            plain_name(part, "a run folder")
+    except ValueError:
+        raise FieldError("runs", f"{name[:60]!r} is not a run name; a run is a folder under runs/, named as plain names "
+                                 "joined by '/' (q1, prfaas/seed1-rep1): no '..', '.', empty part, leading '/' or '\\', "
+                                 f"each at most {MAX_NAME_BYTES} bytes", source) from None
+    return name
+
+
+def run_names(answers: dict[str, Any], source: str | None = None) -> list[str]:
+    """The answers' ``runs:`` keys, each a `run_name` (`source`: the answers file, for the refusal)."""
     runs = lookup(answers, "runs")
-    return [str(k) for k in runs] if isinstance(runs, dict) else []
+    return [run_name(k, source) for k in runs] if isinstance(runs, dict) else []

@@ -79,7 +79,7 @@ def resolve_runs(answers: dict, answers_path: Path, given: list[Path]) -> dict[s
         names = [p.name for p in given]
         return {(p.name if names.count(p.name) == 1 else str(p)): p for p in given}
     base = answers_path.parent / "runs"
-    names = run_names(answers)
+    names = run_names(answers, str(answers_path))
     if names:
         return {n: base / n for n in names}
     if not base.is_dir():

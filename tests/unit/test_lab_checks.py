@@ -311,3 +311,27 @@ def test_a_runs_scenario_the_checker_cannot_read_is_one_line_naming_it(tmp_path:
     (runs["p1"] / "scenario.yaml").write_text(yaml.safe_dump({**sc, **change}))
     with pytest.raises(UserError, match=match):
         CHECKERS[4]({}, runs)
+
+
+@pytest.mark.parametrize("name", ["../../outside", "/etc", "", ".", "a/../../outside", "a//b", "b/", "a\\b", "x" * 201])
+def test_a_run_name_in_the_answers_names_a_folder_under_runs_and_nothing_else(tmp_path: Path, name: str,
+                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The answers' `runs:` keys were joined to runs/ as they stood: `../../outside` read the folder beside the lab's,
+    `/etc` read /etc and `''` read runs/ itself as a run (2026-12-07). Each is one line naming the file and `runs`."""
+    from testbed import cli
+
+    lab = tmp_path / "lab"
+    write_run_dir(tmp_path / "outside", seed=1)
+    write_run_dir(lab / "runs" / "b", seed=2)
+    write_run_dir(lab / "runs" / "c", seed=3)
+    (lab / "answers.yaml").write_text(yaml.safe_dump({"runs": {name: {}, "b": {}, "c": {}}}))
+    assert cli.main(["lab", "check", "5", "--answers", str(lab / "answers.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "answers.yaml: runs: " in err and "is not a run name" in err, err
+
+
+def test_run_names_may_be_nested_as_the_checker_names_the_runs_it_finds(tmp_path: Path) -> None:
+    from labs.commands import resolve_runs
+
+    found = resolve_runs({"runs": {"prfaas/seed1-rep1": {}, "q0.25": {}, 2048: {}}}, tmp_path / "answers.yaml", [])
+    assert found == {n: tmp_path / "runs" / n for n in ("prfaas/seed1-rep1", "q0.25", "2048")}
