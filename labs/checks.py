@@ -238,35 +238,55 @@ def ttft_p90_in_dip_s(run: Any) -> float:
     if not len(df):
         raise UserError(f"{run.path}: no request arrived during the dip [{lo:.1f}, {hi:.1f}) s")
     v = ttft_s(df).where(ok_mask(df), np.inf).astype(float).to_numpy()
+    if np.isnan(v).any():  # an ok request with no first token: a NaN p90, which check_lab4 would call failures
+        raise UserError(f"{run.path}: {int(np.isnan(v).sum())} ok request(s) in the dip have no first_token_s in requests.parquet")
     return float(np.percentile(v, 90, method="higher"))
 
 
 def paired_ci95(diffs: list[float]) -> tuple[float, float, float]:
-    """(mean, low, high) of the mean of paired differences, Student t with n - 1 degrees of freedom."""
+    """(mean, low, high) of the mean of paired differences, Student t with n - 1 degrees of freedom. The differences
+    are at least two and finite (`check_lab4` refuses fewer pairs and an infinite p90 by run, before): else a
+    ValueError, not numpy's RuntimeWarnings and a NaN interval."""
     from scipy import stats
 
     x = np.asarray(diffs, dtype=float)
-    if x.size < 2:
-        raise UserError("lab 4: a confidence interval needs at least two seeds run under both policies")
+    if x.size < 2 or not np.isfinite(x).all():
+        raise ValueError(f"paired_ci95: needs at least two finite differences, got {diffs!r}")
     half = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
     return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+
+
+LAB4_POLICIES = ("prfaas", "fixed-threshold")
 
 
 def check_lab4(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
     _need_runs(runs, 4, 4)
     loaded = _load_runs(runs)
     by: dict[str, dict[int, float]] = {}
-    for run in loaded.values():
+    names: dict[tuple[str, int], str] = {}
+    for name, run in loaded.items():
         sc = run.parsed_scenario()
-        by.setdefault(str(getattr(sc.section("policy"), "name", None)), {})[sc.seed] = ttft_p90_in_dip_s(run)
-    if set(by) != {"prfaas", "fixed-threshold"}:
+        pol = str(getattr(sc.section("policy"), "name", None))
+        by.setdefault(pol, {})[sc.seed] = ttft_p90_in_dip_s(run)
+        names[pol, sc.seed] = name
+    if set(by) != set(LAB4_POLICIES):
         raise UserError(f"lab 4: the runs must be of policies prfaas and fixed-threshold; got {', '.join(sorted(by))}")
+    # Both refused before any mean: seeds run under one policy only were a mean of nothing (numpy's "Mean of empty
+    # slice" and "invalid value encountered in scalar divide" printed above the refusal), an infinite p90 an inf - inf
+    # in the interval ("invalid value encountered in subtract"), 2026-12-07.
     seeds = sorted(set(by["prfaas"]) & set(by["fixed-threshold"]))
+    if len(seeds) < 2:
+        ran = "; ".join(f"{pol} seeds {sorted(by[pol])}" for pol in LAB4_POLICIES)
+        raise UserError(f"lab 4: a confidence interval needs at least two seeds run under both policies; got {ran} "
+                        f"({len(seeds)} in common)")
+    infinite = [names[pol, s] for s in seeds for pol in LAB4_POLICIES if not math.isfinite(by[pol][s])]
+    if infinite:
+        one = len(infinite) == 1
+        raise UserError(f"lab 4: more than 10% of the requests in the dip failed in run{'' if one else 's'} {', '.join(infinite)}, "
+                        f"so {'its' if one else 'their'} p90 TTFT is infinite; see the handout")
     out = [number(answers, f"ttft_p90_dip_s.{pol}", float(np.mean([by[pol][s] for s in seeds])), rel=0.10, abs_=0.05, unit=" s",
-                  source=f" the mean over seeds {seeds}") for pol in ("prfaas", "fixed-threshold")]
+                  source=f" the mean over seeds {seeds}") for pol in LAB4_POLICIES]
     mean, lo, hi = paired_ci95([by["fixed-threshold"][s] - by["prfaas"][s] for s in seeds])
-    if not all(map(math.isfinite, (mean, lo, hi))):
-        raise UserError("lab 4: a run had more than 10% failed requests in the dip, so its p90 TTFT is infinite; see the handout")
     out.append(interval(answers, "difference_ci95_s", (lo, hi), rel=0.10, abs_=0.05, unit=" s",
                         source=f" fixed - prfaas, paired by seed ({len(seeds)} pairs, Student t)"))
     verdict = "yes" if lo > 0 else ("no" if hi < 0 else "unclear")

@@ -335,3 +335,69 @@ def test_run_names_may_be_nested_as_the_checker_names_the_runs_it_finds(tmp_path
 
     found = resolve_runs({"runs": {"prfaas/seed1-rep1": {}, "q0.25": {}, 2048: {}}}, tmp_path / "answers.yaml", [])
     assert found == {n: tmp_path / "runs" / n for n in ("prfaas/seed1-rep1", "q0.25", "2048")}
+
+
+def _lab4_runs(tmp_path: Path, fixed_seeds: tuple[int, ...] = (1, 2, 3)) -> dict[str, Path]:
+    runs = {f"p{s}": write_run_dir(tmp_path / f"p{s}", policy="prfaas", threshold=40000, seed=s) for s in (1, 2, 3)}
+    return runs | {f"f{s}": write_run_dir(tmp_path / f"f{s}", policy="fixed-threshold", threshold=8000, seed=s) for s in fixed_seeds}
+
+
+def _fail_in_dip(d: Path) -> None:
+    df = _requests(d)
+    df.loc[(df["arrival_s"] >= 10.0) & (df["arrival_s"] < 20.0), "status"] = "failed"
+    df.to_parquet(d / "requests.parquet")
+
+
+@pytest.mark.parametrize("case,match", [
+    ("no seed in common", r"^lab 4: a confidence interval needs at least two seeds run under both policies; got prfaas seeds "
+                          r"\[1, 2, 3\]; fixed-threshold seeds \[4, 5, 6\] \(0 in common\)$"),
+    ("one seed in common", r"fixed-threshold seeds \[1, 5, 6\] \(1 in common\)$"),
+    ("one run failed in the dip", r"^lab 4: more than 10% of the requests in the dip failed in run f1, so its p90 TTFT is infinite"),
+    ("two runs failed in the dip", r"failed in runs p2, f2, so their p90"),
+])
+def test_lab4_refuses_unpaired_seeds_and_failed_dips_without_numpy_warnings(tmp_path: Path, case: str, match: str) -> None:
+    """Seeds run under one policy only were a mean of no seeds ("Mean of empty slice", "invalid value encountered in
+    scalar divide"), a run whose dip failed an inf - inf in the interval ("invalid value encountered in subtract"):
+    numpy's RuntimeWarnings printed above the refusal (2026-12-07). Refused first, in one line, with no warning."""
+    import warnings
+
+    from testbed.errors import UserError
+
+    runs = _lab4_runs(tmp_path, {"no seed in common": (4, 5, 6), "one seed in common": (1, 5, 6)}.get(case, (1, 2, 3)))
+    for name in {"one run failed in the dip": ["f1"], "two runs failed in the dip": ["p2", "f2"]}.get(case, []):
+        _fail_in_dip(runs[name])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserError, match=match):
+            CHECKERS[4]({}, runs)
+
+
+def test_lab4_with_a_failed_dip_in_an_unpaired_run_checks_the_pairs(tmp_path: Path) -> None:
+    import warnings
+
+    runs = _lab4_runs(tmp_path, (1, 2, 3, 4))
+    _fail_in_dip(runs["f4"])  # seed 4 has no prfaas run: not in the interval
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [v.question for v in CHECKERS[4]({}, runs)][-1] == "prfaas_better"
+
+
+def test_an_ok_request_without_a_first_token_in_the_dip_is_named(tmp_path: Path) -> None:
+    from testbed.errors import UserError
+
+    runs = _lab4_runs(tmp_path)
+    df = _requests(runs["p1"])
+    df.loc[(df["arrival_s"] >= 10.0) & (df["arrival_s"] < 20.0) & (df["status"] == "ok"), "first_token_s"] = np.nan
+    df.to_parquet(runs["p1"] / "requests.parquet")
+    with pytest.raises(UserError, match=r"p1: \d+ ok request\(s\) in the dip have no first_token_s"):
+        CHECKERS[4]({}, runs)
+
+
+def test_paired_ci95_refuses_fewer_than_two_or_infinite_differences() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for diffs in ([], [1.0], [np.inf, 1.0], [np.nan, 1.0, 2.0]):
+            with pytest.raises(ValueError, match="at least two finite differences"):
+                paired_ci95(diffs)
