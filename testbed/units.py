@@ -54,9 +54,21 @@ QUEUE_HELP = "a size (e.g. 2MB), a packet count (e.g. 1000p) or a multiple of th
 TOKENS_HELP = "a whole number of tokens, optionally with K (x1024) or M (x1024^2), e.g. 32K"
 
 
+# A number in exponent notation that YAML 1.1 (PyYAML) reads as text: it takes one only with a '.' and a signed exponent
+# (1.0e+3), so `probe_bdp: 1e308` or `--set x=1e3` gave "'1e308' is not a number" (2026-12-07).
+_YAML_TEXT_EXPONENT = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))[eE]([+-]?)(\d+)$")
+
+
 def finite_number(v: object, what: str) -> float:
     """An int or float (not a bool) as a finite float, else ``ValueError`` saying `v` is not `what`. YAML's
-    ``.nan`` / ``.inf`` are floats and a whole number past 1.8e308 (``10**400``) has no float: neither is a quantity."""
+    ``.nan`` / ``.inf`` are floats and a whole number past 1.8e308 (``10**400``) has no float: neither is a quantity.
+    Text that is a number in exponent notation (``1e3``: YAML did not read it as one) is refused saying how to write it."""
+    m = _YAML_TEXT_EXPONENT.match(v.strip()) if isinstance(v, str) else None
+    if m and math.isfinite(float(m.group(0))):
+        mantissa, sign, exponent = m.groups()
+        written = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{sign or '+'}{exponent}"
+        raise ValueError(f"{v!r} is text, not {what} (YAML reads a number with an exponent only with a '.' and a sign: "
+                         f"write {written})")
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"{v!r} is not {what}")
     try:
@@ -85,11 +97,11 @@ def _split(text: object, what: str) -> tuple[float, str]:
 def parse_rate_bps(text: object) -> float:
     """``"10Gbps"`` -> 1e10. Decimal prefixes, as tc and iperf3 use for bits."""
     value, unit = _split(text, RATE_HELP)
+    if value <= 0:  # said first: a bare -1 was "has no rate unit", and -1Gbps refused next
+        raise ValueError(f"{text!r} must be positive; use {RATE_HELP}")
     if unit not in RATE_UNITS:
         raise ValueError(f"{text!r} has no rate unit; use {RATE_HELP}")
     bps = value * RATE_UNITS[unit]
-    if bps <= 0:
-        raise ValueError(f"{text!r} must be positive; use {RATE_HELP}")
     if bps < MIN_WIRE_RATE_BPS:
         raise ValueError(f"{text!r} is less than 8Kbps, the lowest rate the wire can be shaped at; use 8Kbps or more")
     if bps > MAX_RATE_BPS:
@@ -102,13 +114,13 @@ def parse_duration_s(text: object, *, allow_zero: bool = True, most_s: float = M
     """``"10ms"`` -> 0.01. A bare ``0`` is accepted (zero needs no unit); other bare numbers are not. Longer than
     `most_s` is refused, the message saying "longer than `most`"."""
     value, unit = _split(text, DURATION_HELP)
+    if value < 0:  # said first: a bare -1 was "has no time unit", and -1s refused next
+        raise ValueError(f"{text!r} must not be negative; use {DURATION_HELP}")
     if unit == "" and value == 0:
         return 0.0 if allow_zero else _refuse_zero(text)
     if unit not in DURATION_UNITS:
         raise ValueError(f"{text!r} has no time unit; use {DURATION_HELP}")
     seconds = value * DURATION_UNITS[unit]
-    if seconds < 0:
-        raise ValueError(f"{text!r} must not be negative; use {DURATION_HELP}")
     if seconds > most_s:
         raise ValueError(f"{text!r} is longer than {most}")
     if seconds == 0 and not allow_zero:
@@ -123,11 +135,11 @@ def _refuse_zero(text: object) -> float:
 def parse_size_bytes(text: object) -> int:
     """``"2MB"`` -> 2_000_000, ``"1MiB"`` -> 1_048_576."""
     value, unit = _split(text, SIZE_HELP)
+    if value < 0:  # said first: a bare -1 was "has no size unit", and -1B refused next
+        raise ValueError(f"{text!r} must not be negative; use {SIZE_HELP}")
     if unit not in SIZE_UNITS:
         raise ValueError(f"{text!r} has no size unit; use {SIZE_HELP}")
     n = value * SIZE_UNITS[unit]
-    if n < 0:
-        raise ValueError(f"{text!r} must not be negative; use {SIZE_HELP}")
     return int(round(n))
 
 

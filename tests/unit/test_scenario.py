@@ -398,3 +398,26 @@ def test_the_jitter_check_walks_the_timeline_a_run_fires():
     with pytest.raises(FieldError, match="with in-order delivery jitter must be <= delay") as exc:  # a second later, it is
         parse_scenario(wan(schedule=[{"at": "5s", "jitter": "8ms", "for": "6s"}, {"at": "10s", "delay": "5ms"}]))
     assert exc.value.field == "wan.schedule[1].delay"
+
+
+def test_a_negative_quantity_is_said_to_be_negative_before_its_missing_unit():
+    """A bare -1 was "has no rate/time/size unit", and the same value with a unit then refused as negative: two tries for
+    one mistake (2026-12-07)."""
+    import re
+
+    for parse, words in ((units.parse_rate_bps, "must be positive"), (units.parse_duration_s, "must not be negative"),
+                         (units.parse_size_bytes, "must not be negative")):
+        for bad in (-1, "-1", -0.5):
+            with pytest.raises(ValueError, match=f"^{re.escape(repr(bad))} {words}; use a "):
+                parse(bad)
+
+
+def test_a_number_yaml_read_as_text_is_refused_saying_how_to_write_it(tmp_path):
+    """YAML 1.1 reads a number with an exponent only with a '.' and a sign: `scale: 1e3` is the text '1e3', which was
+    "'1e3' is not a number" (2026-12-07)."""
+    path = tmp_path / "s.yaml"
+    path.write_text("wan: {rate: 10Gbps, delay: 10ms}\nscale: 1e3\n")
+    with pytest.raises(FieldError, match=r"scale: '1e3' is text, not a number .*write 1\.0e\+3\)"):
+        load_scenario(str(path))
+    path.write_text("wan: {rate: 10Gbps, delay: 10ms}\nscale: 1.0e+3\n")
+    assert load_scenario(str(path)).scale == 1000.0
