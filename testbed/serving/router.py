@@ -297,6 +297,14 @@ class WorkerFailed(Exception):
 PROBE_RETRY_S = 2.0  # after a probe failed or was refused, the next waits this long
 
 
+def next_poll_wait_s(confirm_s: float, period_s: float) -> float:
+    """The wait to the router's next state poll: `confirm_s` (the policy's `confirm_poll_s`, a confirm poll) when it
+    is sooner than `period_s` (`state_poll_s`), else the period. A confirm poll only ever comes sooner:
+    `policy.estimator.poll_confirm: 168h` held the router's polls, and so every signal of the control loop, for up
+    to a week after a lone saturated poll (2026-12-07)."""
+    return min(confirm_s, period_s) if confirm_s > 0 else period_s
+
+
 @dataclass
 class _Instance:
     cfg: PrefillInstanceConfig | DecodeInstanceConfig
@@ -713,7 +721,7 @@ class Router:
             wait_s = self.cfg.state_poll_s
             while not self._stop.wait(wait_s):
                 self._poll_once(pool)
-                wait_s = self.policy.confirm_poll_s() or self.cfg.state_poll_s  # sooner once after a lone saturated poll
+                wait_s = next_poll_wait_s(self.policy.confirm_poll_s(), self.cfg.state_poll_s)
 
     def _probe_loop(self) -> None:
         """Active probes (docs/router.md, "An active probe"): when the policy asks for one, a PrfaaS prefill

@@ -683,3 +683,46 @@ def test_prefill_times_learn_seconds_per_token_and_per_prefill_by_cluster() -> N
     t.observe("prfaas", 0, 1.0)  # nothing computed: ignored
     t.observe("prfaas", 10, -1.0)
     assert t.finish_s("prfaas", 0, 30 * K) == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    # 2026-12-07: each was taken (probe_bdp, probe_headroom, full_path_ratio, probe_max) or said only half of it
+    ("probe_bdp", 1e308, r"1e\+308 is more than 1000 bandwidth-delay products, more round trips than a probe's 2 s hold"),
+    ("probe_bdp", 0, r"0 must be > 0"),
+    ("full_path_ratio", 1e308, r"1e\+308 is more than 1000, more round trips than a probe's 2 s hold"),
+    ("full_path_ratio", -1, r"-1 must be > 0"),
+    ("probe_headroom", 1e10, r"10000000000.0 is more than 100 times the estimate, past the nominal rate"),
+    ("probe_headroom", 0, r"0 must be >= 1 \(a probe sized below the estimate cannot read it\)"),  # was "0 must be > 0"
+    ("probe_max", "1e30B", r"'1e30B' is more than 4294967295 B \(2\*\*32 - 1\), the most one probe may carry on the wire"),
+    ("probe_max", "0B", r"'0B' is less than 1B, and a probe carries at least one byte \(probe_after: 0s sends no probes\)"),
+    ("probe_max", "0.4B", r"'0.4B' is less than 1B"),
+    ("probe_max", -1, r"-1 must not be negative; use a number with a unit"),  # was "-1 has no size unit"
+    ("probe_after", -1, r"-1 must not be negative; use a number with a unit"),
+    ("probe_bdp", "1e308", r"'1e308' is text, not a number \(YAML reads a number with an exponent only with a '.' and a "
+                           r"sign: write 1.0e\+308\)"),  # YAML's reading of `probe_bdp: 1e308`; was "'1e308' is not a number"
+    ("probe_bdp", float("inf"), r"inf is not a number"),
+    ("probe_headroom", "abc", r"'abc' is not a number"),
+])
+def test_the_estimators_probe_fields_are_bounded_in_one_line_naming_the_field(field: str, value: object, words: str) -> None:
+    with pytest.raises(FieldError, match=rf"^policy\.estimator\.{field}: {words}") as err:
+        parse_policy_section(Fields({"name": "prfaas", "estimator": {field: value}}, "policy"))
+    assert "\n" not in str(err.value)
+
+
+def test_the_estimators_probe_fields_take_their_bounds() -> None:
+    from testbed.serving.policy.estimator import BandwidthEstimator
+    from testbed.serving.protocol import PROBE_MAX_BYTES
+
+    s = parse_policy_section(Fields({"name": "prfaas", "estimator": {"probe_bdp": 1000, "full_path_ratio": 1000, "probe_headroom": 100,
+                                                                       "probe_max": f"{PROBE_MAX_BYTES}B"}}, "policy"))
+    e = BandwidthEstimator(1e15, s.estimator)  # the highest nominal rate a scenario may give
+    assert e.probe_pace_bps() / 8 < 2**64 and e.probe_bytes() <= PROBE_MAX_BYTES  # the kernel's pacing rate; one probe's bytes
+    assert parse_policy_section(Fields(s.to_mapping(), "policy")) == s
+
+
+def test_a_confirm_poll_is_never_later_than_the_routers_poll_period() -> None:
+    """`poll_confirm: 168h` held the router's next state poll for a week after a lone saturated poll (2026-12-07)."""
+    from testbed.serving.router import next_poll_wait_s
+
+    assert next_poll_wait_s(0.0, 0.5) == 0.5 and next_poll_wait_s(0.1, 0.5) == 0.1
+    assert next_poll_wait_s(168 * 3600.0, 0.5) == 0.5

@@ -63,11 +63,11 @@ class EstimatorSpec:
     min_backlog_bytes: float = 0.0  # backlog above this counts as backlogged
     saturated_window_s: float = 2.0  # a saturated poll sets the estimate to the median of the last 3 within this
     probe_after_s: float = 1.0  # the router probes after this long without KV evidence and nothing committed (0: never)
-    probe_bdp: float = 5.0  # a probe's size: this many bandwidth-delay products at the probe's rate and the path's RTT
-    probe_headroom: float = 2.0  # ... the probe's rate: this multiple of the estimate, at most nominal (1 until 2026-12-04)
-    probe_max_bytes: float = 2e9  # ... at most this many (emulated) bytes
+    probe_bdp: float = 5.0  # a probe's size: this many bandwidth-delay products at the probe's rate and the path's RTT (> 0, <= 1000)
+    probe_headroom: float = 2.0  # ... the probe's rate: this multiple of the estimate, at most nominal (1 until 2026-12-04; 1-100)
+    probe_max_bytes: float = 2e9  # ... at most this many (emulated) bytes (1 B to protocol.PROBE_MAX_BYTES, 2**32 - 1)
     probe_dip_fraction: float = 1.0  # a lone filled probe lowers the estimate only below this fraction of it (0.5 until 2026-12-04)
-    full_path_ratio: float = 3.0  # a probe of >= ratio x rate x RTT bytes (slow start ~2) over a queue filled the path
+    full_path_ratio: float = 3.0  # a probe of >= ratio x rate x RTT bytes (slow start ~2) over a queue filled the path (> 0, <= 1000)
     lone_drop_fraction: float = 0.5  # a lone saturated poll or filled probe lowers the estimate at most to this fraction
     probe_until_filled: bool = True  # a probe ends once it has filled the path (False: it sends its whole size; until 2026-12-04)
     probe_confirm: bool = True  # after a lone upper bound the router probes again at once (False: after probe_after)
@@ -89,6 +89,18 @@ class EstimatorSpec:
             return None
         return self.fill_rule()
 
+
+# Bounds of the probe's fields (`policy.estimator`; `probe_bdp: 1.0e+308`, `full_path_ratio: 1.0e+308`, `probe_headroom:
+# 1e10` and `probe_max: 1e30B` were taken, 2026-12-07). A probe sends `probe_bdp` bandwidth-delay products at its rate,
+# about that many round trips, and counts as filled after `full_path_ratio` of them; the router gives a probe 2 s
+# (`ProbeRequest.timeout_s`), which 1000 round trips of even a 2-ms path fill: a larger count is a probe that always times
+# out, or never fills.
+MAX_PROBE_RTTS = 1000.0
+# A probe is paced at `probe_headroom` x the estimate, not capped at the nominal rate: 100 x is past the nominal rate for
+# any estimate above 1% of it, so more is no different, and at most 100 x 1000 Tbps (`units.MAX_RATE_BPS`) stays inside the
+# kernel's 64-bit pacing rate. 1e10 x a 100-Gbps estimate (1e21 bit/s) was a struct.error in the worker's
+# `KVSender.pace`, and 1e308 x any estimate an infinite pace that the worker refuses: every probe failed, unseen.
+MAX_PROBE_HEADROOM = 100.0
 
 SATURATED, HEADROOM, NONE = "saturated", "headroom", "none"
 MAX_GROWTH_EXPONENT = 50.0  # e**50 times any estimate is past every nominal rate (then capped at the ceiling)

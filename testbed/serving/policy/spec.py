@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed import units
-from testbed.serving.policy.estimator import EstimatorSpec
-from testbed.validation import Fields, boolean, count_up_to, number, positive_int, positive_number
+from testbed.serving.policy.estimator import MAX_PROBE_HEADROOM, MAX_PROBE_RTTS, EstimatorSpec
+from testbed.serving.protocol import PROBE_MAX_BYTES
+from testbed.validation import Fields, at_most, boolean, count_up_to, number, positive_int, positive_number
 
 MAX_TOKENS = 128 * 1024  # the paper's longest request (truncation point of its length distribution)
 
@@ -217,6 +218,31 @@ def _auto_or_boolean(v: object) -> bool | None:
     return v
 
 
+def _probe_headroom(v: Any) -> float:
+    x = number(v)
+    if x < 1:
+        raise ValueError(f"{v!r} must be >= 1 (a probe sized below the estimate cannot read it)")
+    return x
+
+
+def _probe_max(v: Any) -> int:
+    n = units.parse_size_bytes(v)
+    if n < 1:
+        raise ValueError(f"{v!r} is less than 1B, and a probe carries at least one byte (probe_after: 0s sends no probes)")
+    return n
+
+
+# The bounds and why: `testbed.serving.policy.estimator.MAX_PROBE_RTTS` and `MAX_PROBE_HEADROOM`. `probe_max` (emulated
+# bytes) at most the bytes one probe may carry on the wire (`PROBE_MAX_BYTES`), which the wire's share of it (probe_max /
+# scale, scale >= 1) then never passes: the worker refused a larger probe, every time.
+_PROBE_RTTS_WHY = "more round trips than a probe's 2 s hold on a 2-ms path (estimator.MAX_PROBE_RTTS)"
+_probe_bdp = at_most(positive_number, MAX_PROBE_RTTS, "bandwidth-delay products", _PROBE_RTTS_WHY)
+_full_path_ratio = at_most(positive_number, MAX_PROBE_RTTS, "", _PROBE_RTTS_WHY)
+_probe_headroom_bounded = at_most(_probe_headroom, MAX_PROBE_HEADROOM, "times the estimate",
+                                  "past the nominal rate for any estimate above 1% of it (estimator.MAX_PROBE_HEADROOM)")
+_probe_max_bounded = at_most(_probe_max, PROBE_MAX_BYTES, "B (2**32 - 1)", "the most one probe may carry on the wire (PROBE_MAX_BYTES)")
+
+
 def _parse_estimator(f: Fields) -> EstimatorSpec:
     d = EstimatorSpec()
     e = EstimatorSpec(
@@ -227,10 +253,10 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
         rtt_window_polls=f.get("rtt_window_polls", count_up_to(10_000, "more polls than a window holds"), d.rtt_window_polls),
         saturated_window_s=f.get("saturated_window", _duration, d.saturated_window_s),
         probe_after_s=f.get("probe_after", lambda v: units.parse_duration_s(v, allow_zero=True), d.probe_after_s),
-        probe_bdp=f.get("probe_bdp", positive_number, d.probe_bdp),
-        probe_headroom=f.get("probe_headroom", positive_number, d.probe_headroom),
-        probe_max_bytes=f.get("probe_max", units.parse_size_bytes, d.probe_max_bytes),
-        full_path_ratio=f.get("full_path_ratio", positive_number, d.full_path_ratio),
+        probe_bdp=f.get("probe_bdp", _probe_bdp, d.probe_bdp),
+        probe_headroom=f.get("probe_headroom", _probe_headroom_bounded, d.probe_headroom),
+        probe_max_bytes=f.get("probe_max", _probe_max_bounded, d.probe_max_bytes),
+        full_path_ratio=f.get("full_path_ratio", _full_path_ratio, d.full_path_ratio),
         probe_dip_fraction=f.get("probe_dip_fraction", units.parse_fraction, d.probe_dip_fraction),
         lone_drop_fraction=f.get("lone_drop_fraction", units.parse_fraction, d.lone_drop_fraction),
         probe_until_filled=f.get("probe_until_filled", boolean, d.probe_until_filled),
@@ -238,8 +264,6 @@ def _parse_estimator(f: Fields) -> EstimatorSpec:
         probe_paced=f.get("probe_paced", _auto_or_boolean, d.probe_paced),
         poll_confirm_s=f.get("poll_confirm", lambda v: units.parse_duration_s(v, allow_zero=True), d.poll_confirm_s),
     )
-    if e.probe_headroom < 1:
-        raise f.error("probe_headroom", f"{e.probe_headroom:g} must be >= 1 (a probe sized below the estimate cannot read it)")
     f.done()
     return e
 
