@@ -370,6 +370,15 @@ def run_name(key: Any, source: str | None = None) -> str:
 
 
 def run_names(answers: dict[str, Any], source: str | None = None) -> list[str]:
-    """The answers' ``runs:`` keys, each a `run_name` (`source`: the answers file, for the refusal)."""
+    """The answers' ``runs:`` keys, each a `run_name` (`source`: the answers file, for the refusal); none where ``runs:``
+    is blank. A ``runs:`` that is not a mapping (``runs: [q1, q4]``) is refused: it was passed over, and the check
+    read every run folder below runs/ instead of the ones named."""
+    from testbed.validation import FieldError
+
     runs = lookup(answers, "runs")
-    return [run_name(k, source) for k in runs] if isinstance(runs, dict) else []
+    if runs is None:
+        return []
+    if not isinstance(runs, dict):
+        raise FieldError("runs", f"must be a mapping of run folders to their answers (runs: {{q1: {{...}}}}), got "
+                                 f"{type(runs).__name__}", source)
+    return [run_name(k, source) for k in runs]

@@ -337,6 +337,17 @@ def test_run_names_may_be_nested_as_the_checker_names_the_runs_it_finds(tmp_path
     assert found == {n: tmp_path / "runs" / n for n in ("prfaas/seed1-rep1", "q0.25", "2048")}
 
 
+@pytest.mark.parametrize("runs", [["q1", "q4"], "q1", 5])
+def test_runs_that_is_not_a_mapping_is_refused_not_passed_over(tmp_path: Path, runs: object) -> None:
+    """`runs: [q1, q4]` was passed over, and the check read every run folder below runs/ instead (2026-12-07)."""
+    from labs.commands import resolve_runs
+    from testbed.errors import UserError
+
+    with pytest.raises(UserError, match=r"answers.yaml: runs: must be a mapping of run folders to their answers"):
+        resolve_runs({"runs": runs}, tmp_path / "answers.yaml", [])
+    assert resolve_runs({"runs": None}, tmp_path / "answers.yaml", []) == {}  # blank: every run folder (none here)
+
+
 def _lab4_runs(tmp_path: Path, fixed_seeds: tuple[int, ...] = (1, 2, 3)) -> dict[str, Path]:
     runs = {f"p{s}": write_run_dir(tmp_path / f"p{s}", policy="prfaas", threshold=40000, seed=s) for s in (1, 2, 3)}
     return runs | {f"f{s}": write_run_dir(tmp_path / f"f{s}", policy="fixed-threshold", threshold=8000, seed=s) for s in fixed_seeds}
