@@ -353,6 +353,15 @@ def _lab4_runs(tmp_path: Path, fixed_seeds: tuple[int, ...] = (1, 2, 3)) -> dict
     return runs | {f"f{s}": write_run_dir(tmp_path / f"f{s}", policy="fixed-threshold", threshold=8000, seed=s) for s in fixed_seeds}
 
 
+def test_lab4_refuses_two_runs_of_one_policy_and_seed(tmp_path: Path) -> None:
+    """Two runs of one policy and seed (an experiment with repetitions: 2) kept one of them, unsaid (2026-12-07)."""
+    from testbed.errors import UserError
+
+    runs = _lab4_runs(tmp_path) | {"p1-rep2": write_run_dir(tmp_path / "p1-rep2", policy="prfaas", threshold=40000, seed=1)}
+    with pytest.raises(UserError, match=r"runs p1 and p1-rep2 are both prfaas with seed 1"):
+        CHECKERS[4]({}, runs)
+
+
 def _fail_in_dip(d: Path) -> None:
     df = _requests(d)
     df.loc[(df["arrival_s"] >= 10.0) & (df["arrival_s"] < 20.0), "status"] = "failed"
