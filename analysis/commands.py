@@ -37,9 +37,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     w.add_argument("--variant", default="faithful", help="torch model variant (faithful keeps the real KV geometry)")
     w.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     w.add_argument("--gpus", type=option(at_least_one, whole=True), default=512, help="cluster size for Eq. 2 (default 512)")
-    w.add_argument("--save", metavar="DIR", help="write measured points as DIR/measured-MODEL.csv (a profile for `load_profile`)")
+    w.add_argument("--save", type=path_option, metavar="DIR", help="write measured points as DIR/measured-MODEL.csv (a profile for `load_profile`)")
     w.add_argument("--json", action="store_true")
-    w.add_argument("--plots", metavar="DIR", help="write the bandwidth-wall figure here")
+    w.add_argument("--plots", type=path_option, metavar="DIR", help="write the bandwidth-wall figure here")
     w.add_argument("--measured", nargs="+", metavar="PROFILE", help="profiles written by `prfaas profile`: their measured "
                    "Phi_kv beside the published Table 3 values")
     w.set_defaults(func=cmd_wall)

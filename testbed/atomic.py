@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from testbed.errors import UserError
+from testbed.validation import not_a_folder
 
 T = TypeVar("T")
 
@@ -34,10 +35,9 @@ def make_dirs(path: str | Path) -> Path:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         why = f"{p}: cannot create this folder ({exc.strerror or exc})"
-        blocker = next((q for q in (p, *p.parents) if os.path.lexists(q) and not q.is_dir()), None)
+        blocker = not_a_folder(p)
         if blocker is not None:  # which: ".../rate=4.234: Not a directory" did not say that the file in the way was probes/
-            what = "a link to nowhere" if blocker.is_symlink() and not blocker.exists() else "a file"
-            why += f"; {'it' if blocker == p else blocker} is {what} where a folder goes: move it aside (or use another folder)"
+            why += f"; {'it' if blocker[0] == p else blocker[0]} is {blocker[1]} where a folder goes: move it aside (or use another folder)"
         raise UserError(why) from None
     return p
 
@@ -46,7 +46,7 @@ def make_output_dir(path: str | Path | Callable[[T], str | Path], check: Callabl
     """A command's output folder `path`, made (`make_dirs`) only once `check` -- every check of the command's input,
     raising `UserError` on a refusal -- has passed; returns what `check` returned (the checked plan). Every command
     that makes its output folder before its runs (`prfaas capacity`, `reproduce`, `quickstart`, `sweep`, `experiment`,
-    `profile`, `calibrate`, `wall`, `lab start`) makes it here, so a refused invocation leaves no folder behind
+    `wall`, `lab start`) makes it here, so a refused invocation leaves no folder behind
     (`prfaas run`'s run directory is made by the runner, after `plan_run`): `prfaas capacity quick --set seed=-1` left
     an empty runs/capacity-quick-<time> (2026-12-07). `path` may be a function of the checked plan: a default folder
     named after what the checks read (`prfaas capacity`'s runs/capacity-<the scenario's name>-<time>)."""

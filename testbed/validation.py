@@ -9,6 +9,7 @@ rate unit; use ...``), which the CLI prints as one line with exit status 2. Valu
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -16,7 +17,7 @@ from testbed import units
 from testbed.errors import FieldError, UserError
 
 __all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "count_up_to", "integers",
-           "load_yaml", "mapping", "name_or_stem", "non_negative", "number", "option", "path_exists", "path_is_dir",
+           "load_yaml", "mapping", "name_or_stem", "non_negative", "not_a_folder", "number", "option", "output_file_option", "path_exists", "path_option", "path_is_dir",
            "path_is_file", "path_name", "plain_name", "planned_runs", "positive_int", "positive_number", "random_seed",
            "read_json", "read_text", "read_yaml", "run_count", "string", "text"]
 
@@ -379,12 +380,54 @@ def read_json(path: Path, what: str = "a JSON file") -> Any:
 
 
 def path_option(text: str) -> str:
-    """A command-line option that names a file or folder (`--out`): an empty name is refused, as argparse refuses a
-    bad number (``argument --out: '' is no path; name a folder``). `--out ""` was taken as "no --out": `capacity`
-    started its runs in the default folder, `experiment` wrote into the current one."""
+    """A command-line option that names a folder (`--out DIR`): an empty name is refused, as argparse refuses a
+    bad number (``argument --out: '' is no path; name a file or folder``). `--out ""` was taken as "no --out": `capacity`
+    started its runs in the default folder, `experiment` wrote into the current one. An option that names a file the
+    command writes is `output_file_option`."""
+    return _some_path(text, "a file or folder")
+
+
+def _some_path(text: str, names: str) -> str:
     if not text.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} is no path; name a file or folder")
+        raise argparse.ArgumentTypeError(f"{text!r} is no path; name {names}")
     return text
+
+
+def not_a_folder(path: Path | str) -> tuple[Path, str] | None:
+    """The first of `path` and the folders above it that is there but is no folder, and what it is ("a file", "a link
+    to nowhere"): what stands where a folder goes. None when there is none (each is a folder or is not there)."""
+    for q in (Path(path), *Path(path).parents):
+        if _path_test(q, lambda p: os.path.lexists(p)) and not path_is_dir(q):
+            return q, "a link to nowhere" if not path_exists(q) else "a file"
+    return None
+
+
+def output_file_option(text: str) -> Path:
+    """A command-line option that names a file the command writes (`--json FILE`, `--out FILE`, `--telemetry FILE`),
+    as its argparse `type=`: refused in one line before any work when no file can be written there -- no name, a
+    folder (``argument --json: 'runs' is a folder; name a file``), a link to nowhere or a device, pipe or socket (the
+    testbed writes a file by renaming a new one over it: /dev/null would be replaced), or a folder to hold it that is
+    not there, is no folder or cannot be written. The folder is not made: a typo in its name is refused, not taken as
+    a new folder. `prfaas calibrate --json DIR` and `net up --telemetry DIR` found the folder once the network had run,
+    and lost what they measured; `profile --out` had its own check (2026-12-07)."""
+    path = Path(_some_path(text, "a file"))
+    if path_is_dir(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; name a file")
+    if text.endswith("/"):  # Path drops the '/': "new/" would have been written as the file new
+        raise argparse.ArgumentTypeError(f"{text!r} ends in '/', as a folder's name does; name a file")
+    if _path_test(path, lambda p: os.path.lexists(p)) and not path_is_file(path):
+        what = "a link to nowhere" if not path_exists(path) else "no plain file (a device, pipe or socket)"
+        raise argparse.ArgumentTypeError(f"{text!r} is {what}; name a file")
+    if not path_is_dir(path.parent):
+        blocker = not_a_folder(path.parent)
+        if blocker:
+            raise argparse.ArgumentTypeError(f"{text!r}: {blocker[0]} is {blocker[1]} where a folder goes")
+        raise argparse.ArgumentTypeError(f"{text!r}: the folder {path.parent} does not exist; make it first (or name a file "
+                                         f"in another folder)")
+    if not os.access(path.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: no file can be made in the folder {path.parent} (no permission, or a "
+                                         f"read-only file system)")
+    return path
 
 
 def option(parse: Callable[[Any], T], whole: bool = False) -> Callable[[str], T]:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 
 from testbed import units
 from testbed.errors import UserError
-from testbed.validation import Fields, option, path_option, random_seed, read_yaml
+from testbed.validation import Fields, option, output_file_option, random_seed, read_yaml
 from testbed.scenario import apply_overrides, find_scenario
 from testbed.sections import load_scenario
 from testbed.blocks import BLOCK_TOKENS
@@ -30,7 +29,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     s.set_defaults(func=cmd_stats)
     g = tsub.add_parser("generate", help="draw a scenario's workload and write it as a Mooncake JSONL trace")
     g.add_argument("source", metavar="SCENARIO_OR_SPEC", help="a scenario (name or file) with a workload: section, or a YAML file holding only a workload section")
-    g.add_argument("--out", type=path_option, required=True, metavar="FILE", help="output JSONL file")
+    g.add_argument("--out", type=output_file_option, required=True, metavar="FILE", help="output JSONL file")
     g.add_argument("--duration", metavar="TIME", help="e.g. 10min (default: the scenario's duration, else 60s)")
     g.add_argument("--seed", type=option(random_seed, whole=True), help="default: the scenario's seed, else 1")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field")
@@ -103,9 +102,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         duration_s = 60.0
     seed = args.seed if args.seed is not None else (seed if seed is not None else 1)
     batch = generate_batch(spec, seed, duration_s)
-    out = Path(args.out)
-    if out.parent and not out.parent.exists():
-        raise UserError(f"--out {out}: the folder {out.parent} does not exist")
+    out = args.out
     n = write_trace(out, batch)
     print(f"wrote {n} requests ({'all' if duration_s is None else units.format_duration(duration_s)}, seed {seed}) to {out}", file=sys.stderr)
     return 0

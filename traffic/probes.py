@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed import clock
+from testbed.validation import output_file_option
 
 MAGIC = b"PRFP"
 _FMT = struct.Struct("!4sQd")
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--port", type=int, default=5399)
     r.add_argument("--count", type=int, default=100)
     r.add_argument("--timeout", type=float, default=5.0, help="seconds of silence before giving up")
-    r.add_argument("--out", help="JSON Lines file of samples (default: stdout)")
+    r.add_argument("--out", type=output_file_option, help="JSON Lines file of samples (default: stdout)")
     s = sub.add_parser("send")
     s.add_argument("ip")
     s.add_argument("--port", type=int, default=5399)
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = receive_probes(args.port, args.count, args.timeout)
     text = "".join(json.dumps(x) + "\n" for x in samples)
     if args.out:
-        Path(args.out).write_text(text)
+        args.out.write_text(text)
     else:
         sys.stdout.write(text)
     return 0

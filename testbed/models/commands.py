@@ -7,9 +7,8 @@ import argparse
 import json
 
 from testbed import units
-from testbed.atomic import make_output_dir
 from testbed.errors import UserError
-from testbed.validation import at_least_one, option, path_option, random_seed
+from testbed.validation import at_least_one, option, output_file_option, random_seed
 from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, list_presets, load_model_spec
 
 KIND_LABELS = {"gqa": "full attention (GQA/MHA)", "mla": "full attention (MLA)", "linear": "linear (fixed state)", "swa": "sliding window"}
@@ -39,7 +38,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     q.add_argument("--model", help="a preset name or a YAML spec file")
     q.add_argument("--variant", default="faithful", help="faithful (real cache geometry), tiny, or full (real widths; default faithful)")
     q.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
-    q.add_argument("--out", type=path_option, help="profile YAML to write")
+    q.add_argument("--out", type=output_file_option, help="profile YAML to write")
     q.add_argument("--lengths", help="prefill lengths, e.g. 256,512,1K (default: by device and variant)")
     q.add_argument("--batches", default="1,2,4,8", help="decode batch sizes (default 1,2,4,8)")
     q.add_argument("--contexts", help="decode context lengths (default: the shortest and longest prefill length)")
@@ -150,24 +149,18 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.clock not in ("auto", "wall", "cpu"):
         raise UserError(f"--clock: {args.clock!r} is not allowed; use one of: auto, wall, cpu")
 
-    def check() -> ProfilePlan:
-        batches = _token_list(args.batches, "--batches", least=1) or (1,)
-        spec = load_model_spec(args.model)  # refuses an unknown model before anything is built
-        plan = ProfilePlan(spec.name if Path(args.model).suffix not in (".yaml", ".yml") else args.model, args.variant,
-                           args.device, _token_list(args.lengths, "--lengths"), batches,
-                           _token_list(args.contexts, "--contexts"), args.repeats, depth=args.depth, layers=args.layers,
-                           validate=args.validate, seed=args.seed, clock=args.clock)
-        check_plan(plan)  # the device, --depth and --clock too
-        out = Path(args.out)
-        if out.is_symlink() and not out.exists() or out.exists() and not out.is_file():  # an IsADirectoryError after the timing
-            raise UserError(f"--out {out}: {'a folder' if out.is_dir() else 'not a file'}; name the profile's YAML file")
-        return plan
-
-    plan = make_output_dir(Path(args.out).parent, check)  # and an --out that cannot be written, before minutes of timing
+    # every input read before minutes of timing (--out by output_file_option, as argparse read it)
+    batches = _token_list(args.batches, "--batches", least=1) or (1,)
+    spec = load_model_spec(args.model)  # refuses an unknown model before anything is built
+    plan = ProfilePlan(spec.name if Path(args.model).suffix not in (".yaml", ".yml") else args.model, args.variant,
+                       args.device, _token_list(args.lengths, "--lengths"), batches,
+                       _token_list(args.contexts, "--contexts"), args.repeats, depth=args.depth, layers=args.layers,
+                       validate=args.validate, seed=args.seed, clock=args.clock)
+    check_plan(plan)  # the device, --depth and --clock too
     console = Console(stderr=True)
     with console.status(f"profiling {plan.model} ({plan.variant})") as status:
         m = measure(plan, progress=lambda msg: (console.log(msg), status.update(msg)))
-    out = Path(args.out)
+    out = args.out
     prof = write_profile(profile_document(m, out.stem), out)
     meas = prof.extra["measured"]
     c = prof.coefficients + (0.0,) * (3 - len(prof.coefficients))

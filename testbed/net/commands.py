@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.atomic import make_output_dir, write_json
+from testbed.atomic import write_json
 from testbed.errors import HostError, UserError
-from testbed.validation import at_most, option, positive_number
+from testbed.validation import at_most, option, output_file_option, positive_number
 from traffic.cross import IPERF3_MAX_T_S, stream_count
 
 
@@ -30,7 +30,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     up.add_argument("scenario", help="scenario file or ready scenario name (e.g. net-default)")
     up.add_argument("--detach", action="store_true", help="return once the network is up; it runs until `prfaas net down`")
     up.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field, e.g. wan.rate=20Gbps")
-    up.add_argument("--telemetry", type=Path, metavar="FILE", help="write the WAN telemetry (parquet) here when the network stops")
+    up.add_argument("--telemetry", type=output_file_option, metavar="FILE", help="write the WAN telemetry (parquet) here when the network stops")
     up.set_defaults(func=cmd_net_up)
     ex = nsub.add_parser("exec", help="run a command inside a host of the running network: net exec HOST -- CMD...")
     ex.add_argument("host")
@@ -50,7 +50,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
     cal = sub.add_parser("calibrate", help="configured vs achieved WAN rate, RTT and loss on this host")
     cal.add_argument("scenario", nargs="?", default="net-default")
-    cal.add_argument("--json", dest="json_file", type=Path, metavar="FILE", help="write the figures as JSON")
+    cal.add_argument("--json", dest="json_file", type=output_file_option, metavar="FILE", help="write the figures as JSON")
     cal.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     cal.add_argument("--streams", type=option(stream_count, whole=True), default=4, help="iperf3 -P (1 to 128; default 4)")
     # at most iperf3's own -t limit: a larger one was passed to iperf3, which refused it in the middle of the calibration
@@ -263,12 +263,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from testbed.net.calibrate import calibrate, print_table
-    from testbed.net.emulation import Network, host_capacity_bps
+    from testbed.net.emulation import Network
     from testbed.sections import load_scenario
 
-    scenario = load_scenario(args.scenario, args.overrides)
-    if args.json_file:  # an unwritable --json is refused before the network, not after the measuring; after the scale
-        make_output_dir(args.json_file.parent, lambda: scenario.resolve_scale(host_capacity_bps()[0]))  # (auto's) is checked
+    scenario = load_scenario(args.scenario, args.overrides)  # --json: output_file_option, before the network
     con = Console()
     with con.status("bringing up the network") as status:
         with Network(scenario) as net:

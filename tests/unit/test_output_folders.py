@@ -101,21 +101,17 @@ def test_a_refused_run_quickstart_sweep_or_experiment_leaves_no_folder(nothing_r
 
 
 def test_a_refused_profile_calibration_or_wall_leaves_no_folder(nothing_runs, capsys):
-    profile = ["profile", "--model", "kimi-linear-48b", "--variant", "tiny", "--device", "cpu", "--out", "d/p.yaml"]
+    profile = ["profile", "--model", "kimi-linear-48b", "--variant", "tiny", "--device", "cpu", "--out", "p.yaml"]
     assert refused(profile + ["--lengths", "1"], capsys) == ("prfaas: error: --lengths: give comma-separated whole numbers >= 2, "
                                                              "e.g. 256,512,1K")
     assert refused(profile + ["--depth", "999"], capsys).startswith("prfaas: error: --depth: 999 is not within 1..")
-    assert refused(["profile", "--model", "nosuch", "--out", "d/p.yaml"], capsys).startswith("prfaas: error: ")
+    assert refused(["profile", "--model", "nosuch", "--out", "p.yaml"], capsys).startswith("prfaas: error: ")
     (nothing_runs / "pdir").mkdir()  # an IsADirectoryError traceback after the whole timing, until 2026-12-07
-    assert refused(profile[:-1] + ["pdir"], capsys) == "prfaas: error: --out pdir: a folder; name the profile's YAML file"
+    assert refused(profile[:-1] + ["pdir"], capsys) == "prfaas profile: error: argument --out: 'pdir' is a folder; name a file"
     (nothing_runs / "pdir").rmdir()
-    assert refused(["calibrate", "quick", "--set", "seed=-1", "--json", "d/c.json"], capsys).endswith(SEED)
+    assert refused(["calibrate", "quick", "--set", "seed=-1", "--json", "c.json"], capsys).endswith(SEED)
     assert refused(["calibrate", "quick", "--duration", "1e9"], capsys).endswith(  # iperf3 refused it mid-calibration
         "argument --duration: 1e9 is more than 86400 s, iperf3's longest run")
-    # scale: auto, resolved from the host's capacity (5 Gbps: 20 for a 100 Gbps WAN), puts a 100 Kbps LAN at 5 Kbps
-    auto = refused(["calibrate", "quick", "--set", "scale=auto", "--set", "wan.rate=100Gbps", "--set", "topology.lan_rate=100Kbps",
-                    "--json", "d/c.json"], capsys)
-    assert "scale: auto (here 20, for a host capacity of 5 Gbps) puts topology.lan_rate" in auto
     assert refused(["wall", "--plots", "d", "--measured", "nosuch.yaml"], capsys).startswith("prfaas: error: ")
     assert refused(["wall", "--measure", "nosuch", "--save", "d"], capsys).startswith("prfaas: error: ")
     assert refused(["wall", "--save", "d"], capsys) == "prfaas: error: --save d: it writes the points --measure times; add --measure [MODEL ...]"  # ignored before
@@ -124,7 +120,7 @@ def test_a_refused_profile_calibration_or_wall_leaves_no_folder(nothing_runs, ca
 
 def test_a_refused_lab_start_or_trace_leaves_no_folder(nothing_runs, capsys):
     assert refused(["lab", "start", "99", "--dir", "d"], capsys).startswith("prfaas: error: lab 99: no such lab")
-    assert refused(["traffic", "generate", "quick", "--set", "seed=-1", "--out", "d/t.jsonl"], capsys).endswith(SEED)
+    assert refused(["traffic", "generate", "quick", "--set", "seed=-1", "--out", "t.jsonl"], capsys).endswith(SEED)
     assert list(nothing_runs.iterdir()) == []
 
 
@@ -253,3 +249,67 @@ def test_scale_auto_is_checked_at_a_runs_share_of_the_host_under_local_n(nothing
     with pytest.raises(FieldError) as exc:
         check_run("quick", overrides, executor=two)
     assert says in str(exc.value)
+
+
+def test_an_output_file_option_refuses_a_path_no_file_can_be_written_at(tmp_path, monkeypatch):
+    """`validation.output_file_option`, the argparse type of every option naming a file a command writes: one line
+    before any work, for what would fail (or do harm) only when the file is written, after the work."""
+    import argparse
+    import os
+
+    from testbed.validation import output_file_option
+
+    def why(text: str) -> str:
+        with pytest.raises(argparse.ArgumentTypeError) as exc:
+            output_file_option(text)
+        return str(exc.value)
+
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "to-file").symlink_to(tmp_path / "file.txt")
+    assert why("") == "'' is no path; name a file" and why(" ") == "' ' is no path; name a file"
+    assert why(str(tmp_path)) == f"{str(tmp_path)!r} is a folder; name a file"
+    assert why(".") == "'.' is a folder; name a file"
+    assert why(f"{tmp_path}/new/") == f"'{tmp_path}/new/' ends in '/', as a folder's name does; name a file"
+    assert why(str(tmp_path / "dangling")) == f"{str(tmp_path / 'dangling')!r} is a link to nowhere; name a file"
+    assert why("/dev/null") == "'/dev/null' is no plain file (a device, pipe or socket); name a file"  # it would be replaced
+    assert why(str(tmp_path / "file.txt" / "c.json")) == f"{str(tmp_path / 'file.txt' / 'c.json')!r}: {tmp_path / 'file.txt'} is a file where a folder goes"
+    assert why(str(tmp_path / "dangling" / "c.json")).endswith(f"{tmp_path / 'dangling'} is a link to nowhere where a folder goes")
+    assert why(str(tmp_path / "no" / "such" / "c.json")) == (f"{str(tmp_path / 'no' / 'such' / 'c.json')!r}: the folder "
+                                                              f"{tmp_path / 'no' / 'such'} does not exist; make it first (or name a "
+                                                              "file in another folder)")
+    assert not (tmp_path / "no").exists()
+    for ok in ("c.json", tmp_path / "c.json", tmp_path / "file.txt", tmp_path / "to-file"):  # new, or replaced (a link: by a file)
+        assert output_file_option(str(ok)) == Path(ok)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # a read-only file system, or no permission
+    assert why(str(tmp_path / "c.json")) == (f"{str(tmp_path / 'c.json')!r}: no file can be made in the folder {tmp_path} "
+                                             "(no permission, or a read-only file system)")
+
+
+@pytest.mark.parametrize("argv", [["calibrate", "quick", "--json"], ["net", "up", "quick", "--telemetry"],
+                                  ["profile", "--model", "kimi-linear-48b", "--out"], ["traffic", "generate", "quick", "--out"]])
+def test_every_command_refuses_a_folder_as_its_output_file_before_it_starts(nothing_runs, capsys, argv):
+    """`calibrate --json DIR` and `net up --telemetry DIR` ran the network and then failed to write; `traffic generate
+    --out DIR` generated the whole trace first (2026-12-07)."""
+    (nothing_runs / "adir").mkdir()
+    cmd = " ".join(argv[:2] if argv[0] in ("net", "traffic") else argv[:1])
+    assert refused([*argv, "adir"], capsys) == f"prfaas {cmd}: error: argument {argv[-1]}: 'adir' is a folder; name a file"
+    assert refused([*argv, "new/t"], capsys) == (f"prfaas {cmd}: error: argument {argv[-1]}: 'new/t': the folder new does not "
+                                                 "exist; make it first (or name a file in another folder)")
+    assert [p.name for p in nothing_runs.iterdir()] == ["adir"] and list((nothing_runs / "adir").iterdir()) == []
+
+
+def test_an_empty_wall_save_or_plots_is_refused_not_read_as_none(nothing_runs, capsys):
+    """`wall --save ""` printed the table and exited 0, as if no --save was given."""
+    for opt in ("--save", "--plots"):
+        assert refused(["wall", opt, ""], capsys) == f"prfaas wall: error: argument {opt}: '' is no path; name a file or folder"
+
+
+def test_the_probe_receiver_refuses_a_folder_before_it_listens(tmp_path, capsys):
+    """`python -m traffic.probes recv --out DIR` waited for its probes, then was an IsADirectoryError traceback."""
+    from traffic import probes
+
+    with pytest.raises(SystemExit) as exc:
+        probes.main(["recv", "--count", "1", "--timeout", "0.1", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"argument --out: {str(tmp_path)!r} is a folder; name a file")

@@ -72,8 +72,9 @@ def test_generate_errors_name_the_option(tmp_path: Path, capsys: pytest.CaptureF
     spec.write_text("arrivals: {rate: 1}\n")
     assert main(["traffic", "generate", str(spec), "--out", str(tmp_path / "o"), "--duration", "ten"]) == 2
     assert "--duration" in capsys.readouterr().err
-    assert main(["traffic", "generate", str(spec), "--out", str(tmp_path / "no" / "o")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # refused by output_file_option before the trace is drawn
+        main(["traffic", "generate", str(spec), "--out", str(tmp_path / "no" / "o")])
+    assert exit_.value.code == 2 and "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:  # was numpy's traceback
         main(["traffic", "generate", str(spec), "--out", str(tmp_path / "o"), "--seed", "-1"])
     assert exit_.value.code == 2
@@ -90,11 +91,20 @@ def test_stats_of_an_empty_trace_is_valid_json(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_generate_into_a_folder_is_one_line_and_an_earlier_trace_stays_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`--out` naming a folder was an IsADirectoryError traceback (2026-12-07); the trace is written atomically, so a
-    failed write leaves the file it replaces as it was."""
+    """`--out` naming a folder was an IsADirectoryError traceback (2026-12-07), then refused once the trace was drawn;
+    now before (`validation.output_file_option`). The trace is written atomically, so a failed write leaves the file it
+    replaces as it was."""
+    from testbed.errors import UserError
+    from traffic.trace import write_trace
+
     spec = tmp_path / "wl.yaml"
     spec.write_text("arrivals: {rate: 1}\n")
     (tmp_path / "d").mkdir()
-    assert main(["traffic", "generate", str(spec), "--out", str(tmp_path / "d"), "--duration", "5s"]) == 2
-    assert capsys.readouterr().err.strip() == f"prfaas: error: {tmp_path / 'd'}: cannot write this file (Is a directory)"
+    with pytest.raises(SystemExit) as exit_:
+        main(["traffic", "generate", str(spec), "--out", str(tmp_path / "d"), "--duration", "5s"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == (f"prfaas traffic generate: error: argument --out: {str(tmp_path / 'd')!r} is a "
+                                               "folder; name a file")
+    with pytest.raises(UserError, match=r"cannot write this file \(Is a directory\)"):
+        write_trace(tmp_path / "d", [])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "wl.yaml"]
