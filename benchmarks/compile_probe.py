@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from testbed.models import layers  # noqa: E402
 from testbed.models.spec import load_model_spec  # noqa: E402
 from testbed.models.torch_model import build_model  # noqa: E402
+from testbed.validation import output_file_option  # noqa: E402
 
 LENGTH, PREFIX, SHORT = 1024, 768, 8
 _plain_chain = layers._state_chain
@@ -71,7 +72,7 @@ def chain(state, m, two_step, delta_rule, u, w, kd_t, keep, adds, step, first_en
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=7, help="timed rounds, fastest kept (default 7)")
-    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--json", type=output_file_option, metavar="FILE")
     args = ap.parse_args(argv)
     import torch._dynamo
     import torch._inductor.config as inductor_config

@@ -33,6 +33,7 @@ from testbed.net.delayline import COALESCE_S, DEFAULT_RT_PRIORITY, DelayLineConf
 from testbed.net.nslab import B_ADDR, NsLab  # noqa: E402
 from testbed.scenario import LinkDirectionSpec, LossSpec  # noqa: E402
 from testbed.units import QueueLimit  # noqa: E402
+from testbed.validation import output_file_option  # noqa: E402
 
 RATE_TARGET = 0.95
 EARLY_TOLERANCE_MS = 2e3 * COALESCE_S + 0.05  # a min RTT may fall short of 2 x delay by the coalescing window each way
@@ -357,7 +358,7 @@ def print_tables(res: BenchResult) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short runs, one delay and one jitter value")
-    ap.add_argument("--json", type=Path, help="write all figures to this JSON file")
+    ap.add_argument("--json", type=output_file_option, help="write all figures to this JSON file")
     args = ap.parse_args(argv)
     from rich.progress import Progress
 

@@ -54,6 +54,7 @@ from testbed.models.torch_model import build_model  # noqa: E402
 from testbed.serving.protocol import DecodeRequest, FinalEvent  # noqa: E402
 from testbed.serving.worker import DecodeWorker, WorkerConfig  # noqa: E402
 from testbed.console import wide_console  # noqa: E402
+from testbed.validation import output_file_option  # noqa: E402
 
 BLOCK = 512
 console = wide_console()
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="kimi-linear-48b")
     ap.add_argument("--variant", default="faithful", choices=("faithful", "tiny"))
     ap.add_argument("--tokens", type=int, help="prompt length (default 2048 on CUDA, 600 on CPU)")
-    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--json", type=output_file_option, metavar="FILE")
     args = ap.parse_args(argv)
     if not __debug__:  # python -O strips `assert`, the checks' verdicts: every check would pass
         console.print("gpu_check: its checks are assertions, which python -O removes; run it without -O")

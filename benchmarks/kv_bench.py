@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from testbed.kv.cache import KVCache, LayerKV  # noqa: E402
 from testbed.kv.wire import decode_transfer, encode_cache, wire_bytes_for  # noqa: E402
 from testbed.models.spec import list_presets, load_model_spec  # noqa: E402
+from testbed.validation import output_file_option  # noqa: E402
 
 TOKENS = {"1K": 1024, "8K": 8192, "32K": 32768, "128K": 131072}
 REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "data" / "model-configs.json"
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="8K-token wire test, few presets for prefill")
     ap.add_argument("--model", default="kimi-linear-48b", help="preset for the serialise/deserialise test")
-    ap.add_argument("--json", type=Path, help="write all results to this file")
+    ap.add_argument("--json", type=output_file_option, help="write all results to this file")
     args = ap.parse_args(argv)
     failures: list[str] = []
 

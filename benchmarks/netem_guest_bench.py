@@ -50,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from testbed.validation import output_file_option  # noqa: E402
 
 SRC, DST, DIR, BACK = "prfaas-p0", "pd-d0", "prfaas_to_pd", "pd_to_prfaas"
 GOODPUT_MIN = 0.9
@@ -350,7 +351,7 @@ def print_table() -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one point (50 Mbit/s, 10 ms), no doctor")
-    p.add_argument("--json", type=Path, help="write the rows as JSON")
+    p.add_argument("--json", type=output_file_option, help="write the rows as JSON")
     p.add_argument("--points", help="only these grid points, RATExDELAY in Mbit/s x ms one way (e.g. 20x50,200x50); no doctor")
     p.add_argument("--backends", choices=("both", "netem", "delayline"), default="both", help="measure only this backend (default both)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # run here even without netem (the guest half)

@@ -28,6 +28,7 @@ from benchmarks.delayline_bench import _iperf3, htb_bottleneck  # noqa: E402
 from testbed.net import offloads  # noqa: E402
 from testbed.net.nslab import NsLab  # noqa: E402
 from testbed.units import parse_rate_bps  # noqa: E402
+from testbed.validation import output_file_option  # noqa: E402
 
 
 def _busy_s() -> float:
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="3 s per point instead of 8 s")
     p.add_argument("--rate", default="1Gbps", help="the HTB bottleneck's wire rate (default 1Gbps)")
     p.add_argument("--streams", type=int, default=4)
-    p.add_argument("--json", type=Path)
+    p.add_argument("--json", type=output_file_option)
     a = p.parse_args(argv)
     try:
         rate_bps = parse_rate_bps(a.rate)

@@ -53,6 +53,7 @@ from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from testbed.console import wide_console  # noqa: E402
+from testbed.validation import output_file_option  # noqa: E402
 
 KV_PORT = 9000
 PROBE_BDP = 5  # the router's probe size (policy estimator `probe_bdp`)
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                     help="a scenario override, as for prfaas run (e.g. wan.rate=20Gbps)")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between probes")
-    ap.add_argument("--json", type=Path, help="write the per-probe readings and the summary here")
+    ap.add_argument("--json", type=output_file_option, help="write the per-probe readings and the summary here")
     ap.add_argument("--role", default="driver", help=argparse.SUPPRESS)
     ap.add_argument("--host", help=argparse.SUPPRESS)
     ap.add_argument("--plan", default="[]", help=argparse.SUPPRESS)

@@ -51,6 +51,7 @@ from testbed.kv.pool import HybridPrefixPool  # noqa: E402
 from testbed.serving.compute import PrefillPlan, TorchCompute, join_prefix  # noqa: E402
 from testbed.serving.worker import WorkerConfig  # noqa: E402
 from testbed.console import wide_console  # noqa: E402
+from testbed.validation import output_file_option  # noqa: E402
 
 HITS = (0.25, 0.50, 0.75)
 TOLERANCE = 0.20
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="shorter prompts and smaller blocks")
     ap.add_argument("--model", default="kimi-linear-48b")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per point, fastest kept (default 5)")
-    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--json", type=output_file_option, metavar="FILE")
     ap.add_argument("--prefill-speed", action="store_true",
                     help="also time the tiny paper-1t-hybrid prefill against length and cost each --scenario's workload with it")
     ap.add_argument("--scenario", action="append", default=None, help="scenario for --prefill-speed (default: quick, torch-quick)")

@@ -36,6 +36,7 @@ from testbed.net.emulation import Network  # noqa: E402
 from testbed.scenario import DIRECTIONS, LossSpec  # noqa: E402
 from testbed.sections import parse_scenario  # noqa: E402
 from testbed.console import wide_console  # noqa: E402
+from testbed.validation import output_file_option  # noqa: E402
 
 SRC, DST = "prfaas-p0", "pd-d0"
 rows: list[dict] = []
@@ -302,7 +303,7 @@ def bench_schedule(duration_s: float) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter runs, fewer points")
-    ap.add_argument("--json", type=Path, help="write the rows as JSON")
+    ap.add_argument("--json", type=output_file_option, help="write the rows as JSON")
     args = ap.parse_args()
     q = args.quick
     dur = 3.0 if q else 6.0
