@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.errors import UserError
 from testbed.net import state
+from testbed.validation import path_is_dir
 
 BRIDGE_RE = state.BRIDGE_RE
 
@@ -129,12 +131,27 @@ def _remove_damaged(d: state.DamagedState, run: str | None, report: CleanReport)
                           "longer names (find any with `ps -e -o pid,netns,args`)")
 
 
+def _check_run(run: str, good: list[tuple[Path, dict[str, Any]]], damaged: list[state.DamagedState]) -> None:
+    """`run` (``prfaas clean RUN_ID``) when a state file names it, a damaged one might, or it is a folder (a run
+    directory whose network is gone: nothing to clean, rightly); else a `UserError` naming the runs that have a network
+    left. ``prfaas clean TYPO`` said "nothing to clean for run TYPO" and exited 0, as for a run already clean."""
+    if any(state.matches_run(data, run) for _, data in good) or damaged or (run.strip() and path_is_dir(run)):
+        return
+    runs = sorted({str(data.get("run_id") or data.get("run_dir")) for _, data in good if data.get("run_id") or data.get("run_dir")})
+    left = f"runs with a network left: {', '.join(runs)}" if runs else "no run has a network left"
+    raise UserError(f"clean: no network names run {run!r} (as its run id or its run directory), and it is no run directory; "
+                    f"{left} (a plain `prfaas clean` removes every network whose owner is gone)")
+
+
 def clean(*, include_live: bool = False, run: str | None = None) -> CleanReport:
     """Remove networks whose owner is gone (all of ours with `include_live`), then restore sysctls if
-    none is left. With `run`, only that run's networks (see the module's docstring)."""
+    none is left. With `run`, only that run's networks (see the module's docstring); a `run` no network names that is
+    no run directory either is a `UserError` (`_check_run`), before anything is done."""
     from testbed.net.emulation import kill_pids
 
     report = CleanReport()
+    if run is not None:
+        _check_run(run, *state.scan_states())
     if include_live:  # outside the lock: a SIGTERMed owner tears itself down, which takes the lock
         good, _ = state.scan_states()
         kill_pids([d["owner_pid"] for _, d in good if (run is None or state.matches_run(d, run)) and state.owner_identified(d)],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.errors import UserError
 from testbed.net import state
 
 
@@ -68,4 +69,30 @@ def test_clean_of_one_run_leaves_other_runs_state_alone(state_dir: Path, tmp_pat
     rep = cleanup.clean(run="a")
     assert rep.networks == [mine.name] and rep.delayline_leftovers == 1
     assert not mine.exists() and not ctl.exists() and other.exists()
-    assert cleanup.clean(run="nobody").nothing
+    assert cleanup.clean(run=str(tmp_path)).nothing  # a folder (a run directory whose network is gone): nothing to do
+    with pytest.raises(UserError, match="no network names run 'nobody' .*; runs with a network left: b "):
+        cleanup.clean(run="nobody")
+    assert other.exists()
+
+
+def test_clean_of_a_run_no_network_names_is_one_line_not_nothing_to_clean(state_dir: Path, tmp_path: Path, capsys, monkeypatch):
+    """`prfaas clean TYPO` said "nothing to clean for run TYPO" and exited 0, as for a run already clean. It is refused
+    before anything is done (no sysctl restored, no owner stopped with --all), naming the runs that have a network."""
+    from testbed.cli import main
+    from testbed.net import cleanup
+
+    dead = 2 ** 22 + 1  # beyond pid_max: never alive
+    for tag, run in (("00001", "quick-1"), ("00002", None)):  # (a `net up` network names no run)
+        state.write_state(state.state_path(dead, tag), {"owner_pid": dead, "tag": tag, "run_id": run, "bridges": [], "hosts": {}})
+    monkeypatch.setattr(state, "restore_sysctls_if_last", lambda *a, **kw: pytest.fail("a refused clean must do nothing"))
+    for argv in (["clean", "quikc-1"], ["clean", "quikc-1", "--all", "--json"], ["clean", ""]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"prfaas: error: clean: no network names run {argv[1]!r} (as its run id or its run directory), and it "
+                       "is no run directory; runs with a network left: quick-1 (a plain `prfaas clean` removes every network "
+                       "whose owner is gone)"]
+    assert len(list(state_dir.glob("net-*.json"))) == 2
+    for p in state_dir.glob("net-*.json"):
+        p.unlink()
+    with pytest.raises(UserError, match="; no run has a network left "):
+        cleanup.clean(run="quick-1")
