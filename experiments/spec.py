@@ -193,5 +193,5 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     p = Path(path)
     if not path_exists(p):  # a name no file can have (too long, a NUL byte) too: an OSError traceback before
         raise UserError(f"{p}: no such experiment file")
-    data = read_yaml(p)
+    data = read_yaml(p, "an experiment spec (a YAML mapping of scenario, arms, ...: docs/experiments.md)")
     return parse_spec(data, str(p), p.parent.resolve())

@@ -27,7 +27,7 @@ class Verdict:
 def load_answers(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: no answers file (`prfaas lab start N` writes the template; fill it in)")
-    data = read_yaml(path)
+    data = read_yaml(path, "an answers file (a mapping of question -> answer, as in the template)")
     if not isinstance(data, dict):
         raise UserError(f"{path}: must be a mapping of question -> answer (see the template)")
     return data

@@ -521,7 +521,7 @@ def load_run_dir(path: str | Path, *, require_summary: bool = True) -> RunData:
     missing = [f for f in needed if not (p / f).is_file()]
     if missing:
         raise UserError(f"{p}: not a complete run directory: missing {', '.join(missing)} (a run writes {', '.join(needed)})")
-    scenario = read_yaml(p / SCENARIO_FILE) or {}
+    scenario = read_yaml(p / SCENARIO_FILE, "the scenario the run ran (the run writes it)")
     if not isinstance(scenario, dict):
         raise UserError(f"{p / SCENARIO_FILE}: must be a mapping")
     environment = Environment.from_json(_read_json(p / ENVIRONMENT_FILE), str(p / ENVIRONMENT_FILE))

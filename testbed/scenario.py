@@ -538,8 +538,8 @@ def find_scenario(name_or_path: str) -> Path:
 def read_scenario_file(name_or_path: str, overrides: list[str] | None = None, *, sections: Sequence[Section]) -> Scenario:
     """A scenario file (a path or a ready scenario's name) with ``--set`` overrides applied; see `read_scenario`."""
     path = find_scenario(name_or_path)
-    data = read_yaml(path)
-    return read_scenario(apply_overrides(data or {}, overrides or []), str(path), sections=sections)
+    data = read_yaml(path, "a scenario (a YAML mapping of name, wan, workload, ...: docs/scenario.md)")
+    return read_scenario(apply_overrides(data, overrides or []), str(path), sections=sections)
 
 
 def dump_scenario(sc: Scenario) -> str:

@@ -341,15 +341,18 @@ def read_text(path: Path, what: str) -> str:
         raise UserError(f"{path}: not UTF-8 text (at byte offset {exc.start}); {what} is expected") from None
 
 
-def read_yaml(path: Path) -> Any:
+def read_yaml(path: Path, what: str) -> Any:
     """A YAML file's data (the one reader of user YAML files): a file that cannot be read (a directory, no
     permission, not UTF-8 text), a syntax error or a key given twice becomes one line naming the file, and the
-    line where it can."""
+    line where it can; `what` says what the file should be (``"a scenario (...)"``). A file that holds no data -- empty,
+    only blank lines and comments, or ``null`` -- is refused too, as `read_json` refuses an empty file: no YAML file
+    the testbed reads means anything empty, and each reader took it as an empty mapping, its defaults (`prfaas traffic
+    generate` of an empty workload file drew the default workload, exit 0; 2026-12-07)."""
     import yaml
 
-    text = read_text(path, "a YAML file")
+    text = read_text(path, what)
     try:
-        return load_yaml(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -358,6 +361,9 @@ def read_yaml(path: Path) -> Any:
         if getattr(exc, "position", None) is not None and not mark:
             where = f" at character {exc.position + 1}"
         raise UserError(f"{path}: not valid YAML{where} ({problem})") from None
+    if data is None:
+        raise UserError(f"{path}: {'empty' if not text.strip() else 'no data (only comments, or null)'}; {what} is expected")
+    return data
 
 
 def read_json(path: Path, what: str = "a JSON file") -> Any:

@@ -82,12 +82,13 @@ def _print_stats(name: str, st: TraceStats, skipped: int, problems: tuple[str, .
 
 def _load_spec(source: str, overrides: list[str]) -> tuple[WorkloadSpec, int | None, float | None]:
     path = find_scenario(source)
-    data: Any = read_yaml(path)
+    data: Any = read_yaml(path, "a workload (a YAML mapping of arrivals, input, output, ...: docs/scenario-workload.md) or a "
+                                "scenario with a workload: section")
     if isinstance(data, dict) and "workload" in data:
         sc = load_scenario(str(path), overrides)
         spec = sc.section("workload")
         return spec, sc.seed, sc.duration_s
-    data = apply_overrides(data or {}, overrides)
+    data = apply_overrides(data, overrides)
     return parse_workload_section(Fields(data, "workload", str(path))), None, None
 
 

@@ -92,6 +92,16 @@ def parse_line(text: str, lineno: int, request_id: str) -> Request:
     return Request(request_id, ms / 1000.0, input_len, output_len, tuple(hashes))
 
 
+def holds_no_line(path: str | Path) -> bool:
+    """Whether `path` holds no line but blank ones (0 bytes too): a trace of no requests, read up to its first other
+    line. A file that cannot be read is False: reading it names the problem."""
+    try:
+        with Path(path).open("rb") as fh:
+            return all(not line.strip() for line in fh)
+    except OSError:
+        return False
+
+
 def read_trace(path: str | Path, skip_bad: bool = False) -> TraceData:
     """All requests of a Mooncake JSONL file, in file order. Blank lines are ignored."""
     p = Path(path)

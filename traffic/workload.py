@@ -22,7 +22,7 @@ from traffic.arrivals import ArrivalProcess, ClosedLoop, Poisson, TraceTimes, pa
 from traffic.lengths import PAPER_INPUT, PAPER_OUTPUT, LengthDist, parse_length
 from traffic.request import Request, RequestBatch
 from traffic.sessions import SessionSpec, SystemPrompts, assign_block_hashes, build_conversations, parse_sessions, parse_system_prompts
-from traffic.trace import read_trace
+from traffic.trace import holds_no_line, read_trace
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ def parse_workload_section(f: Fields) -> WorkloadSpec:
         path = _resolve(t.get("path", text), f.source)
         if not path_is_file(path):
             raise t.error("path", f"{path} is not a file (a Mooncake JSONL trace)")
+        if holds_no_line(path):  # `prfaas check` passed it, and a run replayed no request (2026-12-07)
+            raise t.error("path", f"{path} is empty; a Mooncake JSONL trace, one request a line, is expected")
         trace = TraceSource(str(path), t.get("time_scale", positive_number, 1.0), t.get("skip_bad", boolean, False))
         t.done()
         for key in ("input", "output", "sessions", "system_prompts"):
@@ -144,6 +146,9 @@ def generate_batch(spec: WorkloadSpec | None, seed: int, duration_s: float | Non
 def _from_trace(spec: WorkloadSpec, rng: np.random.Generator, duration_s: float | None) -> RequestBatch:
     assert spec.trace is not None
     data = read_trace(spec.trace.path, skip_bad=spec.trace.skip_bad)
+    if not data.requests:  # every line bad, and skipped: the run would have replayed nothing
+        why = f"{data.skipped} bad lines skipped, the first: {data.problems[0]}" if data.problems else "it is empty"
+        raise UserError(f"trace {data.path}: no requests ({why}); a workload's trace needs at least one")
     batch = data.batch()
     batch = batch.take(np.argsort(batch.arrival_s, kind="stable"))
     horizon = np.inf if duration_s is None else duration_s

@@ -285,5 +285,5 @@ def load_profile(name_or_file: str | Path, *, _chain: tuple[str, ...] = ()) -> C
     if str(path) in _chain:
         raise UserError(f"{_chain[-1]}: scaled_from.profile: {str(name_or_file)!r} is scaled from itself "
                         f"({' -> '.join(_chain + (str(path),))})")
-    data = read_yaml(path)
+    data = read_yaml(path, "a compute profile (a YAML mapping of chip, model, ...: docs/analysis.md)")
     return profile_from_dict(data, str(path), _chain)

@@ -25,6 +25,7 @@ from testbed.kv.cache import FULL_KINDS
 from testbed.validation import Fields, path_exists, path_is_file, random_seed, read_yaml, string, text
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+MODEL_SPEC_WHAT = "a model spec (a YAML mapping of name, layers, ...: docs/models.md)"  # what read_yaml says a spec file should be
 
 # Cache dtypes: canonical torch name -> bytes per element. Aliases are accepted in files and options.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
@@ -353,7 +354,7 @@ def list_presets() -> list[str]:
 @functools.lru_cache(maxsize=None)
 def _load_preset(path: str) -> ModelSpec:
     """Presets are read once per process (specs are immutable)."""
-    return parse_model_spec(read_yaml(Path(path)), path)
+    return parse_model_spec(read_yaml(Path(path), MODEL_SPEC_WHAT), path)
 
 
 def load_model_spec(name_or_file: str, base_dir: str | Path | None = None) -> ModelSpec:
@@ -369,7 +370,7 @@ def load_model_spec(name_or_file: str, base_dir: str | Path | None = None) -> Mo
         candidates.append(Path(base_dir) / text)
     for path in candidates:
         if path_is_file(path):
-            return parse_model_spec(read_yaml(path), str(path), default_name=path.stem)
+            return parse_model_spec(read_yaml(path, MODEL_SPEC_WHAT), str(path), default_name=path.stem)
     raise UserError(f"model {text!r}: not a preset and no such file; presets: {', '.join(list_presets())}")
 
 

@@ -153,6 +153,7 @@ def test_missing_units_catches_an_unlabelled_axis():
     (lambda d: (d / "environment.json").write_text("{nope"), "environment.json: not valid JSON"),
     (lambda d: (d / "summary.json").write_text(json.dumps({"requests_total": 1})), "summary.json: missing key"),
     (lambda d: (d / "scenario.yaml").write_text("a: [1,"), "scenario.yaml: not valid YAML"),
+    (lambda d: (d / "scenario.yaml").write_text(""), "scenario.yaml: empty; the scenario the run ran"),  # read as {} before
     (lambda d: pd.DataFrame({"x": [1]}).to_parquet(d / "link.parquet"), "link.parquet: missing column.*t_s"),
     (lambda d: pd.DataFrame({"t_s": [1.0]}).to_parquet(d / "tcp.parquet"), "tcp.parquet: missing column.*cluster"),
     # a number no run holds: casting tracebacks, or a 1e300-s transfer sized an array by it (2026-12-07)

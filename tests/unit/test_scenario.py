@@ -218,6 +218,30 @@ def test_yaml_nested_too_deeply_is_one_line_in_a_file_and_in_a_set_value(tmp_pat
     assert depth == 50
 
 
+def test_a_yaml_file_with_no_data_is_refused_naming_what_it_should_hold(tmp_path):
+    """`validation.read_yaml`, every user YAML file's reader: an empty file (or only comments, or null) was an empty
+    mapping, each reader's defaults: `prfaas check empty.yaml --set wan.rate=10Gbps` checked the default scenario, an
+    empty run directory's scenario.yaml read as {}, an empty spec was 'scenario: is required' (2026-12-07)."""
+    from experiments.spec import load_spec
+    from testbed.models.spec import load_model_spec
+
+    path = tmp_path / "s.yaml"
+    for content, what in (("", "empty"), ("\n  \n", "empty"), ("# name: x\n", "no data (only comments, or null)"),
+                          ("~\n", "no data (only comments, or null)")):
+        path.write_text(content)
+        with pytest.raises(UserError) as err:
+            load_scenario(str(path), ["wan.rate=10Gbps"])
+        assert str(err.value) == f"{path}: {what}; a scenario (a YAML mapping of name, wan, workload, ...: docs/scenario.md) is expected"
+    path.write_text("")
+    with pytest.raises(UserError, match=r": empty; an experiment spec \(a YAML mapping of scenario, arms"):
+        load_spec(path)
+    with pytest.raises(UserError, match=r": empty; a model spec \(a YAML mapping of name, layers"):
+        load_model_spec(str(path))
+    path.write_text("{}\n")  # an empty mapping is given on purpose: a section's defaults
+    with pytest.raises(FieldError, match="wan.rate: is required"):
+        load_scenario(str(path))
+
+
 @pytest.mark.parametrize("value", [{}, "", 0, False])
 def test_an_empty_non_list_is_not_an_empty_list(value):
     """`wan.schedule: {}` (or '', 0) passed as no schedule: `Fields.items` took anything falsy for []."""

@@ -108,3 +108,18 @@ def test_generate_into_a_folder_is_one_line_and_an_earlier_trace_stays_whole(tmp
     with pytest.raises(UserError, match=r"cannot write this file \(Is a directory\)"):
         write_trace(tmp_path / "d", [])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "wl.yaml"]
+
+
+@pytest.mark.parametrize("content, what", [("", "empty"), ("  \n# arrivals: {rate: 2}\n\n", "no data (only comments, or null)"),
+                                           ("null\n", "no data (only comments, or null)")])
+def test_generate_from_an_empty_workload_file_is_one_line_not_the_default_workload(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, what: str) -> None:
+    """An empty workload file drew the default workload (Poisson 1/s, the paper's lengths) and exited 0 (2026-12-07)."""
+    spec = tmp_path / "wl.yaml"
+    spec.write_text(content)
+    out = tmp_path / "o.jsonl"
+    assert main(["traffic", "generate", str(spec), "--out", str(out), "--duration", "5s"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"prfaas: error: {spec}: {what}; a workload (a YAML mapping of arrivals, input, output, ...: docs/scenario-workload.md) "
+        "or a scenario with a workload: section is expected"]
+    assert not out.exists()

@@ -150,3 +150,26 @@ def test_an_input_that_can_draw_an_empty_prompt_is_refused_at_load() -> None:
             parse_workload_section(Fields({"input": bad}, "workload"))
         assert exc.value.field == "workload.input"
     assert parse_workload_section(Fields({"input": 1, "output": 0}, "workload")).input.least() == 1
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n\n"])
+def test_an_empty_trace_is_refused_when_the_workload_is_read(tmp_path: Path, content: str) -> None:
+    """`prfaas check` passed a workload.trace.path that was empty, and a run replayed no request (2026-12-07)."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(content)
+    with pytest.raises(FieldError) as exc:
+        parse({"trace": {"path": str(trace)}}, str(tmp_path / "sc.yaml"))
+    assert str(exc.value) == (f"{tmp_path / 'sc.yaml'}: workload.trace.path: {trace} is empty; a Mooncake JSONL trace, "
+                              "one request a line, is expected")
+
+
+def test_a_trace_whose_every_line_is_skipped_is_refused_when_drawn(tmp_path: Path) -> None:
+    from testbed.errors import UserError
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("not json\n[]\n")
+    spec = parse({"trace": {"path": str(trace), "skip_bad": True}})
+    with pytest.raises(UserError) as exc:
+        generate_batch(spec, 1, 10.0)
+    assert str(exc.value) == (f"trace {trace}: no requests (2 bad lines skipped, the first: line 1: not valid JSON (Expecting "
+                              "value at column 1)); a workload's trace needs at least one")
