@@ -1,19 +1,23 @@
 """Mooncake-format traces (JSON Lines): read with validation, write in the same format.
 
 One request a line: ``{"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [...]}``
-with one hash id per 512-token block (the last block may be partial). Any other keys are ignored.
+with one hash id per 512-token block (the last block may be partial): exactly ceil(input_length / 512) ids, as the
+router takes them. Any other keys are ignored; a key given twice in one line is refused.
 Limits (docs/traffic.md): a timestamp is at most a week (`units.MAX_DURATION_S`), a length at most
-`units.MAX_TOKENS`, a hash id a signed 64-bit integer (the column it is kept in).
+`units.MAX_TOKENS`, a hash id a signed 64-bit integer (the column it is kept in), a line at most `MAX_LINE_CHARS`.
+The file is UTF-8 text (a leading byte-order mark is skipped); a gzip'd file is refused as such.
 A malformed line is an error naming its line number and field, or, with ``skip_bad``, skipped and counted
 (the first few reasons are kept). Timestamps are milliseconds in the file and seconds (`arrival_s`) here.
 """
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from testbed import units
 from testbed.errors import UserError
@@ -23,6 +27,11 @@ from traffic.request import Request, RequestBatch
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 KEEP_PROBLEMS = 20
 MAX_TIMESTAMP_MS = units.MAX_DURATION_S * 1000.0
+# The longest line read: 4 MiB of text, five times the longest valid one (16M tokens are 32768 ids of at most 20
+# characters and a separator: 0.7 MB), room for extra keys. A longer line is refused unparsed: a 2-GB line of ids was
+# read whole and parsed into a list of 10^9 numbers (memory exhausted) before its length was looked at.
+MAX_LINE_CHARS = 4 * 1024 * 1024
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class TraceLineError(ValueError):
@@ -57,14 +66,33 @@ def _whole(obj: dict[str, Any], key: str, lineno: int, minimum: int) -> int:
     return v
 
 
+class _Refused(ValueError):
+    """Raised by `_object` with the key a line gives twice."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object of a trace line: a key given twice is refused (`json.loads` kept the last silently, so
+    ``{"timestamp": 5, ..., "timestamp": 900000}`` was read as 900 s)."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise _Refused(dup)
+    return obj
+
+
 def parse_line(text: str, lineno: int, request_id: str) -> Request:
     """One trace line -> `Request`, or `TraceLineError` naming the line and the field."""
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise TraceLineError(lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:  # `[[[[...` thousands deep
         raise TraceLineError(lineno, None, "not a trace line (JSON nested too deeply)") from None
+    except _Refused as exc:
+        raise TraceLineError(lineno, str(exc), "is given twice in one line; keep one") from None
+    except ValueError:  # Python reads no whole number past 4300 digits: a ValueError traceback before, --skip-bad or not
+        raise TraceLineError(lineno, None, "not a trace line (a number of more than 4300 digits)") from None
     if not isinstance(obj, dict):
         raise TraceLineError(lineno, None, f"expected a JSON object with keys {', '.join(FIELDS)}, got {type(obj).__name__}")
     for key in FIELDS:
@@ -86,9 +114,9 @@ def parse_line(text: str, lineno: int, request_id: str) -> Request:
     if hashes and not HASH_RANGE[0] <= min(hashes) <= max(hashes) <= HASH_RANGE[1]:
         raise TraceLineError(lineno, "hash_ids", "an id is outside the signed 64-bit range (-2^63 to 2^63 - 1)")
     need = -(-input_len // BLOCK_TOKENS)
-    if len(hashes) < need:
-        raise TraceLineError(lineno, "hash_ids", f"has {len(hashes)} ids, too short for input_length {input_len}: "
-                             f"{need} blocks of {BLOCK_TOKENS} tokens need {need} ids")
+    if len(hashes) != need:  # more were read and kept, and the router refused each such request (HTTP 400) in a run
+        raise TraceLineError(lineno, "hash_ids", f"has {len(hashes)} ids, {'too short' if len(hashes) < need else 'too long'} "
+                             f"for input_length {input_len}: {need} blocks of {BLOCK_TOKENS} tokens need exactly {need} ids")
     return Request(request_id, ms / 1000.0, input_len, output_len, tuple(hashes))
 
 
@@ -106,19 +134,28 @@ def read_trace(path: str | Path, skip_bad: bool = False) -> TraceData:
     """All requests of a Mooncake JSONL file, in file order. Blank lines are ignored."""
     p = Path(path)
     try:
-        handle = p.open("r", encoding="utf-8")
+        raw = p.open("rb")
     except OSError as exc:
         raise UserError(f"trace {p}: cannot open ({exc.strerror})") from None
     requests: list[Request] = []
     skipped = 0
     problems: list[str] = []
     lineno = 0
-    with handle:
+    with raw:
         try:
-            for lineno, text in enumerate(handle, start=1):
-                if not text.strip():
+            gzipped = raw.peek(2)[:2] == GZIP_MAGIC
+        except OSError as exc:  # a directory opens, and fails on reading
+            raise UserError(f"trace {p}: cannot read ({exc.strerror})") from None
+        if gzipped:  # "not UTF-8 text after line 0" said less
+            raise UserError(f"trace {p}: gzip-compressed; decompress it first (e.g. with gunzip): a Mooncake JSONL file (plain text) is expected")
+        handle = io.TextIOWrapper(raw, encoding="utf-8-sig")  # -sig: a leading byte-order mark is skipped, not a bad line 1
+        try:
+            for lineno, text in _lines(handle):
+                if text is not None and not text.strip():
                     continue
                 try:
+                    if text is None:
+                        raise TraceLineError(lineno, None, f"longer than {MAX_LINE_CHARS:,} characters, past any trace line")
                     requests.append(parse_line(text, lineno, f"r{len(requests)}"))
                 except TraceLineError as exc:
                     if not skip_bad:
@@ -126,9 +163,38 @@ def read_trace(path: str | Path, skip_bad: bool = False) -> TraceData:
                     skipped += 1
                     if len(problems) < KEEP_PROBLEMS:
                         problems.append(str(exc))
-        except UnicodeDecodeError:  # read in blocks: the bad byte lies in the line after the last one read, or soon after
-            raise UserError(f"trace {p}: not UTF-8 text after line {lineno}; a Mooncake JSONL file is expected") from None
+        except UnicodeDecodeError:  # read in blocks, ahead of the lines: "after line 0" for a bad byte on line 40
+            raise UserError(f"trace {p}: not UTF-8 text (line {_bad_utf8_line(p)}); a Mooncake JSONL file is expected") from None
     return TraceData(requests, skipped, tuple(problems), str(p))
+
+
+def _bad_utf8_line(p: Path) -> int:
+    """The number of the first line of `p` that is not UTF-8 (a character may straddle two pieces of a long line)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lineno = 1
+    with p.open("rb") as raw:
+        while piece := raw.readline(1 << 20):
+            try:
+                decoder.decode(piece)
+            except UnicodeDecodeError:
+                return lineno
+            lineno += piece.endswith(b"\n")
+    return lineno  # a character cut off by the end of the file
+
+
+def _lines(handle: io.TextIOWrapper) -> Iterator[tuple[int, str | None]]:
+    """(line number, text) of each line, the text None for a line longer than `MAX_LINE_CHARS` (read past in pieces,
+    never held whole)."""
+    lineno = 0
+    while text := handle.readline(MAX_LINE_CHARS + 2):
+        lineno += 1
+        body = text[:-1] if text.endswith("\n") else text
+        if len(body) <= MAX_LINE_CHARS:
+            yield lineno, text
+            continue
+        while text and not text.endswith("\n"):
+            text = handle.readline(MAX_LINE_CHARS + 2)
+        yield lineno, None
 
 
 def format_line(timestamp_ms: float, input_len: int, output_len: int, hashes: Iterable[int]) -> str:

@@ -69,6 +69,14 @@ BAD = [
     ('{"timestamp": 5, "input_length": 600, "output_length": 7, "hash_ids": [1, 18446744073709551621]}',
      "line 2, field 'hash_ids': an id is outside the signed 64-bit range"),
     ("[" * 100000 + "]" * 100000, "line 2: not a trace line (JSON nested too deeply)"),
+    # fuzzing pass 4: a ValueError traceback (--skip-bad or not), the last key kept silently, more ids than blocks kept
+    # (the router refused each such request with HTTP 400 in a run)
+    ('{"timestamp": 1' + '0' * 5000 + ', "input_length": 600, "output_length": 7, "hash_ids": [1, 2]}',
+     "line 2: not a trace line (a number of more than 4300 digits)"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 7, "hash_ids": [1, 2], "timestamp": 900000}',
+     "line 2, field 'timestamp': is given twice in one line; keep one"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 7, "hash_ids": [1, 2, 3]}',
+     "line 2, field 'hash_ids': has 3 ids, too long for input_length 600: 2 blocks of 512 tokens need exactly 2 ids"),
 ]
 
 
@@ -85,7 +93,7 @@ def test_limits_keep_the_whole_trace_usable(tmp_path: Path) -> None:
     """The largest values a line may hold read, and the statistics of such a trace are computed."""
     from traffic.stats import trace_stats
 
-    ids = list(range(32768)) + [2**63 - 1]
+    ids = list(range(32767)) + [2**63 - 1]  # exactly one per block
     p = write_lines(tmp_path, [GOOD, json.dumps({"timestamp": 604800000, "input_length": 16 * 1024 * 1024,
                                                  "output_length": 16 * 1024 * 1024, "hash_ids": ids})])
     st = trace_stats(read_trace(p).requests)
@@ -108,9 +116,34 @@ def test_missing_file_is_a_user_error(tmp_path: Path) -> None:
 def test_a_trace_that_is_not_utf8_is_one_user_error_even_with_skip_bad(tmp_path: Path) -> None:
     p = tmp_path / "bin.jsonl"
     p.write_bytes((GOOD + "\n").encode() + b"\xff\xfe\n")
-    for skip in (False, True):
-        with pytest.raises(UserError, match=r"bin.jsonl: not UTF-8 text after line \d+"):
+    for skip in (False, True):  # the line is named exactly ("after line 0" before 2026-12-07)
+        with pytest.raises(UserError, match=r"bin.jsonl: not UTF-8 text \(line 2\)"):
             read_trace(p, skip_bad=skip)
+
+
+def test_a_line_past_the_longest_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 300-MB line of ids took 3.7 GB and 33 s and was read (2026-12-07); now any line past `MAX_LINE_CHARS` is one
+    bad line, skipped in pieces with --skip-bad (the lines after it still read)."""
+    import traffic.trace
+
+    monkeypatch.setattr(traffic.trace, "MAX_LINE_CHARS", len(GOOD) + 2)
+    p = write_lines(tmp_path, [GOOD, GOOD + "  ", GOOD + " " * 500, GOOD])
+    with pytest.raises(UserError, match=rf"line 3: longer than {len(GOOD) + 2} characters, past any trace line"):
+        read_trace(p)
+    data = read_trace(p, skip_bad=True)
+    assert len(data.requests) == 3 and data.skipped == 1
+
+
+def test_a_byte_order_mark_is_skipped_and_a_gzipped_trace_named(tmp_path: Path) -> None:
+    import gzip
+
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + (GOOD + "\r\n" + GOOD + "\r\n").encode())  # a Windows editor's file
+    assert len(read_trace(p).requests) == 2
+    z = tmp_path / "t.jsonl.gz"
+    z.write_bytes(gzip.compress((GOOD + "\n").encode()))  # was "not UTF-8 text after line 0"
+    with pytest.raises(UserError, match=r"t.jsonl.gz: gzip-compressed; decompress it first"):
+        read_trace(z, skip_bad=True)
 
 
 def test_batch_round_trip_and_take() -> None:
