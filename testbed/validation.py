@@ -279,7 +279,8 @@ def non_negative(v: Any) -> float:
 def load_yaml(text: str) -> Any:
     """`yaml.safe_load`, except that a key given twice in one mapping is a `yaml.YAMLError` naming both lines:
     PyYAML keeps the last silently, so a second ``threshold:`` a few lines down replaced the first unseen; and data
-    nested deeper than Python's recursion limit is a `yaml.YAMLError` too ("nested too deeply")."""
+    nested deeper than Python's recursion limit is a `yaml.YAMLError` too ("nested too deeply"), and so is a whole number
+    past the 4300 digits Python reads."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -299,6 +300,14 @@ def load_yaml(text: str) -> Any:
                         key_node.start_mark)
             return super().construct_mapping(node, deep)
 
+        def construct_yaml_int(self, node: Any) -> Any:
+            try:
+                return super().construct_yaml_int(node)
+            except ValueError:  # past Python's 4300 digits: a ValueError traceback wherever YAML is read (`seed: 1000...`)
+                raise yaml.constructor.ConstructorError(None, None, f"a whole number of {len(node.value)} characters, more than "
+                                                        "the 4300 digits Python reads", node.start_mark) from None
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
     try:
         return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
     except RecursionError:  # `seed: [[[[...` hundreds deep: a traceback before, wherever YAML is read
@@ -383,6 +392,8 @@ def read_json(path: Path, what: str = "a JSON file") -> Any:
         raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); {what} is expected") from None
     except RecursionError:
         raise UserError(f"{path}: not {what} (JSON nested too deeply)") from None
+    except ValueError:  # a whole number past the 4300 digits Python reads: a ValueError traceback before
+        raise UserError(f"{path}: not {what} (a number of more than 4300 digits)") from None
 
 
 def path_option(text: str) -> str:

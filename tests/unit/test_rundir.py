@@ -196,6 +196,7 @@ def test_a_run_prints_what_prfaas_check_warns_of_before_it_starts(tmp_path, monk
     ("summary.json", b"\xc7\x00 not text", r"summary.json: not UTF-8 text \(at byte offset 0\); a run directory's summary.json is expected"),
     ("environment.json", b"[" * 100000, r"environment.json: not a run directory's environment.json \(JSON nested too deeply\)"),
     ("summary.json", b'{"a": ', r"summary.json: not valid JSON \(Expecting value at line 1\)"),
+    ("summary.json", b'{"a": 1' + b"0" * 5000 + b"}", r"summary.json: not a run directory's summary.json \(a number of more than 4300 digits\)"),
 ])
 def test_a_damaged_json_file_of_a_run_is_one_line_naming_it(tmp_path, name, content, match):
     """Not UTF-8 or nested too deeply was a UnicodeDecodeError / RecursionError traceback from every reader of run

@@ -242,6 +242,20 @@ def test_a_yaml_file_with_no_data_is_refused_naming_what_it_should_hold(tmp_path
         load_scenario(str(path))
 
 
+def test_a_whole_number_past_4300_digits_is_one_line_in_a_file_and_in_a_set_value(tmp_path):
+    """Python reads no whole number past 4300 digits: `seed: 1000...` was a ValueError traceback wherever YAML is read."""
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nseed: 1" + "0" * 5000 + "\n")
+    with pytest.raises(UserError) as err:
+        load_scenario(str(path))
+    assert str(err.value) == f"{path}: not valid YAML at line 2 (a whole number of 5001 characters, more than the 4300 digits Python reads)"
+    with pytest.raises(UserError, match="the value is not valid YAML \\(a whole number of 5001 characters"):
+        apply_overrides({}, ["seed=1" + "0" * 5000])
+    from testbed.validation import load_yaml
+
+    assert load_yaml("a: 1_000\nb: 0x1f\nc: 1:30\nd: 1" + "0" * 4000) == {"a": 1000, "b": 31, "c": 90, "d": 10**4000}
+
+
 @pytest.mark.parametrize("value", [{}, "", 0, False])
 def test_an_empty_non_list_is_not_an_empty_list(value):
     """`wan.schedule: {}` (or '', 0) passed as no schedule: `Fields.items` took anything falsy for []."""
