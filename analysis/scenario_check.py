@@ -162,12 +162,14 @@ def udp_datagrams_per_s_peak(sc: Scenario, scale: float) -> float:
     spec = sc.section("cross_traffic")
     if spec is None:
         return 0.0
-    periods = [p for f in spec.flows if f.protocol == "udp" for p in f.periods() if p.rate_bps]
-
-    def at(t: float) -> float:
-        return sum(p.rate_bps for p in periods if p.start_s <= t < (math.inf if p.end_s is None else p.end_s))
-
-    peak_bps = max((at(p.start_s) for p in periods), default=0.0)
+    # the run's periods only: an on/off flow without `stop` has endless ones (listing them exhausted memory, 2026-12-07)
+    periods = [p for f in spec.flows if f.protocol == "udp" for p in f.periods_until(sc.duration_s) if p.rate_bps]
+    # a sweep over starts and ends, an end before a start at the same time (a period is [start, end))
+    changes = sorted([(p.start_s, p.rate_bps) for p in periods] + [(p.end_s, -p.rate_bps) for p in periods if p.end_s is not None])
+    peak_bps = now = 0.0
+    for _, delta in changes:
+        now += delta
+        peak_bps = max(peak_bps, now)
     return peak_bps / scale / (UDP_DATAGRAM_BYTES * 8)
 
 

@@ -10,6 +10,7 @@ leaving a ``with`` block) ends every process and writes ``cross_traffic.parquet`
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -57,6 +58,10 @@ IPERF3_MAX_T_S = 86400  # the longest -t iperf3 accepts (a period without an end
 # The most streams a flow may have: iperf3's -P maximum, 128 ("number of parallel streams too large (maximum = 128)",
 # iperf 3.12; MAX_STREAMS in its source). `streams: 1000` passed the scenario reader and its client exited at once.
 IPERF3_MAX_STREAMS = 128
+# The most periods a flow may start in a run: 10,000, each a new iperf3 server and client (`CrossTraffic._run_period`).
+# `on: 1us, off: 1us` planned 15 million pairs of processes in a 30-s run, and `prfaas check` took 22 s to count them
+# (1ns: hours) and, for a UDP flow without `stop`, exhausted memory listing its endless periods (2026-12-07).
+MAX_PERIODS = 10_000
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,10 @@ class FlowSpec:
     off_s: float = 0.0
     schedule: tuple[tuple[float, float | None], ...] = ()  # (at_s, rate_bps or None = off)
     congestion: str | None = None  # TCP congestion control (iperf3 -C), e.g. cubic, bbr
+
+    def periods_until(self, end_s: float) -> Iterator[RatePeriod]:
+        """The active periods that start before `end_s` (a run's duration): finitely many, on/off or not."""
+        return itertools.takewhile(lambda p: p.start_s < end_s, self.periods())
 
     def periods(self) -> Iterator[RatePeriod]:
         """The flow's active periods in time order (endless for an on/off flow without `stop_s`)."""
@@ -209,9 +218,23 @@ def cross_traffic_rates(spec: CrossTrafficSpec) -> list[WireRate]:
 
 def check_cross_traffic(scenario: Scenario) -> None:
     """Every flow's endpoints are hosts of the topology (``prfaas-x<i>`` needs topology.prfaas.cross > i): a flow on
-    a host the topology lacks passed `prfaas check` and failed the run once its network was up."""
+    a host the topology lacks passed `prfaas check` and failed the run once its network was up. A flow starts within
+    the run (as `wan.schedule`'s entries, its schedule's entries fall inside it), and starts at most `MAX_PERIODS`
+    periods in it."""
     spec: CrossTrafficSpec = scenario.section("cross_traffic")
+    duration = scenario.duration_s
     for i, flow in enumerate(spec.flows):
+        name = f"cross_traffic.flows[{i}]"
+        if flow.pattern != "schedule" and flow.start_s >= duration:  # it never ran, without a word
+            raise FieldError(f"{name}.start", f"{flow.start_s:g}s is not before the end of the run (duration {duration:g}s): "
+                             "the flow would never start", scenario.source)
+        for j, (at, _) in enumerate(flow.schedule):
+            if at > duration:
+                raise FieldError(f"{name}.schedule[{j}].at", f"{at:g}s is after the end of the run (duration {duration:g}s)",
+                                 scenario.source)
+        if sum(1 for _ in itertools.islice(flow.periods_until(duration), MAX_PERIODS + 1)) > MAX_PERIODS:
+            raise FieldError(f"{name}.on", f"on {flow.on_s:g}s, off {flow.off_s:g}s start more than {MAX_PERIODS:,} periods in "
+                             f"the run ({duration:g}s), each a new iperf3 server and client; lengthen on and off", scenario.source)
         for end, host in (("src", flow.src), ("dst", flow.dst)):
             dc, index = host.split("-x")
             have = scenario.topology.datacenter(dc).cross_hosts

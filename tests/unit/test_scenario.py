@@ -306,6 +306,43 @@ def test_a_duration_past_a_week_or_a_rate_past_1000Tbps_is_refused(data, field, 
     assert units.parse_duration_s("168h") == units.MAX_DURATION_S and units.parse_rate_bps("1000Tbps") == units.MAX_RATE_BPS
 
 
+X = {"prfaas": {"cross": 1}, "pd": {"cross": 1}}  # a cross-traffic host in each datacenter
+
+
+def flow(**kw):
+    return {**wan(), "duration": "30s", "topology": X, "cross_traffic": {"flows": [{"protocol": "tcp", **kw}]}}
+
+
+# Fuzzing pass 4 (2026-12-07): each was taken by the reader and `prfaas check` (or hung it), and did nonsense in a run
+FUZZ4 = [
+    # a flow that never started, an entry that never fired: wan.schedule refuses the like
+    (flow(start="1h"), "cross_traffic.flows[0].start", "3600s is not before the end of the run (duration 30s)"),
+    (flow(pattern="schedule", schedule=[{"at": "0s", "rate": "1Gbps"}, {"at": "1h", "rate": "2Gbps"}]),
+     "cross_traffic.flows[0].schedule[1].at", "3600s is after the end of the run (duration 30s)"),
+    # 15 million iperf3 pairs planned; `prfaas check` took 22 s to count them (1ns: hours)
+    (flow(pattern="onoff", on="1us", off="1us"), "cross_traffic.flows[0].on", "start more than 10,000 periods in the run (30s)"),
+]
+
+
+@pytest.mark.parametrize("data, field, words", FUZZ4)
+def test_fuzzing_pass_4_refusals_name_the_field(data, field, words):
+    with pytest.raises(FieldError) as exc:
+        parse_scenario(data)
+    assert exc.value.field == field and words in str(exc.value)
+
+
+def test_a_udp_on_off_flow_without_stop_is_checked_in_its_runs_periods():
+    """Its periods are endless: `prfaas check` listed them all (memory exhausted, never returned)."""
+    from analysis.scenario_check import check_scenario
+
+    sc = parse_scenario(flow(protocol="udp", rate="1Gbps", pattern="onoff", on="5s", off="5s"))
+    assert check_scenario(sc).warnings is not None
+    from analysis.scenario_check import udp_datagrams_per_s_peak
+
+    assert udp_datagrams_per_s_peak(sc, 1) == pytest.approx(1e9 / (1448 * 8))
+    assert parse_scenario(flow(pattern="onoff", on="1ms", off="2ms")).section("cross_traffic").flows[0].on_s == 0.001  # 10,000 fit
+
+
 @pytest.mark.parametrize("data, field, words", [
     ({**wan(), "name": "../../x"}, "name", "not a plain name"),  # the run directory runs/<name>-<time> went two levels up
     ({**wan(), "name": [1, 2]}, "name", "not a non-empty string"),  # ran as "[1, 2]"
