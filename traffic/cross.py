@@ -62,6 +62,7 @@ IPERF3_MAX_STREAMS = 128
 # `on: 1us, off: 1us` planned 15 million pairs of processes in a 30-s run, and `prfaas check` took 22 s to count them
 # (1ns: hours) and, for a UDP flow without `stop`, exhausted memory listing its endless periods (2026-12-07).
 MAX_PERIODS = 10_000
+IPERF3_MAX_INTERVAL_S = 60.0  # iperf3's MAX_INTERVAL: the longest -i
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,10 @@ def parse_cross_traffic_section(f: Fields) -> CrossTrafficSpec:
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
         raise f.error("flows", f"two flows are named {dup!r}; names must be unique")
-    spec = CrossTrafficSpec(flows, f.get("interval", lambda v: units.parse_duration_s(v, allow_zero=False), 1.0))
+    # iperf3's -i is from 0.1 to 60 s ("invalid report interval (min = 0.1, max = 60 seconds)"): `interval: 1h` passed
+    # `prfaas check` and every iperf3 of the run exited at once (2026-12-07)
+    spec = CrossTrafficSpec(flows, f.get("interval", lambda v: units.parse_duration_s(
+        v, allow_zero=False, most_s=IPERF3_MAX_INTERVAL_S, most="60s, the longest report interval iperf3 takes (-i)"), 1.0))
     if spec.interval_s < 0.1:
         raise f.error("interval", "iperf3 reports at most every 0.1s")
     f.done()

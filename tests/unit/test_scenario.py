@@ -321,6 +321,8 @@ FUZZ4 = [
      "cross_traffic.flows[0].schedule[1].at", "3600s is after the end of the run (duration 30s)"),
     # 15 million iperf3 pairs planned; `prfaas check` took 22 s to count them (1ns: hours)
     (flow(pattern="onoff", on="1us", off="1us"), "cross_traffic.flows[0].on", "start more than 10,000 periods in the run (30s)"),
+    # every iperf3 exited at once: "invalid report interval (min = 0.1, max = 60 seconds)"
+    ({**flow(), "cross_traffic": {"interval": "61s"}}, "cross_traffic.interval", "longer than 60s, the longest report interval iperf3 takes"),
 ]
 
 
