@@ -323,6 +323,8 @@ FUZZ4 = [
     (flow(pattern="onoff", on="1us", off="1us"), "cross_traffic.flows[0].on", "start more than 10,000 periods in the run (30s)"),
     # every iperf3 exited at once: "invalid report interval (min = 0.1, max = 60 seconds)"
     ({**flow(), "cross_traffic": {"interval": "61s"}}, "cross_traffic.interval", "longer than 60s, the longest report interval iperf3 takes"),
+    # a network namespace each (the bound of 64 hosts left cross-traffic hosts out)
+    ({**wan(), "topology": {"pd": {"cross": 10**9}}}, "topology.pd.cross", "1000000000 is more than 64 hosts, as many as worker hosts"),
 ]
 
 
