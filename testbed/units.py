@@ -46,6 +46,12 @@ MIN_WIRE_RATE_BPS = 8e3
 # uniform range another, and `policy.threshold: 1e30` passed (2026-12-06).
 MAX_TOKENS = 16 * 1024 * 1024
 
+# The largest queue: 4 GiB - 1 byte, the kernel's 32-bit byte limit of the queue (bfifo, tbf), and at most 1000 BDPs.
+# `queue: 1e300MB` passed `prfaas check` (tc refuses it in a run) and `queue: 1e300bdp` was an OverflowError traceback
+# in it (2026-12-07). A BDP queue's bytes on the wire (rate / scale x RTT) are not bounded here.
+MAX_QUEUE_BYTES = 2**32 - 1
+MAX_QUEUE_BDP = 1000.0
+
 RATE_HELP = "a positive number with a unit: bps, Kbps, Mbps, Gbps, Tbps (e.g. 100Gbps)"
 DURATION_HELP = "a number with a unit: us, ms, s, min, h (e.g. 10ms)"
 SIZE_HELP = "a number with a unit: B, KB, MB, GB (10^3) or KiB, MiB, GiB (2^10) (e.g. 2MB)"
@@ -196,14 +202,20 @@ def parse_queue(text: object) -> QueueLimit:
     if value <= 0:
         raise ValueError(f"{text!r} must be positive; use {QUEUE_HELP}")
     if unit == "bdp":
+        if value > MAX_QUEUE_BDP:
+            raise ValueError(f"{text!r} is more than {MAX_QUEUE_BDP:g}bdp, a queue of {MAX_QUEUE_BDP:g} round trips; use {QUEUE_HELP}")
         return QueueLimit("bdp", value)
     if unit in ("p", "pkt", "pkts", "packets"):
         if value != int(value):
             raise ValueError(f"{text!r}: a packet count must be whole; use {QUEUE_HELP}")
-        return QueueLimit("packets", value)
-    if unit in SIZE_UNITS:
-        return QueueLimit("bytes", float(parse_size_bytes(text)))
-    raise ValueError(f"{text!r} is not {QUEUE_HELP}")
+        queue = QueueLimit("packets", value)
+    elif unit in SIZE_UNITS:
+        queue = QueueLimit("bytes", float(parse_size_bytes(text)))
+    else:
+        raise ValueError(f"{text!r} is not {QUEUE_HELP}")
+    if queue.to_bytes(0.0, 0.0) > MAX_QUEUE_BYTES:
+        raise ValueError(f"{text!r} is more than 4294967295 bytes (4 GiB - 1), the most a queue's byte limit holds (tc's is 32-bit); use {QUEUE_HELP}")
+    return queue
 
 
 def format_rate(bps: float) -> str:

@@ -325,6 +325,10 @@ FUZZ4 = [
     ({**flow(), "cross_traffic": {"interval": "61s"}}, "cross_traffic.interval", "longer than 60s, the longest report interval iperf3 takes"),
     # a network namespace each (the bound of 64 hosts left cross-traffic hosts out)
     ({**wan(), "topology": {"pd": {"cross": 10**9}}}, "topology.pd.cross", "1000000000 is more than 64 hosts, as many as worker hosts"),
+    # tc's byte limit is 32-bit (a run's tc refused it); 1e300bdp was an OverflowError traceback in prfaas check
+    (wan(queue="1e300MB"), "wan.queue", "'1e300MB' is more than 4294967295 bytes (4 GiB - 1), the most a queue's byte limit holds"),
+    (wan(queue="3000000p"), "wan.queue", "'3000000p' is more than 4294967295 bytes"),
+    (wan(queue="1e300bdp"), "wan.queue", "'1e300bdp' is more than 1000bdp"),
 ]
 
 
