@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from testbed import units
 from testbed.errors import FieldError, UserError
 
-__all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "FieldError", "Fields", "at_least_one", "boolean", "count_up_to", "integers",
+__all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "CONGESTION_CONTROL_NAME_MAX", "FieldError", "Fields", "at_least_one", "boolean", "congestion_control", "count_up_to", "integers",
            "load_yaml", "mapping", "name_or_stem", "non_negative", "not_a_folder", "number", "option", "output_file_option", "path_exists", "path_option", "path_is_dir",
            "path_is_file", "path_name", "plain_name", "planned_runs", "positive_int", "positive_number", "random_seed",
            "read_json", "read_text", "read_yaml", "run_count", "string", "text"]
@@ -240,6 +241,23 @@ def text(v: Any) -> str:
     """A non-empty string."""
     if not isinstance(v, str) or not v:
         raise ValueError(f"{v!r} is not a non-empty string")
+    return v
+
+
+# Linux's TCP_CA_NAME_MAX: 16 bytes with the closing NUL, so a TCP congestion control's name is at most 15
+# characters (setsockopt TCP_CONGESTION and iperf3 -C copy no more).
+CONGESTION_CONTROL_NAME_MAX = 15
+
+
+def congestion_control(v: Any) -> str:
+    """A TCP congestion control's name as Linux spells it (`cubic`, `bbr`, `reno`, ...): a lowercase letter, then
+    lowercase letters, digits or '_', at most `CONGESTION_CONTROL_NAME_MAX` characters. The one reader of
+    serving.kv_congestion_control and cross_traffic.flows[].congestion (this one reaches iperf3's command line:
+    '-x' was read as an option, 2026-12-07). Whether this kernel has it is asked when a run is planned."""
+    if not isinstance(v, str) or not re.fullmatch(rf"[a-z][a-z0-9_]{{0,{CONGESTION_CONTROL_NAME_MAX - 1}}}", v):
+        raise ValueError(f"{v!r} is not a congestion control's name (lowercase letters, digits and '_', at most "
+                         f"{CONGESTION_CONTROL_NAME_MAX} characters): use one this kernel has, e.g. cubic, bbr or reno "
+                         "(sysctl net.ipv4.tcp_available_congestion_control)")
     return v
 
 

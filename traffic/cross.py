@@ -27,7 +27,7 @@ from testbed.rundir import CROSS_TRAFFIC_FILE, cross_traffic_frame
 from testbed.scale import Scale
 from testbed.errors import FieldError
 from testbed.scenario import DIRECTIONS, Scenario, WireRate
-from testbed.validation import Fields, count_up_to, path_name, text
+from testbed.validation import Fields, congestion_control, count_up_to, path_name, text
 
 PROTOCOLS = ("tcp", "udp")
 PATTERNS = ("constant", "onoff", "schedule")
@@ -171,7 +171,7 @@ def _read_flow(f: Fields, index: int) -> FlowSpec:
         on_s=f.get("on", lambda v: units.parse_duration_s(v, allow_zero=False), 0.0),
         off_s=f.get("off", lambda v: units.parse_duration_s(v, allow_zero=False), 0.0),
         schedule=tuple(sched),
-        congestion=f.get("congestion", text, None),
+        congestion=f.get("congestion", congestion_control, None),
     )
     if pattern == "onoff" and (spec.on_s <= 0 or spec.off_s <= 0):
         raise f.error("on", "an on/off flow needs both on and off durations, e.g. on: 5s, off: 5s")

@@ -7,7 +7,6 @@ host. Both raise `FieldError` naming the field, so bad input is refused before a
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +15,7 @@ from testbed import units
 from testbed.errors import FieldError
 from testbed.kv.connector import connector_names
 from testbed.scenario import Scenario
-from testbed.validation import Fields, boolean, path_exists, positive_int, positive_number
+from testbed.validation import Fields, boolean, congestion_control, path_exists, positive_int, positive_number
 
 COMPUTE_MODES = ("profile", "torch")
 ROLES = ("prfaas_prefill", "pd_prefill", "pd_decode")
@@ -110,13 +109,13 @@ def _fraction(v: Any) -> float | None:
 
 
 def _cc_name(v: Any) -> str | None:
-    """A TCP congestion control's name as Linux spells it (`cubic`, `bbr`, `reno`, ...), or null."""
+    """`validation.congestion_control`, or null for the hosts' default."""
     if v is None:
         return None
-    if not isinstance(v, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,14}", v):
-        raise ValueError(f"{v!r} is not a congestion control's name: use one this kernel has, e.g. cubic, bbr or "
-                         "reno (sysctl net.ipv4.tcp_available_congestion_control), or null for the hosts' default")
-    return v
+    try:
+        return congestion_control(v)
+    except ValueError as e:
+        raise ValueError(f"{e}, or null for the hosts' default") from None
 
 
 KV_MSS_RANGE_BYTES = (88, 8948)  # Linux's smallest MSS (TCP_MIN_MSS) .. a 9000-byte jumbo frame's

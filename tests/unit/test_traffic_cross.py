@@ -42,6 +42,9 @@ def test_onoff_and_schedule_periods() -> None:
     ({"src": "pd-x0", "dst": "pd-x1"}, "cross_traffic.flows[0].dst", "same datacenter"),
     ({"pattern": "onoff", "on": "1s"}, "cross_traffic.flows[0].on", "both on and off"),
     ({"protocol": "udp", "rate": "1Gbps", "congestion": "bbr"}, "cross_traffic.flows[0].congestion", "only TCP"),
+    ({"congestion": "-x"}, "cross_traffic.flows[0].congestion", "not a congestion control's name"),  # was iperf3's -C -x
+    ({"congestion": "cubic --logfile /x"}, "cross_traffic.flows[0].congestion", "at most 15 characters"),
+    ({"congestion": "a" * 16}, "cross_traffic.flows[0].congestion", "e.g. cubic"),  # past TCP_CA_NAME_MAX
     ({"rate": "fast"}, "cross_traffic.flows[0].rate", "Gbps"),
     ({"start": "5s", "stop": "2s"}, "cross_traffic.flows[0].stop", "after start"),
     ({"pattern": "schedule"}, "cross_traffic.flows[0].schedule", "needs entries"),
