@@ -17,7 +17,7 @@ import numpy as np
 
 from testbed.errors import FieldError, UserError
 from testbed.scenario import Scenario
-from testbed.validation import Fields, boolean, path_exists, path_is_file, positive_int, positive_number, random_seed, text
+from testbed.validation import Fields, at_least_one, boolean, path_exists, path_is_file, positive_number, random_seed, text
 from traffic.arrivals import ArrivalProcess, ClosedLoop, Poisson, TraceTimes, parse_arrivals
 from traffic.lengths import PAPER_INPUT, PAPER_OUTPUT, LengthDist, parse_length
 from traffic.request import Request, RequestBatch
@@ -82,7 +82,7 @@ def parse_workload_section(f: Fields) -> WorkloadSpec:
         sessions=f.get("sessions", lambda v: parse_sessions(v, f.name("sessions"), f.source), None),
         system_prompts=f.get("system_prompts", lambda v: parse_system_prompts(v, f.name("system_prompts"), f.source), None),
         trace=trace,
-        max_requests=f.get("max_requests", positive_int, None),
+        max_requests=f.get("max_requests", at_least_one, None),  # 0 passed and a run sent no request (2026-12-07)
         seed=f.get("seed", random_seed, None),
     )
     if isinstance(spec.arrivals, TraceTimes) and trace is None:

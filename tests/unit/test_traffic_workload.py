@@ -52,6 +52,13 @@ def test_max_requests_caps_the_count() -> None:
     assert len(generate_batch(parse({"arrivals": {"rate": 100}, "max_requests": 50}), 1, 10.0)) == 50
 
 
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_max_requests_is_at_least_one(bad) -> None:
+    """`max_requests: 0` passed prfaas check, and a run sent no request (2026-12-07)."""
+    with pytest.raises(FieldError, match=r"workload\.max_requests: .* is not a whole number >= 1"):
+        parse({"arrivals": {"rate": 100}, "max_requests": bad})
+
+
 def test_a_workload_of_more_than_a_million_requests_is_refused_before_it_is_drawn() -> None:
     """`traffic generate --duration 1e9s` drew arrivals until it was killed (2026-12-06): the count is checked first."""
     from testbed.errors import UserError
