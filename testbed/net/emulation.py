@@ -15,6 +15,7 @@ WAN rate / S within the host's capacity: `PRFAAS_CAPACITY_BPS` if set, else `DEF
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import platform
 import signal
@@ -24,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from testbed import clock
-from testbed.errors import HostError
+from testbed import clock, units
+from testbed.errors import HostError, UserError
 from testbed.interrupts import raise_keyboard_interrupt
 from testbed.net import offloads, shaping, state
 from testbed.net.telemetry import DEFAULT_PERIOD_S
@@ -39,11 +40,26 @@ HOST_TCP_MEM = "4096 131072 67108864"  # per-namespace TCP buffers: room for a 1
 _counter = iter(range(1, 1 << 20))
 
 
+CAPACITY_ENV = "PRFAAS_CAPACITY_BPS"
+
+
 def host_capacity_bps() -> tuple[float, str]:
-    v = os.environ.get("PRFAAS_CAPACITY_BPS")
-    if v:
-        return float(v), "PRFAAS_CAPACITY_BPS"
-    return DEFAULT_CAPACITY_BPS, "default (5 Gbps)"
+    """This host's WAN capacity and where it came from: `CAPACITY_ENV` if set, else `DEFAULT_CAPACITY_BPS`. The variable
+    is bits per second (``5e9``, as `experiments.parallel` writes it) or a rate with its unit (``5Gbps``), read as every
+    rate is (`units.parse_rate_bps`: 8 Kbps to 1000 Tbps); anything else is one line naming it. A bare ``float()`` read
+    it until 2026-12-07: ``fast`` was a ValueError traceback in `prfaas check`, and ``nan`` passed."""
+    v = os.environ.get(CAPACITY_ENV)
+    if not v:
+        return DEFAULT_CAPACITY_BPS, "default (5 Gbps)"
+    try:
+        bare = float(v)
+    except ValueError:
+        bare = math.nan
+    try:  # a bare number is bits per second
+        return units.parse_rate_bps(f"{v.strip()}bps" if math.isfinite(bare) else v), CAPACITY_ENV
+    except ValueError as e:
+        raise UserError(f"{CAPACITY_ENV}: {e} (this host's WAN capacity: bits per second, e.g. 5e9, or a rate, e.g. 5Gbps; "
+                        "unset, 5 Gbps)") from None
 
 
 def _new_tag() -> str:

@@ -102,3 +102,25 @@ def test_the_wire_rates_are_checked_at_one_call_site_for_a_numeric_scale_and_aut
 def test_rtt_is_the_sum_of_both_one_way_delays() -> None:
     sc = parse_scenario({"wan": {"rate": "1Gbps", "delay": "10ms", "pd_to_prfaas": {"delay": "30ms"}}})
     assert sc.wan.rtt_s == pytest.approx(0.040)
+
+
+@pytest.mark.parametrize("value, words", [("fast", "'fast' is not a positive number"), ("nan", "'nan' is not"),
+                                          ("-1", "must be positive"), ("1", "less than 8Kbps"), ("1e30", "more than 1000Tbps")])
+def test_the_host_capacity_variable_is_a_rate_and_anything_else_one_line_naming_it(monkeypatch, value: str, words: str) -> None:
+    """PRFAAS_CAPACITY_BPS was read with float(): 'fast' was a ValueError traceback in prfaas check, 'nan' passed."""
+    from testbed.errors import UserError
+    from testbed.net.emulation import host_capacity_bps
+
+    monkeypatch.setenv("PRFAAS_CAPACITY_BPS", value)
+    with pytest.raises(UserError, match=f"^PRFAAS_CAPACITY_BPS: .*{words}.*e.g. 5e9"):
+        host_capacity_bps()
+
+
+def test_the_host_capacity_variable_is_bits_per_second_or_a_rate_with_its_unit(monkeypatch) -> None:
+    from testbed.net.emulation import host_capacity_bps
+
+    for value in ("5e9", "2500000000.0", " 5Gbps "):  # as experiments.parallel writes it: repr of a float
+        monkeypatch.setenv("PRFAAS_CAPACITY_BPS", value)
+        assert host_capacity_bps() == (float(value.strip().replace("Gbps", "e9")), "PRFAAS_CAPACITY_BPS")
+    monkeypatch.delenv("PRFAAS_CAPACITY_BPS")
+    assert host_capacity_bps() == (5e9, "default (5 Gbps)")
