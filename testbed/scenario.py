@@ -285,12 +285,22 @@ _FIELD_KEYS = {"rate_bps": "rate", "delay_s": "delay", "jitter_s": "jitter", "lo
 def _check_windows(f: Fields, events: Sequence[ScheduleEvent]) -> None:
     """No entry changes a field of a direction (or takes it down) while an earlier entry's `for` (or `down`) window
     on it is open: the earlier revert restores the value from before *its* change, so a 10-20s dip and a 15-25s one
-    left the line at the first dip's rate for good, and `prfaas check` drew another timeline (2026-12-06)."""
+    left the line at the first dip's rate for good, and `prfaas check` drew another timeline (2026-12-06). Nor do two
+    entries at the same time change one field of one direction (or both take it down): the later won, unsaid
+    (2026-12-07); entries at the same time changing different fields are one change."""
     open_until: dict[tuple[str, str], tuple[float, int]] = {}  # (direction, field) -> (window end, entry index)
+    set_at: dict[tuple[str, str], tuple[float, int]] = {}  # (direction, field) -> (time, entry index) of its last change
     for i, e in enumerate(events):
         keys = [k for k, _ in e.changes] + (["down"] if e.down_s else [])
         for d in e.directions:
             for k in keys:
+                at, j = set_at.get((d, k), (-1.0, -1))
+                if at == e.at_s:
+                    key = _FIELD_KEYS.get(k, k)
+                    what = f"takes {d} down" if k == "down" else f"sets {d}'s {key}"
+                    raise FieldError(f"{f.name('schedule')}[{i}].{key}", f"at {e.at_s:g}s {what} again (also set by "
+                                     f"{f.name('schedule')}[{j}]); the later entry would win unsaid: keep one", f.source)
+                set_at[(d, k)] = (e.at_s, i)
                 end, j = open_until.get((d, k), (-1.0, -1))
                 if e.at_s < end:
                     what = "is down" if k == "down" else f"has its {_FIELD_KEYS[k]} changed"

@@ -458,6 +458,28 @@ def test_windows_on_other_fields_directions_or_back_to_back_are_allowed():
         assert len(parse_scenario(wan(schedule=schedule)).wan.schedule) == 2
 
 
+@pytest.mark.parametrize("schedule, message", [
+    # the later entry won, unsaid (2026-12-07)
+    ([{"at": "5s", "delay": "20ms"}, {"at": "10s", "rate": "1Gbps"}, {"at": "10s", "rate": "2Gbps"}],
+     "wan.schedule[2].rate: at 10s sets prfaas_to_pd's rate again (also set by wan.schedule[1])"),
+    ([{"at": "10s", "rate": "1Gbps"}, {"at": "10s", "delay": "20ms"}, {"at": "10s", "rate": "2Gbps", "direction": "pd_to_prfaas"}],
+     "wan.schedule[2].rate: at 10s sets pd_to_prfaas's rate again (also set by wan.schedule[0])"),
+    ([{"at": "10s", "loss": "1%", "for": "5s"}, {"at": "10s", "loss": "2%"}], "wan.schedule[1].loss: at 10s sets prfaas_to_pd's loss again"),
+    ([{"at": "10s", "down": "1s"}, {"at": "10s", "down": "2s"}], "wan.schedule[1].down: at 10s takes prfaas_to_pd down again"),
+])
+def test_two_entries_at_one_time_changing_one_field_of_one_direction_are_refused_naming_both(schedule, message):
+    with pytest.raises(FieldError) as exc:
+        parse_scenario(wan(schedule=schedule))
+    assert str(exc.value).startswith(message)
+
+
+def test_entries_at_one_time_changing_other_fields_or_directions_are_allowed():
+    for schedule in ([{"at": "10s", "rate": "1Gbps"}, {"at": "10s", "delay": "20ms"}, {"at": "10s", "loss": "1%", "for": "5s"}],
+                     [{"at": "10s", "rate": "1Gbps", "direction": "prfaas_to_pd"}, {"at": "10s", "rate": "2Gbps", "direction": "pd_to_prfaas"}],
+                     [{"at": "10s", "rate": "1Gbps", "for": "5s"}, {"at": "15s", "rate": "2Gbps"}]):  # a revert, then a change
+        assert len(parse_scenario(wan(schedule=schedule)).wan.schedule) == len(schedule)
+
+
 @pytest.mark.parametrize("schedule, field", [
     ([{"at": "1s", "jitter": "100ms"}], "wan.schedule[0].jitter"),  # passed on a 10 ms line (the base values are refused)
     ([{"at": "1s", "delay": "1ms", "for": "5s"}, {"at": "2s", "jitter": "5ms"}], "wan.schedule[1].jitter"),
