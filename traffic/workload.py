@@ -22,7 +22,7 @@ from traffic.arrivals import ArrivalProcess, ClosedLoop, Poisson, TraceTimes, pa
 from traffic.lengths import PAPER_INPUT, PAPER_OUTPUT, LengthDist, parse_length
 from traffic.request import Request, RequestBatch
 from traffic.sessions import SessionSpec, SystemPrompts, assign_block_hashes, build_conversations, parse_sessions, parse_system_prompts
-from traffic.trace import holds_no_line, read_trace
+from traffic.trace import TraceData, holds_no_line, read_trace
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,29 @@ def too_many_requests(spec: WorkloadSpec, duration_s: float) -> str | None:
 
 def check_workload(scenario: Scenario) -> None:
     """The workload against the scenario's duration: `prfaas check` passed `arrivals.rate: 1e30` (or 10^12 closed-loop
-    users), which the run refused only once its network was up."""
+    users), which the run refused only once its network was up. A trace replayed at its own times must have a request
+    before the end of the run: one whose every request arrives after it replayed nothing, unsaid by a scenario without
+    a model (2026-12-07); one whose later requests do is cut to the duration (`_from_trace`), as a run is."""
     spec: WorkloadSpec = scenario.section("workload")
     if spec.trace is None and (why := too_many_requests(spec, scenario.duration_s)) is not None:
         raise FieldError("workload.arrivals", why, scenario.source)
+    if spec.trace is not None and isinstance(spec.arrivals, TraceTimes):
+        data = trace_data(spec.trace)
+        first = min(r.arrival_s for r in data.requests)
+        if first * spec.trace.time_scale >= scenario.duration_s:
+            scaled = f" ({first:g} s x time_scale {spec.trace.time_scale:g})" if spec.trace.time_scale != 1 else ""
+            raise FieldError("workload.trace", f"{data.path}: its first request arrives at {first * spec.trace.time_scale:g} s{scaled}, "
+                             f"not before the end of the run (duration {scenario.duration_s:g} s): the run would replay none of its "
+                             f"{len(data.requests)} requests; lengthen the duration or lower time_scale", scenario.source)
+
+
+def trace_data(trace: TraceSource) -> TraceData:
+    """The requests of a workload's trace (`read_trace`); a trace of none, every line bad and skipped, is refused."""
+    data = read_trace(trace.path, skip_bad=trace.skip_bad)
+    if not data.requests:  # every line bad, and skipped: the run would have replayed nothing
+        why = f"{data.skipped} bad lines skipped, the first: {data.problems[0]}" if data.problems else "it is empty"
+        raise UserError(f"trace {data.path}: no requests ({why}); a workload's trace needs at least one")
+    return data
 
 
 def generate_batch(spec: WorkloadSpec | None, seed: int, duration_s: float | None) -> RequestBatch:
@@ -145,11 +164,7 @@ def generate_batch(spec: WorkloadSpec | None, seed: int, duration_s: float | Non
 
 def _from_trace(spec: WorkloadSpec, rng: np.random.Generator, duration_s: float | None) -> RequestBatch:
     assert spec.trace is not None
-    data = read_trace(spec.trace.path, skip_bad=spec.trace.skip_bad)
-    if not data.requests:  # every line bad, and skipped: the run would have replayed nothing
-        why = f"{data.skipped} bad lines skipped, the first: {data.problems[0]}" if data.problems else "it is empty"
-        raise UserError(f"trace {data.path}: no requests ({why}); a workload's trace needs at least one")
-    batch = data.batch()
+    batch = trace_data(spec.trace).batch()
     batch = batch.take(np.argsort(batch.arrival_s, kind="stable"))
     horizon = np.inf if duration_s is None else duration_s
     if isinstance(spec.arrivals, TraceTimes):

@@ -180,3 +180,28 @@ def test_a_trace_whose_every_line_is_skipped_is_refused_when_drawn(tmp_path: Pat
         generate_batch(spec, 1, 10.0)
     assert str(exc.value) == (f"trace {trace}: no requests (2 bad lines skipped, the first: line 1: not valid JSON (Expecting "
                               "value at column 1)); a workload's trace needs at least one")
+
+
+def _timed_trace(path: Path, *timestamps_ms: int) -> Path:
+    path.write_text("".join(f'{{"timestamp": {t}, "input_length": 600, "output_length": 8, "hash_ids": [{2 * i}, {2 * i + 1}]}}\n'
+                            for i, t in enumerate(timestamps_ms)))
+    return path
+
+
+def test_a_trace_whose_every_request_arrives_after_the_run_is_refused_when_the_scenario_loads(tmp_path: Path) -> None:
+    """Its first request at 40 s of a 30-s run: `prfaas check` of a scenario without a model passed it, and the run
+    replayed nothing (2026-12-07). Only some after the end: cut to the duration, as before."""
+    trace = _timed_trace(tmp_path / "late.jsonl", 40_000, 41_000, 50_000)
+    data = {"wan": {"rate": "10Gbps"}, "duration": "30s", "workload": {"trace": {"path": str(trace)}}}
+    with pytest.raises(FieldError) as exc:
+        parse_scenario(data)
+    assert str(exc.value) == (f"workload.trace: {trace}: its first request arrives at 40 s, not before the end of the run "
+                              "(duration 30 s): the run would replay none of its 3 requests; lengthen the duration or lower time_scale")
+    with pytest.raises(FieldError, match=r"arrives at 30 s \(40 s x time_scale 0.75\), not before the end of the run \(duration 30 s\)"):
+        parse_scenario({**data, "workload": {"trace": {"path": str(trace), "time_scale": 0.75}}})
+    assert len(parse_scenario({**data, "workload": {"trace": {"path": str(trace), "time_scale": 0.5}}}).section("workload").trace.path)
+    some = _timed_trace(tmp_path / "some.jsonl", 1_000, 41_000, 50_000)
+    sc = parse_scenario({**data, "workload": {"trace": {"path": str(some)}}})
+    assert list(generate_batch(sc.section("workload"), 1, sc.duration_s).arrival_s) == [1.0]  # the normal cut
+    # new arrival times: the trace's own are not used
+    assert parse_scenario({**data, "workload": {"trace": {"path": str(trace)}, "arrivals": {"process": "poisson", "rate": 1}}})
