@@ -255,6 +255,14 @@ def _warn(sc: Scenario, rep: CheckReport) -> None:
                  f"{rep.scale:g}), more than this host's {cores} core(s) keep on time beside a run (at most {UDP_DATAGRAMS_PER_S_PER_CORE / 1e3:.0f} "
                  f"thousand a core: a 2-core host kept 24 a core and not 48); the neighbours would fall short and the run be "
                  f"flagged (raise scale)")
+    workload = sc.section("workload")
+    if workload is not None and workload.trace is not None and workload.trace.skip_bad:
+        from traffic.workload import trace_data
+
+        data = trace_data(workload.trace)  # only `prfaas traffic stats` said how many were skipped (2026-12-07)
+        if data.skipped:
+            w.append(f"workload.trace: skip_bad skipped {data.skipped} bad line(s) of {data.path}, the first: {data.problems[0]}; "
+                     f"{len(data.requests)} request(s) kept (prfaas traffic stats --skip-bad FILE lists the reasons)")
     rtt = rep.directions[0].rtt_s
     for i, e in enumerate(sc.wan.schedule):
         length = e.down_s or e.for_s

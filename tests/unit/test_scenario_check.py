@@ -97,6 +97,19 @@ def test_warnings_for_scenarios_that_cannot_show_anything() -> None:
     assert not check_scenario(load_scenario("quick")).warnings
 
 
+def test_a_trace_with_lines_skip_bad_skipped_is_a_warning_naming_the_count_and_the_first_reason(tmp_path: Path) -> None:
+    """Only `prfaas traffic stats` said how many lines skip_bad skipped; `prfaas check` said nothing (2026-12-07)."""
+    good = "".join(f'{{"timestamp": {t}, "input_length": 600, "output_length": 8, "hash_ids": [{t}, {t + 1}]}}\n' for t in (1000, 2000, 3000))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(good + '{"timestamp": 4000}\nnot json\n')
+    rep = check_scenario(load_scenario("quick", [f"workload={{trace: {{path: {trace}, skip_bad: true}}}}"]))
+    assert (f"workload.trace: skip_bad skipped 2 bad line(s) of {trace}, the first: line 4, field 'input_length': is missing; "
+            "3 request(s) kept (prfaas traffic stats --skip-bad FILE lists the reasons)") in rep.warnings
+    trace.write_text(good)
+    rep = check_scenario(load_scenario("quick", [f"workload={{trace: {{path: {trace}, skip_bad: true}}}}"]))
+    assert not any("skip_bad" in w for w in rep.warnings)
+
+
 # ----------------------------------------------------------------------------------------- fuzz corpus
 
 BAD_VALUES = ["abc", -1, 0, None, [], {}, [1, 2], {"x": 1}, True, 1e308, "10 furlongs", "-5ms", "1e99Gbps", "0%", "150%", "nan"]
