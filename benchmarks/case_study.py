@@ -49,6 +49,7 @@ from analysis.metrics import egress_series_bps, offloaded_mask, ttft_s  # noqa: 
 from testbed.rundir import REQUESTS_FILE, SCENARIO_FILE, load_run_dir  # noqa: E402
 from testbed.scale import Scale  # noqa: E402
 from testbed.sections import load_scenario  # noqa: E402
+from testbed.validation import path_option  # noqa: E402
 
 RAISE_WITHIN_S = 2.0
 SHORT_P90_RATIO = 1.5
@@ -237,9 +238,9 @@ def report(results: dict[str, dict[str, Any]], title: str) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="80 s of traffic, a 30 s dip at 30 s, 256 output tokens")
-    ap.add_argument("--out", default=f"runs/case-study-bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    ap.add_argument("--out", type=path_option, metavar="DIR", default=f"runs/case-study-bench-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--only", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
-    ap.add_argument("--measure", metavar="DIR", help="only measure the run directories under DIR (no new runs)")
+    ap.add_argument("--measure", type=path_option, metavar="DIR", help="only measure the run directories under DIR (no new runs)")
     args = ap.parse_args()
     keys = [k.strip() for k in args.only.split(",") if k.strip()]
     bad = [k for k in keys if k not in RUNS]

@@ -55,12 +55,12 @@ def sorted_apart(intervals: Iterable[Sequence[float | None]]) -> tuple[list[tupl
 
 def main(argv: Sequence[str] | None = None) -> int:
     from experiments.capacity_paired import paired_seed_count
-    from testbed.validation import option
+    from testbed.validation import option, path_option
 
     ap = argparse.ArgumentParser(prog=Path(__file__).name, description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=f"runs/experiments-bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    ap.add_argument("--reuse", metavar="DIR", help="judge an earlier reproduction (DIR/reproduce.json)")
+    ap.add_argument("--out", type=path_option, metavar="DIR", default=f"runs/experiments-bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    ap.add_argument("--reuse", type=path_option, metavar="DIR", help="judge an earlier reproduction (DIR/reproduce.json)")
     ap.add_argument("--stats-only", action="store_true", help="only the bootstrap coverage (no runs, no root)")
     ap.add_argument("--paired", type=option(paired_seed_count, whole=True), default=0, metavar="N",
                     help="also the paired order test on N fresh seeds, read as `prfaas reproduce --paired` reads it: from 6 "

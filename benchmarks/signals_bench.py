@@ -60,6 +60,7 @@ from rich.table import Table  # noqa: E402
 
 from testbed.rundir import SUMMARY_FILE  # noqa: E402
 from testbed.console import wide_console  # noqa: E402
+from testbed.validation import path_option  # noqa: E402
 
 SHAPES = ("val-dip", "val-staircase", "val-rtt-surge", "val-cross-surge", "val-loss-burst",
           # held out, added after the law's last change (session 25): a slow ramp down and back, a flapping line
@@ -360,8 +361,8 @@ def main() -> int:
     ap.add_argument("--seeds", default="1,2,3,4,5")
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join(ARMS)}")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override every run's scenario")
-    ap.add_argument("--out", default="runs/signals-bench")
-    ap.add_argument("--measure", metavar="DIR", help="only re-read the run directories under DIR")
+    ap.add_argument("--out", type=path_option, metavar="DIR", default="runs/signals-bench")
+    ap.add_argument("--measure", type=path_option, metavar="DIR", help="only re-read the run directories under DIR")
     ap.add_argument("--executor", default="local", help="experiments executor: local, local:N, ray:ADDR (docs/experiments.md)")
     ap.add_argument("--quick", action="store_true", help="val-dip, seeds 1-2, prfaas-observed/prfaas-oracle/fixed-threshold")
     ap.add_argument("--ttft-clock", choices=tuple(TTFT_CLOCKS), default="router",

@@ -313,3 +313,21 @@ def test_the_probe_receiver_refuses_a_folder_before_it_listens(tmp_path, capsys)
         probes.main(["recv", "--count", "1", "--timeout", "0.1", "--out", str(tmp_path)])
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"argument --out: {str(tmp_path)!r} is a folder; name a file")
+
+
+@pytest.mark.parametrize("script, options", [("experiments_bench.py", ("--out", "--reuse")), ("signals_bench.py", ("--out", "--measure")),
+                                             ("case_study.py", ("--out", "--measure"))])
+def test_a_benchmarks_empty_folder_option_is_refused_not_read_as_none(nothing_runs, capsys, monkeypatch, script, options):
+    """The benchmarks' folders had no argparse type: `--out ""` ran in the current folder, `--measure ""` (`--reuse ""`)
+    started new runs instead of reading DIR's (2026-12-07). They are `validation.path_option`, as the commands' are."""
+    import runpy
+    import sys
+
+    bench = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / script), run_name="bench")
+    for option in options:
+        monkeypatch.setattr(sys, "argv", [script, option, ""])
+        with pytest.raises(SystemExit) as exc:
+            bench["main"]()
+        assert exc.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"{script}: error: argument {option}: '' is no path; name a file or folder"
+    assert list(nothing_runs.iterdir()) == []
