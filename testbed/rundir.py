@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 from testbed.atomic import make_dirs, write_json, write_parquet, write_text
 from testbed.errors import UserError
 from testbed.units import MAX_DURATION_S
-from testbed.validation import (Fields, boolean, mapping, non_negative, path_is_dir, positive_int, positive_number, read_json,
+from testbed.validation import (Fields, boolean, mapping, non_negative, path_is_dir, whole_number, positive_number, read_json,
                                 read_yaml, string)
 
 if TYPE_CHECKING:  # pandas is imported where a frame is built: the router and workers start without it
@@ -181,7 +181,7 @@ def _fraction(v: Any) -> float:
 def _request_count(v: Any) -> int:
     """A count of a run's requests: a whole number from 0 to 2**53 (where a float, a good fraction times it, is exact:
     ``requests_total: 10**30`` made a capacity verdict's binomial test a ValueError traceback, 2026-12-07)."""
-    n = positive_int(v)
+    n = whole_number(v)
     if n > 2**53:
         raise ValueError(f"a {len(str(n))}-digit number is more requests than a run holds (at most 2**53)")
     return n
@@ -194,7 +194,7 @@ SUMMARY_FIELDS = {"requests_total": _request_count, "requests_ok": _request_coun
                   "fidelity_flags": string, "early_stop": string}
 # The queue trend's figures a capacity verdict reads (`experiments.capacity.judge`, `analysis.metrics.queue_trend`):
 # ``growing: "no"`` was read as growing (a failed run), ``p_value: "x"`` a TypeError traceback on resume.
-QUEUE_FIELDS = {"growing": boolean, "p_value": _figure, "growth": _figure, "samples": positive_int}
+QUEUE_FIELDS = {"growing": boolean, "p_value": _figure, "growth": _figure, "samples": whole_number}
 
 
 # what every generated request has (the collection writes them from the workload): a row without one is no request

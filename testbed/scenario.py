@@ -21,7 +21,7 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import (REQUIRED, Fields, at_most, boolean, load_yaml, name_or_stem, number, path_exists, positive_int, random_seed,
+from testbed.validation import (REQUIRED, Fields, at_most, boolean, load_yaml, name_or_stem, number, path_exists, whole_number, random_seed,
                                 read_yaml)
 
 # --------------------------------------------------------------------------------------------- network
@@ -351,9 +351,9 @@ def parse_topology(f: Fields) -> TopologySpec:
         s = f.section(name)
         dcs[name] = DatacenterSpec(
             name,
-            s.get("prefill", positive_int, defaults[0]),
-            s.get("decode", positive_int, defaults[1]),
-            s.get("cross", at_most(positive_int, MAX_CROSS_HOSTS, "hosts", "as many as worker hosts (each is a network namespace "
+            s.get("prefill", whole_number, defaults[0]),
+            s.get("decode", whole_number, defaults[1]),
+            s.get("cross", at_most(whole_number, MAX_CROSS_HOSTS, "hosts", "as many as worker hosts (each is a network namespace "
                                    "with its own link)"), defaults[2]),
         )
         s.done()

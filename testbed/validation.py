@@ -19,7 +19,7 @@ from testbed.errors import FieldError, UserError
 
 __all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "CONGESTION_CONTROL_NAME_MAX", "FieldError", "Fields", "at_least_one", "boolean", "congestion_control", "count_up_to", "integers",
            "load_yaml", "mapping", "name_or_stem", "non_negative", "not_a_folder", "number", "option", "output_file_option", "path_exists", "path_option", "path_is_dir",
-           "path_is_file", "path_name", "plain_name", "planned_runs", "positive_int", "positive_number", "random_seed",
+           "path_is_file", "path_name", "plain_name", "planned_runs", "whole_number", "positive_number", "random_seed",
            "read_json", "read_text", "read_yaml", "run_count", "string", "text"]
 
 T = TypeVar("T")
@@ -126,7 +126,9 @@ class Fields:
             raise self.error(unknown[0], f"unknown key; allowed keys here: {allowed}")
 
 
-def positive_int(v: Any) -> int:
+def whole_number(v: Any) -> int:
+    """A whole number >= 0, not a bool (`positive_int` until 2026-12-07, a name that promised > 0; `at_least_one` is
+    the reader of counts that must be >= 1)."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{v!r} is not a whole number >= 0")
     return v

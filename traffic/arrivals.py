@@ -15,7 +15,7 @@ import numpy as np
 
 from testbed import units
 from testbed.errors import FieldError
-from testbed.validation import Fields, number, positive_int
+from testbed.validation import Fields, number, whole_number
 
 PROCESSES = ("poisson", "onoff", "mmpp", "closed", "trace")
 
@@ -234,7 +234,7 @@ def parse_arrivals(value: Any, path: str, source: str | None = None) -> ArrivalP
             raise f.error("burst_factor", f"{out.burst_factor:g} x burst_fraction {out.burst_fraction:g} exceeds 1: "
                           f"the bursts alone would exceed the mean rate; use burst_factor <= {1 / out.burst_fraction:g}")
     elif kind == "closed":
-        users = f.get("users", positive_int)
+        users = f.get("users", whole_number)
         if users < 1:
             raise f.error("users", "needs at least 1 user")
         out = ClosedLoop(users, f.get("think", _positive_duration))

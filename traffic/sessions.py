@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from testbed import units
-from testbed.validation import Fields, positive_int
+from testbed.validation import Fields, whole_number
 from traffic.lengths import Fixed, LengthDist, parse_length
 from testbed.blocks import BLOCK_TOKENS
 
@@ -171,6 +171,6 @@ def parse_sessions(value: Any, path: str, source: str | None = None) -> SessionS
 
 def parse_system_prompts(value: Any, path: str, source: str | None = None) -> SystemPrompts:
     f = Fields(value, path, source)
-    spec = SystemPrompts(f.get("count", positive_int, 1), f.get("tokens", units.parse_tokens), f.get("fraction", units.parse_fraction, 1.0))
+    spec = SystemPrompts(f.get("count", whole_number, 1), f.get("tokens", units.parse_tokens), f.get("fraction", units.parse_fraction, 1.0))
     f.done()
     return spec

@@ -36,7 +36,7 @@ from typing import Any, Iterator
 
 from testbed.atomic import make_dirs, write_json
 from testbed.errors import HostError, UserError
-from testbed.validation import Fields, boolean, count_up_to, mapping, positive_int, read_json, string
+from testbed.validation import Fields, boolean, count_up_to, mapping, whole_number, read_json, string
 
 STATE_DIR = Path(os.environ.get("PRFAAS_STATE_DIR", "/run/prfaas"))
 
@@ -191,7 +191,7 @@ def read_state(path: Path) -> dict[str, Any]:
         raise UserError(f"{path}: must be a JSON object, got {type(data).__name__}; {STATE_WHAT} is expected")
     f = Fields(data, "", str(path))
     out = dict(data)
-    out.update(owner_pid=f.get("owner_pid", _pid), owner_start=f.get("owner_start", positive_int, None), tag=f.get("tag", _tag),
+    out.update(owner_pid=f.get("owner_pid", _pid), owner_start=f.get("owner_start", whole_number, None), tag=f.get("tag", _tag),
                scenario=f.get("scenario", string, ""), source=f.get("source", string, None), ready=f.get("ready", boolean, False),
                run_id=f.get("run_id", string, None), run_dir=f.get("run_dir", string, None),
                bridges=f.get("bridges", _list_of(_bridge, "bridge names"), []),

@@ -15,7 +15,7 @@ from testbed import units
 from testbed.errors import FieldError
 from testbed.kv.connector import connector_names
 from testbed.scenario import Scenario
-from testbed.validation import Fields, boolean, congestion_control, path_exists, positive_int, positive_number
+from testbed.validation import Fields, boolean, congestion_control, path_exists, whole_number, positive_number
 
 COMPUTE_MODES = ("profile", "torch")
 ROLES = ("prfaas_prefill", "pd_prefill", "pd_decode")
@@ -137,7 +137,7 @@ def _read_fault(f: Fields) -> FaultSpec:
         at_s=f.get("at", units.parse_duration_s),
         action=f.choice("action", FAULT_ACTIONS, "kill"),
         role=f.choice("role", ("prefill", "decode")),
-        instance=f.get("instance", positive_int, 0),
+        instance=f.get("instance", whole_number, 0),
     )
     f.done()
     return fault
@@ -150,13 +150,13 @@ def parse_serving_section(f: Fields) -> ServingSpec:
     profiles = tuple((c, pf.get(c, _profile_name(pf.name(c), f.source), dict(d.profiles)[c])) for c in ("prfaas", "pd"))
     pf.done()
     inst = f.section("instances")
-    instances = tuple((r, inst.get(r, positive_int, None)) for r in ROLES)
+    instances = tuple((r, inst.get(r, whole_number, None)) for r in ROLES)
     inst.done()
     if dict(instances)["pd_decode"] == 0:
         raise inst.error("pd_decode", "needs at least 1 decode instance")
 
     def at_least_one(v: Any) -> int:
-        n = positive_int(v)
+        n = whole_number(v)
         if n < 1:
             raise ValueError(f"{v!r} must be at least 1")
         return n

@@ -26,7 +26,7 @@ from testbed.blocks import HASH_RANGE
 from testbed.models.spec import parse_dtype
 from testbed.units import MAX_TOKENS
 from testbed.validation import (
-    Fields, at_least_one, at_most, boolean, integers, mapping, non_negative, positive_int, positive_number, string, text,
+    Fields, at_least_one, at_most, boolean, integers, mapping, non_negative, whole_number, positive_number, string, text,
 )
 
 STATUSES = ("ok", "failed")
@@ -105,7 +105,7 @@ class KVDestination:
 
     @classmethod
     def read(cls, f: Fields) -> "KVDestination":
-        out = cls(f.get("host", text), f.get("kv_port", at_most(at_least_one, 65535)), f.get("instance", positive_int))
+        out = cls(f.get("host", text), f.get("kv_port", at_most(at_least_one, 65535)), f.get("instance", whole_number))
         f.done()
         return out
 
@@ -157,10 +157,10 @@ class PrefillRequest:
         def fields(f: Fields) -> dict[str, Any]:
             out = {"request_id": f.get("request_id", request_id), "input_len": f.get("input_len", _TOKENS),
                    "decode": KVDestination.read(f.section("decode")) if f.has("decode") else f.get("decode", mapping),
-                   "cached_len": f.get("cached_len", positive_int, 0), "decode_prefix_len": f.get("decode_prefix_len", positive_int, 0),
+                   "cached_len": f.get("cached_len", whole_number, 0), "decode_prefix_len": f.get("decode_prefix_len", whole_number, 0),
                    "block_hashes": f.get("block_hashes", _BLOCK_HASHES, ()),
                    "prompt_token_ids": f.get("prompt_token_ids", _TOKEN_IDS, None), "route": f.choice("route", ROUTES, "prfaas"),
-                   "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), "priority": f.get("priority", positive_int, 0),
+                   "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), "priority": f.get("priority", whole_number, 0),
                    "slo_ttft_s": f.get("slo_ttft_s", positive_number, None),
                    "kv_dtype": f.get("kv_dtype", parse_dtype, None),
                    **_deadline(f, None)}
@@ -234,8 +234,8 @@ class ProbeRequest:
         # bounded (since 2026-12-07): 10**18 bytes was a traceback in the probe's thread and a 200 without a reason,
         # 10**9 pings ran for hours
         return _read(cls, data, source, "", lambda f: {
-            "decode": KVDestination.read(f.section("decode")), "bytes": f.get("bytes", at_most(positive_int, PROBE_MAX_BYTES), 0),
-            "pings": f.get("pings", at_most(positive_int, PROBE_MAX_PINGS), 2),
+            "decode": KVDestination.read(f.section("decode")), "bytes": f.get("bytes", at_most(whole_number, PROBE_MAX_BYTES), 0),
+            "pings": f.get("pings", at_most(whole_number, PROBE_MAX_PINGS), 2),
             "timeout_s": f.get("timeout_s", at_most(positive_number, PROBE_MAX_TIMEOUT_S), 2.0),
             "stop_queue_ms": f.get("stop_queue_ms", non_negative, 0.0),
             "stop_queue_fraction": f.get("stop_queue_fraction", non_negative, 0.0),
@@ -303,7 +303,7 @@ class PrefillResult:
             "reason": f.get("reason", string, None),
             **{k: f.get(k, non_negative, None) for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s",
                                                           "transfer_end_s", "queue_s", "prefill_late_s", "prefill_paused_s")},
-            **{k: f.get(k, positive_int, None) for k in ("kv_bytes", "wire_bytes", "prefill_cached_len", "decode_prefix_len")}})
+            **{k: f.get(k, whole_number, None) for k in ("kv_bytes", "wire_bytes", "prefill_cached_len", "decode_prefix_len")}})
 
 
 @dataclass(frozen=True)
@@ -319,8 +319,8 @@ class TokenEvent:
 
     @classmethod
     def from_json(cls, data: Any, source: str = "token event") -> "TokenEvent":
-        return _read(cls, data, source, "", lambda f: {"token_id": f.get("token_id", positive_int),
-                                                       "index": f.get("index", positive_int), "t_s": f.get("t_s", non_negative)})
+        return _read(cls, data, source, "", lambda f: {"token_id": f.get("token_id", whole_number),
+                                                       "index": f.get("index", whole_number), "t_s": f.get("t_s", non_negative)})
 
 
 @dataclass(frozen=True)
@@ -351,7 +351,7 @@ class FinalEvent:
             if not f.get("done", boolean):
                 raise f.error("done", "must be true in a final event")
             return {"status": f.choice("status", STATUSES), "reason": f.get("reason", string, None),
-                    "kv_bytes": f.get("kv_bytes", positive_int, 0), "tokens": f.get("tokens", positive_int, 0),
+                    "kv_bytes": f.get("kv_bytes", whole_number, 0), "tokens": f.get("tokens", whole_number, 0),
                     **{k: f.get(k, non_negative, None) for k in ("transfer_start_s", "transfer_end_s", "first_token_s",
                                                                   "finish_s", "queue_s", "decode_late_s")}}
 
@@ -422,9 +422,9 @@ class WorkerState:
     @classmethod
     def from_json(cls, data: Any, source: str = "GET /v1/state") -> "WorkerState":
         return _read(cls, data, source, "", lambda f: {
-            "role": f.choice("role", ROLES), "instance": f.get("instance", positive_int), "cluster": f.get("cluster", text),
-            "queue_depth": f.get("queue_depth", positive_int, 0), "busy": f.get("busy", boolean, False),
-            "batch": f.get("batch", positive_int, 0), "prefix_blocks": f.get("prefix_blocks", integers, ()),
+            "role": f.choice("role", ROLES), "instance": f.get("instance", whole_number), "cluster": f.get("cluster", text),
+            "queue_depth": f.get("queue_depth", whole_number, 0), "busy": f.get("busy", boolean, False),
+            "batch": f.get("batch", whole_number, 0), "prefix_blocks": f.get("prefix_blocks", integers, ()),
             "pool": f.get("pool", mapping, None), "congestion": Congestion.read(f.section("congestion"))})
 
 
@@ -442,4 +442,4 @@ class Health:
     @classmethod
     def from_json(cls, data: Any, source: str = "GET /healthz") -> "Health":
         return _read(cls, data, source, "", lambda f: {"ok": f.get("ok", boolean), "role": f.choice("role", ROLES),
-                                                       "instance": f.get("instance", positive_int)})
+                                                       "instance": f.get("instance", whole_number)})

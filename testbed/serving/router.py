@@ -39,7 +39,7 @@ from testbed.errors import FieldError, UserError
 from testbed.rundir import CLIENT_DISCONNECTED, ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
 from testbed.models.spec import DTYPE_BYTES, parse_dtype
 from testbed.scale import Scale
-from testbed.validation import Fields, boolean, non_negative, positive_int, positive_number
+from testbed.validation import Fields, boolean, non_negative, whole_number, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
 from testbed.serving.httpio import BodyError, RequestHandler, Server, read_json_body
 from testbed.serving.kvmanager import KVManager
@@ -128,33 +128,33 @@ class RouterConfig:
 
         prefill = []
         for p in f.items("prefill"):
-            prefill.append(PrefillInstanceConfig(p.choice("cluster", ("prfaas", "pd")), p.get("instance", positive_int),
-                                                 p.get("host", str), p.get("port", positive_int), p.get("standby", boolean, False)))
+            prefill.append(PrefillInstanceConfig(p.choice("cluster", ("prfaas", "pd")), p.get("instance", whole_number),
+                                                 p.get("host", str), p.get("port", whole_number), p.get("standby", boolean, False)))
             p.done()
         decode = []
         for x in f.items("decode"):
-            decode.append(DecodeInstanceConfig(x.get("instance", positive_int), x.get("host", str), x.get("port", positive_int),
-                                               x.get("kv_port", positive_int), x.get("standby", boolean, False)))
+            decode.append(DecodeInstanceConfig(x.get("instance", whole_number), x.get("host", str), x.get("port", whole_number),
+                                               x.get("kv_port", whole_number), x.get("standby", boolean, False)))
             x.done()
         cfg = cls(
             prefill=tuple(prefill),
             decode=tuple(decode),
             policy=parse_policy_section(f.section("policy")),
             host=f.get("host", str, d.host),
-            port=f.get("port", positive_int, d.port),
+            port=f.get("port", whole_number, d.port),
             wan_capacity_bps=f.get("wan_capacity_bps", pos, d.wan_capacity_bps),
             scale=f.get("scale", lambda v: Scale(v).factor, d.scale),
             model=f.get("model", str, d.model),
             compute=f.choice("compute", COMPUTE_MODES, d.compute),
             kv_dtype=f.get("kv_dtype", parse_dtype, d.kv_dtype),
-            vocab_size=f.get("vocab_size", positive_int, d.vocab_size),
+            vocab_size=f.get("vocab_size", whole_number, d.vocab_size),
             connect_timeout_s=f.get("connect_timeout_s", pos, d.connect_timeout_s),
             request_timeout_s=f.get("request_timeout_s", pos, d.request_timeout_s),
             shed_ttft_s=f.get("shed_ttft_s", pos, d.shed_ttft_s),
             slo_ttft_s=f.get("slo_ttft_s", pos, d.slo_ttft_s),
             state_poll_s=f.get("state_poll_s", pos, d.state_poll_s),
             state_timeout_s=f.get("state_timeout_s", pos, d.state_timeout_s),
-            max_blocks_per_instance=f.get("max_blocks_per_instance", positive_int, d.max_blocks_per_instance),
+            max_blocks_per_instance=f.get("max_blocks_per_instance", whole_number, d.max_blocks_per_instance),
         )
         f.done()
         if not cfg.decode:

@@ -136,14 +136,14 @@ def test_a_cli_option_is_refused_in_the_words_of_the_scenario_readers() -> None:
     import argparse
     import re
 
-    from testbed.validation import at_least_one, option, positive_int, positive_number
+    from testbed.validation import at_least_one, option, whole_number, positive_number
 
     cases = ((positive_number, False, "2.5", 2.5, None), (positive_number, False, "0", None, "0 must be > 0"),
              (positive_number, False, "nan", None, "nan is not a number"), (positive_number, False, "1e400", None, "1e400 is not a number"),
              (positive_number, False, "x", None, "'x' is not a number"), (at_least_one, True, "3", 3, None),
              (at_least_one, True, "0", None, "0 is not a whole number >= 1"), (at_least_one, True, "-2", None, "-2 is not a whole number >= 1"),
-             (at_least_one, True, "1.5", None, "'1.5' is not a whole number"), (positive_int, True, "0", 0, None),
-             (positive_int, True, "-1", None, "-1 is not a whole number >= 0"))
+             (at_least_one, True, "1.5", None, "'1.5' is not a whole number"), (whole_number, True, "0", 0, None),
+             (whole_number, True, "-1", None, "-1 is not a whole number >= 0"))
     for parse, whole, text, value, why in cases:
         read = option(parse, whole=whole)
         if why is None:
@@ -414,7 +414,7 @@ def test_a_scenario_without_a_name_is_named_by_its_file_only_where_that_can_be_a
 
 
 def test_a_seed_is_a_whole_number_from_0_to_2_to_the_32_minus_1_wherever_it_is_read():
-    """`seed: 10**400` passed (positive_int) and failed a torch run's workers (torch.manual_seed takes < 2**64); one
+    """`seed: 10**400` passed (whole_number) and failed a torch run's workers (torch.manual_seed takes < 2**64); one
     reader, `validation.random_seed`, for the scenario's, the workload's and the model's seed (docs/scenario.md)."""
     assert parse_scenario({**wan(), "seed": 2**32 - 1}).seed == 2**32 - 1 and parse_scenario({**wan(), "seed": 0}).seed == 0
     for data, field, shown in (({**wan(), "seed": 10**400}, "seed", "a 401-digit number"), ({**wan(), "seed": 2**32}, "seed", "4294967296"),

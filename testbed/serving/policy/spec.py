@@ -12,7 +12,7 @@ from typing import Any
 from testbed import units
 from testbed.serving.policy.estimator import MAX_PROBE_HEADROOM, MAX_PROBE_RTTS, EstimatorSpec
 from testbed.serving.protocol import PROBE_MAX_BYTES
-from testbed.validation import Fields, at_most, boolean, count_up_to, number, positive_int, positive_number
+from testbed.validation import Fields, at_most, boolean, count_up_to, number, whole_number, positive_number
 
 MAX_TOKENS = 128 * 1024  # the paper's longest request (truncation point of its length distribution)
 
@@ -172,7 +172,7 @@ def _parse_control(f: Fields) -> ControlSpec:
         pdp_queue_max=f.get("pdp_queue_max", positive_number, d.pdp_queue_max),
         congestion_events_per_s=f.get("congestion_events_per_s", positive_number, d.congestion_events_per_s),
         window_s=f.get("window", _duration, d.window_s),
-        min_samples=f.get("min_samples", positive_int, d.min_samples),
+        min_samples=f.get("min_samples", whole_number, d.min_samples),
         slow_tau_s=f.get("slow_tau", _duration, d.slow_tau_s),
         drain_horizon_s=f.get("drain_horizon", _duration, d.drain_horizon_s),
         prefill_prior_s=f.get("prefill_prior", _duration, d.prefill_prior_s),
@@ -197,9 +197,9 @@ def _parse_role_flip(f: Fields) -> RoleFlipSpec:
         prefill_queue_high=f.get("prefill_queue_high", positive_number, d.prefill_queue_high),
         decode_load_high=f.get("decode_load_high", frac, d.decode_load_high),
         decode_load_low=f.get("decode_load_low", frac, d.decode_load_low),
-        bs_max=f.get("bs_max", positive_int, d.bs_max),
-        min_prefill=f.get("min_prefill", positive_int, d.min_prefill),
-        min_decode=f.get("min_decode", positive_int, d.min_decode),
+        bs_max=f.get("bs_max", whole_number, d.bs_max),
+        min_prefill=f.get("min_prefill", whole_number, d.min_prefill),
+        min_decode=f.get("min_decode", whole_number, d.min_decode),
     )
     f.done()
     if r.decode_load_low >= r.decode_load_high:
@@ -299,7 +299,7 @@ def parse_policy_section(f: Fields) -> PolicySpec:
         max_threshold_tokens=f.get("max_threshold", units.parse_tokens, max(d.max_threshold_tokens, t)),
         abundant_below=f.get("abundant_below", units.parse_fraction, d.abundant_below),
         cross_cluster_cache=f.get("cross_cluster_cache", boolean, d.cross_cluster_cache),
-        cache_affinity_slack=f.get("cache_affinity_slack", positive_int, d.cache_affinity_slack),
+        cache_affinity_slack=f.get("cache_affinity_slack", whole_number, d.cache_affinity_slack),
         prefill_pick=f.choice("prefill_pick", PREFILL_PICKS, d.prefill_pick),
         pd_queue=f.choice("pd_queue", PD_QUEUES, d.pd_queue),
         kv_compression=f.get("kv_compression", _kv_compression, d.kv_compression),
