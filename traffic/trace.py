@@ -130,8 +130,13 @@ def holds_no_line(path: str | Path) -> bool:
         return False
 
 
-def read_trace(path: str | Path, skip_bad: bool = False) -> TraceData:
-    """All requests of a Mooncake JSONL file, in file order. Blank lines are ignored."""
+SKIP_BAD_OPTION = "use --skip-bad to skip and count bad lines"  # how `prfaas traffic stats` skips them
+
+
+def read_trace(path: str | Path, skip_bad: bool = False, skip_hint: str | None = SKIP_BAD_OPTION) -> TraceData:
+    """All requests of a Mooncake JSONL file, in file order. Blank lines are ignored. A bad line is a `UserError`
+    ending in `skip_hint`, how the caller's user skips bad lines (none where they cannot be skipped): a scenario's
+    trace said "use --skip-bad", an option no run has (its field is `workload.trace.skip_bad`)."""
     p = Path(path)
     try:
         raw = p.open("rb")
@@ -159,7 +164,7 @@ def read_trace(path: str | Path, skip_bad: bool = False) -> TraceData:
                     requests.append(parse_line(text, lineno, f"r{len(requests)}"))
                 except TraceLineError as exc:
                     if not skip_bad:
-                        raise UserError(f"trace {p}: {exc} (use --skip-bad to skip and count bad lines)") from None
+                        raise UserError(f"trace {p}: {exc}" + (f" ({skip_hint})" if skip_hint else "")) from None
                     skipped += 1
                     if len(problems) < KEEP_PROBLEMS:
                         problems.append(str(exc))

@@ -129,7 +129,8 @@ def check_workload(scenario: Scenario) -> None:
 
 def trace_data(trace: TraceSource) -> TraceData:
     """The requests of a workload's trace (`read_trace`); a trace of none, every line bad and skipped, is refused."""
-    data = read_trace(trace.path, skip_bad=trace.skip_bad)
+    data = read_trace(trace.path, skip_bad=trace.skip_bad,
+                      skip_hint="set workload.trace.skip_bad: true to skip and count bad lines")
     if not data.requests:  # every line bad, and skipped: the run would have replayed nothing
         why = f"{data.skipped} bad lines skipped, the first: {data.problems[0]}" if data.problems else "it is empty"
         raise UserError(f"trace {data.path}: no requests ({why}); a workload's trace needs at least one")

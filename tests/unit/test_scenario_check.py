@@ -108,6 +108,10 @@ def test_a_trace_with_lines_skip_bad_skipped_is_a_warning_naming_the_count_and_t
     trace.write_text(good)
     rep = check_scenario(load_scenario("quick", [f"workload={{trace: {{path: {trace}, skip_bad: true}}}}"]))
     assert not any("skip_bad" in w for w in rep.warnings)
+    # without skip_bad, the refusal says how a scenario skips them: its field, not `prfaas traffic stats`' option
+    trace.write_text(good + "not json\n")
+    with pytest.raises(UserError, match=r"line 4.*\(set workload.trace.skip_bad: true to skip and count bad lines\)$"):
+        load_scenario("quick", [f"workload={{trace: {{path: {trace}}}}}"])
 
 
 # ----------------------------------------------------------------------------------------- fuzz corpus
