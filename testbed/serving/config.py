@@ -343,15 +343,19 @@ def check_scenario(scenario: Scenario) -> None:
 
 def plan_run(scenario: Scenario) -> ServingPlan:
     """Everything checked before a run starts on this host: `plan_serving`, then whether this host's kernel sets
-    the KV congestion control. (A run that may go to other hosts is checked with `plan_serving`, and each host is
-    asked by `experiments.executor.Executor.run_hosts`.)"""
-    plan = plan_serving(scenario)
-    cc = plan.spec.kv_congestion_control
-    if cc is not None:
-        from testbed.kv.transport import congestion_control_refused
+    the KV congestion control and each TCP cross-traffic flow's (iperf3 -C: a name the kernel lacks ended every
+    period's iperf3 at once, the run going on without that flow until 2026-12-07). (A run that may go to other
+    hosts is checked with `plan_serving`, and each host is asked for the KV's by
+    `experiments.executor.Executor.run_hosts`.)"""
+    from testbed.kv.transport import congestion_control_refused
 
-        if (why := congestion_control_refused(cc)) is not None:
-            raise FieldError("serving.kv_congestion_control", why, scenario.source)
+    plan = plan_serving(scenario)
+    cross = scenario.section("cross_traffic")
+    wanted = [("serving.kv_congestion_control", plan.spec.kv_congestion_control)] + \
+        [(f"cross_traffic.flows[{i}].congestion", flow.congestion) for i, flow in enumerate(cross.flows if cross else ())]
+    for name, cc in wanted:
+        if cc is not None and (why := congestion_control_refused(cc)) is not None:
+            raise FieldError(name, why, scenario.source)
     return plan
 
 

@@ -197,6 +197,17 @@ def test_a_congestion_control_the_kernel_cannot_set_is_refused_before_the_run_wi
     assert "reno" in str(err)  # the kernel's list of what it has
 
 
+def test_a_cross_traffic_flow_congestion_control_the_kernel_cannot_set_is_refused_before_the_run():
+    """iperf3 -C with a name the kernel lacks ended every period's iperf3 at once, and the run went on without that
+    flow (2026-12-07): `plan_run` asks this host's kernel, as for the KV's."""
+    flows = "cross_traffic={flows: [{name: a, protocol: tcp, direction: prfaas_to_pd}, " \
+            "{name: b, protocol: tcp, direction: prfaas_to_pd, congestion: %s}]}"
+    err = refused("topology.prfaas.cross=1", "topology.pd.cross=1", flows % "nosuchcc")
+    assert "quick.yaml: cross_traffic.flows[1].congestion: 'nosuchcc' cannot be set on this host" in str(err), err
+    assert "reno" in str(err)
+    assert plan("topology.prfaas.cross=1", "topology.pd.cross=1", flows % "reno").spec is not None  # one the kernel has passes
+
+
 def test_plan_serving_checks_every_section_but_asks_no_kernel(tmp_path):
     """What a run on other hosts is checked with (`experiments.engine.check_run`): each host's kernel is asked
     there, so a name this host lacks passes, and a malformed one is still refused."""
