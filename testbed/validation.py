@@ -452,6 +452,10 @@ def output_file_option(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text!r} is a folder; name a file")
     if text.endswith("/"):  # Path drops the '/': "new/" would have been written as the file new
         raise argparse.ArgumentTypeError(f"{text!r} ends in '/', as a folder's name does; name a file")
+    if len(os.fsencode(path.name)) > MAX_NAME_BYTES:  # 243-255 bytes failed once the work was done: the new file is
+        # written as NAME.<8 hex>.tmp first (testbed.atomic), past the file system's 255 (2026-12-07)
+        raise argparse.ArgumentTypeError(f"{text[:60]!r}...: the file's name is {len(os.fsencode(path.name))} bytes; at most "
+                                         f"{MAX_NAME_BYTES} (the testbed writes it under a longer temporary name first)")
     if _path_test(path, lambda p: os.path.lexists(p)) and not path_is_file(path):
         what = "a link to nowhere" if not path_exists(path) else "no plain file (a device, pipe or socket)"
         raise argparse.ArgumentTypeError(f"{text!r} is {what}; name a file")

@@ -279,6 +279,9 @@ def test_an_output_file_option_refuses_a_path_no_file_can_be_written_at(tmp_path
                                                               f"{tmp_path / 'no' / 'such'} does not exist; make it first (or name a "
                                                               "file in another folder)")
     assert not (tmp_path / "no").exists()
+    long = str(tmp_path / ("x" * 250 + ".json"))  # 243-255 bytes: no room for the temporary name it is written under first
+    assert why(long) == f"{long[:60]!r}...: the file's name is 255 bytes; at most 200 (the testbed writes it under a longer temporary name first)"
+    assert output_file_option(str(tmp_path / ("x" * 195 + ".json"))) == tmp_path / ("x" * 195 + ".json")
     for ok in ("c.json", tmp_path / "c.json", tmp_path / "file.txt", tmp_path / "to-file"):  # new, or replaced (a link: by a file)
         assert output_file_option(str(ok)) == Path(ok)
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # a read-only file system, or no permission
