@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.atomic import make_output_dir
+from testbed.atomic import make_output_dir, replace_with
 from testbed.errors import UserError
 from testbed.validation import at_least_one, option, path_option
 
@@ -161,7 +161,8 @@ def cmd_wall(args: argparse.Namespace) -> int:
         if args.save:
             d = Path(args.save)
             for m, part in measured.groupby("model"):
-                part[["tokens", "prefill_s", "kv_bytes", "phi_gbps", "source"]].to_csv(d / f"measured-{m}.csv", index=False)
+                points = part[["tokens", "prefill_s", "kv_bytes", "phi_gbps", "source"]]
+                replace_with(d / f"measured-{m}.csv", lambda tmp: points.to_csv(tmp, index=False))
     cluster = bw.cluster_table(args.gpus)
     doc: dict[str, Any] = {"published": published.to_dict("records"), "cluster_egress": cluster.to_dict("records")}
     if measured is not None:

@@ -19,7 +19,7 @@ import yaml
 from analysis import plots
 from analysis.metrics import model_ideal
 from analysis.rundir import Run, load_run
-from testbed.atomic import make_dirs
+from testbed.atomic import make_dirs, write_text
 from testbed.errors import UserError
 
 
@@ -164,6 +164,4 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
                      f"<h3>summary.json</h3><pre>{html.escape(json.dumps(r.summary, indent=2))}</pre></details>")
     parts.append("</body></html>")
     make_dirs(out)
-    path = out / "report.html"
-    path.write_text("\n".join(parts))
-    return path
+    return write_text(out / "report.html", "\n".join(parts))

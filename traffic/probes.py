@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed import clock
+from testbed.atomic import write_text
 from testbed.validation import output_file_option
 
 MAGIC = b"PRFP"
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = receive_probes(args.port, args.count, args.timeout)
     text = "".join(json.dumps(x) + "\n" for x in samples)
     if args.out:
-        args.out.write_text(text)
+        write_text(args.out, text)
     else:
         sys.stdout.write(text)
     return 0

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import yaml
 
-from testbed.atomic import make_dirs
+from testbed.atomic import make_dirs, write_text
 from testbed.errors import UserError
 from testbed.models.profiles import ComputeProfile, fit_prefill
 
@@ -320,7 +320,7 @@ def profile_document(m: Measurement, name: str) -> dict[str, Any]:
 def write_profile(doc: dict[str, Any], path: Path) -> ComputeProfile:
     """Write `doc` as YAML and read it back through the profile loader (so what is written is loadable)."""
     make_dirs(path.parent)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=110))
+    write_text(path, yaml.safe_dump(doc, sort_keys=False, width=110))
     from testbed.models.profiles import load_profile
 
     return load_profile(str(path))
