@@ -52,7 +52,7 @@ import yaml  # noqa: E402
 from experiments.executor import Executor  # noqa: E402
 from testbed.fidelity import TOLERANCES, suggest_parallelism  # noqa: E402
 from testbed.scenario import builtin_scenarios_dir  # noqa: E402
-from testbed.validation import output_file_option  # noqa: E402
+from testbed.validation import output_file_option, path_option  # noqa: E402
 
 SPEEDUP_TARGET = 0.6
 MIN_CORES_FOR_SPEEDUP = 4
@@ -249,7 +249,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="6 s micro runs and 4-run experiments")
     ap.add_argument("--leg", action="append", choices=LEGS, help="run only these legs (repeatable; default: all)")
     ap.add_argument("--skip-ray", action="store_true", help="only the local legs (no Ray cluster)")
-    ap.add_argument("--out", type=Path, metavar="DIR", help="keep runs and each leg's result here (report covers all legs in DIR)")
+    ap.add_argument("--out", type=path_option, metavar="DIR", help="keep runs and each leg's result here (report covers all legs in DIR)")
     ap.add_argument("--json", type=output_file_option, metavar="FILE", help="write every leg's result and the verdicts")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -258,7 +258,7 @@ def main() -> int:
     legs_to_run = [g for g in (args.leg or LEGS) if not (args.skip_ray and g in ("ray", "loss"))]
     n_runs = RUNS_QUICK if args.quick else RUNS_FULL
     with tempfile.TemporaryDirectory(prefix="prfaas-scaleout-") as td:
-        base = (args.out or Path(td)).resolve()
+        base = Path(args.out or td).resolve()
         base.mkdir(parents=True, exist_ok=True)
         sc = scenario_file(base, args.quick)
         for leg in legs_to_run:

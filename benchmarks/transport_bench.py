@@ -39,7 +39,7 @@ from rich.table import Table  # noqa: E402
 
 from testbed.clock import now_s  # noqa: E402
 from testbed.console import wide_console  # noqa: E402
-from testbed.validation import output_file_option  # noqa: E402
+from testbed.validation import output_file_option, path_option  # noqa: E402
 
 TARGET_RATIO = 0.9  # issue 9: lower end of the 95% interval over >= 5 repetitions
 KV_PORT, IPERF_PORT = 9000, 5201
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--notsent-s", type=float, help="KV sender: scale each connection's unsent budget to this many "
                                                     "seconds of its own delivery rate (KVSender notsent_s; 0: off; default: the transport's, 0.02)")
     ap.add_argument("--json", type=output_file_option, help="write the rows to this file")
-    ap.add_argument("--trace", type=Path, help="directory: per measurement, iperf3's JSON (1 s intervals) and the KV "
+    ap.add_argument("--trace", type=path_option, help="directory: per measurement, iperf3's JSON (1 s intervals) and the KV "
                                                "sender's TCP_INFO samples and transfer times (sender role: the file)")
     ap.add_argument("--no-idle-restart", action="store_true",
                     help="set net.ipv4.tcp_slow_start_after_idle=0 on both WAN hosts (diagnostic; Linux default 1)")
@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.notsent_s is not None and args.notsent_s < 0:
         ap.error(f"--notsent-s: {args.notsent_s:g} must be >= 0 seconds (0: off)")
 
+    args.trace = None if args.trace is None else Path(args.trace)  # a folder; the sender's own: a file in it
     if args.role == "receiver":
         return run_receiver(args.port)
     if args.role == "sender":

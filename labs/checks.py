@@ -269,7 +269,7 @@ def check_lab4(answers: dict[str, Any], runs: dict[str, Path]) -> list[Verdict]:
         pol = str(getattr(sc.section("policy"), "name", None))
         if (pol, sc.seed) in names:  # one was kept, unsaid (an experiment's repetitions: 2, 2026-12-07)
             raise UserError(f"lab 4: runs {names[pol, sc.seed]} and {name} are both {pol} with seed {sc.seed}; the pairs are "
-                            "by seed, so give one run per policy and seed (name the runs to check after --answers)")
+                            "by seed, so give one run per policy and seed (name the runs to check: prfaas lab check 4 RUN_DIR ...)")
         by.setdefault(pol, {})[sc.seed] = ttft_p90_in_dip_s(run)
         names[pol, sc.seed] = name
     if set(by) != set(LAB4_POLICIES):

@@ -340,9 +340,10 @@ class TopologySpec:
         return getattr(self, name)
 
 
-# The most cross-traffic hosts per datacenter: 64, as worker hosts. `cross: 1000000000` passed `prfaas check` (the bound
-# on worker hosts left them out), and a run would have made a network namespace for each (2026-12-07).
-MAX_CROSS_HOSTS = 64
+# The most hosts of one kind per datacenter: 64 worker hosts (prefill and decode together), and 64 cross-traffic hosts.
+# `cross: 1000000000` passed `prfaas check` (the bound on worker hosts left them out), and a run would have made a
+# network namespace for each (2026-12-07).
+MAX_HOSTS_PER_DC = 64
 
 
 def parse_topology(f: Fields) -> TopologySpec:
@@ -353,14 +354,14 @@ def parse_topology(f: Fields) -> TopologySpec:
             name,
             s.get("prefill", whole_number, defaults[0]),
             s.get("decode", whole_number, defaults[1]),
-            s.get("cross", at_most(whole_number, MAX_CROSS_HOSTS, "hosts", "as many as worker hosts (each is a network namespace "
+            s.get("cross", at_most(whole_number, MAX_HOSTS_PER_DC, "hosts", "as many as worker hosts (each is a network namespace "
                                    "with its own link)"), defaults[2]),
         )
         s.done()
         if name == "prfaas" and dcs[name].decode_hosts:
             raise FieldError(s.name("decode"), "the PrfaaS datacenter only prefills; use 0", f.source)
-        if sum((dcs[name].prefill_hosts, dcs[name].decode_hosts)) > 64:
-            raise FieldError(s.path, "at most 64 worker hosts per datacenter", f.source)
+        if sum((dcs[name].prefill_hosts, dcs[name].decode_hosts)) > MAX_HOSTS_PER_DC:
+            raise FieldError(s.path, f"at most {MAX_HOSTS_PER_DC} worker hosts per datacenter", f.source)
     if dcs["pd"].decode_hosts < 1:
         raise FieldError("topology.pd.decode", "needs at least 1 decode host", f.source)
     lan = f.get("lan_rate", units.parse_rate_bps, None)

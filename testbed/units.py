@@ -214,7 +214,7 @@ def parse_queue(text: object) -> QueueLimit:
     else:
         raise ValueError(f"{text!r} is not {QUEUE_HELP}")
     if queue.to_bytes(0.0, 0.0) > MAX_QUEUE_BYTES:
-        raise ValueError(f"{text!r} is more than 4294967295 bytes (4 GiB - 1), the most a queue's byte limit holds (tc's is 32-bit); use {QUEUE_HELP}")
+        raise ValueError(f"{text!r} is more than {MAX_QUEUE_BYTES} bytes (4 GiB - 1), the most a queue's byte limit holds (tc's is 32-bit); use {QUEUE_HELP}")
     return queue
 
 

@@ -19,7 +19,7 @@ from testbed.errors import FieldError, UserError
 
 __all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "CONGESTION_CONTROL_NAME_MAX", "FieldError", "Fields", "at_least_one", "boolean", "congestion_control", "count_up_to", "integers",
            "load_yaml", "mapping", "name_or_stem", "non_negative", "not_a_folder", "number", "option", "output_file_option", "path_exists", "path_option", "path_is_dir",
-           "path_is_file", "path_name", "plain_name", "planned_runs", "whole_number", "positive_number", "random_seed",
+           "path_is_file", "path_name", "plain_name", "planned_runs", "whole_number", "digits_python_reads", "positive_number", "random_seed",
            "read_json", "read_text", "read_yaml", "run_count", "string", "text"]
 
 T = TypeVar("T")
@@ -154,7 +154,7 @@ def at_most(read: Callable[[Any], T], most: float, unit: str = "", why: str = ""
         x = read(v)
         if x > most:  # type: ignore[operator]
             bound = most if isinstance(most, int) else f"{most:g}"
-            raise ValueError(f"{v!r} is more than {bound}" + (f" {unit}" if unit else "") + (f", {why}" if why else ""))
+            raise ValueError(f"{_shown(v)} is more than {bound}" + (f" {unit}" if unit else "") + (f", {why}" if why else ""))
         return x
 
     return check
@@ -296,11 +296,19 @@ def non_negative(v: Any) -> float:
     return x
 
 
+def digits_python_reads() -> int:
+    """The most digits Python reads in a whole number (4300 unless PYTHONINTMAXSTRDIGITS or `sys.set_int_max_str_digits`
+    says otherwise): past it `int()` and `json.loads` raise ValueError, a traceback wherever a file was read."""
+    import sys
+
+    return sys.get_int_max_str_digits()
+
+
 def load_yaml(text: str) -> Any:
     """`yaml.safe_load`, except that a key given twice in one mapping is a `yaml.YAMLError` naming both lines:
     PyYAML keeps the last silently, so a second ``threshold:`` a few lines down replaced the first unseen; and data
     nested deeper than Python's recursion limit is a `yaml.YAMLError` too ("nested too deeply"), and so is a whole number
-    past the 4300 digits Python reads."""
+    past the digits Python reads (`digits_python_reads`)."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -323,9 +331,9 @@ def load_yaml(text: str) -> Any:
         def construct_yaml_int(self, node: Any) -> Any:
             try:
                 return super().construct_yaml_int(node)
-            except ValueError:  # past Python's 4300 digits: a ValueError traceback wherever YAML is read (`seed: 1000...`)
+            except ValueError:  # past Python's digits: a ValueError traceback wherever YAML is read (`seed: 1000...`)
                 raise yaml.constructor.ConstructorError(None, None, f"a whole number of {len(node.value)} characters, more than "
-                                                        "the 4300 digits Python reads", node.start_mark) from None
+                                                        f"the {digits_python_reads()} digits Python reads", node.start_mark) from None
 
     Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
     try:
@@ -412,8 +420,8 @@ def read_json(path: Path, what: str = "a JSON file") -> Any:
         raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); {what} is expected") from None
     except RecursionError:
         raise UserError(f"{path}: not {what} (JSON nested too deeply)") from None
-    except ValueError:  # a whole number past the 4300 digits Python reads: a ValueError traceback before
-        raise UserError(f"{path}: not {what} (a number of more than 4300 digits)") from None
+    except ValueError:  # a whole number past the digits Python reads: a ValueError traceback before
+        raise UserError(f"{path}: not {what} (a number of more than {digits_python_reads()} digits)") from None
 
 
 def path_option(text: str) -> str:

@@ -15,7 +15,7 @@ import numpy as np
 
 from testbed import units
 from testbed.errors import FieldError
-from testbed.validation import Fields, number, whole_number
+from testbed.validation import Fields, at_least_one, number
 
 PROCESSES = ("poisson", "onoff", "mmpp", "closed", "trace")
 
@@ -234,10 +234,7 @@ def parse_arrivals(value: Any, path: str, source: str | None = None) -> ArrivalP
             raise f.error("burst_factor", f"{out.burst_factor:g} x burst_fraction {out.burst_fraction:g} exceeds 1: "
                           f"the bursts alone would exceed the mean rate; use burst_factor <= {1 / out.burst_fraction:g}")
     elif kind == "closed":
-        users = f.get("users", whole_number)
-        if users < 1:
-            raise f.error("users", "needs at least 1 user")
-        out = ClosedLoop(users, f.get("think", _positive_duration))
+        out = ClosedLoop(f.get("users", at_least_one), f.get("think", _positive_duration))
     else:
         out = TraceTimes(())  # the workload fills in the trace's timestamps and workload.trace.time_scale
     f.done()

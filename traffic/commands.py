@@ -15,7 +15,7 @@ from testbed.scenario import apply_overrides, find_scenario
 from testbed.sections import load_scenario
 from testbed.blocks import BLOCK_TOKENS
 from traffic.stats import TraceStats, trace_stats
-from traffic.trace import read_trace, write_trace
+from traffic.trace import SKIP_BAD_OPTION, read_trace, write_trace
 from traffic.workload import WorkloadSpec, generate_batch, parse_workload_section
 
 
@@ -38,7 +38,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    data = read_trace(args.file, skip_bad=args.skip_bad)
+    data = read_trace(args.file, skip_bad=args.skip_bad, skip_hint=SKIP_BAD_OPTION)
     st = trace_stats(data.requests)
     if args.json:
         out = {"file": str(args.file), "skipped_lines": data.skipped, "problems": list(data.problems), **st.to_dict()}

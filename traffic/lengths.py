@@ -217,7 +217,7 @@ def _parse_empirical(f: Fields, base_dir: Path | None) -> Empirical:
         path = base_dir / path
     column = f.choice("field", ("input_length", "output_length"), "input_length")
     try:
-        reqs = read_trace(path, skip_hint=None).requests  # a length source reads every line
+        reqs = read_trace(path).requests  # a length source reads every line
     except UserError as exc:  # the trace's own error, named by this field
         raise f.error("trace", str(exc)) from None
     if not reqs:

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator
 from testbed import units
 from testbed.errors import UserError
 from testbed.blocks import BLOCK_TOKENS, HASH_RANGE
+from testbed.validation import digits_python_reads
 from traffic.request import Request, RequestBatch
 
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -91,8 +92,8 @@ def parse_line(text: str, lineno: int, request_id: str) -> Request:
         raise TraceLineError(lineno, None, "not a trace line (JSON nested too deeply)") from None
     except _Refused as exc:
         raise TraceLineError(lineno, str(exc), "is given twice in one line; keep one") from None
-    except ValueError:  # Python reads no whole number past 4300 digits: a ValueError traceback before, --skip-bad or not
-        raise TraceLineError(lineno, None, "not a trace line (a number of more than 4300 digits)") from None
+    except ValueError:  # Python reads no whole number past its digits: a ValueError traceback before, --skip-bad or not
+        raise TraceLineError(lineno, None, f"not a trace line (a number of more than {digits_python_reads()} digits)") from None
     if not isinstance(obj, dict):
         raise TraceLineError(lineno, None, f"expected a JSON object with keys {', '.join(FIELDS)}, got {type(obj).__name__}")
     for key in FIELDS:
@@ -133,10 +134,11 @@ def holds_no_line(path: str | Path) -> bool:
 SKIP_BAD_OPTION = "use --skip-bad to skip and count bad lines"  # how `prfaas traffic stats` skips them
 
 
-def read_trace(path: str | Path, skip_bad: bool = False, skip_hint: str | None = SKIP_BAD_OPTION) -> TraceData:
+def read_trace(path: str | Path, skip_bad: bool = False, skip_hint: str | None = None) -> TraceData:
     """All requests of a Mooncake JSONL file, in file order. Blank lines are ignored. A bad line is a `UserError`
-    ending in `skip_hint`, how the caller's user skips bad lines (none where they cannot be skipped): a scenario's
-    trace said "use --skip-bad", an option no run has (its field is `workload.trace.skip_bad`)."""
+    ending in `skip_hint`, how the caller's user skips bad lines (`SKIP_BAD_OPTION` for `prfaas traffic stats`; none
+    where they cannot be skipped): a scenario's trace said "use --skip-bad", an option no run has (its field is
+    `workload.trace.skip_bad`)."""
     p = Path(path)
     try:
         raw = p.open("rb")

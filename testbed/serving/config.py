@@ -15,7 +15,7 @@ from testbed import units
 from testbed.errors import FieldError
 from testbed.kv.connector import connector_names
 from testbed.scenario import Scenario
-from testbed.validation import Fields, boolean, congestion_control, path_exists, whole_number, positive_number
+from testbed.validation import Fields, at_least_one, boolean, congestion_control, path_exists, positive_number, whole_number
 
 COMPUTE_MODES = ("profile", "torch")
 ROLES = ("prfaas_prefill", "pd_prefill", "pd_decode")
@@ -154,12 +154,6 @@ def parse_serving_section(f: Fields) -> ServingSpec:
     inst.done()
     if dict(instances)["pd_decode"] == 0:
         raise inst.error("pd_decode", "needs at least 1 decode instance")
-
-    def at_least_one(v: Any) -> int:
-        n = whole_number(v)
-        if n < 1:
-            raise ValueError(f"{v!r} must be at least 1")
-        return n
 
     per_host = f.get("per_host", at_least_one, d.per_host)
     bs_max = f.get("bs_max", at_least_one, d.bs_max)

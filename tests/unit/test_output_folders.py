@@ -319,7 +319,8 @@ def test_the_probe_receiver_refuses_a_folder_before_it_listens(tmp_path, capsys)
 
 
 @pytest.mark.parametrize("script, options", [("experiments_bench.py", ("--out", "--reuse")), ("signals_bench.py", ("--out", "--measure")),
-                                             ("case_study.py", ("--out", "--measure"))])
+                                             ("case_study.py", ("--out", "--measure")), ("scale_out_bench.py", ("--out",)),
+                                             ("transport_bench.py", ("--trace",))])
 def test_a_benchmarks_empty_folder_option_is_refused_not_read_as_none(nothing_runs, capsys, monkeypatch, script, options):
     """The benchmarks' folders had no argparse type: `--out ""` ran in the current folder, `--measure ""` (`--reuse ""`)
     started new runs instead of reading DIR's (2026-12-07). They are `validation.path_option`, as the commands' are."""

@@ -31,6 +31,7 @@ def test_bad_trace_is_one_line_error_and_skip_bad_counts(tmp_path: Path, capsys:
     assert main(["traffic", "stats", str(p)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("prfaas: error: ") and "line 2: not valid JSON" in err and err.count("\n") == 1
+    assert "(use --skip-bad to skip and count bad lines)" in err
     assert main(["traffic", "stats", str(p), "--json", "--skip-bad"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["requests"] == 1 and d["skipped_lines"] == 1

@@ -9,7 +9,7 @@ import pytest
 
 from testbed.errors import UserError
 from traffic.request import Request, RequestBatch
-from traffic.trace import read_trace, write_trace
+from traffic.trace import SKIP_BAD_OPTION, read_trace, write_trace
 
 GOOD = '{"timestamp": 5, "input_length": 600, "output_length": 7, "hash_ids": [1, 2]}'
 
@@ -85,8 +85,10 @@ def test_malformed_line_is_an_error_naming_line_and_field(tmp_path: Path, line: 
     p = write_lines(tmp_path, [GOOD, line, GOOD])
     with pytest.raises(UserError) as e:
         read_trace(p)
-    assert message in str(e.value)
-    assert "--skip-bad" in str(e.value)
+    assert message in str(e.value) and "skip" not in str(e.value)  # no hint where the caller has no way to skip
+    with pytest.raises(UserError) as e:
+        read_trace(p, skip_hint=SKIP_BAD_OPTION)  # `prfaas traffic stats`
+    assert str(e.value).endswith("(use --skip-bad to skip and count bad lines)")
 
 
 def test_limits_keep_the_whole_trace_usable(tmp_path: Path) -> None:
