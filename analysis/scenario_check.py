@@ -230,7 +230,7 @@ def _load(sc: Scenario, rep: CheckReport) -> None:
         if policy.kv_compression != "none" and rep.offload_fraction > 0:
             from testbed.serving.policy.spec import COMPRESSED_KV_DTYPE
 
-            _, _, kv_c = dist.split([t], tm.spec_kv_bytes(sc.section("model").name, COMPRESSED_KV_DTYPE)(dist.lengths))
+            _, _, kv_c = dist.split([t], tm.spec_kv_bytes(sc.section("model").spec, COMPRESSED_KV_DTYPE)(dist.lengths))
             rep.offered_kv_compressed_bps = rep.arrival_rate_rps * rep.offload_fraction * float(kv_c[0]) * 8
             rep.kv_compression = policy.kv_compression
             if policy.kv_compression == "fp8":  # every offload: the float8 figure is what the line carries

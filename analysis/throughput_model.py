@@ -16,13 +16,16 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 from scipy import special
 
 from testbed.errors import UserError
 from testbed.models.profiles import ComputeProfile, load_profile
+
+if TYPE_CHECKING:
+    from testbed.models.spec import ModelSpec
 
 READINGS = ("literal", "mean")
 KvBytesFn = Callable[[np.ndarray], np.ndarray]
@@ -101,16 +104,18 @@ def affine_kv_bytes(fixed_bytes: float, bytes_per_token: float) -> KvBytesFn:
     return lambda l: fixed_bytes + bytes_per_token * np.asarray(l, dtype=float)
 
 
-def spec_kv_bytes(model_name: str, kv_dtype: str | None = None) -> KvBytesFn:
-    """S_kv(l) from the model spec (`testbed.models.spec`), the one place that knows a model's geometry;
-    `kv_dtype`: its full-attention KV in that dtype instead (`policy.kv_compression`'s float8).
+def spec_kv_bytes(model: str | ModelSpec, kv_dtype: str | None = None) -> KvBytesFn:
+    """S_kv(l) from the model spec (`testbed.models.spec`), the one place that knows a model's geometry: `model` is a
+    spec, or a preset's name or a spec file to load; `kv_dtype`: its full-attention KV in that dtype instead
+    (`policy.kv_compression`'s float8). A scenario's is its `model` section's spec (`ModelSection.spec`: the file found
+    beside the scenario, with its `state_dtype`); loading it again by name lost both (2026-12-07).
 
     The spec is evaluated at powers of two (1 .. 2^21 tokens) and interpolated linearly: KV bytes are
     piecewise linear in l with knees only at sliding-window sizes, which are powers of two in every preset.
     """
     from testbed.models.spec import load_model_spec
 
-    spec = load_model_spec(model_name)
+    spec = load_model_spec(model) if isinstance(model, str) else model
     anchors = np.array([0.0] + [2.0**k for k in range(22)])
     vals = np.array([float(spec.kv_bytes(int(a), full_attention_dtype=kv_dtype).total_bytes) for a in anchors])
     slope = (vals[-1] - vals[-2]) / (anchors[-1] - anchors[-2])
@@ -435,7 +440,7 @@ def cluster_model_from_scenario(sc: Any) -> tuple[ClusterModel, ClusterModel, Le
     n_d = serving.count("pd_decode")
     n_pd = (sc.topology.pd.prefill_hosts if n_p is None else n_p) + (sc.topology.pd.decode_hosts if n_d is None else n_d)
     pd_prof = load_profile(_scenario_profile(serving, "pd", model_name))
-    kv = spec_kv_bytes(model_name)
+    kv = spec_kv_bytes(model.spec if model is not None else model_name)
     dist, out_len = workload_lengths(sc, workload)
     cm = ClusterModel(pd_profile=pd_prof, n_pd=n_pd, kv_bytes=kv, output_len=out_len, prfaas_profile=load_profile(_scenario_profile(serving, "prfaas", model_name)),
                       n_prfaas=n_prfaas, egress_bps=sc.wan.prfaas_to_pd.rate_bps, bs_max=serving.bs_max, name=sc.name)

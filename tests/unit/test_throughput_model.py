@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -224,3 +225,22 @@ def test_bottleneck_names_the_egress_when_the_link_limits_prfaas():
     fast = tm.naive_heterogeneous(cluster(), TWO_POINT)
     assert (slow.bottleneck, fast.bottleneck) == ("egress", "prfaas")
     assert slow.theta_prfaas == pytest.approx(8e6 / (8 * KV(2000)))
+
+
+def test_a_scenarios_kv_bytes_are_its_model_sections_spec_file_and_state_dtype(tmp_path, monkeypatch):
+    """A spec file beside the scenario was loaded again by name from the current folder ("not a preset and no such
+    file" in prfaas check and prfaas model), and model.state_dtype was lost (bf16 state bytes for a float32 run)."""
+    import shutil
+
+    from testbed.models.spec import PRESETS_DIR
+    from testbed.sections import load_scenario
+
+    shutil.copy(PRESETS_DIR / "paper-1t-hybrid.yaml", tmp_path / "hybrid.yaml")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text((Path(tm.__file__).resolve().parents[1] / "topologies" / "quick.yaml").read_text())
+    monkeypatch.chdir(tmp_path.parent)
+    sc = load_scenario(str(scenario), ["model.name=hybrid.yaml", "model.state_dtype=float32"])
+    cm = tm.cluster_model_from_scenario(sc)[0]
+    spec = sc.section("model").spec
+    assert spec.state_dtype == "float32"
+    assert float(cm.kv_bytes(4096)) == pytest.approx(spec.kv_bytes(4096).total_bytes)
