@@ -22,9 +22,11 @@ from typing import Any, ClassVar
 
 from testbed.errors import FieldError, UserError
 from testbed.kv.cache import FULL_KINDS
-from testbed.validation import Fields, path_exists, path_is_file, random_seed, read_yaml, string, text
+from testbed.validation import (Fields, name_or_stem, path_exists, path_is_file, plain_name, random_seed, read_yaml,
+                                string, text)
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+MODEL_NAMES = "the model: its KV transfers and profiles carry it"  # what a spec's name names (validation.plain_name)
 MODEL_SPEC_WHAT = "a model spec (a YAML mapping of name, layers, ...: docs/models.md)"  # what read_yaml says a spec file should be
 
 # Cache dtypes: canonical torch name -> bytes per element. Aliases are accepted in files and options.
@@ -329,7 +331,10 @@ def _raise(message: str) -> Any:
 def parse_model_spec(data: Any, source: str | None = None, default_name: str = "") -> ModelSpec:
     """A spec from parsed YAML; every error names the field (``geometries.kda.heads``, ``layers[2]``)."""
     f = Fields(data, "", source)
-    name = f.get("name", text, default_name) if default_name else f.get("name", text)
+    # a plain name (validation.plain_name: no '/', at most 200 bytes), given or the file's: the KV trailer carries it in
+    # at most 255 bytes and a measured profile names its model by it; '../x' and 300 characters passed prfaas check
+    # before 2026-12-07, and a run's first transfer failed
+    name = name_or_stem(f, MODEL_NAMES, default_name) if default_name else f.get("name", lambda v: plain_name(v, MODEL_NAMES))
     geometries: dict[str, LayerSpec] = {}
     g = f.section("geometries")
     for key in g.data:

@@ -245,3 +245,19 @@ def test_a_model_file_that_is_no_mapping_is_named_as_the_file_not_a_scenario(tmp
     with pytest.raises(UserError) as exc:
         load_model_spec(str(path))
     assert str(exc.value) == f"{path}: top level: must be a mapping of keys to values, got list"
+
+
+@pytest.mark.parametrize("name, message", [("../x", "is not a plain name"), ("a" * 300, "at most 200 bytes")])
+def test_a_spec_name_is_a_plain_name(tmp_path: Path, name: str, message: str) -> None:
+    """The KV trailer carries the name in at most 255 bytes, and a measured profile names its model by it: '../x' and
+    300 characters passed prfaas check, and a run's first transfer failed."""
+    path = tmp_path / "my.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "layers": [{"kind": "mla", "kv_lora_rank": 4, "rope_dim": 2}]}))
+    with pytest.raises(FieldError, match=rf"my.yaml: name: .*{message}"):
+        load_model_spec(str(path))
+    path.write_text(yaml.safe_dump({"layers": [{"kind": "mla", "kv_lora_rank": 4, "rope_dim": 2}]}))
+    assert load_model_spec(str(path)).name == "my"  # no name: the file's
+    long = tmp_path / f"{'b' * 230}.yaml"
+    path.rename(long)
+    with pytest.raises(FieldError, match="name: not given, and the file's name cannot stand for it"):
+        load_model_spec(str(long))
