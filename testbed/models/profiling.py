@@ -287,7 +287,10 @@ def profile_document(m: Measurement, name: str) -> dict[str, Any]:
     """The YAML mapping of a measured profile (profiles/*.yaml format plus a `measured` section)."""
     import torch
 
+    from testbed.models.spec import load_model_spec
+
     p = m.plan
+    model = load_model_spec(p.model).name  # the spec's name, a plain name: a spec file's path was refused on reading back
     coeffs, degree = fit_prefill_robust(m.prefill)
     step, per, ctx, dec_err = fit_decode(m.decode)
     host = platform.node()
@@ -295,7 +298,7 @@ def profile_document(m: Measurement, name: str) -> dict[str, Any]:
     return {
         "name": name,
         "chip": m.chip,
-        "model": p.model,
+        "model": model,
         "gpus_per_instance": 1,
         "provenance": (f"Measured by `prfaas profile` on {host} ({m.chip}), {when}: the {p.variant} variant of {p.model} "
                        f"({m.layers}), random weights (seed {p.seed}), torch {torch.__version__}, {m.clock} time. Prefill: fastest of "

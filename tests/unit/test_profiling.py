@@ -249,3 +249,13 @@ def test_a_measured_section_the_wall_cannot_read_is_one_line_naming_the_key(tmp_
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(UserError, match=match):
         measured_phi(load_profile(str(tmp_path / "p.yaml")), (1024,))
+
+
+def test_a_profile_of_a_spec_file_names_the_specs_model_and_reads_back(tmp_path: Path) -> None:
+    """`prfaas profile --model my/spec.yaml` wrote `model: my/spec.yaml`, refused when it read the file back (not a plain
+    name), after the whole measurement."""
+    spec = tmp_path / "specs" / "mine.yaml"
+    spec.parent.mkdir()
+    spec.write_text("name: my-hybrid\nlayers: [{kind: mla, kv_lora_rank: 4, rope_dim: 2}]\n")
+    prof = write_profile(profile_document(synthetic(ProfilePlan(str(spec))), "p"), tmp_path / "p.yaml")
+    assert prof.model == "my-hybrid" and prof.extra["measured"]["base_model"] == str(spec)  # wall --measured reloads it
