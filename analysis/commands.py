@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.atomic import make_output_dir, replace_with
-from testbed.errors import UserError
+from testbed.errors import FieldError, UserError
 from testbed.validation import at_least_one, option, path_option
 
 
@@ -67,9 +67,20 @@ def cmd_model(args: argparse.Namespace) -> int:
         cm, homo, dist = tm.paper_case_study()
         inputs = dict(tm.CASE_STUDY_INPUTS)
     else:
+        from testbed.models.profiles import check_model
         from testbed.sections import load_scenario
 
-        cm, homo, dist, inputs = tm.cluster_model_from_scenario(load_scenario(args.scenario, args.set))
+        sc = load_scenario(args.scenario, args.set)
+        cm, homo, dist, inputs = tm.cluster_model_from_scenario(sc)
+        model = sc.section("model")
+        # the model is the profiles' times: another model's were used without a word in a torch-mode scenario (whose
+        # check leaves its profiles alone: its run does not use them), 2026-12-07
+        for cluster, prof in (("prfaas", cm.prfaas_profile), ("pd", cm.pd_profile)):
+            if model is not None and prof is not None:
+                try:
+                    check_model(prof, model.spec.name)
+                except UserError as exc:
+                    raise FieldError(f"serving.profiles.{cluster}", str(exc), sc.source) from None
     other = "mean" if args.reading == "literal" else "literal"
     primary = tm.evaluate(cm, homo, dist, args.reading, args.step)
     alt = tm.evaluate(cm, homo, dist, other, args.step)

@@ -262,6 +262,21 @@ def measured_profile(path: Path, chip: str = "this-host", model: str = "measured
                    provenance=f"measured points from {where}", extra={})
 
 
+# What a profile's `model` is when its file does not say: a YAML profile without `model`, a measured CSV or JSON without it.
+UNNAMED_MODELS = ("unknown", "measured")
+
+
+def check_model(profile: ComputeProfile, model: str) -> None:
+    """Refuse `profile` for a run or model of `model` (a spec's name) when the profile is of another model: its times
+    are another model's (a case-insensitive match, as presets are; a profile that names no model, `UNNAMED_MODELS`, is
+    taken as given). A scenario of kimi-linear-48b with the paper's 1T-hybrid profiles ran without a word before
+    2026-12-07: that model's KV bytes at another model's prefill times."""
+    if profile.model not in UNNAMED_MODELS and profile.model.lower() != model.lower():
+        raise UserError(f"profile {profile.name!r} is of model {profile.model!r}, not {model!r} (the scenario's model): "
+                        f"name a profile of {model!r}, or write one (prfaas profile --model ...; a profile scaled_from another "
+                        f"with its own model: {model})")
+
+
 def available_profiles() -> list[str]:
     return sorted([p.stem for p in PROFILES_DIR.glob("*.yaml")] + list(ALIASES))
 

@@ -307,7 +307,7 @@ def check_slos(spec: ServingSpec, profiles: dict[str, Any], source: str | None) 
 
 
 def _check(scenario: Scenario) -> tuple[ServingSpec, tuple[Instance, ...], str, tuple[tuple[str, str], ...]]:
-    from testbed.models.profiles import load_profile
+    from testbed.models.profiles import check_model, load_profile
 
     spec: ServingSpec = scenario.section("serving") or ServingSpec()
     instances = tuple(plan_instances(scenario))
@@ -323,6 +323,7 @@ def _check(scenario: Scenario) -> tuple[ServingSpec, tuple[Instance, ...], str, 
         for cluster, name in profiles:
             try:
                 loaded[cluster] = load_profile(name)
+                check_model(loaded[cluster], model.spec.name)
             except Exception as exc:
                 raise FieldError(f"serving.profiles.{cluster}", str(exc), scenario.source) from None
         check_slos(spec, loaded, scenario.source)

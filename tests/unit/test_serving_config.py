@@ -244,3 +244,21 @@ def test_a_congestion_control_with_a_connector_that_has_none_is_refused(monkeypa
     assert "serving.kv_congestion_control" in str(err) and "'memory' connector has none" in str(err)
     err = refused("serving.kv_connector=memory", "serving.kv_mss=536B")  # the same for every TCP-only setting
     assert "serving.kv_mss" in str(err) and "'memory' connector has none" in str(err)
+
+
+def test_a_profile_of_another_model_is_refused_naming_the_cluster_and_both_models(tmp_path):
+    """quick with kimi-linear-48b kept the 1T hybrid's profiles, and ran that model's bytes at another's prefill times."""
+    err = refused("model.name=kimi-linear-48b")
+    assert err.field == "serving.profiles.prfaas" and "is of model 'paper-1t-hybrid', not 'kimi-linear-48b'" in str(err)
+    err = refused("serving.profiles.pd=h20-minimax-m2.5")
+    assert err.field == "serving.profiles.pd" and "'minimax-m2.5', not 'paper-1t-hybrid'" in str(err)
+    unnamed = tmp_path / "mine.csv"  # measured points that name no model are taken as given
+    unnamed.write_text("tokens,prefill_s\n1024,0.4\n8192,0.7\n")
+    assert dict(plan(f"serving.profiles.prfaas={unnamed}").profiles)["prfaas"] == str(unnamed)
+    assert plan("model.name=kimi-linear-48b", "model.compute=torch").compute == "torch"  # a torch run uses no profile
+
+
+def test_prfaas_model_refuses_a_profile_of_another_model(capsys):
+    assert cli_main(["model", "--scenario", "quick", "--set", "model.name=kimi-linear-48b", "--set", "model.compute=torch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "serving.profiles.prfaas: profile 'h200-paper-1t-hybrid' is of model 'paper-1t-hybrid'" in err[0]
