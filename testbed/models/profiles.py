@@ -209,6 +209,11 @@ def profile_from_dict(data: Any, where: str, _chain: tuple[str, ...] = ()) -> Co
         sf = f.section("scaled_from")
         base = load_profile(sf.get("profile", text), _chain=_chain + (where,))
         k = sf.get("factor", positive_number)
+        for t in base.points_s:  # the scaled times are read as the file's own: 1e300 made a profile of 1e299-s prefills
+            try:
+                _seconds(t * k)
+            except ValueError as exc:
+                raise sf.error("factor", f"{k:g} x the {t:g}-s point of {base.name}: {exc}") from None
         sf.done()
         extra: dict[str, Any] = {"scaled_from": base.name, "factor": k}
         out = ComputeProfile(name=name, coefficients=tuple(c * k for c in base.coefficients), points_tokens=base.points_tokens,

@@ -144,6 +144,8 @@ H20 = {"name": "p", "chip": "H20", "model": "m", "prefill": {"points": [[10200, 
     ({"decode": {"step_s": 0.025, "speed": 1}}, r"decode.speed: unknown key"),
     ({"scaled_from": {"profile": "h200", "factor": "x"}}, r"scaled_from.factor: 'x' is not a number"),
     ({"scaled_from": {"profile": "p.yaml", "factor": 1.0}, "prefill": None}, r"p.yaml: scaled_from.profile: 'p.yaml' is scaled from itself"),
+    ({"scaled_from": {"profile": "h200", "factor": 1e300}}, r"p.yaml: scaled_from.factor: 1e\+300 x the 0.44-s point of h200-paper-1t-hybrid: "
+                                                             r".* is more than a week"),  # a profile of 1e299-s prefills
     ({"measured": [1, 2]}, r"measured: must be an object, got list"),
     ({"name": float("inf")}, r"p.yaml: name: inf is not a non-empty string"),
     ({"chip": 10**400}, r"p.yaml: chip: '1000.*'... is 401 bytes long; a name is at most 200 bytes"),
