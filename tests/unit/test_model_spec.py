@@ -261,3 +261,9 @@ def test_a_spec_name_is_a_plain_name(tmp_path: Path, name: str, message: str) ->
     path.rename(long)
     with pytest.raises(FieldError, match="name: not given, and the file's name cannot stand for it"):
         load_model_spec(str(long))
+
+
+def test_a_folder_named_as_a_model_is_said_to_be_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "my.yaml").mkdir()
+    with pytest.raises(UserError, match=r"my.yaml is a folder; name a preset or a YAML spec file"):  # "no such file" before
+        load_model_spec(str(tmp_path / "my.yaml"))
