@@ -105,7 +105,7 @@ def test_a_probe_request_is_bounded_naming_the_field(field: str, value: float, s
 
 @pytest.mark.parametrize("message,field,value,says", [
     # a worker took what the router refuses (10**21 tokens held a batch slot for good); since 2026-12-07
-    (DecodeRequest, "output_len", 10**21, "output_len: 1000000000000000000000 is more than 16777216"),
+    (DecodeRequest, "output_len", 10**21, "output_len: a 22-digit number is more than 16777216"),
     (DecodeRequest, "input_len", 10**15, "input_len: 1000000000000000 is more than 16777216"),
     (DecodeRequest, "prompt_token_ids", [-1], "prompt_token_ids: -1 is not a token id (0 to 2147483647)"),
     (DecodeRequest, "prompt_token_ids", [1] * 4096, "prompt_token_ids: 4096 token ids, more than input_len (2048)"),
