@@ -22,6 +22,7 @@ from typing import Any
 
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 
+from testbed import units
 from testbed.errors import UserError
 from testbed.scale import Scale
 from testbed.scenario import LinkDirectionSpec
@@ -72,6 +73,12 @@ def plan_shaping(direction: LinkDirectionSpec, *, shaper: str = "htb", scale: Sc
     if shaper == "tbf" and rate_bps > TBF_MAX_RATE_BPS:
         raise UserError(f"wan.shaper: tbf supports wire rates up to {TBF_MAX_RATE_BPS / 1e9:.1f} Gbps here; use htb or a larger scale")
     queue = max(direction.queue_bytes(scale, rtt_s), MIN_QUEUE_BYTES)
+    if queue > units.MAX_QUEUE_BYTES:  # a BDP multiple is bounded as written (1000bdp), its bytes only here: 1000bdp of a 1-s
+        # delay passed `prfaas check` as a 116-GiB queue, which tc refuses once the network is being built (2026-12-07)
+        raise UserError(f"wan.queue: {units.format_bytes(queue)} on the wire ({direction.queue.value:g} {direction.queue.kind} "
+                        f"at {rate_bps / 1e9:g} Gbps on the wire and a {(rtt_s or 2 * direction.delay_s) * 1e3:g} ms round "
+                        f"trip), more than {units.MAX_QUEUE_BYTES} bytes (4 GiB - 1), the most a queue's byte limit holds (tc's "
+                        f"is 32-bit); use a smaller queue, or a larger scale")
     return ShapingPlan(shaper, rate_bps, burst_bytes_for(rate_bps), queue)
 
 

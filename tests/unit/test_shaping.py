@@ -116,3 +116,13 @@ def test_apply_clears_root_then_sends_each_request():
     shaping.apply_plan(ipr, 7, plan)
     assert ipr.calls[0] == (("del",), {"index": 7, "handle": 0, "parent": 0xFFFFFFFF})
     assert [a[:3] for a, _ in ipr.calls[1:]] == [("add", "htb", 7), ("add-class", "htb", 7), ("add", "bfifo", 7)]
+
+
+def test_a_queue_past_tcs_32_bit_byte_limit_on_the_wire_is_refused_naming_wan_queue():
+    """A BDP multiple is bounded as written (at most 1000bdp); its bytes are known only with the rate, scale and round
+    trip: 1000bdp of a 1-s delay passed `prfaas check` as a 116-GiB queue, which tc refuses (2026-12-07)."""
+    d = LinkDirectionSpec(rate_bps=5e9, delay_s=1.0, queue=parse_queue("1000bdp"))
+    with pytest.raises(UserError, match=r"^wan.queue: 116.42 GiB on the wire \(1000 bdp at 0.5 Gbps on the wire and a 2000 ms "
+                                        r"round trip\), more than 4294967295 bytes"):
+        shaping.plan_shaping(d, scale=10)
+    assert shaping.plan_shaping(d, scale=10000).queue_bytes < 2**32  # a larger scale: the same queue fits
