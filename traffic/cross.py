@@ -237,8 +237,11 @@ def check_cross_traffic(scenario: Scenario) -> None:
                 raise FieldError(f"{name}.schedule[{j}].at", f"{at:g}s is after the end of the run (duration {duration:g}s)",
                                  scenario.source)
         if sum(1 for _ in itertools.islice(flow.periods_until(duration), MAX_PERIODS + 1)) > MAX_PERIODS:
-            raise FieldError(f"{name}.on", f"on {flow.on_s:g}s, off {flow.off_s:g}s start more than {MAX_PERIODS:,} periods in "
-                             f"the run ({duration:g}s), each a new iperf3 server and client; lengthen on and off", scenario.source)
+            each = f"more than {MAX_PERIODS:,} periods in the run ({duration:g}s), each a new iperf3 server and client"
+            if flow.pattern == "schedule":  # its entries are its periods; it has no on and off
+                raise FieldError(f"{name}.schedule", f"starts {each}; give at most {MAX_PERIODS:,} entries", scenario.source)
+            raise FieldError(f"{name}.on", f"on {flow.on_s:g}s, off {flow.off_s:g}s start {each}; lengthen on and off",
+                             scenario.source)
         for end, host in (("src", flow.src), ("dst", flow.dst)):
             dc, index = host.split("-x")
             have = scenario.topology.datacenter(dc).cross_hosts

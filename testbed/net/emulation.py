@@ -57,9 +57,9 @@ def host_capacity_bps() -> tuple[float, str]:
         bare = math.nan
     try:  # a bare number is bits per second
         return units.parse_rate_bps(f"{v.strip()}bps" if math.isfinite(bare) else v), CAPACITY_ENV
-    except ValueError as e:
-        raise UserError(f"{CAPACITY_ENV}: {e} (this host's WAN capacity: bits per second, e.g. 5e9, or a rate, e.g. 5Gbps; "
-                        "unset, 5 Gbps)") from None
+    except ValueError:  # the rate reader's words quoted '-1bps', which no one typed, and spoke of the wire's shaping
+        raise UserError(f"{CAPACITY_ENV}={v[:60]!r} is not this host's WAN capacity: give bits per second (e.g. 5e9) or a "
+                        "rate with its unit (e.g. 5Gbps), from 8 Kbps to 1000 Tbps; unset, 5 Gbps") from None
 
 
 def _new_tag() -> str:

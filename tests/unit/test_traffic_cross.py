@@ -156,3 +156,16 @@ def test_a_flow_whose_streams_share_less_than_the_lowest_wire_rate_each_is_refus
         with pytest.raises(FieldError) as e:
             parse({"flows": [{"streams": n}]})
         assert str(e.value) == f"cross_traffic.flows[0].streams: {says}"
+
+
+def test_a_schedule_flow_of_too_many_entries_is_named_by_its_schedule_not_its_on_and_off() -> None:
+    """A `pattern: schedule` flow past MAX_PERIODS was told to lengthen `on` and `off`, which it has not (2026-12-07)."""
+    from testbed.errors import FieldError
+    from testbed.sections import load_scenario
+    from traffic.cross import MAX_PERIODS
+
+    entries = ", ".join(f"{{at: {k / 1000:g}s, rate: 1Mbps}}" for k in range(MAX_PERIODS + 1))
+    flow = f"{{name: s, protocol: udp, direction: prfaas_to_pd, pattern: schedule, schedule: [{entries}]}}"
+    with pytest.raises(FieldError, match=r"cross_traffic.flows\[0\].schedule: starts more than 10,000 periods in the run "
+                                         r"\(30s\), each a new iperf3 server and client; give at most 10,000 entries"):
+        load_scenario("quick", ["topology.prfaas.cross=1", "topology.pd.cross=1", f"cross_traffic={{flows: [{flow}]}}"])
