@@ -46,6 +46,7 @@ import torch  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from testbed.atomic import write_text  # noqa: E402
 from testbed.kv.cache import KVCache  # noqa: E402
 from testbed.kv.pool import HybridPrefixPool  # noqa: E402
 from testbed.serving.compute import PrefillPlan, TorchCompute, join_prefix  # noqa: E402
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if batching["ratio_8_to_1"] < BATCH_TARGET:
         failures.append(f"decode batch 8 / batch 1 = {batching['ratio_8_to_1']:.2f}x < {BATCH_TARGET:g}x")
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1))
+        write_text(args.json, json.dumps(doc, indent=1))
     for f in failures:
         console.print(f"[red]target missed[/red]: {f}")
     return 1 if failures else 0
