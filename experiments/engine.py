@@ -118,7 +118,8 @@ def resolve_scenario_ref(ref: str) -> str:
 
 def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = None, executor: Executor | None = None) -> "Scenario":
     """The scenario with `overrides`, checked as `prfaas run` checks it before anything starts (the file, then
-    `plan_serving`: the sections together; then a KV congestion control the kernel must set). A multi-run command
+    `plan_serving`: the sections together; then each congestion control the kernel must set,
+    `testbed.serving.config.congestion_controls`: the KV's and each TCP cross-traffic flow's). A multi-run command
     checks every run this way before its first, so a bad arm or grid point is refused in one line instead of
     failing an hour in. A run already finished in `out_dir` (which a resumed batch skips) is checked as a file
     only: it ran, and re-reading it must not depend on any host's kernel. The kernel asked and the capacity
@@ -127,20 +128,22 @@ def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = No
     the N runs share the host, each resolving at capacity / N; with ``--executor ray`` each node is asked, and
     nodes that would resolve ``scale: auto`` differently are refused, as their runs would not be comparable."""
     from testbed.sections import load_scenario
-    from testbed.serving.config import plan_serving
+    from testbed.serving.config import congestion_controls, plan_serving
 
     sc = load_scenario(scenario, list(overrides))
     if out_dir is not None and run_state(out_dir) == FINISHED:
         return sc
-    kv_cc = plan_serving(sc).spec.kv_congestion_control
-    if kv_cc is None and sc.scale != "auto":
+    ccs = congestion_controls(sc, plan_serving(sc))
+    if not ccs and sc.scale != "auto":
         return sc  # nothing a host decides
-    hosts = (executor or SequentialExecutor()).run_hosts(kv_cc)
+    hosts = (executor or SequentialExecutor()).run_hosts(tuple(dict.fromkeys(cc for _, cc in ccs)))
     scales: dict[str, float] = {}
     for host in hosts:
         where = "" if host.name == "this host" else f" (on {host.name})"
-        if host.kv_cc_refused is not None:
-            raise FieldError("serving.kv_congestion_control", host.kv_cc_refused + where, sc.source)
+        refused = dict(host.cc_refused)
+        for name, cc in ccs:
+            if cc in refused:
+                raise FieldError(name, refused[cc] + where, sc.source)
         if sc.scale == "auto":  # resolved as the run will resolve it (`Network`, in the executor's process)
             try:
                 scales[host.name] = sc.resolve_scale(host.capacity_bps).factor

@@ -16,9 +16,10 @@ The contract, for every implementation:
   the process (or node) they choose;
 - ``run`` may be called from several threads at once (`experiments.reproduce` runs a search per
   configuration side by side): together they never run more than ``slots`` runs at once;
-- ``run_hosts(kv_cc)`` names every host a run may land on, with the capacity ``scale: auto`` resolves at there
-  and whether its kernel sets the KV congestion control: `experiments.engine.check_run` checks each run on
-  each of them before the first run starts;
+- ``run_hosts(ccs)`` names every host a run may land on, with the capacity ``scale: auto`` resolves at there
+  and which of the congestion controls `ccs` its kernel refuses (`testbed.serving.config.congestion_controls`:
+  the KV's and the TCP cross-traffic flows'): `experiments.engine.check_run` checks each run on each of them
+  before the first run starts;
 - ``cancel()`` stops every run in progress (each tears its network down) and makes every later run a
   failed outcome at once, for the rest of the executor's life; it is for a caller that gives up (an
   interrupt, a failed search beside), not a pause.
@@ -65,14 +66,17 @@ class RunHost:
 
     name: str  # "this host", or a Ray node's HOSTNAME/NODE_ID (the name its runs' outcomes carry)
     capacity_bps: float  # the WAN capacity a run there resolves ``scale: auto`` at (`Scenario.resolve_scale`)
-    kv_cc_refused: str | None  # why that host's kernel refuses the KV congestion control asked; None: it sets it
+    # (congestion control, why that host's kernel refuses it) for each one asked that it refuses; (): it sets them all.
+    # Pairs, not a dict: the host stays hashable, and `ray_executor.host_facts` sends it as plain data.
+    cc_refused: tuple[tuple[str, str], ...]
 
     @classmethod
-    def here(cls, name: str, capacity_bps: float, kv_cc: str | None) -> "RunHost":
-        """This host as `name`, its kernel asked for `kv_cc` (None: the hosts' default, nothing to ask)."""
+    def here(cls, name: str, capacity_bps: float, ccs: tuple[str, ...]) -> "RunHost":
+        """This host as `name`, its kernel asked for each congestion control in `ccs` (none: nothing to ask)."""
         from testbed.kv.transport import congestion_control_refused
 
-        return cls(name, capacity_bps, congestion_control_refused(kv_cc) if kv_cc else None)
+        refused = ((cc, congestion_control_refused(cc)) for cc in dict.fromkeys(ccs))
+        return cls(name, capacity_bps, tuple((cc, why) for cc, why in refused if why is not None))
 
 
 class Executor(abc.ABC):
@@ -94,11 +98,11 @@ class Executor(abc.ABC):
 
         return host_capacity_bps()[0]
 
-    def run_hosts(self, kv_cc: str | None) -> list[RunHost]:
-        """Every host a run may land on, each with the capacity ``scale: auto`` resolves at there and whether its
-        kernel sets the KV congestion control `kv_cc` (None: the hosts' default, nothing to ask): `check_run`
+    def run_hosts(self, ccs: tuple[str, ...]) -> list[RunHost]:
+        """Every host a run may land on, each with the capacity ``scale: auto`` resolves at there and which of the
+        congestion controls `ccs` its kernel refuses (none asked: the hosts' defaults, nothing to ask): `check_run`
         checks a run on each. Here: this host alone."""
-        return [RunHost.here("this host", self.run_capacity_bps(), kv_cc)]
+        return [RunHost.here("this host", self.run_capacity_bps(), ccs)]
 
     def cancel(self) -> None:
         """Stop the runs in progress and start none; a no-op where ``run`` is never called from several

@@ -83,11 +83,12 @@ def _node_name() -> str:
     return f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
 
 
-def host_facts(kv_cc: str | None) -> dict[str, Any]:
-    """The body of a Ray task pinned to one node: what `check_run` checks a run against there (`RunHost`)."""
+def host_facts(ccs: tuple[str, ...]) -> dict[str, Any]:
+    """The body of a Ray task pinned to one node: what `check_run` checks a run against there (`RunHost`), its
+    kernel asked for each congestion control in `ccs`."""
     from testbed.net.emulation import host_capacity_bps
 
-    return dataclasses.asdict(RunHost.here(_node_name(), host_capacity_bps()[0], kv_cc))
+    return dataclasses.asdict(RunHost.here(_node_name(), host_capacity_bps()[0], ccs))
 
 
 def run_on_node(task_d: dict[str, Any], scenario_text: str | None) -> tuple[dict[str, Any], bytes | None]:
@@ -156,7 +157,7 @@ class RayExecutor(Executor):
         self._pending: set[Any] = set()  # every caller's refs not yet returned, for `cancel`
         self._cancelled = False
         self._slots: int | None = None
-        self._hosts: dict[str | None, list[RunHost]] = {}  # `run_hosts` per KV congestion control asked
+        self._hosts: dict[tuple[str, ...], list[RunHost]] = {}  # `run_hosts` per congestion controls asked
 
     @property
     def slots(self) -> int:  # type: ignore[override]
@@ -167,12 +168,14 @@ class RayExecutor(Executor):
                 self._slots = max(1, int(ray.cluster_resources().get(NODE_RESOURCE, 1)))
             return self._slots
 
-    def run_hosts(self, kv_cc: str | None) -> list[RunHost]:
-        """Each node that takes runs, asked by a task pinned to it (once per congestion control; no CPU or run slot
-        asked, so it is answered while the node runs): its ``PRFAAS_CAPACITY_BPS`` (or the default) and its kernel."""
+    def run_hosts(self, ccs: tuple[str, ...]) -> list[RunHost]:
+        """Each node that takes runs, asked by a task pinned to it (once per tuple of congestion controls; no CPU or
+        run slot asked, so it is answered while the node runs): its ``PRFAAS_CAPACITY_BPS`` (or the default) and its
+        kernel."""
+        ccs = tuple(ccs)
         with self._lock:
-            if kv_cc in self._hosts:
-                return self._hosts[kv_cc]
+            if ccs in self._hosts:
+                return self._hosts[ccs]
         ray = self._connect()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -180,18 +183,18 @@ class RayExecutor(Executor):
         if not nodes:
             raise UserError(f"--executor ray: no live node of the cluster offers the resource {NODE_RESOURCE!r} (docs/scale-out.md)")
         ask = ray.remote(num_cpus=0, max_retries=0)(host_facts)
-        refs = {ask.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(kv_cc):
+        refs = {ask.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(ccs):
                 n for n in nodes}
         _, late = ray.wait(list(refs), num_returns=len(refs), timeout=HOST_FACTS_TIMEOUT_S)
         if late:
             _cancel_refs(late)
             names = ", ".join(f"{refs[r].get('NodeManagerAddress', '?')}/{refs[r]['NodeID'][:8]}" for r in late)
             raise UserError(f"--executor ray: node(s) {names} did not answer within {HOST_FACTS_TIMEOUT_S:g} s what a run "
-                            "there would resolve `scale: auto` at and whether its kernel sets the KV congestion control; "
+                            "there would resolve `scale: auto` at and whether its kernel sets the scenario's congestion controls; "
                             "is `ray status` healthy? (docs/scale-out.md)")
         hosts = sorted((RunHost(**ray.get(r)) for r in refs), key=lambda h: h.name)
         with self._lock:
-            self._hosts[kv_cc] = hosts
+            self._hosts[ccs] = hosts
         return hosts
 
     def cancel(self) -> None:

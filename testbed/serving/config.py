@@ -338,20 +338,28 @@ def check_scenario(scenario: Scenario) -> None:
 
 def plan_run(scenario: Scenario) -> ServingPlan:
     """Everything checked before a run starts on this host: `plan_serving`, then whether this host's kernel sets
-    the KV congestion control and each TCP cross-traffic flow's (iperf3 -C: a name the kernel lacks ended every
+    each congestion control the run names (`congestion_controls`: iperf3 -C with a name the kernel lacks ended every
     period's iperf3 at once, the run going on without that flow until 2026-12-07). (A run that may go to other
-    hosts is checked with `plan_serving`, and each host is asked for the KV's by
+    hosts is checked with `plan_serving`, and each host is asked for the same names by
     `experiments.executor.Executor.run_hosts`.)"""
     from testbed.kv.transport import congestion_control_refused
 
     plan = plan_serving(scenario)
-    cross = scenario.section("cross_traffic")
-    wanted = [("serving.kv_congestion_control", plan.spec.kv_congestion_control)] + \
-        [(f"cross_traffic.flows[{i}].congestion", flow.congestion) for i, flow in enumerate(cross.flows if cross else ())]
-    for name, cc in wanted:
-        if cc is not None and (why := congestion_control_refused(cc)) is not None:
+    for name, cc in congestion_controls(scenario, plan):
+        if (why := congestion_control_refused(cc)) is not None:
             raise FieldError(name, why, scenario.source)
     return plan
+
+
+def congestion_controls(scenario: Scenario, plan: ServingPlan) -> list[tuple[str, str]]:
+    """Every TCP congestion control a run of `scenario` sets, as (field, name), in the scenario's order: the KV's
+    (`serving.kv_congestion_control`) and each TCP cross-traffic flow's (`cross_traffic.flows[i].congestion`,
+    iperf3 -C); a field left to the hosts' default is not listed. What a host's kernel must set for the run:
+    `plan_run` asks this host, `experiments.engine.check_run` every host the run may land on."""
+    cross = scenario.section("cross_traffic")
+    named = [("serving.kv_congestion_control", plan.spec.kv_congestion_control)] + \
+        [(f"cross_traffic.flows[{i}].congestion", flow.congestion) for i, flow in enumerate(cross.flows if cross else ())]
+    return [(name, cc) for name, cc in named if cc is not None]
 
 
 def plan_serving(scenario: Scenario) -> ServingPlan:

@@ -185,10 +185,10 @@ def test_a_two_run_experiment_on_a_real_two_node_ray_cluster(ray_cluster: Any, l
     from experiments.engine import check_run
     from testbed.net.emulation import host_capacity_bps
 
-    hosts = ex.run_hosts("cubic")
+    hosts = ex.run_hosts(("cubic",))
     assert {h.name for h in hosts} == {o.node for o in outcomes.values()}
-    assert [h.capacity_bps for h in hosts] == [host_capacity_bps()[0]] * 2 and [h.kv_cc_refused for h in hosts] == [None, None]
-    assert all("'nosuchcc' cannot be set on this host" in str(h.kv_cc_refused) for h in ex.run_hosts("nosuchcc"))
+    assert [h.capacity_bps for h in hosts] == [host_capacity_bps()[0]] * 2 and [h.cc_refused for h in hosts] == [(), ()]
+    assert all("'nosuchcc' cannot be set on this host" in dict(h.cc_refused)["nosuchcc"] for h in ex.run_hosts(("cubic", "nosuchcc")))
     assert check_run(tasks[0].scenario, ["scale=auto"], executor=ex).scale == "auto"
 
 

@@ -200,8 +200,8 @@ class OnHosts(SequentialExecutor):
     def __init__(self, hosts: list) -> None:
         self.hosts, self.asked = hosts, []
 
-    def run_hosts(self, kv_cc):
-        self.asked.append(kv_cc)
+    def run_hosts(self, ccs):
+        self.asked.append(ccs)
         return self.hosts
 
 
@@ -213,36 +213,61 @@ def test_each_run_is_checked_on_every_host_it_may_land_on(tmp_path: Path, monkey
     from testbed.kv.transport import congestion_control_refused
     from testbed.net.emulation import host_capacity_bps
 
-    here = SequentialExecutor().run_hosts("cubic")  # this host: its whole capacity, and its kernel asked
-    assert here == [RunHost("this host", host_capacity_bps()[0], None)]
-    assert SequentialExecutor().run_hosts(None)[0].kv_cc_refused is None  # the hosts' default: nothing to ask
-    refused = SequentialExecutor().run_hosts("nosuchcc")[0].kv_cc_refused
-    assert refused == congestion_control_refused("nosuchcc") and "'nosuchcc' cannot be set on this host" in refused
-    assert ParallelExecutor(1, warn=False).run_hosts(None)[0].capacity_bps == host_capacity_bps()[0]
+    here = SequentialExecutor().run_hosts(("cubic",))  # this host: its whole capacity, and its kernel asked
+    assert here == [RunHost("this host", host_capacity_bps()[0], ())]
+    assert SequentialExecutor().run_hosts(())[0].cc_refused == ()  # the hosts' defaults: nothing to ask
+    refused = dict(SequentialExecutor().run_hosts(("cubic", "nosuchcc"))[0].cc_refused)  # only the refused one
+    assert list(refused) == ["nosuchcc"] and refused["nosuchcc"] == congestion_control_refused("nosuchcc")
+    assert "'nosuchcc' cannot be set on this host" in refused["nosuchcc"]
+    assert ParallelExecutor(1, warn=False).run_hosts(())[0].capacity_bps == host_capacity_bps()[0]
 
-    a, b = RunHost("a/0000000a", 5e9, None), RunHost("b/0000000b", 5e9, "'bbr' cannot be set on this host (no such)")
+    no_bbr = (("bbr", "'bbr' cannot be set on this host (no such)"),)
+    a, b = RunHost("a/0000000a", 5e9, ()), RunHost("b/0000000b", 5e9, no_bbr)
     auto = ["scale=auto", "serving.kv_congestion_control=bbr"]
     ex = OnHosts([a, a])
-    assert check_run("quick", auto, executor=ex).scale == "auto" and ex.asked == ["bbr"]
+    assert check_run("quick", auto, executor=ex).scale == "auto" and ex.asked == [("bbr",)]
     with pytest.raises(FieldError, match=r"quick\.yaml: serving\.kv_congestion_control: 'bbr' cannot be set on this host \(no such\) "
                                          r"\(on b/0000000b\)$"):
         check_run("quick", auto, executor=OnHosts([a, b]))
     # quick's 5 Gbps WAN: scale 1 at 5 Gbps, 10 at 500 Mbps -- the runs would not be comparable
-    slow = RunHost("c/0000000c", 5e8, None)
+    slow = RunHost("c/0000000c", 5e8, ())
     with pytest.raises(FieldError, match=r"quick\.yaml: scale: 'auto' resolves differently on the hosts the runs may land on "
                                          r"\(a/0000000a: 5 Gbps, scale 1, c/0000000c: 500 Mbps, scale 10\)"):
         check_run("quick", ["scale=auto"], executor=OnHosts([a, slow]))
     assert check_run("quick", ["scale=10"], executor=OnHosts([a, slow])).scale == 10  # a number is the same everywhere
     with pytest.raises(FieldError, match=r"\(on d/0000000d\)$"):  # a host so small that a wire rate falls below 8 Kbps
-        check_run("quick", ["scale=auto"], executor=OnHosts([a, RunHost("d/0000000d", 1.0, None)]))
+        check_run("quick", ["scale=auto"], executor=OnHosts([a, RunHost("d/0000000d", 1.0, ())]))
     with pytest.raises(FieldError, match=r"quick\.yaml: serving\.kv_congestion_control: 'bbr' cannot be set on this host \(no such\)$"):
-        check_run("quick", auto, executor=OnHosts([RunHost("this host", 5e9, b.kv_cc_refused)]))  # alone: no "(on ...)"
+        check_run("quick", auto, executor=OnHosts([RunHost("this host", 5e9, b.cc_refused)]))  # alone: no "(on ...)"
     # a run finished in out_dir is checked as a file only: no host is asked
     monkeypatch.setattr("experiments.engine.run_state", lambda out: engine.FINISHED if out == tmp_path else engine.TO_RUN)
     ex = OnHosts([b])
     assert check_run("quick", auto, tmp_path, executor=ex).scale == "auto" and ex.asked == []
     with pytest.raises(FieldError, match="on b/0000000b"):
         check_run("quick", auto, tmp_path / "not-run", executor=ex)
+
+
+def test_a_cross_traffic_flow_congestion_control_a_host_refuses_is_refused_naming_the_flow_and_the_host():
+    """Until 2026-12-07 `check_run` asked each host for the KV's congestion control only: a TCP cross-traffic flow's
+    (iperf3 -C) that a node lacked passed, and every period's iperf3 there exited at once, the run going on without
+    the flow. Each name is asked once; a scenario naming only a flow's, at a numeric scale, still asks the hosts."""
+    from experiments.engine import check_run
+    from experiments.executor import RunHost
+    from testbed.errors import FieldError
+
+    flows = ["topology.prfaas.cross=1", "topology.pd.cross=1",
+             "cross_traffic={flows: [{name: a, protocol: tcp, direction: prfaas_to_pd, congestion: cubic}, "
+             "{name: b, protocol: tcp, direction: prfaas_to_pd, congestion: bbr}]}"]
+    no_bbr = RunHost("b/0000000b", 5e9, (("bbr", "'bbr' cannot be set on this host (no such)"),))
+    ex = OnHosts([RunHost("a/0000000a", 5e9, ()), no_bbr])
+    with pytest.raises(FieldError, match=r"quick\.yaml: cross_traffic\.flows\[1\]\.congestion: 'bbr' cannot be set on this "
+                                         r"host \(no such\) \(on b/0000000b\)$"):
+        check_run("quick", flows, executor=ex)
+    assert ex.asked == [("cubic", "bbr")]  # scale 10: only the flows' names made it ask
+    ex = OnHosts([no_bbr])  # the KV's bbr too: its field is named first, and bbr asked once
+    with pytest.raises(FieldError, match=r"serving\.kv_congestion_control: 'bbr' cannot"):
+        check_run("quick", [*flows, "serving.kv_congestion_control=bbr"], executor=ex)
+    assert ex.asked == [("bbr", "cubic")]
 
 
 def test_ray_asks_each_live_node_that_takes_runs_once_and_names_one_that_does_not_answer(monkeypatch: pytest.MonkeyPatch):
@@ -263,8 +288,8 @@ def test_ray_asks_each_live_node_that_takes_runs_once_and_names_one_that_does_no
             self.node_id, self.soft = node_id, soft
 
     class Ref:
-        def __init__(self, node_id: str, kv_cc) -> None:
-            self.node_id, self.kv_cc = node_id, kv_cc
+        def __init__(self, node_id: str, ccs) -> None:
+            self.node_id, self.ccs = node_id, ccs
 
     asked: list[tuple] = []
     cancelled: list[str] = []
@@ -277,14 +302,14 @@ def test_ray_asks_each_live_node_that_takes_runs_once_and_names_one_that_does_no
         def options(self, scheduling_strategy: Pinned) -> "Remote":
             return Remote(self.fn, {**self.opts, "pinned": scheduling_strategy})
 
-        def remote(self, kv_cc) -> Ref:
+        def remote(self, ccs) -> Ref:
             p = self.opts["pinned"]
-            asked.append((self.fn.__name__, p.node_id, p.soft, self.opts["num_cpus"], kv_cc))
-            return Ref(p.node_id, kv_cc)
+            asked.append((self.fn.__name__, p.node_id, p.soft, self.opts["num_cpus"], ccs))
+            return Ref(p.node_id, ccs)
 
     def get(ref: Ref) -> dict:
         return {"name": f"h/{ref.node_id[:8]}", "capacity_bps": 5e9 if ref.node_id != "n3" * 8 else 2e9,
-                "kv_cc_refused": None if ref.kv_cc != "bbr" or ref.node_id != "n3" * 8 else "'bbr' cannot be set"}
+                "cc_refused": tuple((cc, f"'{cc}' cannot be set") for cc in ref.ccs if cc == "bbr" and ref.node_id == "n3" * 8)}
 
     strategies.NodeAffinitySchedulingStrategy = Pinned
     ray.util = util
@@ -303,17 +328,17 @@ def test_ray_asks_each_live_node_that_takes_runs_once_and_names_one_that_does_no
         monkeypatch.setitem(sys.modules, name, mod)
 
     ex = RayExecutor("auto", progress=False)
-    hosts = ex.run_hosts("bbr")
-    assert hosts == [RunHost("h/n1n1n1n1", 5e9, None), RunHost("h/n3n3n3n3", 2e9, "'bbr' cannot be set")]
-    assert asked == [("host_facts", "n1" * 8, False, 0, "bbr"), ("host_facts", "n3" * 8, False, 0, "bbr")]
-    assert ex.run_hosts("bbr") == hosts and len(asked) == 2  # asked once
-    assert ex.run_hosts(None)[1].kv_cc_refused is None and len(asked) == 4  # another congestion control: asked again
+    hosts = ex.run_hosts(("cubic", "bbr"))
+    assert hosts == [RunHost("h/n1n1n1n1", 5e9, ()), RunHost("h/n3n3n3n3", 2e9, (("bbr", "'bbr' cannot be set"),))]
+    assert asked == [("host_facts", "n1" * 8, False, 0, ("cubic", "bbr")), ("host_facts", "n3" * 8, False, 0, ("cubic", "bbr"))]
+    assert ex.run_hosts(("cubic", "bbr")) == hosts and len(asked) == 2  # asked once
+    assert ex.run_hosts(("cubic",))[1].cc_refused == () and len(asked) == 4  # other congestion controls: asked again
     late.add("n3" * 8)
     with pytest.raises(UserError, match=r"^--executor ray: node\(s\) 10\.0\.0\.3/n3n3n3n3 did not answer within 60 s what a run "
                                         r"there would resolve `scale: auto` at"):
-        ex.run_hosts("cubic")
+        ex.run_hosts(("reno",))
     assert cancelled == ["n3" * 8]
     monkeypatch.setattr(ray, "nodes", lambda: [])
     with pytest.raises(UserError, match="no live node of the cluster offers the resource 'prfaas_node'"):
-        RayExecutor("auto", progress=False).run_hosts(None)
+        RayExecutor("auto", progress=False).run_hosts(())
     assert ray_executor.HOST_FACTS_TIMEOUT_S == 60
