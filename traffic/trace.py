@@ -47,7 +47,7 @@ class TraceLineError(ValueError):
 
 @dataclass(frozen=True)
 class TraceData:
-    requests: list[Request]
+    requests: tuple[Request, ...]  # a tuple: `traffic.workload.trace_data` hands one kept result to every caller
     skipped: int = 0
     problems: tuple[str, ...] = field(default=())  # the first KEEP_PROBLEMS reasons for skipped lines
     path: str = ""
@@ -172,7 +172,7 @@ def read_trace(path: str | Path, skip_bad: bool = False, skip_hint: str | None =
                         problems.append(str(exc))
         except UnicodeDecodeError:  # read in blocks, ahead of the lines: "after line 0" for a bad byte on line 40
             raise UserError(f"trace {p}: not UTF-8 text (line {_bad_utf8_line(p)}); a Mooncake JSONL file is expected") from None
-    return TraceData(requests, skipped, tuple(problems), str(p))
+    return TraceData(tuple(requests), skipped, tuple(problems), str(p))
 
 
 def _bad_utf8_line(p: Path) -> int:

@@ -9,6 +9,7 @@ See docs/scenario-workload.md for the YAML form.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -128,13 +129,38 @@ def check_workload(scenario: Scenario) -> None:
 
 
 def trace_data(trace: TraceSource) -> TraceData:
-    """The requests of a workload's trace (`read_trace`); a trace of none, every line bad and skipped, is refused."""
-    data = read_trace(trace.path, skip_bad=trace.skip_bad,
-                      skip_hint="set workload.trace.skip_bad: true to skip and count bad lines")
+    """The requests of a workload's trace (`read_trace`); a trace of none, every line bad and skipped, is refused.
+    The one reader of a workload's trace: `check_workload`, `generate_batch` (a run; `prfaas check`'s arrival rate and
+    throughput model) and `prfaas check`'s skip_bad warning. The last `TRACES_KEPT` results are kept, keyed by the file
+    as it is now (resolved path, device and inode, size, modification time in ns) and skip_bad: `prfaas check` read a
+    large trace four times, seconds each, until 2026-12-07; an edited or replaced file is read again."""
+    try:
+        st = Path(trace.path).stat()
+    except OSError:  # `read_trace` names the problem
+        data = _read(trace.path, trace.skip_bad)
+    else:
+        data = _read_kept(trace.path, str(Path(trace.path).resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                          trace.skip_bad)
     if not data.requests:  # every line bad, and skipped: the run would have replayed nothing
         why = f"{data.skipped} bad lines skipped, the first: {data.problems[0]}" if data.problems else "it is empty"
         raise UserError(f"trace {data.path}: no requests ({why}); a workload's trace needs at least one")
     return data
+
+
+# Traces `trace_data` keeps parsed: the last two (a large one holds its requests' block ids in memory for the process).
+TRACES_KEPT = 2
+
+
+def _read(path: str, skip_bad: bool) -> TraceData:
+    return read_trace(path, skip_bad=skip_bad, skip_hint="set workload.trace.skip_bad: true to skip and count bad lines")
+
+
+@functools.lru_cache(maxsize=TRACES_KEPT)
+def _read_kept(path: str, resolved: str, dev: int, ino: int, size: int, mtime_ns: int, skip_bad: bool) -> TraceData:
+    """`_read`, kept per file version (`trace_data`): the arguments after `path` are only the key (`path` as given
+    too, so that the messages name the file as the scenario does). A `TraceData` is immutable (its requests a tuple of
+    frozen `Request`s), so the kept one is handed to every caller."""
+    return _read(path, skip_bad)
 
 
 def generate_batch(spec: WorkloadSpec | None, seed: int, duration_s: float | None) -> RequestBatch:

@@ -205,3 +205,31 @@ def test_a_trace_whose_every_request_arrives_after_the_run_is_refused_when_the_s
     assert list(generate_batch(sc.section("workload"), 1, sc.duration_s).arrival_s) == [1.0]  # the normal cut
     # new arrival times: the trace's own are not used
     assert parse_scenario({**data, "workload": {"trace": {"path": str(trace)}, "arrivals": {"process": "poisson", "rate": 1}}})
+
+
+def test_a_workload_trace_is_parsed_once_per_file_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prfaas check` read a scenario's trace four times (the workload check, the arrival rate, the throughput model,
+    the skip_bad warning), seconds each for a large one, until 2026-12-07: `trace_data` keeps the result per file
+    version, and reads a file again once edited (its size or modification time changed)."""
+    import os
+
+    from traffic import trace as trace_mod
+    from traffic.workload import trace_data
+
+    parsed: list[int] = []
+    parse_line = trace_mod.parse_line
+    monkeypatch.setattr(trace_mod, "parse_line", lambda text, lineno, rid: parsed.append(lineno) or parse_line(text, lineno, rid))
+    path = _timed_trace(tmp_path / "t.jsonl", 1_000, 2_000)
+    spec = parse({"trace": {"path": str(path)}})
+    first = trace_data(spec.trace)
+    assert parsed == [1, 2] and isinstance(first.requests, tuple)  # kept, so it cannot be changed under another caller
+    assert trace_data(spec.trace) is first and len(generate_batch(spec, 1, 10.0).arrival_s) == 2 and parsed == [1, 2]
+    assert trace_data(parse({"trace": {"path": str(path), "skip_bad": True}}).trace) == first and len(parsed) == 4
+    # edited in place to the same size: only the modification time tells (set apart here, as a clock tick may not)
+    mtime_ns = path.stat().st_mtime_ns
+    _timed_trace(path, 5_000, 6_000)
+    os.utime(path, ns=(mtime_ns, mtime_ns + 1_000_000))
+    assert [r.arrival_s for r in trace_data(spec.trace).requests] == [5.0, 6.0] and len(parsed) == 6
+    _timed_trace(path, 1_000, 2_000, 3_000)  # edited: longer
+    os.utime(path, ns=(mtime_ns, mtime_ns))  # its size alone tells
+    assert len(trace_data(spec.trace).requests) == 3 and parsed[6:] == [1, 2, 3]
