@@ -22,7 +22,7 @@ from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
 from testbed.validation import (REQUIRED, Fields, at_most, boolean, load_yaml, name_or_stem, number, path_exists, whole_number, random_seed,
-                                read_yaml)
+                                read_yaml, shown)
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -516,7 +516,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     if not isinstance(out, dict):  # a list or scalar file: its reader refuses it, naming the file
         return out
     for item in overrides:
-        said = repr(item) if len(item) <= 200 else f"{item[:60]!r}... ({len(item)} characters)"  # a 6000-character value echoed whole
+        said = shown(item)  # a 6000-character value was echoed whole
         if "=" not in item:
             raise UserError(f"--set {said}: use key=value, e.g. --set wan.rate=20Gbps")
         key, value = item.split("=", 1)

@@ -20,7 +20,7 @@ from testbed.errors import FieldError, UserError
 __all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "CONGESTION_CONTROL_NAME_MAX", "FieldError", "Fields", "at_least_one", "boolean", "congestion_control", "count_up_to", "integers",
            "load_yaml", "mapping", "name_or_stem", "non_negative", "not_a_folder", "number", "option", "output_file_option", "path_exists", "path_option", "path_is_dir",
            "path_is_file", "path_name", "plain_name", "planned_runs", "whole_number", "digits_python_reads", "positive_number", "random_seed",
-           "read_json", "read_text", "read_yaml", "run_count", "string", "text"]
+           "read_json", "read_text", "read_yaml", "run_count", "shown", "string", "text"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -134,15 +134,20 @@ def whole_number(v: Any) -> int:
     return v
 
 
-def _shown(v: Any) -> str:
-    """`v` as a message shows it: a whole number of 21 digits or more by its length."""
-    return f"a {len(str(abs(v)))}-digit number" if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**20 else repr(v)
+def shown(v: Any) -> str:
+    """`v` as a message shows it: a whole number of 21 digits or more by its length, a string of more than 200
+    characters by its first 60 and its length (a 5000-character model name was echoed whole, 2026-12-07)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**20:
+        return f"a {len(str(abs(v)))}-digit number"
+    if isinstance(v, str) and len(v) > 200:
+        return f"{v[:60]!r}... ({len(v)} characters)"
+    return repr(v)
 
 
 def random_seed(v: Any) -> int:
     """A random seed: a whole number from 0 to `MAX_SEED` (not a bool)."""
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SEED:
-        raise ValueError(f"{_shown(v)} is not a seed; use a whole number from 0 to {MAX_SEED} (2**32 - 1)")
+        raise ValueError(f"{shown(v)} is not a seed; use a whole number from 0 to {MAX_SEED} (2**32 - 1)")
     return v
 
 
@@ -154,7 +159,7 @@ def at_most(read: Callable[[Any], T], most: float, unit: str = "", why: str = ""
         x = read(v)
         if x > most:  # type: ignore[operator]
             bound = most if isinstance(most, int) else f"{most:g}"
-            raise ValueError(f"{_shown(v)} is more than {bound}" + (f" {unit}" if unit else "") + (f", {why}" if why else ""))
+            raise ValueError(f"{shown(v)} is more than {bound}" + (f" {unit}" if unit else "") + (f", {why}" if why else ""))
         return x
 
     return check
@@ -167,7 +172,7 @@ def count_up_to(most: int, why: str = "") -> Callable[[Any], int]:
     def read(v: Any) -> int:
         n = at_least_one(v)
         if n > most:
-            raise ValueError(f"{_shown(n)} is more than {most}" + (f", {why}" if why else ""))
+            raise ValueError(f"{shown(n)} is more than {most}" + (f", {why}" if why else ""))
         return n
 
     return read
@@ -181,7 +186,7 @@ def planned_runs(runs: int, how: str) -> int:
     """`runs`, what a command's counts plan together (`how` says how, e.g. "3 arms x 5000 seeds x 1 repetition"), when
     at most `MAX_RUNS`; else a ValueError saying so."""
     if runs > MAX_RUNS:
-        raise ValueError(f"{how} make {_shown(runs)} runs, more than {MAX_RUNS}, {_RUNS_WHY}")
+        raise ValueError(f"{how} make {shown(runs)} runs, more than {MAX_RUNS}, {_RUNS_WHY}")
     return runs
 
 

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from testbed.errors import FieldError, UserError
 from testbed.kv.cache import FULL_KINDS
 from testbed.validation import (Fields, name_or_stem, path_exists, path_is_dir, path_is_file, plain_name, random_seed, read_yaml,
-                                string, text)
+                                shown, string, text)
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 MODEL_NAMES = "the model: its KV transfers and profiles carry it"  # what a spec's name names (validation.plain_name)
@@ -377,9 +377,10 @@ def load_model_spec(name_or_file: str, base_dir: str | Path | None = None) -> Mo
         if path_is_file(path):
             return parse_model_spec(read_yaml(path, MODEL_SPEC_WHAT), str(path), default_name=path.stem)
     folder = next((path for path in candidates if path_is_dir(path)), None)
+    # the name as `validation.shown` shows it: a 5000-character name was echoed whole before 2026-12-07
     if folder is not None:  # "no such file" before 2026-12-07
-        raise UserError(f"model {text!r}: {folder} is a folder; name a preset or a YAML spec file (docs/models.md)")
-    raise UserError(f"model {text!r}: not a preset and no such file; presets: {', '.join(list_presets())}")
+        raise UserError(f"model {shown(text)}: {folder} is a folder; name a preset or a YAML spec file (docs/models.md)")
+    raise UserError(f"model {shown(text)}: not a preset and no such file; presets: {', '.join(list_presets())}")
 
 
 # -------------------------------------------------------------------------------- scenario section

@@ -267,3 +267,11 @@ def test_a_folder_named_as_a_model_is_said_to_be_a_folder(tmp_path: Path) -> Non
     (tmp_path / "my.yaml").mkdir()
     with pytest.raises(UserError, match=r"my.yaml is a folder; name a preset or a YAML spec file"):  # "no such file" before
         load_model_spec(str(tmp_path / "my.yaml"))
+
+
+def test_a_missing_model_of_a_long_name_is_shown_by_its_start_and_length() -> None:
+    """A 5000-character name that is no model was echoed whole (2026-12-07); it is shown as other long values are."""
+    with pytest.raises(UserError) as err:
+        load_model_spec("m" * 5000)
+    assert f"model {'m' * 60!r}... (5000 characters): not a preset and no such file" in str(err.value)
+    assert len(str(err.value)) < 400
