@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 from testbed.errors import FieldError, UserError
 from testbed.kv.cache import FULL_KINDS
-from testbed.validation import (Fields, name_or_stem, path_exists, path_is_dir, path_is_file, plain_name, random_seed, read_yaml,
-                                shown, string, text)
+from testbed.validation import (Fields, at_most, count_up_to, name_or_stem, path_exists, path_is_dir, path_is_file, plain_name,
+                                random_seed, read_yaml, shown, string, text, whole_number)
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 MODEL_NAMES = "the model: its KV transfers and profiles carry it"  # what a spec's name names (validation.plain_name)
@@ -48,23 +48,16 @@ def parse_dtype(v: Any) -> str:
 
 # The largest size a geometry key may give (heads, dimensions, ranks, a window, a repeat): 2^24, past any model
 # (a window of 16M tokens is `units.MAX_TOKENS`). `rope_dim: 1e400`-sized ints were accepted and a `repeat` of one
-# was an OverflowError traceback before 2026-12-07.
+# was an OverflowError traceback before 2026-12-07. Read by `validation.count_up_to` (a size >= 1) and `at_most` over
+# `whole_number` (conv_kernel, 0 for none); spec._whole repeated both until 2026-12-07.
 MAX_SIZE = 2**24
-
-
-def _whole(minimum: int) -> Any:
-    def parse(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ValueError(f"{v!r} is not a whole number >= {minimum}")
-        if v > MAX_SIZE:
-            raise ValueError(f"{v if v < 10**12 else f'a {len(str(v))}-digit number'} is more than {MAX_SIZE} (2^24)")
-        return v
-
-    return parse
+_SIZE_WHY = "the largest size in a model spec (spec.MAX_SIZE, 2^24: past any model)"
+_size = count_up_to(MAX_SIZE, _SIZE_WHY)
+_size_or_none = at_most(whole_number, MAX_SIZE, why=_SIZE_WHY)
 
 
 def _even(v: Any) -> int:
-    n = _whole(2)(v)
+    n = _size(v)
     if n % 2:
         raise ValueError(f"{v!r} must be even (RoPE rotates pairs of dimensions)")
     return n
@@ -246,15 +239,15 @@ def _parse_layer(f: Fields) -> LayerSpec:
     kind = f.choice("kind", tuple(LAYER_CLASSES))
     layer: LayerSpec
     if kind == "linear":
-        heads = f.get("heads", _whole(1))
-        key_dim = f.get("key_dim", _whole(1))
-        qk_heads = f.get("qk_heads", _whole(1), heads)
+        heads = f.get("heads", _size)
+        key_dim = f.get("key_dim", _size)
+        qk_heads = f.get("qk_heads", _size, heads)
         layer = LinearLayer(
             heads=heads,
             key_dim=key_dim,
-            value_dim=f.get("value_dim", _whole(1), key_dim),
+            value_dim=f.get("value_dim", _size, key_dim),
             qk_heads=qk_heads,
-            conv_kernel=f.get("conv_kernel", _whole(0), 0),
+            conv_kernel=f.get("conv_kernel", _size_or_none, 0),
             rule=f.choice("rule", LINEAR_RULES, "delta"),
             state_dtype=f.get("state_dtype", parse_dtype, None),
         )
@@ -263,7 +256,7 @@ def _parse_layer(f: Fields) -> LayerSpec:
         if layer.conv_kernel == 1:
             raise f.error("conv_kernel", "1 keeps no conv state; use 0 for no short conv or >= 2")
         if f.has("conv_channels"):
-            channels = f.get("conv_channels", _whole(1))
+            channels = f.get("conv_channels", _size)
             if channels != layer.conv_channels:
                 raise f.error(
                     "conv_channels",
@@ -271,7 +264,7 @@ def _parse_layer(f: Fields) -> LayerSpec:
                     f"{layer.conv_channels}" + ("" if layer.conv_kernel else " (no conv_kernel given, so 0)"),
                 )
     elif kind in ("gqa", "swa"):
-        kv_heads = f.get("kv_heads", _whole(1))
+        kv_heads = f.get("kv_heads", _size)
         if f.has("head_dim") and (f.has("k_head_dim") or f.has("v_head_dim")):
             raise f.error("head_dim", "give either head_dim or k_head_dim and v_head_dim, not both")
         if f.has("head_dim"):
@@ -279,13 +272,13 @@ def _parse_layer(f: Fields) -> LayerSpec:
             v_dim = k_dim
         else:
             k_dim = f.get("k_head_dim", _even)
-            v_dim = f.get("v_head_dim", _whole(1))
+            v_dim = f.get("v_head_dim", _size)
         if kind == "gqa":
             layer = GQALayer(kv_heads, k_dim, v_dim)
         else:
-            layer = SWALayer(kv_heads, k_dim, v_dim, window=f.get("window", _whole(1)))
+            layer = SWALayer(kv_heads, k_dim, v_dim, window=f.get("window", _size))
     else:
-        layer = MLALayer(kv_lora_rank=f.get("kv_lora_rank", _whole(1)), rope_dim=f.get("rope_dim", _even))
+        layer = MLALayer(kv_lora_rank=f.get("kv_lora_rank", _size), rope_dim=f.get("rope_dim", _even))
     f.done()
     return layer
 
@@ -310,7 +303,7 @@ def _expand_layers(f: Fields, geometries: dict[str, LayerSpec]) -> tuple[LayerSp
             out.append(_parse_layer(Fields(item, where, f.source)))
         elif isinstance(item, dict):
             g = Fields(item, where, f.source)
-            repeat = g.get("repeat", _whole(1), 1)
+            repeat = g.get("repeat", _size, 1)
             pattern = g.get("pattern", lambda v: v if isinstance(v, list) and v else _raise("must be a non-empty list of geometry names"))
             g.done()
             block = [named(v, f"{where}.pattern[{j}]") for j, v in enumerate(pattern)]

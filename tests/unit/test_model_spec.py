@@ -275,3 +275,19 @@ def test_a_missing_model_of_a_long_name_is_shown_by_its_start_and_length() -> No
         load_model_spec("m" * 5000)
     assert f"model {'m' * 60!r}... (5000 characters): not a preset and no such file" in str(err.value)
     assert len(str(err.value)) < 400
+
+
+@pytest.mark.parametrize("layer,field,message", [
+    ({**GOOD_LINEAR, "key_dim": 2**24 + 1}, "key_dim",
+     "16777217 is more than 16777216, the largest size in a model spec (spec.MAX_SIZE, 2^24: past any model)"),
+    ({**GOOD_LINEAR, "conv_kernel": 2**24 + 1}, "conv_kernel", "16777217 is more than 16777216, the largest size"),
+    ({**GOOD_LINEAR, "conv_kernel": -1}, "conv_kernel", "-1 is not a whole number >= 0"),
+    ({**GOOD_LINEAR, "heads": 2.5}, "heads", "2.5 is not a whole number >= 1"),
+])
+def test_a_size_is_read_by_validations_bounded_readers(layer: dict, field: str, message: str) -> None:
+    """Sizes are validation.count_up_to / at_most(whole_number) with spec.MAX_SIZE (spec._whole repeated them until
+    2026-12-07): the same words as every other bounded count."""
+    with pytest.raises(FieldError) as err:
+        parse_model_spec({"name": "x", "layers": [layer]}, "spec.yaml")
+    assert err.value.field == f"layers[0].{field}"
+    assert message in str(err.value)
