@@ -9,7 +9,7 @@ import json
 from testbed import units
 from testbed.errors import UserError
 from testbed.validation import at_least_one, option, output_file_option, random_seed
-from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, list_presets, load_model_spec
+from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, list_presets, load_model_spec, parse_state_dtype
 
 KIND_LABELS = {"gqa": "full attention (GQA/MHA)", "mla": "full attention (MLA)", "linear": "linear (fixed state)", "swa": "sliding window"}
 
@@ -24,7 +24,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     )
     p.add_argument("--model", help="a preset name or a YAML spec file (see docs/models.md)")
     p.add_argument("--tokens", help="input tokens, e.g. 32768 or 32K (1K = 1024)")
-    p.add_argument("--state-dtype", help=f"dtype of the recurrent state: {' or '.join(STATE_DTYPES[:2])} (default: the spec's, bfloat16)")
+    p.add_argument("--state-dtype", help=f"dtype of the recurrent state: {', '.join(STATE_DTYPES)} (default: the spec's, bfloat16)")
     p.add_argument("--json", action="store_true", help="print JSON (total_bytes, full_attention_bytes, ...)")
     p.set_defaults(func=run_kv_size)
 
@@ -64,12 +64,14 @@ def _tokens(text: str | None) -> int:
 
 
 def _state_dtype(text: str | None) -> str | None:
+    """--state-dtype by `spec.parse_state_dtype`, the reader of a spec's and a scenario's state dtype (this option had
+    its own table until 2026-12-07: float16 and fp8 refused, which a scenario or a spec file took)."""
     if text is None:
         return None
-    allowed = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
-    if text.lower() not in allowed:
-        raise UserError(f"--state-dtype: {text!r} is not allowed; use float32 or bfloat16")
-    return allowed[text.lower()]
+    try:
+        return parse_state_dtype(text)
+    except ValueError as exc:
+        raise UserError(f"--state-dtype: {exc}") from None
 
 
 def kv_size_report(spec: ModelSpec, tokens: int, state_dtype: str | None) -> dict:

@@ -32,18 +32,33 @@ MODEL_SPEC_WHAT = "a model spec (a YAML mapping of name, layers, ...: docs/model
 # Cache dtypes: canonical torch name -> bytes per element. Aliases are accepted in files and options.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp8": "float8_e4m3fn"}
+# A linear layer's recurrent state may be in any cache dtype: float8 state runs in the torch model as the others do
+# (prefill, decode, batched decode, a checkpoint, the wire; the state is rounded to it at every chunk boundary).
+# `parse_state_dtype` is the one reader of a state dtype: a spec file's state_dtype (the model's, a layer's), a
+# scenario's model.state_dtype and `prfaas kv-size --state-dtype`. Before 2026-12-07 a spec file took fp8 and the
+# other two refused it, and --state-dtype (its own table) refused the float16 that a scenario took.
+STATE_DTYPES = tuple(DTYPE_BYTES)
 DEFAULT_KV_DTYPE = "bfloat16"
 DEFAULT_STATE_DTYPE = "bfloat16"
 LINEAR_RULES = ("delta", "decay")
 
 
+def _dtype(v: Any, allowed: tuple[str, ...], what: str) -> str:
+    name = DTYPE_ALIASES.get(str(v).lower(), str(v).lower())
+    if name not in allowed:
+        names = ", ".join(list(allowed) + [a for a, n in DTYPE_ALIASES.items() if n in allowed])
+        raise ValueError(f"{shown(v)} is not {what}; use one of: {names}")
+    return name
+
+
 def parse_dtype(v: Any) -> str:
     """``"bf16"`` -> ``"bfloat16"``; refuses anything that is not a cache dtype."""
-    name = DTYPE_ALIASES.get(str(v).lower(), str(v).lower())
-    if name not in DTYPE_BYTES:
-        allowed = ", ".join(list(DTYPE_BYTES) + list(DTYPE_ALIASES))
-        raise ValueError(f"{v!r} is not a cache dtype; use one of: {allowed}")
-    return name
+    return _dtype(v, tuple(DTYPE_BYTES), "a cache dtype")
+
+
+def parse_state_dtype(v: Any) -> str:
+    """``"fp32"`` -> ``"float32"``: the one reader of a linear layer's state dtype (`STATE_DTYPES`)."""
+    return _dtype(v, STATE_DTYPES, "a state dtype")
 
 
 # The largest size a geometry key may give (heads, dimensions, ranks, a window, a repeat): 2^24, past any model
@@ -193,7 +208,7 @@ class ModelSpec:
         """An explicit `state_dtype` (the CLI's ``--state-dtype``) wins over the layer's and the model's."""
         layer = self.layers[layer_index]
         if state_dtype:
-            return parse_dtype(state_dtype)
+            return parse_state_dtype(state_dtype)
         return getattr(layer, "state_dtype", None) or self.state_dtype
 
     def layer_tensors(self, layer_index: int, tokens: int, state_dtype: str | None = None,
@@ -249,7 +264,7 @@ def _parse_layer(f: Fields) -> LayerSpec:
             qk_heads=qk_heads,
             conv_kernel=f.get("conv_kernel", _size_or_none, 0),
             rule=f.choice("rule", LINEAR_RULES, "delta"),
-            state_dtype=f.get("state_dtype", parse_dtype, None),
+            state_dtype=f.get("state_dtype", parse_state_dtype, None),
         )
         if heads % qk_heads:
             raise f.error("qk_heads", f"{qk_heads} must divide heads ({heads}): each q/k head serves heads/qk_heads value heads")
@@ -336,7 +351,7 @@ def parse_model_spec(data: Any, source: str | None = None, default_name: str = "
         name=name,
         layers=_expand_layers(f, geometries),
         kv_dtype=f.get("kv_dtype", parse_dtype, DEFAULT_KV_DTYPE),
-        state_dtype=f.get("state_dtype", parse_dtype, DEFAULT_STATE_DTYPE),
+        state_dtype=f.get("state_dtype", parse_state_dtype, DEFAULT_STATE_DTYPE),
         description=f.get("description", string, ""),
         hf_repo=f.get("hf_repo", string, ""),
         source=source or "",
@@ -405,7 +420,7 @@ def parse_model_section(f: Fields) -> ModelSection:
         spec = load_model_spec(name, base)
     except UserError as exc:
         raise f.error("name", str(exc)) from None
-    state_dtype = f.get("state_dtype", _state_dtype, None)
+    state_dtype = f.get("state_dtype", parse_state_dtype, None)
     if state_dtype:
         spec = replace(spec, state_dtype=state_dtype)
     section = ModelSection(
@@ -421,12 +436,3 @@ def parse_model_section(f: Fields) -> ModelSection:
     f.done()
     return section
 
-
-STATE_DTYPES = ("bfloat16", "float32", "float16")
-
-
-def _state_dtype(v: Any) -> str:
-    name = parse_dtype(v)
-    if name not in STATE_DTYPES:
-        raise ValueError(f"{v!r} is not a state dtype; use one of: {', '.join(STATE_DTYPES)}")
-    return name

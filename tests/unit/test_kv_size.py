@@ -129,7 +129,8 @@ BAD_ARGS = [
     (["--model", "gpt-17", "--tokens", "1K"], "not a preset and no such file"),
     (["--model", "kimi-linear-48b", "--tokens", "lots"], "--tokens: 'lots' is not a whole number of tokens"),
     (["--model", "kimi-linear-48b", "--tokens", "-5"], "--tokens"),
-    (["--model", "kimi-linear-48b", "--tokens", "1K", "--state-dtype", "int8"], "--state-dtype: 'int8' is not allowed; use float32 or bfloat16"),
+    (["--model", "kimi-linear-48b", "--tokens", "1K", "--state-dtype", "int8"],
+     "--state-dtype: 'int8' is not a state dtype; use one of: float32, bfloat16, float16, float8_e4m3fn"),
 ]
 
 
@@ -155,3 +156,16 @@ def test_every_preset_appears_in_the_help_listing() -> None:
     sub = build_parser()._subparsers._group_actions[0].choices["kv-size"]  # type: ignore[union-attr]
     for name in list_presets():
         assert name in sub.description
+
+
+@pytest.mark.parametrize("given,dtype,state_bytes", [("float16", "float16", 2), ("fp8", "float8_e4m3fn", 1), ("fp32", "float32", 4)])
+def test_state_dtype_takes_what_a_spec_file_and_a_scenario_take(capsys: pytest.CaptureFixture[str], given: str, dtype: str,
+                                                                 state_bytes: int) -> None:
+    """--state-dtype is read by spec.parse_state_dtype, as a spec file's and model.state_dtype are: it refused float16
+    and fp8 (its own table) before 2026-12-07."""
+    spec = load_model_spec("kimi-linear-48b")
+    rc, out, _ = _run(capsys, "--model", "kimi-linear-48b", "--tokens", "1K", "--state-dtype", given, "--json")
+    r = json.loads(out)
+    assert (rc, r["state_dtype"]) == (0, dtype)
+    recurrent = sum(layer.heads * layer.key_dim * layer.value_dim for layer in spec.layers if layer.kind == "linear")
+    assert r["fixed_state_bytes"] == spec.kv_bytes(1024, "bfloat16").fixed_state_bytes + recurrent * (state_bytes - 2)

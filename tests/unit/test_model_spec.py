@@ -211,7 +211,7 @@ BAD_SECTIONS = [
     ({"name": "kimi-linear-48b", "compute": "gpu"}, "model.compute", "torch, profile"),
     ({"name": "kimi-linear-48b", "variant": "huge"}, "model.variant", "faithful, tiny"),
     ({"name": "kimi-linear-48b", "device": "tpu"}, "model.device", "auto, cpu, cuda"),
-    ({"name": "kimi-linear-48b", "state_dtype": "fp8"}, "model.state_dtype", "bfloat16, float32"),
+    ({"name": "kimi-linear-48b", "state_dtype": "int8"}, "model.state_dtype", "'int8' is not a state dtype; use one of: float32, bfloat16, float16, float8_e4m3fn"),
     ({"name": "kimi-linear-48b", "seed": -1}, "model.seed", "use a whole number from 0 to 4294967295"),
     ({"name": "kimi-linear-48b", "hidden": 12}, "model.hidden", "unknown key"),
 ]
@@ -291,3 +291,16 @@ def test_a_size_is_read_by_validations_bounded_readers(layer: dict, field: str, 
         parse_model_spec({"name": "x", "layers": [layer]}, "spec.yaml")
     assert err.value.field == f"layers[0].{field}"
     assert message in str(err.value)
+
+
+def test_a_state_dtype_is_read_alike_in_a_spec_file_a_layer_and_a_scenario() -> None:
+    """One reader (spec.parse_state_dtype), one set (every cache dtype): a spec file took fp8 and model.state_dtype
+    refused it before 2026-12-07."""
+    linear = {**GOOD_LINEAR, "state_dtype": "fp8"}
+    spec = parse_model_spec({"name": "x", "state_dtype": "fp8", "layers": [linear, GOOD_LINEAR]}, "spec.yaml")
+    assert [spec.layer_state_dtype(i) for i in range(2)] == ["float8_e4m3fn"] * 2
+    section = parse_model_section(Fields({"name": "kimi-linear-48b", "state_dtype": "fp8"}, "model"))
+    assert section.state_dtype == section.spec.state_dtype == "float8_e4m3fn"
+    for where in ({"name": "x", "state_dtype": "int8", "layers": [GOOD_LINEAR]}, {"name": "x", "layers": [{**GOOD_LINEAR, "state_dtype": "int8"}]}):
+        with pytest.raises(FieldError, match="'int8' is not a state dtype; use one of: float32, bfloat16, float16, float8_e4m3fn"):
+            parse_model_spec(where, "spec.yaml")

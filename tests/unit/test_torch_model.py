@@ -314,6 +314,23 @@ def test_decode_with_bf16_caches_stays_close_to_prefill_and_picks_the_same_token
         assert int(logits.argmax()) == int(full[i].argmax())
 
 
+def test_float8_state_runs_prefill_decode_and_a_batched_step_in_the_spec_bytes() -> None:
+    """A state dtype is any cache dtype (spec.STATE_DTYPES, docs/models.md): float8 state is rounded and cached as the
+    others are, and a decode step picks the token a longer prefill picks."""
+    model = build_model(small_spec(HYBRID, state_dtype="float8_e4m3fn"), "faithful", seed=0, device="cpu")
+    ids = prompt(40, model.vocab_size)
+    full, _ = model.prefill(ids)
+    _, cache = model.prefill(ids[:37], request_id="a")
+    _, other = model.prefill(ids[:20], request_id="b")
+    for i in range(37, 40):
+        logits = model.decode(int(ids[i]), cache)
+        assert torch.isfinite(logits).all() and int(logits.argmax()) == int(full[i].argmax())
+    model.decode_batch([1, 2], [cache, other])
+    for c in (cache, other):
+        assert {layer.tensors["state"].dtype for layer in c.layers if layer.kind == "linear"} == {torch.float8_e4m3fn}
+        cache_bytes_match_spec(model, c)
+
+
 def test_prefill_resumed_from_a_block_aligned_prefix_equals_a_full_prefill() -> None:
     """Default bf16 caches: the prefix hit continues exactly where the full prefill would be."""
     model = build_model(small_spec(HYBRID), "tiny", seed=0, device="cpu")
