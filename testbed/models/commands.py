@@ -9,7 +9,7 @@ import json
 from testbed import units
 from testbed.errors import UserError
 from testbed.validation import at_least_one, option, output_file_option, random_seed
-from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, list_presets, load_model_spec, parse_state_dtype
+from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, check_request_bytes, list_presets, load_model_spec, parse_state_dtype
 
 KIND_LABELS = {"gqa": "full attention (GQA/MHA)", "mla": "full attention (MLA)", "linear": "linear (fixed state)", "swa": "sliding window"}
 
@@ -98,6 +98,11 @@ def run_kv_size(args: argparse.Namespace) -> int:
     tokens = _tokens(args.tokens)
     state_dtype = _state_dtype(args.state_dtype)
     spec = load_model_spec(args.model)
+    if state_dtype:  # the spec's own dtypes were checked when it was read
+        try:
+            check_request_bytes(spec, state_dtype)
+        except ValueError as exc:
+            raise UserError(f"--state-dtype {state_dtype}: {exc}") from None
     r = kv_size_report(spec, tokens, state_dtype)
     if args.json:
         print(json.dumps(r, indent=2))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.kv.cache import FULL_KINDS
 from testbed.validation import (Fields, at_most, count_up_to, name_or_stem, path_exists, path_is_dir, path_is_file, plain_name,
@@ -69,6 +70,15 @@ MAX_SIZE = 2**24
 _SIZE_WHY = "the largest size in a model spec (spec.MAX_SIZE, 2^24: past any model)"
 _size = count_up_to(MAX_SIZE, _SIZE_WHY)
 _size_or_none = at_most(whole_number, MAX_SIZE, why=_SIZE_WHY)
+# The most KV bytes one request may cache at the longest request (`units.MAX_TOKENS`, 16M tokens): 2^62 B (4 EiB). The
+# KV wire counts a request's bytes in 64 bits (the trailer's payload_bytes, a frame's offset and length: u64, docs/kv.md)
+# and a run records kv_bytes and wire_bytes (the bytes plus their framing) in int64 columns (testbed.rundir), so a
+# request must stay below 2^63 with room for its framing: 2^62 leaves it. A receiver's allocation bound
+# (`WireLimits.max_request_bytes`, 64 GiB by default) is a run's setting, not the format's: every preset caches more at
+# 16M tokens (llama-3.1-70b 5 TiB). Each size is at most 2^24, but their products were not bounded: a linear layer of
+# heads = key_dim = value_dim = 2^24 (2^73 B of state) passed before 2026-12-07, and `prfaas check` gave a Lambda_max of
+# 1e-14/s. Checked on a spec file (`check_request_bytes`), on a scenario's model.state_dtype and on --state-dtype.
+MAX_REQUEST_KV_BYTES = 2**62
 
 
 def _even(v: Any) -> int:
@@ -245,6 +255,21 @@ class ModelSpec:
         return out
 
 
+def check_request_bytes(spec: ModelSpec, state_dtype: str | None = None) -> None:
+    """A ValueError when a request of `units.MAX_TOKENS` tokens of `spec` (its state in `state_dtype` when given)
+    caches more than `MAX_REQUEST_KV_BYTES`, naming the bytes and the largest layer."""
+    tokens = units.MAX_TOKENS
+    b = spec.kv_bytes(tokens, state_dtype)
+    if b.total_bytes <= MAX_REQUEST_KV_BYTES:
+        return
+    sizes = [spec.layer_bytes(i, tokens, state_dtype) for i in range(len(spec.layers))]
+    big = max(range(len(sizes)), key=sizes.__getitem__)
+    raise ValueError(f"a request of {tokens:,} tokens (units.MAX_TOKENS, the longest) caches {b.total_bytes:.3g} bytes (full "
+                     f"attention {b.full_attention_bytes:.3g}, fixed state {b.fixed_state_bytes:.3g}, window {b.window_bytes:.3g}), "
+                     f"more than 2^62 = {MAX_REQUEST_KV_BYTES:.3g} (spec.MAX_REQUEST_KV_BYTES: the KV wire's and a run's 64-bit byte "
+                     f"counts); the largest layer, {big} ({spec.layers[big].kind}), caches {sizes[big]:.3g}")
+
+
 # ------------------------------------------------------------------------------------- YAML schema
 
 _SPEC_KEYS = ("name", "description", "hf_repo", "kv_dtype", "state_dtype", "geometries", "layers")
@@ -270,6 +295,9 @@ def _parse_layer(f: Fields) -> LayerSpec:
             raise f.error("qk_heads", f"{qk_heads} must divide heads ({heads}): each q/k head serves heads/qk_heads value heads")
         if layer.conv_kernel == 1:
             raise f.error("conv_kernel", "1 keeps no conv state; use 0 for no short conv or >= 2")
+        if layer.conv_channels > MAX_SIZE:  # a cached tensor's dimension, as every size (a shape is u32 on the wire)
+            raise f.error("conv_channels", f"the conv state's width 2 x qk_heads x key_dim + heads x value_dim is {layer.conv_channels}, "
+                                           f"more than {MAX_SIZE}, {_SIZE_WHY}")
         if f.has("conv_channels"):
             channels = f.get("conv_channels", _size)
             if channels != layer.conv_channels:
@@ -357,6 +385,10 @@ def parse_model_spec(data: Any, source: str | None = None, default_name: str = "
         source=source or "",
     )
     f.done()
+    try:
+        check_request_bytes(spec)
+    except ValueError as exc:
+        raise f.error("layers", str(exc)) from None
     return spec
 
 
@@ -423,6 +455,10 @@ def parse_model_section(f: Fields) -> ModelSection:
     state_dtype = f.get("state_dtype", parse_state_dtype, None)
     if state_dtype:
         spec = replace(spec, state_dtype=state_dtype)
+        try:
+            check_request_bytes(spec)
+        except ValueError as exc:
+            raise f.error("state_dtype", f"{state_dtype} state: {exc}") from None
     section = ModelSection(
         name=name,
         spec=spec,

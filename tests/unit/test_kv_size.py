@@ -169,3 +169,16 @@ def test_state_dtype_takes_what_a_spec_file_and_a_scenario_take(capsys: pytest.C
     assert (rc, r["state_dtype"]) == (0, dtype)
     recurrent = sum(layer.heads * layer.key_dim * layer.value_dim for layer in spec.layers if layer.kind == "linear")
     assert r["fixed_state_bytes"] == spec.kv_bytes(1024, "bfloat16").fixed_state_bytes + recurrent * (state_bytes - 2)
+
+
+def test_a_state_dtype_that_takes_a_request_past_the_wire_bound_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--state-dtype float32 doubles the state of a spec at spec.MAX_REQUEST_KV_BYTES (2^62 B at 16M tokens in bf16)."""
+    f = tmp_path / "edge.yaml"
+    f.write_text("name: edge\ngeometries:\n  big: {kind: linear, heads: 1048576, key_dim: 1048576, value_dim: 1048576}\n"
+                 "layers: [big, big]\n")
+    rc, _, _ = _run(capsys, "--model", str(f), "--tokens", "1")
+    assert rc == 0
+    rc, _, err = _run(capsys, "--model", str(f), "--tokens", "1", "--state-dtype", "fp32")
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("prfaas: error: --state-dtype float32: a request of 16,777,216 tokens (units.MAX_TOKENS, the longest) "
+                          "caches 9.22e+18 bytes")

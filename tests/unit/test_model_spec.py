@@ -304,3 +304,41 @@ def test_a_state_dtype_is_read_alike_in_a_spec_file_a_layer_and_a_scenario() -> 
     for where in ({"name": "x", "state_dtype": "int8", "layers": [GOOD_LINEAR]}, {"name": "x", "layers": [{**GOOD_LINEAR, "state_dtype": "int8"}]}):
         with pytest.raises(FieldError, match="'int8' is not a state dtype; use one of: float32, bfloat16, float16, float8_e4m3fn"):
             parse_model_spec(where, "spec.yaml")
+
+
+# two linear layers of 2^60 state elements: 2^62 bytes in bf16, the most a request may cache (spec.MAX_REQUEST_KV_BYTES)
+AT_THE_BOUND = {"name": "edge", "geometries": {"big": {"kind": "linear", "heads": 2**20, "key_dim": 2**20, "value_dim": 2**20}},
+                "layers": ["big", "big"]}
+
+
+def test_a_spec_caching_more_than_the_wire_counts_at_the_longest_request_is_refused(tmp_path: Path) -> None:
+    """Each size was bounded and their product not: heads = key_dim = value_dim = 2^24 (2^73 B of state per request)
+    passed, and prfaas check gave a Lambda_max of 1e-14/s (2026-12-07). A request of units.MAX_TOKENS tokens caches at
+    most spec.MAX_REQUEST_KV_BYTES (2^62): the refusal names the file, the field and the bytes."""
+    from testbed.models.spec import MAX_REQUEST_KV_BYTES
+
+    huge = {"name": "huge", "layers": [{"kind": "linear", "heads": 2**24, "key_dim": 2**24, "value_dim": 2**24},
+                                       {"kind": "mla", "kv_lora_rank": 512, "rope_dim": 64}]}
+    with pytest.raises(FieldError) as err:
+        parse_model_spec(huge, "huge.yaml")
+    assert err.value.field == "layers"
+    assert str(err.value).startswith("huge.yaml: layers: a request of 16,777,216 tokens (units.MAX_TOKENS, the longest) caches "
+                                     "9.44e+21 bytes (full attention 1.93e+10, fixed state 9.44e+21, window 0), more than 2^62")
+    assert "the largest layer, 0 (linear), caches 9.44e+21" in str(err.value) and "\n" not in str(err.value)
+    edge = parse_model_spec(AT_THE_BOUND, "edge.yaml")  # at the bound, not past it
+    assert edge.kv_bytes(2**24).total_bytes == MAX_REQUEST_KV_BYTES
+    # a state dtype that doubles the state: the scenario's model.state_dtype
+    (tmp_path / "edge.yaml").write_text(yaml.safe_dump(AT_THE_BOUND))
+    with pytest.raises(FieldError) as err:
+        parse_model_section(Fields({"name": "edge.yaml", "state_dtype": "float32"}, "model", str(tmp_path / "scenario.yaml")))
+    assert err.value.field == "model.state_dtype" and "float32 state: a request of 16,777,216 tokens" in str(err.value)
+
+
+def test_a_conv_state_wider_than_a_size_is_refused() -> None:
+    """conv_channels (2 x qk_heads x key_dim + heads x value_dim) is a cached tensor's dimension, u32 on the wire: 2^49
+    passed before 2026-12-07 (its bytes are within the request bound)."""
+    layer = {"kind": "linear", "heads": 2**24, "key_dim": 2**24, "value_dim": 1, "qk_heads": 2**24, "conv_kernel": 2}
+    with pytest.raises(FieldError) as err:
+        parse_model_spec({"name": "conv", "layers": [layer]}, "conv.yaml")
+    assert err.value.field == "layers[0].conv_channels"
+    assert "width 2 x qk_heads x key_dim + heads x value_dim is 562949970198528, more than 16777216" in str(err.value)
