@@ -271,12 +271,17 @@ def measured_profile(path: Path, chip: str = "this-host", model: str = "measured
 UNNAMED_MODELS = ("unknown", "measured")
 
 
+def is_of_model(profile: ComputeProfile, model: str) -> bool:
+    """Whether `profile`'s times can stand for `model` (a spec's name): a case-insensitive match, as presets are; a
+    profile that names no model (`UNNAMED_MODELS`) is taken as given."""
+    return profile.model in UNNAMED_MODELS or profile.model.lower() == model.lower()
+
+
 def check_model(profile: ComputeProfile, model: str) -> None:
-    """Refuse `profile` for a run or model of `model` (a spec's name) when the profile is of another model: its times
-    are another model's (a case-insensitive match, as presets are; a profile that names no model, `UNNAMED_MODELS`, is
-    taken as given). A scenario of kimi-linear-48b with the paper's 1T-hybrid profiles ran without a word before
-    2026-12-07: that model's KV bytes at another model's prefill times."""
-    if profile.model not in UNNAMED_MODELS and profile.model.lower() != model.lower():
+    """Refuse `profile` for a run or model of `model` (a spec's name) when the profile is of another model
+    (`is_of_model`): its times are another model's. A scenario of kimi-linear-48b with the paper's 1T-hybrid profiles
+    ran without a word before 2026-12-07: that model's KV bytes at another model's prefill times."""
+    if not is_of_model(profile, model):
         raise UserError(f"profile {profile.name!r} is of model {profile.model!r}, not {model!r} (the scenario's model): "
                         f"name a profile of {model!r}, or write one (prfaas profile --model ...; a profile scaled_from another "
                         f"with its own model: {model})")

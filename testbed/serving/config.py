@@ -306,15 +306,22 @@ def check_slos(spec: ServingSpec, profiles: dict[str, Any], source: str | None) 
                          f"one 512-token block ({units.format_duration(fastest_s)}); no schedule can meet it", source)
 
 
+def compute_mode(scenario: Scenario) -> str:
+    """How the run computes: ``serving.compute``, else ``model.compute``, else (no model section) ``profile``."""
+    spec: ServingSpec = scenario.section("serving") or ServingSpec()
+    model = scenario.section("model")
+    return spec.compute or (model.compute if model is not None else "profile")
+
+
 def _check(scenario: Scenario) -> tuple[ServingSpec, tuple[Instance, ...], str, tuple[tuple[str, str], ...]]:
     from testbed.models.profiles import check_model, load_profile
 
     spec: ServingSpec = scenario.section("serving") or ServingSpec()
     instances = tuple(plan_instances(scenario))
     model = scenario.section("model")
+    compute = compute_mode(scenario)
     if model is None:
-        return spec, instances, spec.compute or "profile", ()
-    compute = spec.compute or model.compute
+        return spec, instances, compute, ()
     if spec.compute and spec.compute != model.compute and "compute" in (scenario.raw.get("model") or {}):
         raise FieldError("serving.compute", f"{spec.compute!r} contradicts model.compute {model.compute!r}; set one of them", scenario.source)
     profiles = _resolve_profiles(spec, model, scenario.source)

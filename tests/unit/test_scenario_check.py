@@ -97,6 +97,19 @@ def test_warnings_for_scenarios_that_cannot_show_anything() -> None:
     assert not check_scenario(load_scenario("quick")).warnings
 
 
+def test_a_torch_run_with_another_models_profiles_warns_that_the_model_lines_are_that_models() -> None:
+    """Its Lambda_max lines came from the paper's 1T-hybrid profiles for a kimi-linear-48b run without a word (a
+    profile-mode scenario of them is refused since 2026-12-07; a torch run does not use them)."""
+    rep = check_scenario(load_scenario("torch-quick", ["model.name=kimi-linear-48b", "serving.profiles.pd=h20-minimax-m2.5"]))
+    assert rep.model is not None
+    assert rep.warnings == [
+        "the model lines (Lambda_max, t*) use profile 'h200-paper-1t-hybrid' of model 'paper-1t-hybrid' (serving.profiles.prfaas) "
+        "and profile 'h20-minimax-m2.5' of model 'minimax-m2.5' (serving.profiles.pd), while the run computes model "
+        "'kimi-linear-48b' on torch: another model's times at this model's KV bytes (name profiles of 'kimi-linear-48b' for "
+        "this run's figures)"]
+    assert not check_scenario(load_scenario("torch-quick")).warnings  # its own model's profiles
+
+
 def test_a_trace_with_lines_skip_bad_skipped_is_a_warning_naming_the_count_and_the_first_reason(tmp_path: Path) -> None:
     """Only `prfaas traffic stats` said how many lines skip_bad skipped; `prfaas check` said nothing (2026-12-07)."""
     good = "".join(f'{{"timestamp": {t}, "input_length": 600, "output_length": 8, "hash_ids": [{t}, {t + 1}]}}\n' for t in (1000, 2000, 3000))
