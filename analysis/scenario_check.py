@@ -113,23 +113,19 @@ def describe_action(a: Any) -> str:
 
 
 def capacity_segments(sc: Scenario) -> list[tuple[float, float, float, str]]:
-    """(start_s, end_s, PrfaaS->PD emulated rate, what changed) over the run, from the schedule's actions."""
-    from testbed.scenario import expand_schedule
+    """(start_s, end_s, PrfaaS->PD emulated rate, what changed) over the run, from the schedule's actions, stepped as
+    a run steps them (`testbed.scenario.schedule_step`)."""
+    from testbed.scenario import DIRECTIONS, expand_schedule, schedule_step
 
-    base = sc.wan.prfaas_to_pd.rate_bps
-    rate, down = base, 0
-    cuts: list[tuple[float, float, str]] = [(0.0, base, "base")]
+    current, saved, up = {d: sc.wan.direction(d) for d in DIRECTIONS}, {}, True
+    cuts: list[tuple[float, float, str]] = [(0.0, current["prfaas_to_pd"].rate_bps, "base")]
     for a in expand_schedule(sc.wan.schedule):
+        current.update(schedule_step(current, saved, a))
         if "prfaas_to_pd" not in a.directions:
             continue
-        changes = dict(a.changes)
-        if a.kind == "down":
-            down += 1
-        elif a.kind == "up":
-            down -= 1
-        elif "rate_bps" in changes:
-            rate = changes["rate_bps"] if a.kind == "change" else base
-        cuts.append((a.at_s, 0.0 if down else rate, describe_action(a)))
+        if a.kind in ("down", "up"):  # one down at a time per direction (`_check_windows`)
+            up = a.kind == "up"
+        cuts.append((a.at_s, current["prfaas_to_pd"].rate_bps if up else 0.0, describe_action(a)))
     segs = []
     for i, (t, r, what) in enumerate(cuts):
         end = cuts[i + 1][0] if i + 1 < len(cuts) else sc.duration_s

@@ -172,6 +172,25 @@ def expand_schedule(events: Sequence[ScheduleEvent]) -> list[ScheduleAction]:
     return sorted(actions, key=lambda a: a.at_s)
 
 
+Saved = dict[tuple[int, str], dict[str, Any]]  # (entry index, direction) -> the values its change found
+
+
+def schedule_step(current: dict[str, "LinkDirectionSpec"], saved: Saved, action: ScheduleAction) -> dict[str, "LinkDirectionSpec"]:
+    """The new spec of each direction a change or revert `action` sets, from `current` (a down or up sets none). A
+    change records in `saved` the values it replaces; its revert restores those, not the base values: a revert after
+    an earlier change without `for` goes back to that change's values. The one definition of the schedule's state:
+    `testbed.net.wan.Wan.apply` installs each step, `prfaas check` draws the capacity the steps leave
+    (`capacity_segments`, which reverted to the base rate until 2026-12-07) and `_check_scheduled_jitter` checks each."""
+    out: dict[str, LinkDirectionSpec] = {}
+    for d in action.directions:
+        if action.kind == "change":
+            saved[(action.event_index, d)] = {k: getattr(current[d], k) for k, _ in action.changes}
+            out[d] = replace(current[d], **dict(action.changes))
+        elif action.kind == "revert":
+            out[d] = replace(current[d], **saved.pop((action.event_index, d), {}))
+    return out
+
+
 def _read_event(f: Fields) -> ScheduleEvent:
     at = f.get("at", units.parse_duration_s)
     direction = f.choice("direction", ("both",) + DIRECTIONS, "both")
@@ -260,18 +279,13 @@ def parse_wan(f: Fields) -> WanSpec:
 def _check_scheduled_jitter(f: Fields, events: Sequence[ScheduleEvent], dirs: dict[str, LinkDirectionSpec]) -> None:
     """The rule `_read_direction` applies to the base values (jitter <= delay with in-order delivery) at every
     change and revert of the schedule, walked in the order a run fires them (`expand_schedule`): ``{at: 1s,
-    jitter: 100ms}`` on a 5 ms line passed. A revert restores what its entry's change found, as `Wan.apply` does."""
-    state = {d: {"delay_s": spec.delay_s, "jitter_s": spec.jitter_s} for d, spec in dirs.items()}
-    saved: dict[tuple[int, str], dict[str, float]] = {}
+    jitter: 100ms}`` on a 5 ms line passed. A revert restores what its entry's change found (`schedule_step`)."""
+    state, saved = dict(dirs), {}
     for a in expand_schedule(events):
         changed = {k: v for k, v in a.changes if k in ("delay_s", "jitter_s")}
+        state.update(schedule_step(state, saved, a))
         for d in a.directions:
-            if a.kind == "revert":
-                state[d].update(saved.pop((a.event_index, d), {}))
-            elif a.kind == "change":
-                saved[(a.event_index, d)] = {k: state[d][k] for k in changed}
-                state[d].update(changed)
-            delay, jitter = state[d]["delay_s"], state[d]["jitter_s"]
+            delay, jitter = state[d].delay_s, state[d].jitter_s
             if changed and jitter > delay and not dirs[d].reorder:
                 key = "for" if a.kind == "revert" else ("jitter" if "jitter_s" in changed else "delay")
                 raise FieldError(f"{f.name('schedule')}[{a.event_index}].{key}", f"at {a.at_s:g}s {d}'s jitter {units.format_duration(jitter)} would be "

@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 from testbed.errors import HostError
 from testbed.net import netem, shaping
 from testbed.scale import Scale
-from testbed.scenario import DIRECTIONS, LinkDirectionSpec, ScheduleAction, WanSpec
+from testbed.scenario import DIRECTIONS, LinkDirectionSpec, Saved, ScheduleAction, WanSpec, schedule_step
 
 Popen = Callable[[list[str]], subprocess.Popen]
 DOWN_COMMENT = "prfaas-wan-down"
@@ -244,7 +244,7 @@ class Wan:
         self.spec, self.ports, self.scale, self.backend, self.seed = spec, ports, scale, backend, seed
         self.current = {d: spec.direction(d) for d in DIRECTIONS}
         self.link_up = {d: True for d in DIRECTIONS}
-        self.saved: dict[tuple[int, str], dict[str, Any]] = {}
+        self.saved: Saved = {}
         self.emulators: dict[str, DirectionEmulator] = {}
         self.applied: list[str] = []
         self.on_change: Callable[[WanState], None] | None = None  # told of every change made here (testbed.net.wanctl)
@@ -357,18 +357,12 @@ class Wan:
             em.warm()
 
     def apply(self, action: ScheduleAction) -> None:
-        for d in action.directions:
-            if action.kind == "down":
-                self.set_link_up(d, False)
-            elif action.kind == "up":
-                self.set_link_up(d, True)
-            elif action.kind == "change":
-                cur = self.current[d]
-                self.saved[(action.event_index, d)] = {k: getattr(cur, k) for k, _ in action.changes}
-                self.set_direction(d, replace(cur, **dict(action.changes)))
-            elif action.kind == "revert":
-                before = self.saved.pop((action.event_index, d), {})
-                self.set_direction(d, replace(self.current[d], **before))
+        """Install one step of the schedule (`testbed.scenario.schedule_step`: what a change or revert sets)."""
+        if action.kind in ("down", "up"):
+            for d in action.directions:
+                self.set_link_up(d, action.kind == "up")
+        for d, spec in schedule_step(self.current, self.saved, action).items():
+            self.set_direction(d, spec)
         self.applied.append(action.describe())
 
     def sample(self, direction: str) -> dict[str, Any]:

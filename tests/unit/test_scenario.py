@@ -528,3 +528,24 @@ def test_a_number_yaml_read_as_text_is_refused_saying_how_to_write_it(tmp_path):
         load_scenario(str(path))
     path.write_text("wan: {rate: 10Gbps, delay: 10ms}\nscale: 1.0e+3\n")
     assert load_scenario(str(path)).scale == 1000.0
+
+
+def test_schedule_step_reverts_to_what_its_change_found():
+    """The one definition of the schedule's state (`schedule_step`): a change records what it replaces, its revert
+    restores that (here the 2 Gbps an earlier change without `for` set), and a down or up sets no spec."""
+    from testbed.scenario import DIRECTIONS, expand_schedule, schedule_step
+
+    sc = parse_scenario({**wan(), "wan": {**wan()["wan"], "schedule": [
+        {"at": "5s", "rate": "2Gbps", "direction": "prfaas_to_pd"}, {"at": "10s", "rate": "1Gbps", "delay": "20ms", "for": "5s"},
+        {"at": "20s", "down": "1s"}]}})
+    current, saved, seen = {d: sc.wan.direction(d) for d in DIRECTIONS}, {}, []
+    for a in expand_schedule(sc.wan.schedule):
+        current.update(step := schedule_step(current, saved, a))
+        seen.append((a.at_s, a.kind, sorted(step), current["prfaas_to_pd"].rate_bps, current["prfaas_to_pd"].delay_s))
+    base_delay = sc.wan.prfaas_to_pd.delay_s
+    both = sorted(DIRECTIONS)
+    assert seen == [(5.0, "change", ["prfaas_to_pd"], 2e9, base_delay), (10.0, "change", both, 1e9, 0.02),
+                    (15.0, "revert", both, 2e9, base_delay), (20.0, "down", [], 2e9, base_delay),
+                    (21.0, "up", [], 2e9, base_delay)]
+    assert current["pd_to_prfaas"] == sc.wan.pd_to_prfaas
+    assert saved == {(0, "prfaas_to_pd"): {"rate_bps": 10e9}}  # a change without `for` is never reverted

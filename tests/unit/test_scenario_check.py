@@ -228,3 +228,14 @@ def test_udp_neighbours_beyond_what_the_host_keeps_on_time_are_warned_of(monkeyp
         assert not [w for w in check_scenario(load_scenario(name, sets)).warnings if w.startswith("cross_traffic:")], name
     monkeypatch.setattr(scenario_check.os, "cpu_count", lambda: 4)  # twice the cores: the same scenario fits
     assert not [w for w in check_scenario(load_scenario("val-cross-surge")).warnings if w.startswith("cross_traffic:")]
+
+
+def test_the_capacity_after_a_revert_is_what_its_change_found_not_the_base_rate() -> None:
+    """A revert restores the values its entry's change found (`testbed.scenario.schedule_step`, as a run's WAN does):
+    after 1 Gbps for 5 s on a line set to 2 Gbps at 5 s, the line is back at 2 Gbps; `prfaas check` drew the base
+    5 Gbps (2026-12-07)."""
+    from analysis.scenario_check import capacity_segments
+
+    sc = load_scenario("quick", ["wan.schedule=[{at: 5s, rate: 2Gbps}, {at: 10s, rate: 1Gbps, for: 5s}, {at: 20s, down: 2s}]"])
+    assert [(t, end, r) for t, end, r, _ in capacity_segments(sc)] == [
+        (0.0, 5.0, 5e9), (5.0, 10.0, 2e9), (10.0, 15.0, 1e9), (15.0, 20.0, 2e9), (20.0, 22.0, 0.0), (22.0, 30.0, 2e9)]
