@@ -104,6 +104,25 @@ def direction_plans(sc: Scenario, scale: float) -> list[DirectionPlan]:
     return out
 
 
+def check_schedule_queues(sc: Scenario, scale: float) -> None:
+    """Every step of the schedule planned as a run's WAN plans it (`shaping.plan_wan_direction`), so a change to a
+    queue past tc's 32-bit byte limit (a longer delay or a higher rate under a BDP-sized queue) is refused here, not
+    when the run applies it (2026-12-07); the base state is `direction_plans`'."""
+    from testbed.errors import UserError
+    from testbed.net.shaping import plan_wan_direction
+    from testbed.scenario import DIRECTIONS, expand_schedule, schedule_step
+
+    current, saved = {d: sc.wan.direction(d) for d in DIRECTIONS}, {}
+    for a in expand_schedule(sc.wan.schedule):
+        step = schedule_step(current, saved, a)
+        current.update(step)
+        for d in DIRECTIONS if step else ():  # a delay change re-sizes the other direction's BDP queue too
+            try:
+                plan_wan_direction(sc.wan, current, d, scale)
+            except UserError as exc:
+                raise UserError(f"{exc} (at {a.at_s:g}s of wan.schedule: {describe_action(a)}, {d})") from None
+
+
 def describe_action(a: Any) -> str:
     """A schedule action in the scenario's units: ``change prfaas_to_pd rate 1 Gbps``."""
     fmt = {"rate_bps": lambda v: f"rate {units.format_rate(v)}", "delay_s": lambda v: f"delay {units.format_duration(v)}",
@@ -194,6 +213,7 @@ def check_scenario(sc: Scenario) -> CheckReport:
         scale_src = "scenario"
     from testbed.scenario import expand_schedule
 
+    check_schedule_queues(sc, scale)
     rep = CheckReport(sc.name, sc.source, scale, scale_src, cap_bps, sc.duration_s, direction_plans(sc, scale),
                       [(a.at_s, describe_action(a)) for a in expand_schedule(sc.wan.schedule)], [])
     cm = _load(sc, rep)

@@ -17,7 +17,7 @@ Why these numbers (docs/network.md has the measurements):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
@@ -25,7 +25,7 @@ from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 from testbed import units
 from testbed.errors import UserError
 from testbed.scale import Scale
-from testbed.scenario import LinkDirectionSpec
+from testbed.scenario import LinkDirectionSpec, WanSpec
 
 MTU_BYTES = 1500
 GSO_MAX_BYTES = 65536
@@ -80,6 +80,14 @@ def plan_shaping(direction: LinkDirectionSpec, *, shaper: str = "htb", scale: Sc
                         f"trip), more than {units.MAX_QUEUE_BYTES} bytes (4 GiB - 1), the most a queue's byte limit holds (tc's "
                         f"is 32-bit); use a smaller queue, or a larger scale")
     return ShapingPlan(shaper, rate_bps, burst_bytes_for(rate_bps), queue)
+
+
+def plan_wan_direction(wan: WanSpec, current: dict[str, LinkDirectionSpec], direction: str, scale: Scale | float) -> ShapingPlan:
+    """The plan of `direction` with the WAN's directions at `current` (a step of its schedule): its rate, and a queue
+    given relative to the BDP sized from that rate and the round trip of both directions' current delays. The one
+    definition: `testbed.net.wan.Wan.plan` installs it, `prfaas check` checks every step of the schedule with it."""
+    rtt_s = replace(wan, **current).rtt_s
+    return plan_shaping(current[direction], shaper=wan.shaper, scale=scale, rtt_s=rtt_s)
 
 
 # ------------------------------------------------------------------------------------- netlink requests

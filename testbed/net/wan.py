@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from testbed.errors import HostError
@@ -292,9 +292,7 @@ class Wan:
     def plan(self, direction: str, current: dict[str, LinkDirectionSpec] | None = None) -> shaping.ShapingPlan:
         """The shaping plan of `direction` for the current specs (or `current`): its rate, and a queue
         given relative to the BDP sized from that rate and the round trip of both directions' delays."""
-        current = current or self.current
-        rtt_s = replace(self.spec, **current).rtt_s  # the one definition of the round trip, on today's delays
-        return shaping.plan_shaping(current[direction], shaper=self.spec.shaper, scale=self.scale, rtt_s=rtt_s)
+        return shaping.plan_wan_direction(self.spec, current or self.current, direction, self.scale)
 
     def start(self) -> None:
         for d in DIRECTIONS:

@@ -239,3 +239,12 @@ def test_the_capacity_after_a_revert_is_what_its_change_found_not_the_base_rate(
     sc = load_scenario("quick", ["wan.schedule=[{at: 5s, rate: 2Gbps}, {at: 10s, rate: 1Gbps, for: 5s}, {at: 20s, down: 2s}]"])
     assert [(t, end, r) for t, end, r, _ in capacity_segments(sc)] == [
         (0.0, 5.0, 5e9), (5.0, 10.0, 2e9), (10.0, 15.0, 1e9), (15.0, 20.0, 2e9), (20.0, 22.0, 0.0), (22.0, 30.0, 2e9)]
+
+
+def test_a_schedule_step_to_a_queue_past_tcs_byte_limit_is_refused_naming_the_step() -> None:
+    """A BDP-sized queue is re-sized at every delay or rate change; `prfaas check` planned only the base state, so a
+    2-s delay under 100bdp (23 GiB on the wire) passed and failed when the run applied it (2026-12-07)."""
+    with pytest.raises(UserError, match=r"^wan.queue: 23.28 GiB on the wire .* \(at 5s of wan.schedule: change "
+                                        r"prfaas_to_pd\+pd_to_prfaas delay 2 s, prfaas_to_pd\)$"):
+        check_scenario(load_scenario("quick", ["wan.queue=100bdp", "wan.schedule=[{at: 5s, delay: 2s, for: 5s}]"]))
+    assert check_scenario(load_scenario("quick", ["wan.queue=100bdp", "wan.schedule=[{at: 5s, delay: 200ms, for: 5s}]"]))
