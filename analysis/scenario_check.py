@@ -110,12 +110,9 @@ def check_schedule_queues(sc: Scenario, scale: float) -> None:
     when the run applies it (2026-12-07); the base state is `direction_plans`'."""
     from testbed.errors import UserError
     from testbed.net.shaping import plan_wan_direction
-    from testbed.scenario import DIRECTIONS, expand_schedule, schedule_step
+    from testbed.scenario import DIRECTIONS, walk_schedule
 
-    current, saved = {d: sc.wan.direction(d) for d in DIRECTIONS}, {}
-    for a in expand_schedule(sc.wan.schedule):
-        step = schedule_step(current, saved, a)
-        current.update(step)
+    for a, step, current in walk_schedule(sc.wan.schedule, {d: sc.wan.direction(d) for d in DIRECTIONS}):
         for d in DIRECTIONS if step else ():  # a delay change re-sizes the other direction's BDP queue too
             try:
                 plan_wan_direction(sc.wan, current, d, scale)
@@ -133,13 +130,12 @@ def describe_action(a: Any) -> str:
 
 def capacity_segments(sc: Scenario) -> list[tuple[float, float, float, str]]:
     """(start_s, end_s, PrfaaS->PD emulated rate, what changed) over the run, from the schedule's actions, stepped as
-    a run steps them (`testbed.scenario.schedule_step`)."""
-    from testbed.scenario import DIRECTIONS, expand_schedule, schedule_step
+    a run steps them (`testbed.scenario.walk_schedule`)."""
+    from testbed.scenario import DIRECTIONS, walk_schedule
 
-    current, saved, up = {d: sc.wan.direction(d) for d in DIRECTIONS}, {}, True
-    cuts: list[tuple[float, float, str]] = [(0.0, current["prfaas_to_pd"].rate_bps, "base")]
-    for a in expand_schedule(sc.wan.schedule):
-        current.update(schedule_step(current, saved, a))
+    up = True
+    cuts: list[tuple[float, float, str]] = [(0.0, sc.wan.prfaas_to_pd.rate_bps, "base")]
+    for a, _, current in walk_schedule(sc.wan.schedule, {d: sc.wan.direction(d) for d in DIRECTIONS}):
         if "prfaas_to_pd" not in a.directions:
             continue
         if a.kind in ("down", "up"):  # one down at a time per direction (`_check_windows`)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import yaml
 
@@ -191,6 +191,18 @@ def schedule_step(current: dict[str, "LinkDirectionSpec"], saved: Saved, action:
     return out
 
 
+def walk_schedule(events: Sequence[ScheduleEvent], base: dict[str, "LinkDirectionSpec"]
+                  ) -> Iterator[tuple[ScheduleAction, dict[str, "LinkDirectionSpec"], dict[str, "LinkDirectionSpec"]]]:
+    """Each action of the schedule in the order a run fires it (`expand_schedule`), with what it sets
+    (`schedule_step`) and every direction's spec after it, from `base`; the one walk that `prfaas check`'s capacity
+    timeline and queue planning and `_check_scheduled_jitter` take (`Wan.apply` takes the same steps live)."""
+    current, saved = dict(base), {}
+    for a in expand_schedule(events):
+        step = schedule_step(current, saved, a)
+        current.update(step)
+        yield a, step, dict(current)
+
+
 def _read_event(f: Fields) -> ScheduleEvent:
     at = f.get("at", units.parse_duration_s)
     direction = f.choice("direction", ("both",) + DIRECTIONS, "both")
@@ -280,10 +292,8 @@ def _check_scheduled_jitter(f: Fields, events: Sequence[ScheduleEvent], dirs: di
     """The rule `_read_direction` applies to the base values (jitter <= delay with in-order delivery) at every
     change and revert of the schedule, walked in the order a run fires them (`expand_schedule`): ``{at: 1s,
     jitter: 100ms}`` on a 5 ms line passed. A revert restores what its entry's change found (`schedule_step`)."""
-    state, saved = dict(dirs), {}
-    for a in expand_schedule(events):
+    for a, _, state in walk_schedule(events, dirs):
         changed = {k: v for k, v in a.changes if k in ("delay_s", "jitter_s")}
-        state.update(schedule_step(state, saved, a))
         for d in a.directions:
             delay, jitter = state[d].delay_s, state[d].jitter_s
             if changed and jitter > delay and not dirs[d].reorder:
