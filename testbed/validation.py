@@ -165,17 +165,17 @@ def at_most(read: Callable[[Any], T], most: float, unit: str = "", why: str = ""
     return check
 
 
+def at_least_one(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{v!r} is not a whole number >= 1")
+    return v
+
+
 def count_up_to(most: int, why: str = "") -> Callable[[Any], int]:
     """A reader of a count: a whole number from 1 to `most` (`why`, when given, says why no more: it follows the
     refusal). The one bounded count: runs (`run_count`), iperf3 streams, a profile's batch and GPUs."""
 
-    def read(v: Any) -> int:
-        n = at_least_one(v)
-        if n > most:
-            raise ValueError(f"{shown(n)} is more than {most}" + (f", {why}" if why else ""))
-        return n
-
-    return read
+    return at_most(at_least_one, most, why=why)
 
 
 run_count = count_up_to(MAX_RUNS, _RUNS_WHY)
@@ -286,12 +286,6 @@ def mapping(v: Any) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise ValueError(f"must be an object, got {type(v).__name__}")
     return dict(v)
-
-
-def at_least_one(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{v!r} is not a whole number >= 1")
-    return v
 
 
 def non_negative(v: Any) -> float:

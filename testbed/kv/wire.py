@@ -244,13 +244,16 @@ def layer_frames(request_id: str, layer: LayerKV, chunk_bytes: int = DEFAULT_CHU
     return frames
 
 
+MAX_PROFILE_LAYER_BYTES = (1 << 32) - 1  # a profile-mode layer's payload: its byte count is 32-bit on the wire
+
+
 def profile_frames(request_id: str, layer_index: int, kind: str, nbytes: int, buffer: memoryview,
                    checksums: dict[int, int], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Frame]:
     """Profile mode: `nbytes` of real payload for one layer, every chunk sent from the same reusable
     `buffer` (>= chunk_bytes), framed and checksummed like a tensor; `checksums` caches per chunk length."""
     if kind not in KIND_CODES:
         raise WireError(f"layer kind: must be one of {', '.join(LAYER_KINDS)}, got {kind!r}")
-    if nbytes <= 0 or nbytes >= 1 << 32:
+    if nbytes <= 0 or nbytes > MAX_PROFILE_LAYER_BYTES:
         raise WireError(f"profile bytes: layer {layer_index} must carry 1..2^32-1 bytes, got {nbytes}")
     if buffer.nbytes < min(chunk_bytes, nbytes):
         raise WireError(f"profile buffer: {buffer.nbytes} bytes, smaller than a chunk ({chunk_bytes})")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, TypeVar
 
 from testbed.kv.transport import FillStop
-from testbed.kv.wire import MAX_REQUEST_ID_BYTES
+from testbed.kv.wire import MAX_PROFILE_LAYER_BYTES, MAX_REQUEST_ID_BYTES
 from testbed.blocks import HASH_RANGE
 from testbed.models.spec import parse_dtype
 from testbed.units import MAX_TOKENS
@@ -35,7 +35,7 @@ ROLES = ("prefill", "decode")
 ROUTES = ("prfaas", "pd")
 
 M = TypeVar("M")
-PROBE_MAX_BYTES = (1 << 32) - 1  # a probe's filler is one profile layer: at most what one layer's frames may carry
+PROBE_MAX_BYTES = MAX_PROFILE_LAYER_BYTES  # a probe's filler is one profile layer: at most what one layer's frames may carry
 PROBE_MAX_PINGS = 100
 PROBE_MAX_TIMEOUT_S = 600.0
 
