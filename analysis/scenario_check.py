@@ -92,13 +92,14 @@ def _finite(v: Any) -> Any:
 
 
 def direction_plans(sc: Scenario, scale: float) -> list[DirectionPlan]:
-    from testbed.net.shaping import plan_shaping
+    """Each direction's plan at the start, as a run's WAN plans it (`shaping.plan_wan_direction`)."""
+    from testbed.net.shaping import plan_wan_direction
 
-    rtt_s = sc.wan.rtt_s
+    rtt_s, base = sc.wan.rtt_s, {d: sc.wan.direction(d) for d in DIRECTIONS}
     out = []
     for d in DIRECTIONS:
-        spec = sc.wan.direction(d)
-        plan = plan_shaping(spec, shaper=sc.wan.shaper, scale=scale, rtt_s=rtt_s)
+        spec = base[d]
+        plan = plan_wan_direction(sc.wan, base, d, scale)
         bdp = int(plan.rate_bps / 8 * rtt_s)
         out.append(DirectionPlan(d, spec.rate_bps, plan.rate_bps, spec.delay_s, rtt_s, bdp, plan.queue_bytes, spec.loss.mean_rate))
     return out

@@ -25,7 +25,6 @@ decision: docs/models.md, "Third pass: a compiled prefill, measured".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -36,7 +35,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from testbed.atomic import write_text  # noqa: E402
+from testbed.atomic import write_json  # noqa: E402
 from testbed.models import layers  # noqa: E402
 from testbed.models.spec import load_model_spec  # noqa: E402
 from testbed.models.torch_model import build_model  # noqa: E402
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind}: t({hit:.0%} hit) / t(0) = {ratio:.3f} against {1 - hit:.2f} ({ratio / (1 - hit) - 1:+.1%}; "
               f"target within +-20%); {SHORT}-token call {best[(cases[2][0], kind)] * 1e3:.2f} ms")
     if args.json:
-        write_text(args.json, json.dumps(doc, indent=1))
+        write_json(args.json, doc, indent=1)
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testbed.atomic import write_text  # noqa: E402
+from testbed.atomic import write_json  # noqa: E402
 from testbed.net import shaping  # noqa: E402
 from testbed.net.delayline import COALESCE_S, DEFAULT_RT_PRIORITY, DelayLineConfig, DelayLineProcess  # noqa: E402
 from testbed.net.nslab import B_ADDR, NsLab  # noqa: E402
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         res = run_all(args.quick, progress)
     print_tables(res)
     if args.json:
-        write_text(args.json, json.dumps(asdict(res), indent=2))
+        write_json(args.json, asdict(res), indent=2)
     fails = res.failures()
     for f in fails:
         print(f"MISSED: {f}")

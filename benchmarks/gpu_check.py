@@ -48,7 +48,7 @@ from rich.table import Table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from testbed.atomic import write_text  # noqa: E402
+from testbed.atomic import write_json  # noqa: E402
 from testbed.serving.router import block_hashes_of  # noqa: E402
 from testbed.models.spec import PRESETS_DIR, load_model_spec  # noqa: E402
 from testbed.models.torch_model import build_model  # noqa: E402
@@ -377,7 +377,7 @@ def finish(rep: Report, args: argparse.Namespace, summary: str) -> None:
     console.print(table)
     console.print(summary)
     if args.json:
-        write_text(args.json, json.dumps({"rows": rep.rows, "summary": summary}, indent=1))
+        write_json(args.json, {"rows": rep.rows, "summary": summary}, indent=1)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from testbed.atomic import write_text  # noqa: E402
+from testbed.atomic import write_json  # noqa: E402
 from testbed.kv.cache import KVCache, LayerKV  # noqa: E402
 from testbed.kv.wire import decode_transfer, encode_cache, wire_bytes_for  # noqa: E402
 from testbed.models.spec import list_presets, load_model_spec  # noqa: E402
@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(t)
 
     if args.json:
-        write_text(args.json, json.dumps({"byte_table": rows, "serdes": serdes, "prefill": prefill,
-                                         "failures": failures}, indent=2))
+        write_json(args.json, {"byte_table": rows, "serdes": serdes, "prefill": prefill,
+                              "failures": failures}, indent=2)
     for f in failures:
         console.print(f"[red]MISSED[/red] {f}")
     if not failures:

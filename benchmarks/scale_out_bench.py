@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml  # noqa: E402
 
-from testbed.atomic import write_text  # noqa: E402
+from testbed.atomic import write_json  # noqa: E402
 from experiments.executor import Executor  # noqa: E402
 from testbed.fidelity import TOLERANCES, suggest_parallelism  # noqa: E402
 from testbed.scenario import builtin_scenarios_dir  # noqa: E402
@@ -280,8 +280,8 @@ def main() -> int:
             return 2
         verdict = report(legs, os.cpu_count() or 1)
     if args.json:
-        write_text(args.json, json.dumps({"host_cpus": os.cpu_count(), "quick": args.quick, "legs": legs, "verdict": verdict},
-                                        indent=1, default=str))
+        write_json(args.json, {"host_cpus": os.cpu_count(), "quick": args.quick, "legs": legs, "verdict": verdict},
+                              indent=1, default=str)
     missing = [g for g in LEGS if g not in legs and not (args.skip_ray and g in ("ray", "loss"))]
     judged = {k: v for k, v in verdict.items() if k != "doctor_suggests"}
     if any(v is False for v in judged.values()):

@@ -34,7 +34,6 @@ linear chunk, so resumption is exact). Run it on a quiet machine (`flock /work/h
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -46,7 +45,7 @@ import torch  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from testbed.atomic import write_text  # noqa: E402
+from testbed.atomic import write_json  # noqa: E402
 from testbed.kv.cache import KVCache  # noqa: E402
 from testbed.kv.pool import HybridPrefixPool  # noqa: E402
 from testbed.serving.compute import PrefillPlan, TorchCompute, join_prefix  # noqa: E402
@@ -309,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if batching["ratio_8_to_1"] < BATCH_TARGET:
         failures.append(f"decode batch 8 / batch 1 = {batching['ratio_8_to_1']:.2f}x < {BATCH_TARGET:g}x")
     if args.json:
-        write_text(args.json, json.dumps(doc, indent=1))
+        write_json(args.json, doc, indent=1)
     for f in failures:
         console.print(f"[red]target missed[/red]: {f}")
     return 1 if failures else 0

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.table import Table  # noqa: E402
 
-from testbed.atomic import write_text  # noqa: E402
+from testbed.atomic import write_json  # noqa: E402
 from testbed.clock import now_s  # noqa: E402
 from testbed.console import wide_console  # noqa: E402
 from testbed.validation import output_file_option, path_option  # noqa: E402
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(t)
     summary = summarize_repeats(rows)
     if args.json:
-        write_text(args.json, json.dumps({"rows": rows, "summary": summary}, indent=2))
+        write_json(args.json, {"rows": rows, "summary": summary}, indent=2)
     if args.loopback:
         return 0
     # judged per setting: the lower end of the 95% interval when repeated, the single ratio otherwise

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.table import Table  # noqa: E402
 
-from testbed.atomic import write_text  # noqa: E402
+from testbed.atomic import write_json  # noqa: E402
 from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss  # noqa: E402
 from testbed.net.emulation import Network  # noqa: E402
 from testbed.scenario import DIRECTIONS, LossSpec  # noqa: E402
@@ -335,7 +335,7 @@ def main() -> int:
                   "-" if r["ok"] is None else ("[green]yes[/]" if r["ok"] else "[red]MISSED[/]"))
     con.print(t)
     if args.json:
-        write_text(args.json, json.dumps({"backend": backend, "quick": q, "rows": rows}, indent=1))
+        write_json(args.json, {"backend": backend, "quick": q, "rows": rows}, indent=1)
     missed = [r for r in rows if r["ok"] is False]
     if missed:
         con.print(f"[red]{len(missed)} target(s) missed[/]")

@@ -75,7 +75,7 @@ class RunHost:
         """This host as `name`, its kernel asked for each congestion control in `ccs` (none: nothing to ask)."""
         from testbed.kv.transport import congestion_control_refused
 
-        refused = ((cc, congestion_control_refused(cc)) for cc in dict.fromkeys(ccs))
+        refused = ((cc, congestion_control_refused(cc)) for cc in ccs)
         return cls(name, capacity_bps, tuple((cc, why) for cc, why in refused if why is not None))
 
 

@@ -34,6 +34,7 @@ from testbed.net.wan import GatewayPort, Wan, resolve_backend
 from testbed.net.wanctl import ScheduleFeed, TelemetryFeed, WanControl
 from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS, Scenario, expand_schedule
+from testbed.validation import shown
 
 DEFAULT_CAPACITY_BPS = 5e9
 HOST_TCP_MEM = "4096 131072 67108864"  # per-namespace TCP buffers: room for a 10 Gbps x 40 ms BDP
@@ -58,7 +59,7 @@ def host_capacity_bps() -> tuple[float, str]:
     try:  # a bare number is bits per second
         return units.parse_rate_bps(f"{v.strip()}bps" if math.isfinite(bare) else v), CAPACITY_ENV
     except ValueError:  # the rate reader's words quoted '-1bps', which no one typed, and spoke of the wire's shaping
-        raise UserError(f"{CAPACITY_ENV}={v[:60]!r} is not this host's WAN capacity: give bits per second (e.g. 5e9) or a "
+        raise UserError(f"{CAPACITY_ENV}={shown(v)} is not this host's WAN capacity: give bits per second (e.g. 5e9) or a "
                         "rate with its unit (e.g. 5Gbps), from 8 Kbps to 1000 Tbps; unset, 5 Gbps") from None
 
 
