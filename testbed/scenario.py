@@ -87,10 +87,13 @@ class LinkDirectionSpec:
     queue: units.QueueLimit = field(default_factory=lambda: units.QueueLimit("bdp", 1.0))
 
     def queue_bytes(self, scale: Scale | float = 1.0, rtt_s: float | None = None) -> int:
-        """Queue limit in bytes on the wire; the BDP uses the round-trip time (`WanSpec.rtt_s`; 2 x this
-        direction's delay when the direction stands alone)."""
-        rtt = 2 * self.delay_s if rtt_s is None else rtt_s
-        return self.queue.to_bytes(Scale.of(scale).wire_bps(self.rate_bps), max(rtt, 1e-3))
+        """Queue limit in bytes on the wire; the BDP uses the round-trip time (`bdp_rtt_s`)."""
+        return self.queue.to_bytes(Scale.of(scale).wire_bps(self.rate_bps), self.bdp_rtt_s(rtt_s))
+
+    def bdp_rtt_s(self, rtt_s: float | None = None) -> float:
+        """The round trip a BDP-sized queue refers to: `rtt_s` (`WanSpec.rtt_s`), or 2 x this direction's delay when
+        the direction stands alone; at least 1 ms."""
+        return max(2 * self.delay_s if rtt_s is None else rtt_s, 1e-3)
 
 
 _DIRECTION_KEYS = ("rate", "delay", "jitter", "jitter_distribution", "reorder", "loss", "queue")

@@ -44,22 +44,23 @@ DEFAULT_STATE_DTYPE = "bfloat16"
 LINEAR_RULES = ("delta", "decay")
 
 
-def _dtype(v: Any, allowed: tuple[str, ...], what: str) -> str:
+def _dtype(v: Any, what: str) -> str:
+    """A cache dtype by its name or alias (every cache dtype is also a state dtype, `STATE_DTYPES`)."""
     name = DTYPE_ALIASES.get(str(v).lower(), str(v).lower())
-    if name not in allowed:
-        names = ", ".join(list(allowed) + [a for a, n in DTYPE_ALIASES.items() if n in allowed])
+    if name not in DTYPE_BYTES:
+        names = ", ".join(list(DTYPE_BYTES) + [a for a, n in DTYPE_ALIASES.items() if n in DTYPE_BYTES])
         raise ValueError(f"{shown(v)} is not {what}; use one of: {names}")
     return name
 
 
 def parse_dtype(v: Any) -> str:
     """``"bf16"`` -> ``"bfloat16"``; refuses anything that is not a cache dtype."""
-    return _dtype(v, tuple(DTYPE_BYTES), "a cache dtype")
+    return _dtype(v, "a cache dtype")
 
 
 def parse_state_dtype(v: Any) -> str:
     """``"fp32"`` -> ``"float32"``: the one reader of a linear layer's state dtype (`STATE_DTYPES`)."""
-    return _dtype(v, STATE_DTYPES, "a state dtype")
+    return _dtype(v, "a state dtype")
 
 
 # The largest size a geometry key may give (heads, dimensions, ranks, a window, a repeat): 2^24, past any model

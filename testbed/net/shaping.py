@@ -76,7 +76,7 @@ def plan_shaping(direction: LinkDirectionSpec, *, shaper: str = "htb", scale: Sc
     if queue > units.MAX_QUEUE_BYTES:  # a BDP multiple is bounded as written (1000bdp), its bytes only here: 1000bdp of a 1-s
         # delay passed `prfaas check` as a 116-GiB queue, which tc refuses once the network is being built (2026-12-07)
         raise UserError(f"wan.queue: {units.format_bytes(queue)} on the wire ({direction.queue.value:g} {direction.queue.kind} "
-                        f"at {rate_bps / 1e9:g} Gbps on the wire and a {(rtt_s or 2 * direction.delay_s) * 1e3:g} ms round "
+                        f"at {rate_bps / 1e9:g} Gbps on the wire and a {direction.bdp_rtt_s(rtt_s) * 1e3:g} ms round "
                         f"trip), more than {units.MAX_QUEUE_BYTES} bytes (4 GiB - 1), the most a queue's byte limit holds (tc's "
                         f"is 32-bit); use a smaller queue, or a larger scale")
     return ShapingPlan(shaper, rate_bps, burst_bytes_for(rate_bps), queue)
