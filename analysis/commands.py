@@ -75,12 +75,11 @@ def cmd_model(args: argparse.Namespace) -> int:
         model = sc.section("model")
         # the model is the profiles' times: another model's were used without a word in a torch-mode scenario (whose
         # check leaves its profiles alone: its run does not use them), 2026-12-07
-        for cluster, prof in (("prfaas", cm.prfaas_profile), ("pd", cm.pd_profile)):
-            if model is not None and prof is not None:
-                try:
-                    check_model(prof, model.spec.name)
-                except UserError as exc:
-                    raise FieldError(f"serving.profiles.{cluster}", str(exc), sc.source) from None
+        for cluster, prof in cm.profiles_not_of(model.spec.name) if model is not None else ():
+            try:
+                check_model(prof, model.spec.name)
+            except UserError as exc:
+                raise FieldError(f"serving.profiles.{cluster}", str(exc), sc.source) from None
     other = "mean" if args.reading == "literal" else "literal"
     primary = tm.evaluate(cm, homo, dist, args.reading, args.step)
     alt = tm.evaluate(cm, homo, dist, other, args.step)

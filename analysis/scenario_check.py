@@ -213,22 +213,22 @@ def check_scenario(sc: Scenario) -> CheckReport:
     check_schedule_queues(sc, scale)
     rep = CheckReport(sc.name, sc.source, scale, scale_src, cap_bps, sc.duration_s, direction_plans(sc, scale),
                       [(a.at_s, describe_action(a)) for a in expand_schedule(sc.wan.schedule)], [])
-    cm = _load(sc, rep)
+    _load(sc, rep)
     for start, end, rate, what in capacity_segments(sc):
         cross = cross_traffic_bps(sc, start, end)
         left = rate - cross
         util = rep.offered_kv_bps / left if rep.offered_kv_bps is not None and left > 0 else None
         rep.segments.append(Segment(start, end, rate, cross, util, what))
-    _warn(sc, rep, cm)
+    _warn(sc, rep)
     return rep
 
 
-def _load(sc: Scenario, rep: CheckReport) -> Any:
-    """Offered KV at the base threshold and the model's Lambda_max (serving scenarios only); the cluster model
-    (`throughput_model.ClusterModel`) they came from, None without one."""
+def _load(sc: Scenario, rep: CheckReport) -> None:
+    """Offered KV at the base threshold and the model's Lambda_max (serving scenarios only), and a warning when a
+    torch-mode run's model lines take another model's profiles (`_profiles_of_another_model`)."""
     policy, workload = sc.section("policy"), sc.section("workload")
     if sc.section("model") is None or policy is None or workload is None:
-        return None
+        return
     from analysis import throughput_model as tm
 
     rep.policy = policy.name
@@ -255,19 +255,20 @@ def _load(sc: Scenario, rep: CheckReport) -> Any:
         rep.model = {"lambda_max_at_base_t_rps": at_t.lambda_max, "bottleneck_at_base_t": at_t.bottleneck,
                      "t_star_tokens": best.threshold, "lambda_max_at_t_star_rps": best.lambda_max,
                      "bottleneck_at_t_star": best.bottleneck, "reading": "literal"}
-    return cm
+    other_model = _profiles_of_another_model(sc, rep, cm)
+    if other_model:
+        rep.warnings.append(other_model)
 
 
 def _profiles_of_another_model(sc: Scenario, rep: CheckReport, cm: Any) -> str | None:
     """A torch-mode run computes its own model, but the model lines (Lambda_max, t*) take their times from the
     profiles: a warning when those are another model's (a profile-mode scenario of them is refused, `check_model`)."""
-    from testbed.models.profiles import is_of_model
     from testbed.serving.config import compute_mode
 
     model = sc.section("model")
-    if not rep.model or cm is None or model is None or compute_mode(sc) != "torch":
+    if not rep.model or compute_mode(sc) != "torch":
         return None
-    other = [(c, p) for c, p in (("prfaas", cm.prfaas_profile), ("pd", cm.pd_profile)) if p is not None and not is_of_model(p, model.spec.name)]
+    other = cm.profiles_not_of(model.spec.name)
     if not other:
         return None
     said = " and ".join(f"profile {p.name!r} of model {p.model!r} (serving.profiles.{c})" for c, p in other)
@@ -275,11 +276,8 @@ def _profiles_of_another_model(sc: Scenario, rep: CheckReport, cm: Any) -> str |
             f"another model's times at this model's KV bytes (name profiles of {model.spec.name!r} for this run's figures)")
 
 
-def _warn(sc: Scenario, rep: CheckReport, cm: Any = None) -> None:
+def _warn(sc: Scenario, rep: CheckReport) -> None:
     w = rep.warnings
-    other_model = _profiles_of_another_model(sc, rep, cm)
-    if other_model:
-        w.append(other_model)
     wire_max = Scale(rep.scale).wire_bps(sc.wan.max_rate_bps)
     if wire_max > rep.host_capacity_bps:
         w.append(f"scale {rep.scale:g}: the wire would carry {units.format_rate(wire_max)}, more than this host's capacity "

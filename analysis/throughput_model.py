@@ -154,6 +154,14 @@ class ClusterModel:
         """Eq. 5: decode throughput (requests/s) of n_d decode instances."""
         return np.asarray(n_d, dtype=float) * self.decode_batch / (self.decode_step * self.output_len)
 
+    def profiles_not_of(self, model: str) -> list[tuple[str, ComputeProfile]]:
+        """(cluster, profile) of each profile whose times are not `model`'s (`profiles.is_of_model`): `prfaas model`
+        refuses them, `prfaas check` warns of them for a torch-mode run."""
+        from testbed.models.profiles import is_of_model
+
+        return [(c, p) for c, p in (("prfaas", self.prfaas_profile), ("pd", self.pd_profile))
+                if p is not None and not is_of_model(p, model)]
+
 
 # -------------------------------------------------------------------------------------------- equations
 
