@@ -818,6 +818,9 @@ class _RecvRequest:
     trailer: Trailer | None = None
     trailer_conn: _RecvConn | None = None
     failed: str | None = None
+    # the connections its data frames came on: one that closes fails the request (`KVReceiver._conn_loop`); the record
+    # ends with the request, so a long-lived connection keeps nothing of the transfers it carried
+    conns: set[_RecvConn] = field(default_factory=set)
 
 
 class _RecvConn:
@@ -827,7 +830,6 @@ class _RecvConn:
         self.send_lock = threading.Lock()
         self.scratch = bytearray(0)
         self.thread: threading.Thread | None = None
-        self.requests: set[str] = set()  # ids whose frames came on this connection (pruned to those in flight)
 
     def scratch_view(self, nbytes: int) -> memoryview:
         if len(self.scratch) < nbytes:
@@ -957,20 +959,24 @@ class KVReceiver(KVRecvConnector):
                     if conn in self._conns:
                         self._conns.remove(conn)
 
+    def _open_request(self, rid: str) -> _RecvRequest:
+        """The one place a request begins on this receiver (its first data frame, or a trailer with none before it),
+        under the lock: past `max_inflight_requests` transfers begun and not ended it raises `WireError`, which closes
+        the connection whose frame opened it, as a malformed frame does (a flood of ids, each holding its bookkeeping
+        outside the byte budget)."""
+        if len(self._requests) >= self.max_inflight_requests:
+            raise WireError(f"request {rid!r}: {self.max_inflight_requests} transfers in flight already")
+        req = self._requests[rid] = _RecvRequest(rid, KVAssembler(rid, self.limits), now_s(), now_s())
+        return req
+
     def _sink(self, conn: _RecvConn, h: DataHeader) -> memoryview:
         with self._lock:
             req = self._requests.get(h.request_id)
             if req is None and h.request_id not in self._finished:
-                if len(self._requests) >= self.max_inflight_requests:  # a flood of ids, each holding its bookkeeping
-                    raise WireError(f"request {h.request_id!r}: {self.max_inflight_requests} transfers in flight already")
-                req = self._requests[h.request_id] = _RecvRequest(h.request_id, KVAssembler(h.request_id, self.limits),
-                                                                  now_s(), now_s())
+                req = self._open_request(h.request_id)
             if req is None or req.failed:
                 return conn.scratch_view(h.length)
-            if h.request_id not in conn.requests:
-                if len(conn.requests) >= 64:
-                    conn.requests.intersection_update(self._requests)
-                conn.requests.add(h.request_id)
+            req.conns.add(conn)
             req.last_s = now_s()
             try:
                 parts = req.assembler.reserve(h)  # checked and counted here; allocated below, without the lock
@@ -1029,8 +1035,8 @@ class KVReceiver(KVRecvConnector):
                 # a sender whose connection fails fails as a whole (`KVSender._fail`), so a transfer that had frames on
                 # this one cannot complete: fail it now and free its tensors, not after `request_timeout_s` (a header
                 # that announced 1 GiB, then a close, held that memory for 300 s)
-                orphans = [rid for rid in conn.requests
-                           if rid in self._requests and self._requests[rid].failed is None] if not self._closed.is_set() else []
+                orphans = [r.request_id for r in self._requests.values()
+                           if conn in r.conns and r.failed is None] if not self._closed.is_set() else []
             for rid in orphans:
                 self._fail(rid, f"connection {conn.peer} closed before the transfer completed")
 
@@ -1058,7 +1064,7 @@ class KVReceiver(KVRecvConnector):
         with self._lock:
             req = self._requests.get(rid)
             if req is None and rid not in self._finished:  # a transfer with no data frames at all
-                req = self._requests[rid] = _RecvRequest(rid, KVAssembler(rid, self.limits), now_s(), now_s())
+                req = self._open_request(rid)
             if req is not None:
                 req.trailer, req.trailer_conn = trailer, conn
                 req.wire_bytes += len(encode_trailer(trailer))
@@ -1103,17 +1109,22 @@ class KVReceiver(KVRecvConnector):
             if req is None:
                 if notify_sender or rid in self._finished:
                     return
-                # an abort that overtook every data frame: remember it so late frames are discarded
-                req = _RecvRequest(rid, KVAssembler(rid, self.limits), now_s(), now_s())
-                self._requests[rid] = req
-            first = req.failed is None
-            req.failed = req.failed or reason
-            req.assembler.parts.clear()  # free the partial tensors now
-            req.assembler.allocated_bytes = 0
-            tell_sender = req.trailer_conn if (notify_sender and req.trailer is not None) else None
-            if tell_sender is not None or not notify_sender:
-                del self._requests[rid]
+                # an abort that overtook every data frame: it opens no request (nothing of it is in flight), only
+                # remembers the id so late frames are discarded
                 self._mark_finished(rid)
+            else:
+                first = req.failed is None
+                req.failed = req.failed or reason
+                req.assembler.parts.clear()  # free the partial tensors now
+                req.assembler.allocated_bytes = 0
+                tell_sender = req.trailer_conn if (notify_sender and req.trailer is not None) else None
+                if tell_sender is not None or not notify_sender:
+                    del self._requests[rid]
+                    self._mark_finished(rid)
+        if req is None:
+            t = now_s()
+            self._deliver(rid, ReceivedKV(rid, False, reason, None, 0, 0, 0, t, t))
+            return
         if first:
             self._deliver(rid, ReceivedKV(rid, False, reason, None, 0, req.wire_bytes, len(req.assembler.records),
                                           req.first_frame_s, now_s()))

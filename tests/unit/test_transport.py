@@ -16,7 +16,7 @@ from testbed.kv.cache import KVCache, LayerKV
 from testbed.kv.transport import (
     PROBE_PREFIX, SO_MAX_PACING_RATE, FillStop, KVReceiver, KVSender, ReceivedKV, TransportError, _FillWatch, ack_rate_bps, tcp_info,
 )
-from testbed.kv.wire import encode_data_header, DataHeader
+from testbed.kv.wire import DataHeader, Trailer, encode_data_header, encode_trailer, profile_frames
 
 torch.set_num_threads(1)
 LOOPBACK = "127.0.0.1"
@@ -484,6 +484,58 @@ def test_connections_past_the_cap_are_closed_and_the_others_served() -> None:
             time.sleep(0.01)
         with KVSender(LOOPBACK, rx.port, connections=2) as tx:
             assert tx.send_cache(_cache("capped")).ok
+
+
+def _hung_up(s: socket.socket) -> bool:
+    s.settimeout(5)
+    try:
+        return s.recv(10) == b""
+    except ConnectionResetError:  # ... with our unread bytes still queued
+        return True
+
+
+def _data_frame(rid: str) -> bytes:
+    (f,) = profile_frames(rid, 0, "gqa", 16, memoryview(bytes(16)), {})
+    return f.header + bytes(f.payload)
+
+
+def _trailer(rid: str) -> bytes:
+    return encode_trailer(Trailer(rid, "toy", 0, 1, 1, 16, 0))  # one frame announced, none sent: it stays in flight
+
+
+def test_data_frames_that_open_requests_past_the_cap_are_refused_and_the_rest_still_served() -> None:
+    results = Results()
+    with KVReceiver(LOOPBACK, 0, results, max_inflight_requests=3, request_timeout_s=0.5) as rx:
+        with socket.create_connection((LOOPBACK, rx.port)) as s:
+            s.sendall(b"".join(_data_frame(f"d-{i}") for i in range(4)))
+            assert _hung_up(s)
+        assert len(rx.protocol_errors) == 1 and rx.protocol_errors[0].endswith(": request 'd-3': 3 transfers in flight already")
+        for i in range(3):  # the three it opened had frames on the closed connection: failed at once
+            got = results.wait(f"d-{i}", timeout_s=5)
+            assert not got.ok and "closed before the transfer completed" in (got.reason or "")
+        assert "d-3" not in results.items
+        deadline = time.monotonic() + 10  # failed, they are held (to discard late frames) until their trailer or the timeout
+        while rx._requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with KVSender(LOOPBACK, rx.port, connections=2) as tx:
+            assert tx.send_cache(_cache("after")).ok
+
+
+def test_trailers_that_open_requests_past_the_cap_are_refused_as_data_frames_are() -> None:
+    """Since 2026-12-07: a trailer for an id with no frames before it opens a request too, and it was never capped,
+    so a flood of trailers held bookkeeping for as many ids as it named."""
+    results = Results()
+    with KVReceiver(LOOPBACK, 0, results, max_inflight_requests=3, request_timeout_s=0.5) as rx:
+        with socket.create_connection((LOOPBACK, rx.port)) as s:
+            s.sendall(b"".join(_trailer(f"t-{i}") for i in range(2)) + _data_frame("d-0") + _trailer("t-2"))
+            assert _hung_up(s)
+        assert len(rx.protocol_errors) == 1 and rx.protocol_errors[0].endswith(": request 't-2': 3 transfers in flight already")
+        assert "t-2" not in results.items
+        for rid in ("t-0", "t-1"):  # the two it opened wait for their frame until the timeout
+            got = results.wait(rid, timeout_s=10)
+            assert not got.ok and "timed out" in (got.reason or "")
+        with KVSender(LOOPBACK, rx.port, connections=2) as tx:
+            assert tx.send_cache(_cache("after")).ok
 
 
 def test_receiver_death_fails_the_transfer_without_hanging() -> None:
