@@ -6,8 +6,9 @@ gateways built with `WanLink`/`WanIntf`: they configure only addresses; rate, de
 by `testbed.net.wan` over netlink (never TCLink's capped, both-ends tc strings).
 
 Names of bridges live in the root namespace, so each Network gets its own short `tag`
-(``br{f|d}{tag}``, ports ``br{f|d}{tag}-eth{n}``) and several networks can run side by side. The
-bridge gets an explicit dpid, since Mininet otherwise derives it from digits in the name.
+(``br{f|d}{tag}``: `testbed.net.state.bridge_name`, which `prfaas clean` knows them by; ports ``br{f|d}{tag}-eth{n}``)
+and several networks can run side by side. The bridge gets an explicit dpid, since Mininet otherwise derives it from
+digits in the name.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from mininet.link import Intf, Link
 from mininet.nodelib import LinuxBridge
 from mininet.topo import Topo
 
+from testbed.net.state import bridge_name
 from testbed.scenario import TopologySpec
 
 SUBNETS = {"prfaas": IPv4Network("10.1.0.0/24"), "pd": IPv4Network("10.2.0.0/24")}
 WAN_SUBNET = IPv4Network("10.0.0.0/30")
 WAN_IPS = {"prfaas": "10.0.0.1", "pd": "10.0.0.2"}
 FIRST_HOST_OFFSET = 10  # .1 is the gateway, hosts from .10
-DC_LETTER = {"prfaas": "f", "pd": "d"}
 
 
 def gateway_name(dc: str) -> str:
@@ -38,10 +39,6 @@ def wan_ifname(dc: str) -> str:
 
 def lan_ifname(dc: str) -> str:
     return f"{dc}-gw-lan"
-
-
-def bridge_name(dc: str, tag: str) -> str:
-    return f"br{DC_LETTER[dc]}{tag}"
 
 
 @dataclass(frozen=True)

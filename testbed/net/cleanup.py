@@ -34,8 +34,6 @@ from testbed.errors import UserError
 from testbed.net import state
 from testbed.validation import path_is_dir
 
-BRIDGE_RE = state.BRIDGE_RE
-
 
 @dataclass
 class CleanReport:
@@ -75,7 +73,7 @@ def _our_bridges() -> list[str]:
     from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
-        return [l.get_attr("IFLA_IFNAME") for l in ipr.get_links() if BRIDGE_RE.match(l.get_attr("IFLA_IFNAME") or "")]
+        return [l.get_attr("IFLA_IFNAME") for l in ipr.get_links() if state.BRIDGE_RE.match(l.get_attr("IFLA_IFNAME") or "")]
 
 
 def remove_network(path: Path, data: dict[str, Any], report: CleanReport, live_inodes: frozenset[int]) -> None:
@@ -101,7 +99,7 @@ def remove_network(path: Path, data: dict[str, Any], report: CleanReport, live_i
             "cookie could not be read); check them with `ps -o pid,netns,args -p PID` and kill those that are its")
     report.bridges += _delete_bridges(list(data.get("bridges", [])))
     for d in data.get("delayline_dirs", []):
-        if Path(d).name.startswith("prfaas-delayline-") and Path(d).is_dir():
+        if Path(d).name.startswith(state.DELAYLINE_DIR_PREFIX) and Path(d).is_dir():
             shutil.rmtree(d, ignore_errors=True)
             report.delayline_leftovers += 1
     path.unlink(missing_ok=True)
@@ -180,7 +178,7 @@ def clean(*, include_live: bool = False, run: str | None = None) -> CleanReport:
             return report
         live, damaged = state.scan_states()
         claimed = {b for _, d in live if state.owner_alive(d) for b in d["bridges"]}
-        claimed |= {f"br{side}{d.tag}" for d in damaged if d.maybe_live() and d.tag for side in "fd"}
+        claimed |= {b for d in damaged if d.maybe_live() and d.tag for b in state.bridge_names(d.tag)}
         report.bridges += _delete_bridges([b for b in _our_bridges() if b not in claimed])
         report.sysctls = state.restore_sysctls_if_last(exclude=None, problems=report.not_cleaned)
     from testbed.net.delayline import cleanup_rules, remove_stale_control_dirs

@@ -44,6 +44,7 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING, Callable
 
 from testbed.errors import HostError
+from testbed.net.state import DELAYLINE_DIR_PREFIX, delayline_dir_base
 from testbed.scenario import JITTER_DISTRIBUTIONS, LinkDirectionSpec, LossSpec
 
 if TYPE_CHECKING:
@@ -463,11 +464,12 @@ def cleanup_local_rules(queue_num: int | None = None) -> int:
     return removed
 
 
-def remove_stale_control_dirs(base: str = "/dev/shm", min_age_s: float = 60.0) -> int:
-    """Remove control directories whose line is gone (parent and child both SIGKILLed); for `prfaas clean`.
-    Directories younger than `min_age_s` are kept: their line may still be starting."""
+def remove_stale_control_dirs(base: str | None = None, min_age_s: float = 60.0) -> int:
+    """Remove control directories whose line is gone (parent and child both SIGKILLed) from `base`, by default the
+    folder this host's lines make them in (`state.delayline_dir_base`); for `prfaas clean`. Directories younger than
+    `min_age_s` are kept: their line may still be starting."""
     removed = 0
-    for d in Path(base).glob("prfaas-delayline-q*"):
+    for d in Path(base or delayline_dir_base()).glob(f"{DELAYLINE_DIR_PREFIX}q*"):
         try:
             if time.time() - d.stat().st_mtime < min_age_s:
                 continue
@@ -884,8 +886,7 @@ class DelayLineProcess:
         return line
 
     def start(self, timeout_s: float = 15.0) -> None:
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self._ctl_dir = Path(tempfile.mkdtemp(prefix=f"prfaas-delayline-q{self.queue_num}-", dir=base))
+        self._ctl_dir = Path(tempfile.mkdtemp(prefix=f"{DELAYLINE_DIR_PREFIX}q{self.queue_num}-", dir=delayline_dir_base()))
         os.mkfifo(self._ctl_dir / "control", 0o600)
         self._ctl_fd = os.open(self._ctl_dir / "control", os.O_RDWR | os.O_NONBLOCK)
         (self._ctl_dir / "stats").write_bytes(b"\0" * 128)

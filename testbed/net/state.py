@@ -56,16 +56,44 @@ SYSCTL_FILE = "sysctl.json"
 # What /proc/sys gives for every key above (read_sysctl joins its fields with one space): whole numbers
 # ("0", "4096 131072 6291456"). A saved value is written back only when it looks so.
 SYSCTL_VALUE_RE = re.compile(r"-?[0-9]{1,20}( -?[0-9]{1,20}){0,7}")
-# Our bridges' names (`topologies.two_dc.bridge_name`): a state file never names another link to delete.
-BRIDGE_RE = re.compile(r"^br[fd][0-9a-f]{5}$")
-TAG_RE = re.compile(r"[0-9a-f]{5}")
-STATE_NAME_RE = re.compile(r"net-([0-9]{1,10})-([0-9a-f]{5})\.json")  # `state_path`'s names
+TAG_RE = re.compile(r"[0-9a-f]{5}")  # a network's tag (`claim_tag`): it names the network's bridges and state file
+# Our bridges, one per datacenter in the root namespace: "br", the datacenter's letter and the network's tag
+# (`bridge_name`; `topologies.two_dc` names its switches with it). BRIDGE_RE tells them from every other link: a state
+# file never names another link to delete, and `prfaas clean` deletes no other.
+BRIDGE_LETTERS = {"prfaas": "f", "pd": "d"}
+BRIDGE_RE = re.compile(rf"^br[{''.join(BRIDGE_LETTERS.values())}]{TAG_RE.pattern}$")
+STATE_NAME_RE = re.compile(rf"net-([0-9]{{1,10}})-({TAG_RE.pattern})\.json")  # `state_path`'s names
 DELAYLINE_DIR_PREFIX = "prfaas-delayline-"  # a delay line's control directory (`testbed.net.delayline`)
 PID_T_MAX = 2**31 - 1  # pid_t (the kernel's pid_max is at most 2**22)
 CLONE_NEWNET = 0x40000000  # <linux/sched.h>
 SO_NETNS_COOKIE = 71  # <asm-generic/socket.h>, Linux 5.14
 STATE_WHAT = "a network state file (testbed.net.state)"
 SYSCTL_WHAT = "the host's sysctls saved before a network started (testbed.net.state)"
+
+
+def bridge_name(dc: str, tag: str) -> str:
+    """The bridge of datacenter `dc` ("prfaas" or "pd") in the network tagged `tag`: brf<tag> or brd<tag>."""
+    return f"br{BRIDGE_LETTERS[dc]}{tag}"
+
+
+def bridge_names(tag: str) -> tuple[str, ...]:
+    """Both bridges of the network tagged `tag`."""
+    return tuple(bridge_name(dc, tag) for dc in BRIDGE_LETTERS)
+
+
+def delayline_dir_bases() -> tuple[str, str]:
+    """The folders a delay line makes its control directory in, first choice first: /dev/shm (a tmpfs) and, on a
+    host without it, the system's temp folder. A line uses the first that is there (`delayline_dir_base`); a state
+    file may name a directory under either (`read_state`)."""
+    import tempfile
+
+    return "/dev/shm", tempfile.gettempdir()
+
+
+def delayline_dir_base() -> str:
+    """The folder a delay line started on this host makes its control directory in (`delayline_dir_bases`)."""
+    shm, temp = delayline_dir_bases()
+    return shm if os.path.isdir(shm) else temp
 
 
 def _sysctl_path(key: str) -> Path:
@@ -159,15 +187,14 @@ def _bridge(v: Any) -> str:
 
 
 def _delayline_dir(v: Any) -> str:
-    """A delay line's control directory: made by `tempfile.mkdtemp` under /dev/shm or the system's temp folder
+    """A delay line's control directory: made by `tempfile.mkdtemp` under one of `delayline_dir_bases`
     (`testbed.net.delayline`), so anywhere else is not ours (`prfaas clean` removes these folders; until 2026-12-07 any
     absolute path named prfaas-delayline-... was taken, /home/x/prfaas-delayline-a included)."""
-    import tempfile
-
     if not isinstance(v, str) or not os.path.isabs(v) or "\0" in v or not Path(v).name.startswith(DELAYLINE_DIR_PREFIX):
         raise ValueError(f"{v!r} is not a delay line's control directory (an absolute path named {DELAYLINE_DIR_PREFIX}...)")
-    if not any(Path(v).parent.is_relative_to(base) for base in ("/dev/shm", tempfile.gettempdir())):
-        raise ValueError(f"{v!r} is not under /dev/shm or {tempfile.gettempdir()}, where delay lines make their directories")
+    bases = delayline_dir_bases()
+    if not any(Path(v).parent.is_relative_to(base) for base in bases):
+        raise ValueError(f"{v!r} is not under {' or '.join(bases)}, where delay lines make their directories")
     return v
 
 
@@ -208,7 +235,7 @@ def read_state(path: Path) -> dict[str, Any]:
         if out[key] != in_name:
             raise f.error(key, f"{out[key]!r} is not the one in the file's name ({in_name!r}): a state file is named "
                                "net-<owner_pid>-<tag>.json")
-    foreign = [b for b in out["bridges"] if b[3:] != out["tag"]]
+    foreign = [b for b in out["bridges"] if b not in bridge_names(out["tag"])]
     if foreign:  # another network's bridge: `prfaas clean` would have deleted it
         raise f.error("bridges", f"{foreign[0]!r} is not named after this network's tag {out['tag']!r} (brf or brd + tag)")
     return out
@@ -279,7 +306,7 @@ def claim_tag(preferred: str, existing_links: set[str]) -> str:
     value = int(preferred, 16)
     for _ in range(1 << 20):
         tag = f"{value:05x}"
-        if tag not in taken and not any(name.startswith(("brf" + tag, "brd" + tag)) for name in existing_links):
+        if tag not in taken and not any(name.startswith(bridge_names(tag)) for name in existing_links):
             return tag
         value = (value + 1) & 0xFFFFF
     raise RuntimeError("no free network tag: run `prfaas clean`")

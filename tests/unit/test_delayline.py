@@ -429,3 +429,27 @@ def test_stale_control_dirs_are_removed_only_when_old_and_their_line_is_gone(tmp
     assert remove_stale_control_dirs(str(tmp_path)) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prfaas-delayline-q2-alive", "prfaas-delayline-q3-young",
                                                           "someone-else"]
+
+
+def test_a_host_without_dev_shm_makes_cleans_and_accepts_control_dirs_in_the_temp_folder(tmp_path, monkeypatch) -> None:
+    """One choice of folder (`state.delayline_dir_base`): a line's directory, `prfaas clean`'s sweep of stale ones and the
+    state files' reader agree. Before 2026-12-07 clean looked only in /dev/shm, where such a host's lines made none."""
+    import os
+
+    from testbed.net import state
+    from testbed.net.delayline import _STATS, remove_stale_control_dirs
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(state, "delayline_dir_bases", lambda: (str(tmp_path / "no-shm"), str(temp)))
+    assert state.delayline_dir_base() == str(temp)
+    stale = temp / "prfaas-delayline-q7-dead"
+    stale.mkdir()
+    (stale / "stats").write_bytes(_STATS.pack(2, 2, 0, 0, 0, 0, 0, 0, 0, 0.0, 2**22 + 12345).ljust(128, b"\0"))
+    os.utime(stale, (os.path.getmtime(stale) - 600,) * 2)
+    assert state._delayline_dir(str(stale)) == str(stale)
+    with pytest.raises(ValueError, match=f"is not under {tmp_path / 'no-shm'} or {temp}, where delay lines"):
+        state._delayline_dir(str(tmp_path / "prfaas-delayline-q7-x"))
+    assert remove_stale_control_dirs() == 1 and not stale.exists()
+    (tmp_path / "no-shm").mkdir()  # a host with /dev/shm: the lines use it, and clean looks there
+    assert state.delayline_dir_base() == str(tmp_path / "no-shm")

@@ -30,6 +30,16 @@ def test_a_tag_whose_bridge_exists_is_not_claimed(state_dir: Path):
     assert state.claim_tag("00001", {"brf00001-eth1"}) == "00002"
 
 
+def test_a_networks_bridges_are_named_once_and_only_they_match_the_pattern_clean_deletes() -> None:
+    """`bridge_name` names the topology's switches; `BRIDGE_RE` is what `prfaas clean` and the state files' reader take
+    for ours: every name it makes matches, and nothing else does (a port of ours, another tag's length, a capital)."""
+    assert state.bridge_names("0abcd") == (state.bridge_name("prfaas", "0abcd"), state.bridge_name("pd", "0abcd")) \
+        == ("brf0abcd", "brd0abcd")
+    assert all(state.BRIDGE_RE.match(b) for b in state.bridge_names("fffff"))
+    for other in ("brf0abcd-eth1", "brx0abcd", "brf0abc", "brf0ABCD", "eth0", "br0"):
+        assert not state.BRIDGE_RE.match(other), other
+
+
 def test_two_claims_under_the_lock_give_two_tags(state_dir: Path):
     tags = []
     for pid in (5, 6):
