@@ -60,12 +60,13 @@ def get_lab(number: int) -> Lab:
 
 def start_lab(lab: Lab, dest: Path, *, force: bool = False) -> list[Path]:
     """Copy the lab's student files into `dest` (scenarios, questions, answers template, scripts) and make
-    its ``runs/`` folder. Every check comes before the first copy: a file of the lab already there (the student's
-    answers, or a scenario they edited) is not overwritten unless `force`; a link or folder where a file goes, and a
-    file where ``runs/`` goes, are refused even with it. (Until 2026-12-07 only the answers file was guarded; a link
-    was written through, to a file outside the folder; a folder took the file inside it; a file named runs was a
-    FileExistsError traceback.)"""
+    its ``runs/`` folder. Every check comes before the first copy, and ``runs/`` is made (`make_output_dir`) before it
+    too: a file of the lab already there (the student's answers, or a scenario they edited) is not overwritten unless
+    `force`; a link or folder where a file goes, and a link or file where ``runs/`` goes, are refused even with it.
+    (Until 2026-12-07 only the answers file was guarded; a link was written through, to a file outside the folder; a
+    folder took the file inside it; a file named runs was a FileExistsError traceback.)"""
     names = lab.files + ("handout.md",)
+    runs = dest / "runs"
 
     def check() -> None:
         for name in names:
@@ -76,14 +77,12 @@ def start_lab(lab: Lab, dest: Path, *, force: bool = False) -> list[Path]:
         if there and not force:
             raise UserError(f"{dest / there[0]} exists already ({'your answers?' if lab.answers in there else 'edited?'}); "
                             "use another --dir, or --force to overwrite the lab's files")
-        runs = dest / "runs"
-        if runs.is_symlink() or (runs.exists() and not runs.is_dir()):
-            raise UserError(f"{runs}: not a folder (the lab's runs go there); move it aside")
+        if runs.is_symlink():  # a link to a folder `make_dirs` would take: the lab's runs would land outside its folder
+            raise UserError(f"{runs}: a link where the lab's runs folder goes; move it aside")
 
-    make_output_dir(dest, check)
+    make_output_dir(runs, check)  # a file in its place is refused there, naming it
     out = []
     for name in names:
         shutil.copy(lab.folder / name, dest / name)  # with its mode (measure.sh runs)
         out.append(dest / name)
-    (dest / "runs").mkdir(exist_ok=True)
     return out

@@ -93,6 +93,34 @@ def test_lab_start_writes_no_file_through_a_link_into_a_folder_or_over_an_edited
     assert os.access(tmp_path / "edited" / "measure.sh", os.X_OK) if "measure.sh" in lab.files else True
 
 
+def test_lab_start_refuses_anything_but_a_folder_where_runs_goes_before_it_copies(tmp_path: Path) -> None:
+    """runs/ is made (testbed.atomic.make_output_dir) before any file is copied: a file, a link to a file, a link to
+    nowhere and a link to a folder (the runs would land outside the lab's folder) are refused, with --force too, and
+    a runs folder already there is kept with what it holds."""
+    from labs.catalog import get_lab, start_lab
+    from testbed.errors import UserError
+
+    lab = get_lab(1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cases = {"file": lambda r: r.write_text("x"), "link to a file": lambda r: r.symlink_to(tmp_path / "precious"),
+             "link to nowhere": lambda r: r.symlink_to(tmp_path / "gone"), "link to a folder": lambda r: r.symlink_to(elsewhere)}
+    (tmp_path / "precious").write_text("mine")
+    for case, make in cases.items():
+        d = tmp_path / case.replace(" ", "-")
+        d.mkdir()
+        make(d / "runs")
+        for force in (False, True):
+            with pytest.raises(UserError, match=f"{d / 'runs'}: .*(where a folder goes|a link where the lab's runs folder goes)"):
+                start_lab(lab, d, force=force)
+        assert sorted(p.name for p in d.iterdir()) == ["runs"], case  # nothing copied
+    assert not list(elsewhere.iterdir()) and (tmp_path / "precious").read_text() == "mine"
+    kept = tmp_path / "kept"
+    (kept / "runs" / "r1").mkdir(parents=True)
+    start_lab(lab, kept)
+    assert (kept / lab.answers).is_file() and (kept / "runs" / "r1").is_dir()
+
+
 def _ttft(df: pd.DataFrame) -> pd.Series:
     return df["first_token_s"] - df["arrival_s"]
 
