@@ -99,10 +99,7 @@ def run_kv_size(args: argparse.Namespace) -> int:
     state_dtype = _state_dtype(args.state_dtype)
     spec = load_model_spec(args.model)
     if state_dtype:  # the spec's own dtypes were checked when it was read
-        try:
-            check_request_bytes(spec, state_dtype)
-        except ValueError as exc:
-            raise UserError(f"--state-dtype {state_dtype}: {exc}") from None
+        check_request_bytes(spec, f"--state-dtype {state_dtype}", state_dtype=state_dtype)
     r = kv_size_report(spec, tokens, state_dtype)
     if args.json:
         print(json.dumps(r, indent=2))

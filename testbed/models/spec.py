@@ -256,19 +256,24 @@ class ModelSpec:
         return out
 
 
-def check_request_bytes(spec: ModelSpec, state_dtype: str | None = None) -> None:
-    """A ValueError when a request of `units.MAX_TOKENS` tokens of `spec` (its state in `state_dtype` when given)
-    caches more than `MAX_REQUEST_KV_BYTES`, naming the bytes and the largest layer."""
+def check_request_bytes(spec: ModelSpec, field: str, source: str | None = None, *, state_dtype: str | None = None,
+                        given: str = "") -> None:
+    """Refuses, as a `FieldError` at `field` (of `source`), a spec whose request of `units.MAX_TOKENS` tokens (its state
+    in `state_dtype` when given: it wins over the layers' own, as --state-dtype does) caches more than
+    `MAX_REQUEST_KV_BYTES`, naming the bytes and the largest layer; `given`, when set, names what was given first
+    ("float32 state: a request of ..."). The one message of the three readers: a spec file's `layers`, a scenario's
+    `model.state_dtype` and `kv-size --state-dtype`."""
     tokens = units.MAX_TOKENS
     b = spec.kv_bytes(tokens, state_dtype)
     if b.total_bytes <= MAX_REQUEST_KV_BYTES:
         return
     sizes = [spec.layer_bytes(i, tokens, state_dtype) for i in range(len(spec.layers))]
     big = max(range(len(sizes)), key=sizes.__getitem__)
-    raise ValueError(f"a request of {tokens:,} tokens (units.MAX_TOKENS, the longest) caches {b.total_bytes:.3g} bytes (full "
-                     f"attention {b.full_attention_bytes:.3g}, fixed state {b.fixed_state_bytes:.3g}, window {b.window_bytes:.3g}), "
-                     f"more than 2^62 = {MAX_REQUEST_KV_BYTES:.3g} (spec.MAX_REQUEST_KV_BYTES: the KV wire's and a run's 64-bit byte "
-                     f"counts); the largest layer, {big} ({spec.layers[big].kind}), caches {sizes[big]:.3g}")
+    raise FieldError(field, f"{given + ': ' if given else ''}a request of {tokens:,} tokens (units.MAX_TOKENS, the longest) "
+                     f"caches {b.total_bytes:.3g} bytes (full attention {b.full_attention_bytes:.3g}, fixed state "
+                     f"{b.fixed_state_bytes:.3g}, window {b.window_bytes:.3g}), more than 2^62 = {MAX_REQUEST_KV_BYTES:.3g} "
+                     f"(spec.MAX_REQUEST_KV_BYTES: the KV wire's and a run's 64-bit byte counts); the largest layer, {big} "
+                     f"({spec.layers[big].kind}), caches {sizes[big]:.3g}", source)
 
 
 # ------------------------------------------------------------------------------------- YAML schema
@@ -386,10 +391,7 @@ def parse_model_spec(data: Any, source: str | None = None, default_name: str = "
         source=source or "",
     )
     f.done()
-    try:
-        check_request_bytes(spec)
-    except ValueError as exc:
-        raise f.error("layers", str(exc)) from None
+    check_request_bytes(spec, f.name("layers"), f.source)
     return spec
 
 
@@ -456,10 +458,7 @@ def parse_model_section(f: Fields) -> ModelSection:
     state_dtype = f.get("state_dtype", parse_state_dtype, None)
     if state_dtype:
         spec = replace(spec, state_dtype=state_dtype)
-        try:
-            check_request_bytes(spec)
-        except ValueError as exc:
-            raise f.error("state_dtype", f"{state_dtype} state: {exc}") from None
+        check_request_bytes(spec, f.name("state_dtype"), f.source, given=f"{state_dtype} state")
     section = ModelSection(
         name=name,
         spec=spec,
