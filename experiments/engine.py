@@ -116,17 +116,30 @@ def resolve_scenario_ref(ref: str) -> str:
     return str(p.resolve()) if p.suffix in (".yaml", ".yml") or p.exists() else ref
 
 
+def check_wan_plans(sc: "Scenario", scale: float) -> None:
+    """The WAN's shaping planned at `scale` as ``prfaas check`` plans it, refused in its words: every step of the
+    schedule (`analysis.scenario_check.check_schedule_queues`: a queue past tc's byte limit names the step), then the
+    start (`direction_plans`)."""
+    from analysis.scenario_check import check_schedule_queues, direction_plans
+
+    check_schedule_queues(sc, scale)
+    direction_plans(sc, scale)
+
+
 def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = None, executor: Executor | None = None) -> "Scenario":
     """The scenario with `overrides`, checked as `prfaas run` checks it before anything starts (the file, then
     `plan_serving`: the sections together; then each congestion control the kernel must set,
-    `testbed.serving.config.congestion_controls`: the KV's and each TCP cross-traffic flow's). A multi-run command
-    checks every run this way before its first, so a bad arm or grid point is refused in one line instead of
-    failing an hour in. A run already finished in `out_dir` (which a resumed batch skips) is checked as a file
-    only: it ran, and re-reading it must not depend on any host's kernel. The kernel asked and the capacity
-    ``scale: auto`` is resolved at (its wire rates checked) are those of every host the run may land on
-    (`Executor.run_hosts`; default: one run alone on this host, its whole capacity): with ``--executor local:N``
-    the N runs share the host, each resolving at capacity / N; with ``--executor ray`` each node is asked, and
-    nodes that would resolve ``scale: auto`` differently are refused, as their runs would not be comparable."""
+    `testbed.serving.config.congestion_controls`: the KV's and each TCP cross-traffic flow's), and its WAN's shaping at
+    every step of the schedule and at the start as ``prfaas check`` plans it (`check_wan_plans`). A multi-run command
+    checks every run this way before its first, so a bad arm or grid point is refused in one line instead of failing
+    an hour in (a schedule step whose queue is past tc's 32-bit byte limit failed each run when the run applied it,
+    and one at the start as the run's network was built, until 2026-12-07). A run already finished in `out_dir`
+    (which a resumed batch skips) is checked as a file only: it ran, and re-reading it must not depend on any host's
+    kernel. The kernel asked and the capacity ``scale: auto`` is resolved at (its wire rates and its WAN's shaping
+    checked) are those of every host the run may land on (`Executor.run_hosts`; default: one run alone on this host,
+    its whole capacity): with ``--executor local:N`` the N runs share the host, each resolving at capacity / N; with
+    ``--executor ray`` each node is asked, and nodes that would resolve ``scale: auto`` differently are refused, as
+    their runs would not be comparable."""
     from testbed.sections import load_scenario
     from testbed.serving.config import congestion_controls, plan_serving
 
@@ -134,8 +147,10 @@ def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = No
     if out_dir is not None and run_state(out_dir) == FINISHED:
         return sc
     ccs = congestion_controls(sc, plan_serving(sc))
-    if not ccs and sc.scale != "auto":
-        return sc  # nothing a host decides
+    if sc.scale != "auto":
+        check_wan_plans(sc, float(sc.scale))  # a number: the same on every host
+        if not ccs:
+            return sc  # nothing a host decides
     hosts = (executor or SequentialExecutor()).run_hosts(tuple(dict.fromkeys(cc for _, cc in ccs)))
     scales: dict[str, float] = {}
     for host in hosts:
@@ -149,6 +164,10 @@ def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = No
                 scales[host.name] = sc.resolve_scale(host.capacity_bps).factor
             except FieldError as exc:
                 raise FieldError(exc.field, exc.message + where, exc.source) from None
+            try:
+                check_wan_plans(sc, scales[host.name])
+            except UserError as exc:
+                raise UserError(f"{exc}{where}") from None
     if len(set(scales.values())) > 1:
         said = ", ".join(f"{h.name}: {units.format_rate(h.capacity_bps)}, scale {scales[h.name]:g}" for h in hosts)
         raise FieldError("scale", f"'auto' resolves differently on the hosts the runs may land on ({said}), so their runs "

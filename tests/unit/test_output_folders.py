@@ -335,3 +335,40 @@ def test_a_benchmarks_empty_folder_option_is_refused_not_read_as_none(nothing_ru
         assert exc.value.code == 2
         assert capsys.readouterr().err.strip().splitlines()[-1] == f"{script}: error: argument {option}: '' is no path; name a file or folder"
     assert list(nothing_runs.iterdir()) == []
+
+
+def test_a_schedule_step_whose_queue_tc_cannot_hold_is_refused_before_any_run_as_prfaas_check_refuses_it(nothing_runs, capsys,
+                                                                                                       monkeypatch):
+    """`experiments.engine.check_run` checked the base WAN only: a 2-s delay step under a 100bdp queue (23 GiB on the
+    wire, past tc's 32-bit byte limit) passed every multi-run command and failed each run when the run applied it. It
+    is refused now before the first run and before any folder is made, in `prfaas check`'s words
+    (`analysis.scenario_check.check_schedule_queues`), at every scale the runs may resolve."""
+    bad = ["wan.queue=100bdp", "wan.schedule=[{at: 5s, delay: 2s, for: 5s}]"]
+    says = ("wan.queue: 23.28 GiB on the wire (100 bdp at 0.5 Gbps on the wire and a 4000 ms round trip), more than 4294967295 "
+            "bytes (4 GiB - 1), the most a queue's byte limit holds (tc's is 32-bit); use a smaller queue, or a larger scale "
+            "(at 5s of wan.schedule: change prfaas_to_pd+pd_to_prfaas delay 2 s, prfaas_to_pd)")
+    sets = [a for o in bad for a in ("--set", o)]
+    assert refused(["check", "quick", *sets], capsys) == f"prfaas: error: {says}"
+    assert refused(["capacity", "quick", *sets], capsys) == f"prfaas: error: {says}"
+    assert refused(["capacity", "quick", *sets, "--out", "named"], capsys) == f"prfaas: error: {says}"
+    spec = nothing_runs / "spec.yaml"
+    spec.write_text("scenario: quick\nset: {wan.queue: 100bdp}\narms: {a: {}, b: {'wan.schedule': [{at: 5s, delay: 2s, for: 5s}]}}\n")
+    assert refused(["experiment", str(spec), "--out", "named"], capsys) == f"prfaas: error: {says}"
+    base = ("prfaas: error: wan.queue: 11.64 GiB on the wire (100 bdp at 0.5 Gbps on the wire and a 2000 ms round trip), more "
+            "than 4294967295 bytes (4 GiB - 1)")  # no schedule: the start, as prfaas check plans it (the run's network refused it)
+    assert refused(["check", "quick", "--set", "wan.schedule=[]", "--set", "wan.queue=100bdp", "--set", "wan.delay=1s"],
+                   capsys).startswith(base)
+    assert refused(["sweep", "quick", "--grid", "wan.schedule=[]", "--grid", "wan.queue=100bdp", "--grid", "wan.delay=5ms,1s",
+                    "--out", "named"], capsys).startswith(base)
+    assert sorted(p.name for p in nothing_runs.iterdir()) == ["spec.yaml"]  # no run, no folder
+    # scale: auto is checked at the scale each host resolves: a 200-ms step fits at scale 10, not at 1 (a 5 Gbps host)
+    monkeypatch.setattr("testbed.net.emulation.host_capacity_bps", lambda: (5e9, "a stub"))
+    from experiments.engine import check_run
+    from testbed.errors import UserError
+
+    step = ["wan.queue=100bdp", "wan.schedule=[{at: 5s, delay: 200ms, for: 5s}]"]
+    assert check_run("quick", step).scale == 10
+    with pytest.raises(UserError, match=r"^wan.queue: 23.28 GiB on the wire \(100 bdp at 5 Gbps on the wire and a 400 ms round "
+                                        r"trip\), .* \(at 5s of wan.schedule: change prfaas_to_pd\+pd_to_prfaas delay 200 ms, "
+                                        r"prfaas_to_pd\)$"):
+        check_run("quick", ["scale=auto", *step])
