@@ -15,11 +15,14 @@ import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed import units
 from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS, Scenario
+
+if TYPE_CHECKING:
+    from traffic.request import RequestBatch
 
 FAR_BELOW_CAPACITY = 0.10  # offered KV under 10% of the WAN at every moment: the WAN never matters
 OFFLOAD_POLICIES = ("prfaas", "fixed-threshold", "oracle-step", "naive-heterogeneous")
@@ -185,16 +188,14 @@ def udp_datagrams_per_s_peak(sc: Scenario, scale: float) -> float:
     return peak_bps / scale / (UDP_DATAGRAM_BYTES * 8)
 
 
-def _arrival_rate_rps(sc: Scenario, workload: Any) -> float | None:
+def _arrival_rate_rps(sc: Scenario, workload: Any, batch: "RequestBatch | None") -> float | None:
     """The mean arrival rate the run offers; a trace replay (at its own times or new ones): the requests it
-    sends within the run's duration over that duration (a trace runs out, `max_requests` stops it); None
-    for a closed loop (the rate follows completions)."""
+    sends within the run's duration (`batch`) over that duration (a trace runs out, `max_requests` stops it);
+    None for a closed loop (the rate follows completions)."""
     if workload.closed_loop is not None:
         return None
-    if workload.trace is not None:
-        from traffic.workload import generate_batch
-
-        return len(generate_batch(workload, sc.seed, sc.duration_s).arrival_s) / sc.duration_s
+    if batch is not None:
+        return len(batch.arrival_s) / sc.duration_s
     return float(workload.arrivals.mean_rate_rps())
 
 
@@ -230,10 +231,13 @@ def _load(sc: Scenario, rep: CheckReport) -> None:
     if sc.section("model") is None or policy is None or workload is None:
         return
     from analysis import throughput_model as tm
+    from traffic.workload import generate_batch
 
     rep.policy = policy.name
-    rep.arrival_rate_rps = _arrival_rate_rps(sc, workload)
-    cm, _homo, dist, _inputs = tm.cluster_model_from_scenario(sc)
+    # a trace replay's requests within the run, drawn once for the arrival rate and the model's lengths (twice before)
+    batch = generate_batch(workload, sc.seed, sc.duration_s) if workload.trace is not None else None
+    rep.arrival_rate_rps = _arrival_rate_rps(sc, workload, batch)
+    cm, _homo, dist, _inputs = tm.cluster_model_from_scenario(sc, batch)
     t = {"naive-heterogeneous": 0.0}.get(policy.name, float(policy.threshold_tokens))
     rep.threshold_tokens = t if policy.name in OFFLOAD_POLICIES else None
     p, _, kv_long = dist.split([t], cm.kv_bytes(dist.lengths))

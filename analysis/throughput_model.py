@@ -26,6 +26,7 @@ from testbed.models.profiles import ComputeProfile, load_profile
 
 if TYPE_CHECKING:
     from testbed.models.spec import ModelSpec
+    from traffic.request import RequestBatch
 
 READINGS = ("literal", "mean")
 KvBytesFn = Callable[[np.ndarray], np.ndarray]
@@ -398,14 +399,16 @@ def length_distribution(dist: Any, seed: int = 1, samples: int = 200_000) -> Len
     return LengthDistribution.from_samples(dist.sample(np.random.default_rng(seed), samples), type(dist).__name__)
 
 
-def workload_lengths(sc: Any, workload: Any) -> tuple[LengthDistribution, float]:
+def workload_lengths(sc: Any, workload: Any, batch: "RequestBatch | None" = None) -> tuple[LengthDistribution, float]:
     """(input lengths, mean output length) of a scenario's workload: its ``input`` and ``output``
-    distributions, or, replaying a trace, the requests the run sends (those arriving within its duration)."""
+    distributions, or, replaying a trace, the requests the run sends (those arriving within its duration):
+    `batch` where the caller has drawn them (``generate_batch(workload, sc.seed, sc.duration_s)``), else drawn here."""
     if workload.trace is None:
         return length_distribution(workload.input, sc.seed), float(workload.output.mean())
-    from traffic.workload import generate_batch
+    if batch is None:
+        from traffic.workload import generate_batch
 
-    batch = generate_batch(workload, sc.seed, sc.duration_s)
+        batch = generate_batch(workload, sc.seed, sc.duration_s)
     if not len(batch.input_len):
         raise UserError(f"workload.trace: no request of {workload.trace.path} arrives within the run's {sc.duration_s:g} s")
     name = f"trace {Path(workload.trace.path).name}, the {len(batch.input_len)} requests a {sc.duration_s:g}-s run sends"
@@ -426,14 +429,16 @@ def _scenario_profile(serving: Any, cluster: str, model_name: str) -> str:
     return name
 
 
-def cluster_model_from_scenario(sc: Any) -> tuple[ClusterModel, ClusterModel, LengthDistribution, dict[str, str]]:
+def cluster_model_from_scenario(sc: Any, batch: "RequestBatch | None" = None
+                                ) -> tuple[ClusterModel, ClusterModel, LengthDistribution, dict[str, str]]:
     """(PrfaaS-PD model, homogeneous-PD model, lengths, inputs text). Homogeneous PD has the same GPU count,
     all of the PD chip (the paper: 32 H200 + 64 H20 vs 96 H20).
 
     Instance counts come from ``serving.instances`` (or one per host of the topology), profiles from
     ``serving.profiles``, B_out from ``wan.prfaas_to_pd.rate`` (emulated units), KV bytes from the model's
     spec, lengths from ``workload.input`` (a trace replay: the lengths of the requests it sends within the
-    run's duration, `workload_lengths`). Prefix hits are ignored: the model sees input lengths as uncached.
+    run's duration, `workload_lengths`; `batch`: those requests where the caller has drawn them). Prefix hits are
+    ignored: the model sees input lengths as uncached.
     """
     from testbed.serving.config import ServingSpec
     from traffic.workload import WorkloadSpec
@@ -449,7 +454,7 @@ def cluster_model_from_scenario(sc: Any) -> tuple[ClusterModel, ClusterModel, Le
     n_pd = (sc.topology.pd.prefill_hosts if n_p is None else n_p) + (sc.topology.pd.decode_hosts if n_d is None else n_d)
     pd_prof = load_profile(_scenario_profile(serving, "pd", model_name))
     kv = spec_kv_bytes(model.spec if model is not None else model_name)
-    dist, out_len = workload_lengths(sc, workload)
+    dist, out_len = workload_lengths(sc, workload, batch)
     cm = ClusterModel(pd_profile=pd_prof, n_pd=n_pd, kv_bytes=kv, output_len=out_len, prfaas_profile=load_profile(_scenario_profile(serving, "prfaas", model_name)),
                       n_prfaas=n_prfaas, egress_bps=sc.wan.prfaas_to_pd.rate_bps, bs_max=serving.bs_max, name=sc.name)
     n_homo = n_pd + round(n_prfaas * cm.prfaas_profile.gpus_per_instance / pd_prof.gpus_per_instance)

@@ -81,6 +81,27 @@ def test_a_trace_replay_is_checked_on_the_requests_it_sends(test_data: Path, tmp
         load_scenario("quick", [f"workload={{trace: {{path: {late}}}}}", "duration=1s", "wan.schedule=[]"])  # the workload's check
 
 
+def test_a_trace_replay_is_drawn_once_for_the_arrival_rate_and_the_model(test_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prfaas check` drew the trace's requests within the run twice (the arrival rate, then the model's lengths);
+    once now, handed to both, with the same figures as the model drawing its own."""
+    from analysis.throughput_model import at_threshold, cluster_model_from_scenario
+    from traffic import workload
+    from traffic.trace import read_trace
+
+    path = test_data / "mooncake_conversation_trace_60s.jsonl"
+    sc = load_scenario("quick", [f"workload={{trace: {{path: {path}}}}}"])  # 30 s of it
+    drawn, generate_batch = [], workload.generate_batch
+    monkeypatch.setattr(workload, "generate_batch", lambda *a: drawn.append(a) or generate_batch(*a))
+    rep = check_scenario(sc)
+    assert len(drawn) == 1
+    assert rep.arrival_rate_rps == pytest.approx(sum(r.arrival_s < 30 for r in read_trace(path).requests) / 30) == pytest.approx(2.9)
+    cm, _, dist, _ = cluster_model_from_scenario(sc)  # drawing its own
+    assert len(drawn) == 2
+    assert rep.model["lambda_max_at_base_t_rps"] == pytest.approx(at_threshold(cm, dist, 6144.0).lambda_max)
+    p, _, _ = dist.split([6144.0], cm.kv_bytes(dist.lengths))
+    assert rep.offload_fraction == pytest.approx(float(p[0]))
+
+
 def test_cross_traffic_is_taken_from_the_capacity_left_for_kv() -> None:
     rep = check_scenario(load_scenario("case-study"))
     dip = rep.segments[1]
