@@ -10,7 +10,7 @@ from typing import Any
 
 from testbed.atomic import make_output_dir, replace_with
 from testbed.errors import FieldError, UserError
-from testbed.validation import at_least_one, option, path_option
+from testbed.validation import at_least_one, comma_list, option, path_option
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -130,10 +130,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _lengths(text: str) -> list[int]:
     try:
-        out = [int(x) for x in text.split(",") if x.strip()]
+        out = [int(x) for x in comma_list(text, "--lengths", "128,256,512")]
     except ValueError:
         raise UserError(f"--lengths {text!r}: use whole numbers separated by commas, e.g. 128,256,512") from None
-    if not out or any(x < 1 for x in out):
+    if any(x < 1 for x in out):
         raise UserError("--lengths: every length must be >= 1 token")
     return out
 

@@ -49,7 +49,7 @@ from analysis.metrics import egress_series_bps, offloaded_mask, ttft_s  # noqa: 
 from testbed.rundir import REQUESTS_FILE, SCENARIO_FILE, load_run_dir  # noqa: E402
 from testbed.scale import Scale  # noqa: E402
 from testbed.sections import load_scenario  # noqa: E402
-from testbed.validation import path_option  # noqa: E402
+from testbed.validation import comma_list, path_option  # noqa: E402
 
 RAISE_WITHIN_S = 2.0
 SHORT_P90_RATIO = 1.5
@@ -242,7 +242,7 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)}")
     ap.add_argument("--measure", type=path_option, metavar="DIR", help="only measure the run directories under DIR (no new runs)")
     args = ap.parse_args()
-    keys = [k.strip() for k in args.only.split(",") if k.strip()]
+    keys = comma_list(args.only, "--only", ",".join(RUNS))
     bad = [k for k in keys if k not in RUNS]
     if bad:
         print(f"case_study: error: --only: unknown {bad}; choose from {list(RUNS)}", file=sys.stderr)

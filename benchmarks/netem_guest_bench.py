@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
-from testbed.validation import output_file_option  # noqa: E402
+from testbed.validation import comma_list, output_file_option  # noqa: E402
 
 SRC, DST, DIR, BACK = "prfaas-p0", "pd-d0", "prfaas_to_pd", "pd_to_prfaas"
 GOODPUT_MIN = 0.9
@@ -277,16 +277,17 @@ BACKENDS = ("netem", "delayline")
 
 
 def parse_points(text: str) -> list[tuple[float, float]]:
-    """"20x5,200x50" -> [(20.0, 5.0), (200.0, 50.0)] (Mbit/s x ms one way); ValueError names what is wrong."""
+    """"20x5,200x50" -> [(20.0, 5.0), (200.0, 50.0)] (Mbit/s x ms one way); ValueError names what is wrong (an
+    empty item is a `UserError`: `validation.comma_list`)."""
     points = []
-    for item in text.split(","):
-        rate, sep, delay = item.strip().partition("x")
+    for item in comma_list(text, "--points", "20x50,200x50"):
+        rate, sep, delay = item.partition("x")
         try:
             point = (float(rate), float(delay))
         except ValueError:
             point = None
         if not sep or point is None or point[0] <= 0 or point[1] < 0:
-            raise ValueError(f"--points: {item.strip()!r} is not RATExDELAY (Mbit/s x ms one way, e.g. 200x50)")
+            raise ValueError(f"--points: {item!r} is not RATExDELAY (Mbit/s x ms one way, e.g. 200x50)")
         points.append(point)
     return points
 

@@ -53,7 +53,7 @@ from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from testbed.console import wide_console  # noqa: E402
-from testbed.validation import output_file_option  # noqa: E402
+from testbed.validation import comma_list, output_file_option  # noqa: E402
 
 KV_PORT = 9000
 PROBE_BDP = 5  # the router's probe size (policy estimator `probe_bdp`)
@@ -127,18 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.probes = 10
     try:
-        size_at = [float(v) for v in a.size_at.split(",")]
+        size_at = [float(v) for v in comma_list(a.size_at, "--size-at", "0.5,1,2")]
     except ValueError:
         size_at = []
     if not size_at or any(not 0 < v <= 50 for v in size_at) or len(set(size_at)) != len(size_at):
         console.print(f"--size-at {a.size_at!r}: distinct multiples of the rate left in (0, 50], e.g. 0.5,1,2")
         return 2
-    stops = a.stop.split(",")
+    stops = comma_list(a.stop, "--stop", "size,filled")
     if not stops or any(v not in STOPS for v in stops) or len(set(stops)) != len(stops):
         console.print(f"--stop {a.stop!r}: distinct ends of a probe from {', '.join(STOPS)}, e.g. size,filled")
         return 2
     try:
-        paces = [float(v) for v in a.pace.split(",")]
+        paces = [float(v) for v in comma_list(a.pace, "--pace", "0,1,2")]
     except ValueError:
         paces = []
     if not paces or any(not 0 <= v <= 50 for v in paces) or len(set(paces)) != len(paces):

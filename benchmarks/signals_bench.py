@@ -60,7 +60,7 @@ from rich.table import Table  # noqa: E402
 
 from testbed.rundir import SUMMARY_FILE  # noqa: E402
 from testbed.console import wide_console  # noqa: E402
-from testbed.validation import path_option  # noqa: E402
+from testbed.validation import comma_list, path_option  # noqa: E402
 
 SHAPES = ("val-dip", "val-staircase", "val-rtt-surge", "val-cross-surge", "val-loss-burst",
           # held out, added after the law's last change (session 25): a slow ramp down and back, a flapping line
@@ -371,8 +371,8 @@ def main() -> int:
     console = wide_console()
     if a.quick:
         a.shapes, a.seeds, a.arms = "val-dip", "1,2", "prfaas-observed,prfaas-oracle,fixed-threshold"
-    shapes, arms = a.shapes.split(","), a.arms.split(",")
-    seeds = [int(s) for s in a.seeds.split(",")]
+    shapes, arms = comma_list(a.shapes, "--shapes"), comma_list(a.arms, "--arms")
+    seeds = [int(s) for s in comma_list(a.seeds, "--seeds", "1,2,3")]
     for name, allowed in ((shapes, SHAPES + EXTRA_SHAPES), (arms, tuple(ARMS))):
         bad = [x for x in name if x not in allowed]
         if bad:

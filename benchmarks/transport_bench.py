@@ -40,7 +40,7 @@ from rich.table import Table  # noqa: E402
 from testbed.atomic import write_json  # noqa: E402
 from testbed.clock import now_s  # noqa: E402
 from testbed.console import wide_console  # noqa: E402
-from testbed.validation import output_file_option, path_option  # noqa: E402
+from testbed.validation import comma_list, output_file_option, path_option  # noqa: E402
 
 TARGET_RATIO = 0.9  # issue 9: lower end of the 95% interval over >= 5 repetitions
 KV_PORT, IPERF_PORT = 9000, 5201
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.trace is not None:
         args.trace.mkdir(parents=True, exist_ok=True)
-    streams = [4] if args.quick else [int(x) for x in args.connections.split(",")]
+    streams = [4] if args.quick else [int(x) for x in comma_list(args.connections, "--connections", "1,2,4,8")]
     duration = 5.0 if args.quick else args.duration
     if args.loopback:
         rows = bench_loopback(streams, duration, args.warmup)
@@ -339,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                           "or --loopback for a report-only run without a WAN")
             return 2
         rows = []
-        for loss in args.loss.split(","):
-            rows += bench_wan(loss.strip(), streams, duration, args.cc, args.notsent_lowat, args.repeat, args.trace,
+        for loss in comma_list(args.loss, "--loss", "0%,0.1%"):
+            rows += bench_wan(loss, streams, duration, args.cc, args.notsent_lowat, args.repeat, args.trace,
                               args.warmup, args.notsent_s, idle_restart=not args.no_idle_restart)
 
     t = Table(title="KV transport vs iperf3, same streams, same network, same window" + (

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from testbed import rundir
 from testbed.atomic import make_output_dir
 from testbed.errors import UserError
-from testbed.validation import option, path_option, positive_number, random_seed, run_count
+from testbed.validation import comma_list, option, path_option, positive_number, random_seed, run_count
 
 KV_LOSS_STATE_NOTE = 0.01  # `prfaas run` notes the KV connections' RTO recovery from this share of their busy time
 
@@ -187,9 +187,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     from experiments.engine import check_run
     from experiments.runs import run_once
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not policies:
-        raise UserError("--policies: name at least one policy, e.g. prfaas,fixed-threshold")
+    policies = comma_list(args.policies, "--policies", "prfaas,fixed-threshold")
     twice = next((p for p in policies if policies.count(p) > 1), None)
     if twice is not None:  # both runs would go to one folder, the second over the first
         raise UserError(f"--policies {args.policies!r}: {twice!r} is given twice; name each policy once")
@@ -298,9 +296,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from experiments.reproduce import (CONFIGURATIONS, check_planned_runs, earlier_looks, plan_case_study, reproduce_case_study,
                                       write_document)
 
-    only = tuple(x.strip() for x in args.only.split(",") if x.strip())  # (reproduce_case_study measures each once)
+    only = tuple(comma_list(args.only, "--only", ",".join(CONFIGURATIONS)))  # (reproduce_case_study measures each once)
     bad = [x for x in only if x not in CONFIGURATIONS]
-    if bad or not only:
+    if bad:
         raise UserError(f"--only {args.only!r}: choose from {', '.join(CONFIGURATIONS)}")
     if args.paired_from is not None and not args.paired:
         raise UserError(f"--paired-from {args.paired_from}: it names the first seed of a paired test; add --paired N")

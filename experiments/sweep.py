@@ -21,7 +21,7 @@ from experiments.engine import SKIPPED, check_run, resolve_scenario_ref, run_tas
 from experiments.executor import Executor, RunTask
 from testbed.atomic import make_output_dir, write_json, write_parquet
 from testbed.errors import UserError
-from testbed.validation import MAX_NAME_BYTES, planned_runs
+from testbed.validation import MAX_NAME_BYTES, comma_list, planned_runs
 
 
 HASH_CHARS = 16  # hex digits of a long point name's hash (64 bits)
@@ -53,18 +53,16 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
     for it in items:
         if "=" not in it:
             raise UserError(f"--grid {it!r}: use key=v1,v2,... e.g. --grid wan.rate=10Gbps,20Gbps")
-        key, vals = it.split("=", 1)
-        values = [v.strip() for v in vals.split(",")]
-        if not key.strip() or values == [""]:
+        key, vals = (x.strip() for x in it.split("=", 1))
+        if not key:
             raise UserError(f"--grid {it!r}: needs a key and at least one value")
-        if "" in values:  # `seed=1,,2` ran seeds 1 and 2 without a word: a value left out, or a comma too many
-            raise UserError(f"--grid {it!r}: an empty value (two commas in a row, or one at an end); give each value")
-        if key.strip() in (k for k, _ in out):
-            raise UserError(f"--grid: key {key.strip()!r} given twice")
+        values = comma_list(vals, f"--grid {key}")  # `seed=1,,2` ran seeds 1 and 2 without a word
+        if key in (k for k, _ in out):
+            raise UserError(f"--grid: key {key!r} given twice")
         if len(set(values)) < len(values):  # two points with the same overrides would be one run directory
             twice = next(v for v in values if values.count(v) > 1)
             raise UserError(f"--grid {it!r}: value {twice!r} given twice")
-        out.append((key.strip(), values))
+        out.append((key, values))
     try:  # before the points are listed: a grid of 10^10 points was built whole
         planned_runs(math.prod(len(v) for _, v in out), " x ".join(f"{len(v)} {k} values" for k, v in out))
     except ValueError as exc:

@@ -17,7 +17,7 @@ from typing import Any, Callable, TypeVar
 from testbed import units
 from testbed.errors import FieldError, UserError
 
-__all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "CONGESTION_CONTROL_NAME_MAX", "FieldError", "Fields", "at_least_one", "boolean", "congestion_control", "count_up_to", "integers",
+__all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "CONGESTION_CONTROL_NAME_MAX", "FieldError", "Fields", "at_least_one", "boolean", "comma_list", "congestion_control", "count_up_to", "integers",
            "load_yaml", "mapping", "name_or_stem", "non_negative", "not_a_folder", "number", "option", "output_file_option", "path_exists", "path_option", "path_is_dir",
            "path_is_file", "path_name", "plain_name", "planned_runs", "whole_number", "digits_python_reads", "positive_number", "random_seed",
            "read_json", "read_text", "read_yaml", "run_count", "shown", "string", "text"]
@@ -421,6 +421,23 @@ def read_json(path: Path, what: str = "a JSON file") -> Any:
         raise UserError(f"{path}: not {what} (JSON nested too deeply)") from None
     except ValueError:  # a whole number past the digits Python reads: a ValueError traceback before
         raise UserError(f"{path}: not {what} (a number of more than {digits_python_reads()} digits)") from None
+
+
+def comma_list(text: str, option: str, example: str = "") -> list[str]:
+    """A command-line option's comma-separated values (`--policies prfaas,fixed-threshold`, `--grid seed=1,2`), each
+    without its spaces; every comma-list option reads its values here. No value at all, or an empty one -- two commas
+    in a row, or one at either end: a value left out or a comma too many -- is a `UserError` naming `option` (and
+    `example`, a list it takes): ``--policies: 'prfaas,,fixed-threshold' has an empty value (two commas in a row, or one
+    at an end); give each value``. Until 2026-12-07 only `--grid` refused an empty value: `quickstart --policies`,
+    `reproduce --only` and `wall --lengths` dropped it without a word, and a benchmark's `--seeds 1,,2` was a ValueError
+    traceback."""
+    values = [v.strip() for v in text.split(",")]
+    eg = f", e.g. {example}" if example else ""
+    if values == [""]:
+        raise UserError(f"{option}: give at least one value (separated by commas{eg})")
+    if "" in values:
+        raise UserError(f"{option}: {text!r} has an empty value (two commas in a row, or one at an end); give each value{eg}")
+    return values
 
 
 def path_option(text: str) -> str:
