@@ -5,9 +5,10 @@ Resumable: a task whose run directory already loads completely (`experiments.run
 skipped, so an interrupted experiment continues where it stopped. What a resume does with what it finds
 (docs/experiments.md, "Resuming"): a run interrupted before its summary is run again; a finished run that no
 longer loads, a file where a run directory goes, and a finished run of other settings than its task's
-(`rundir.TASK_FILE`) are refused before anything runs, and left as they are. Every multi-run command reads
-every run it will skip through one function, `finished_tasks`, before its first new run: `run_tasks` for the
-tasks it is given, `experiments.capacity.check_resume` for every run of an earlier search in ``--out``.
+(`rundir.TASK_FILE`, or its scenario.yaml where it has none) are refused before anything runs, and left as they
+are. Every multi-run command reads every run it will skip through one function, `finished_tasks`, before its first
+new run: `run_tasks` for the tasks it is given, `experiments.capacity.check_resume` for every run of an earlier
+search in ``--out``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def run_state(out_dir: str | Path) -> str:
     return FINISHED
 
 
+def _as_json(data: Any) -> Any:
+    """`data` as JSON reads it back (keys sorted, a value JSON has no type for as its text): the form both sides of a
+    settings comparison take."""
+    return json.loads(json.dumps(data, default=str, sort_keys=True))
+
+
 def task_settings(task: RunTask) -> dict[str, Any] | None:
     """What `task` runs: its scenario's data with its overrides (as JSON reads it back), or None where the
     scenario does not load (the run fails and says why)."""
@@ -64,7 +71,21 @@ def task_settings(task: RunTask) -> dict[str, Any] | None:
         raw = load_scenario(task.scenario, list(task.overrides)).raw
     except UserError:
         return None
-    return json.loads(json.dumps(raw, default=str, sort_keys=True))
+    return _as_json(raw)
+
+
+def scenario_as_run(task: RunTask, ran: dict[str, Any]) -> dict[str, Any]:
+    """The scenario.yaml a run of `task` writes (`testbed.runner.run`: the scenario's data with the task's overrides,
+    its scale and the serving plan's choices written out), as JSON reads it back, to compare with `ran`, the
+    scenario.yaml of a finished run that has no task.json. The serving plan needs no host; ``scale: auto`` is taken
+    as `ran` resolved it (a task.json records ``auto``, whatever the host resolved)."""
+    from testbed.runner.run import _resolved
+    from testbed.sections import load_scenario
+    from testbed.serving.config import plan_serving
+
+    sc = load_scenario(task.scenario, list(task.overrides))
+    raw = _resolved(sc if sc.scale == "auto" else sc.with_scale(float(sc.scale)), plan_serving(sc)).raw
+    return _as_json({**raw, "scale": ran.get("scale")} if sc.scale == "auto" else raw)
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -77,23 +98,34 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def check_same_task(task: RunTask, settings: dict[str, Any] | None) -> None:
-    """A finished run skipped for `task` must have run what the task asks (`rundir.TASK_FILE`): a resume with
-    another spec, other overrides or an edited scenario file into the same --out otherwise reported the old runs
-    as the new settings' (until 2026-12-07). A run without the record (run alone, or before then) is taken as it is."""
-    record = rundir.read_task(task.out_dir)
-    if record is None or settings is None or record["settings"] == settings:
+    """A finished run skipped for `task` must have run what the task asks: a resume with another spec, other overrides
+    or an edited scenario file into the same --out otherwise reported the old runs as the new settings' (until
+    2026-12-07). Compared with the run's task.json (`rundir.TASK_FILE`) where it has one; a run without one (run
+    alone, interrupted between its summary and its task.json, or from before them) is compared by its scenario.yaml,
+    the scenario as it ran, with what a run of the task writes there now (`scenario_as_run`; until 2026-12-07 it was
+    taken as it was). A run of other settings is a `UserError` naming it and the first settings that differ."""
+    if settings is None:
         return
-    was, now = _flat(record["settings"]), _flat(settings)
+    record = rundir.read_task(task.out_dir)
+    if record is not None:
+        was, now, read = record["settings"], settings, ""
+    else:
+        was = _as_json(rundir.read_run_scenario(task.out_dir))
+        now, read = scenario_as_run(task, was), f"; read from its {rundir.SCENARIO_FILE}, as it has no {rundir.TASK_FILE}"
+    if was == now:
+        return
+    was, now = _flat(was), _flat(now)
     diff = [k for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
     shown = "; ".join(f"{k}: {was.get(k)!r} there, {now.get(k)!r} now" for k in diff[:3]) + ("; ..." if len(diff) > 3 else "")
-    raise UserError(f"{task.out_dir}: holds a finished run of other settings than this one asks for ({shown}); "
+    raise UserError(f"{task.out_dir}: holds a finished run of other settings than this one asks for ({shown}{read}); "
                     "use another --out, or move that run aside to run it again")
 
 
 def finished_tasks(tasks: Sequence[RunTask]) -> list[RunTask]:
     """The tasks whose run directory holds a finished run (`run_state`), each checked to have run what its task asks
-    (`check_same_task`): a damaged run, a file where a run goes, or a run of other settings is a `UserError` naming
-    it, raised before anything runs and with nothing removed. A run without a task.json is taken as it is."""
+    (`check_same_task`: by its task.json, or by its scenario.yaml where it has none): a damaged run, a file where a
+    run goes, or a run of other settings is a `UserError` naming it, raised before anything runs and with nothing
+    removed."""
     done = []
     for t in tasks:
         if run_state(t.out_dir) == FINISHED:

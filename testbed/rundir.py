@@ -12,7 +12,8 @@ A run directory (docs/serving.md "The run directory") holds:
 - ``summary.json``: the summary metrics, written by the experiments layer (``experiments.runs``) from
   ``analysis.metrics.summarize``; the runner itself writes raw results only;
 - ``task.json``: what a multi-run command asked the run to be (`experiments.engine`: the scenario's data with
-  the task's overrides), which a resumed batch compares before it skips the run (docs/experiments.md).
+  the task's overrides), which a resumed batch compares before it skips the run; a run without one is compared by
+  its scenario.yaml (docs/experiments.md, "Resuming").
 
 Every producer (the runner, the router, NET's telemetry, cross traffic) writes through `RunDirWriter` or
 the frame builders here, and every reader loads through `load_run_dir`, so a column or key is named in
@@ -500,6 +501,16 @@ def _not(v: Any, what: str) -> Any:
     raise ValueError(f"must be {what}, got {type(v).__name__}")
 
 
+def read_run_scenario(path: str | Path) -> dict[str, Any]:
+    """scenario.yaml of a run directory (`SCENARIO_FILE`): the scenario as run, a mapping (what a resume compares
+    with its task where the run has no task.json, `experiments.engine.check_same_task`)."""
+    p = Path(path) / SCENARIO_FILE
+    scenario = read_yaml(p, "the scenario the run ran (the run writes it)")
+    if not isinstance(scenario, dict):
+        raise UserError(f"{p}: must be a mapping")
+    return scenario
+
+
 def read_task(path: str | Path) -> dict[str, Any] | None:
     """task.json of a run directory (`TASK_FILE`), or None where the run has none (run alone, or before 2026-12-07)."""
     p = Path(path) / TASK_FILE
@@ -521,9 +532,7 @@ def load_run_dir(path: str | Path, *, require_summary: bool = True) -> RunData:
     missing = [f for f in needed if not (p / f).is_file()]
     if missing:
         raise UserError(f"{p}: not a complete run directory: missing {', '.join(missing)} (a run writes {', '.join(needed)})")
-    scenario = read_yaml(p / SCENARIO_FILE, "the scenario the run ran (the run writes it)")
-    if not isinstance(scenario, dict):
-        raise UserError(f"{p / SCENARIO_FILE}: must be a mapping")
+    scenario = read_run_scenario(p)
     environment = Environment.from_json(_read_json(p / ENVIRONMENT_FILE), str(p / ENVIRONMENT_FILE))
     summary = read_summary(p) if (p / SUMMARY_FILE).is_file() or require_summary else None
     try:

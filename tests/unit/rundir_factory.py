@@ -77,6 +77,21 @@ def write_run_dir(out: Path, *, policy: str = "prfaas", duration_s: float = 30.0
     return out
 
 
+def write_scenario_as_run(out: Path, scenario: str, overrides: list[str] | tuple[str, ...], *, auto_scale: float = 10.0) -> Path:
+    """A run directory's scenario.yaml replaced with the one a real run of `scenario` with `overrides` writes
+    (`testbed.runner.run.run_scenario`: the overrides applied, its scale and the serving plan's choices written out;
+    `auto_scale`: what ``scale: auto`` resolved to on the run's host)."""
+    from testbed.runner.run import _resolved
+    from testbed.scenario import dump_scenario
+    from testbed.sections import load_scenario
+    from testbed.serving.config import plan_serving
+
+    sc = load_scenario(scenario, list(overrides))
+    RunDirWriter(out).scenario(dump_scenario(_resolved(sc.with_scale(auto_scale if sc.scale == "auto" else float(sc.scale)),
+                                                       plan_serving(sc))))
+    return out
+
+
 def _tcp_samples(rng: np.random.Generator, start_s: np.ndarray, end_s: np.ndarray, kv_bytes: np.ndarray, scale: float,
                  in_dip: np.ndarray, connections: int = 4) -> pd.DataFrame:
     """tcp.parquet of the offloaded transfers: every 0.1 s of each, per connection, its share of the bytes

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from rundir_factory import write_run_dir  # noqa: E402
+from rundir_factory import write_run_dir, write_scenario_as_run  # noqa: E402
 
 from experiments.executor import Executor, RunOutcome, make_executor  # noqa: E402
 from experiments.experiment import run_experiment  # noqa: E402
@@ -187,8 +187,9 @@ def test_a_finished_run_is_checked_as_a_file_only_so_a_resumed_batch_does_not_as
     """The runs of arm "odd" finished (on a host that could set its congestion control); resuming the batch here
     runs only what is missing and reads them back, whatever this host's kernel says of the name."""
     spec = parse_spec({**SPEC, "arms": {"odd": {"serving.kv_congestion_control": "nosuchcc"}, "slow": {"policy.name": "fixed-threshold"}}})
-    for seed in spec.seeds:
-        write_run_dir(tmp_path / "e" / "runs" / "odd" / f"seed{seed}-rep1", policy="odd", seed=seed, duration_s=20, rate_rps=9.0)
+    for seed in spec.seeds:  # as a run of the arm writes them (no task.json: compared by their scenario.yaml)
+        run = write_run_dir(tmp_path / "e" / "runs" / "odd" / f"seed{seed}-rep1", policy="odd", seed=seed, duration_s=20, rate_rps=9.0)
+        write_scenario_as_run(run, "quick", [*spec.overrides, *spec.arms[0].overrides, f"seed={seed}"])
     ex = Synthetic()
     res = run_experiment(spec, tmp_path / "e", ex, progress=False)
     assert sorted(ex.ran) == ["slow/seed1-rep1", "slow/seed2-rep1", "slow/seed3-rep1"]
@@ -285,6 +286,45 @@ def test_a_resume_with_other_settings_is_refused_instead_of_reusing_the_old_runs
     assert ex.ran == []
     run_experiment(parse_spec({**SPEC, "seeds": 4}), tmp_path / "e", ex, progress=False)  # more seeds: the same settings
     assert sorted(ex.ran) == ["fast/seed4-rep1", "slow/seed4-rep1"]
+
+
+def test_a_finished_run_without_task_json_is_compared_by_its_scenario_yaml_and_refused_on_other_settings(tmp_path):
+    """Resume policy (docs/experiments.md, "Resuming"): a finished run without a task.json (run before it existed, run
+    alone, or stopped between its summary and its task.json) was reused whatever it ran. It is compared now by the
+    scenario it ran (its scenario.yaml) with what a run of its task writes there: the same is skipped, anything else
+    refused before any run, naming the run and the settings that differ, and kept as it is."""
+    from experiments.engine import finished_tasks
+    from experiments.executor import RunTask
+
+    run = _finished(tmp_path)
+    (run / "task.json").unlink()  # its scenario.yaml: the synthetic run's own, not quick's
+    kept = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    ex = Synthetic()
+    with pytest.raises(UserError) as exc:
+        run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    assert str(exc.value).startswith(f"{run}: holds a finished run of other settings than this one asks for (")
+    assert str(exc.value).endswith("; ...; read from its scenario.yaml, as it has no task.json); use another --out, or move "
+                                   "that run aside to run it again")
+    assert ex.ran == [] and {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == kept
+    for r in (tmp_path / "e" / "runs").glob("*/seed*-rep1"):  # every run as a real run of its task writes it, none with task.json
+        (r / "task.json").unlink(missing_ok=True)
+        arm, seed = r.parent.name, int(r.name[4])
+        write_scenario_as_run(r, "quick", ["duration=20s", f"policy.name={SPEC['arms'][arm]['policy.name']}", f"seed={seed}"])
+    res = run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)  # the same settings: skipped, read back
+    assert ex.ran == [] and len(pd.read_parquet(res["results"])) == 6
+    with pytest.raises(UserError, match=r"runs/fast/seed1-rep1: holds a finished run of other settings than this one asks for "
+                                        r"\(duration: '20s' there, '25s' now; read from its scenario.yaml, as it has no task.json\)"):
+        run_experiment(parse_spec({**SPEC, "set": {"duration": "25s"}}), tmp_path / "e", ex, progress=False)
+    with pytest.raises(UserError, match=r"\(serving.instances.pd_decode: 2 there, 1 now; serving.instances.pd_prefill: 2 there, "
+                                        r"1 now; serving.instances.prfaas_prefill: 2 there, 1 now; read from its scenario.yaml"):
+        run_experiment(parse_spec({**SPEC, "set": {"duration": "20s", "serving.instances": None}}), tmp_path / "e", ex,
+                       progress=False)  # the serving plan's choices (one instance per host now) the run wrote out: compared too
+    assert ex.ran == []
+    # scale: auto is taken as the run resolved it on its host, as a task.json records "auto" whatever it resolved to
+    auto = RunTask("k", "quick", ("scale=auto",), write_scenario_as_run(write_run_dir(tmp_path / "auto"), "quick", ["scale=auto"], auto_scale=7))
+    assert finished_tasks([auto]) == [auto]
+    with pytest.raises(UserError, match=r"\(scale: 7.0 there, 10.0 now; read from its scenario.yaml"):
+        finished_tasks([RunTask("k", "quick", (), auto.out_dir)])
 
 
 def test_a_file_where_a_run_or_its_folder_goes_is_refused_before_any_run(tmp_path):

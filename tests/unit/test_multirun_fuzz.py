@@ -285,6 +285,18 @@ def edit(rel: str, **changes: Any) -> Callable[[Path], None]:
     return f
 
 
+def as_run(rel: str) -> Callable[[Path], None]:
+    """The run at `rel` without its task.json, its scenario.yaml the one a real run of its task writes (as a run from
+    before task.json, or one stopped between its summary and its task.json)."""
+    def f(d: Path) -> None:
+        from rundir_factory import write_scenario_as_run
+
+        task = rundir.read_task(d / rel)
+        write_scenario_as_run(d / rel, task["scenario"], task["overrides"])
+        (d / rel / rundir.TASK_FILE).unlink()
+    return f
+
+
 def both(*fs: Callable[[Path], None]) -> Callable[[Path], None]:
     return lambda d: [f(d) for f in fs] and None  # type: ignore[func-returns-value]
 
@@ -372,7 +384,10 @@ RESUMES: list[tuple[str, Callable[[Path], None], bool, int, list[str], int | Non
     ("run-interrupted", both(folder(RUN), write(f"{RUN}/work/log.txt", "x")), False, 0, [], 1),  # no summary: run again
     ("run-empty", folder(RUN), False, 0, [], 1),
     ("summary-missing", remove(f"{RUN}/summary.json"), False, 0, [], 1),
-    ("task-missing", remove(f"{RUN}/task.json"), False, 0, [], 0),  # a run without the record is taken as it is
+    # a run without the record is compared by its scenario.yaml (the stand-in's is another scenario's); it was taken as it was
+    ("task-missing", remove(f"{RUN}/task.json"), False, 2, ["seed1: holds a finished run of other settings than this one asks for (",
+                                                            "; read from its scenario.yaml, as it has no task.json); use another --out"], 0),
+    ("task-missing-scenario-as-run", as_run(RUN), False, 0, [], 0),
     ("configuration-missing", remove("prfaas_pd"), False, 0, [], 5),
     ("junk-beside", both(write("prfaas_pd/probes/notes.txt", "x"), write("prfaas_pd/probes/rate=2.42/seed9/summary.json", "{")),
      False, 2, ["seed9: " + FINISHED_RUN], 0),
