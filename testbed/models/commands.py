@@ -8,7 +8,7 @@ import json
 
 from testbed import units
 from testbed.errors import UserError
-from testbed.validation import at_least_one, option, output_file_option, random_seed
+from testbed.validation import at_least_one, comma_list, option, output_file_option, random_seed
 from testbed.models.spec import STATE_DTYPES, KVBytes, ModelSpec, check_request_bytes, list_presets, load_model_spec, parse_state_dtype
 
 KIND_LABELS = {"gqa": "full attention (GQA/MHA)", "mla": "full attention (MLA)", "linear": "linear (fixed state)", "swa": "sliding window"}
@@ -121,13 +121,13 @@ def run_kv_size(args: argparse.Namespace) -> int:
 
 
 def _token_list(text: str | None, option: str, least: int = 2) -> tuple[int, ...]:
-    if not text:
+    if text is None:  # left out: the plan's default
         return ()
     try:
-        out = tuple(units.parse_tokens(x.strip()) for x in text.split(",") if x.strip())
+        out = tuple(units.parse_tokens(x) for x in comma_list(text, option, "256,512,1K"))
     except ValueError as exc:
         raise UserError(f"{option}: {exc}") from None
-    if not out or min(out) < least:
+    if min(out) < least:
         raise UserError(f"{option}: give comma-separated whole numbers >= {least}, e.g. 256,512,1K")
     return out
 
