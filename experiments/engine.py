@@ -79,12 +79,12 @@ def scenario_as_run(task: RunTask, ran: dict[str, Any]) -> dict[str, Any]:
     its scale and the serving plan's choices written out), as JSON reads it back, to compare with `ran`, the
     scenario.yaml of a finished run that has no task.json. The serving plan needs no host; ``scale: auto`` is taken
     as `ran` resolved it (a task.json records ``auto``, whatever the host resolved)."""
-    from testbed.runner.run import _resolved
+    from testbed.runner.run import resolved_scenario
     from testbed.sections import load_scenario
     from testbed.serving.config import plan_serving
 
     sc = load_scenario(task.scenario, list(task.overrides))
-    raw = _resolved(sc if sc.scale == "auto" else sc.with_scale(float(sc.scale)), plan_serving(sc)).raw
+    raw = resolved_scenario(sc if sc.scale == "auto" else sc.with_scale(float(sc.scale)), plan_serving(sc)).raw
     return _as_json({**raw, "scale": ran.get("scale")} if sc.scale == "auto" else raw)
 
 

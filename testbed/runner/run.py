@@ -58,7 +58,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True, ru
     run_id = run_id or out.path.resolve().name
     with Network(scenario, telemetry_path=out.path / rundir.LINK_FILE, run_id=run_id, run_dir=out.path) as net:
         scale = float(net.scale)
-        resolved = _resolved(scenario.with_scale(scale), plan)
+        resolved = resolved_scenario(scenario.with_scale(scale), plan)
         out.scenario(dump_scenario(resolved))
         t0 = float(net.t0_s or clock.now_s())
         old_t0 = os.environ.get(clock.T0_ENV)
@@ -136,7 +136,7 @@ def _measure_rtt(net: Any, fidelity: Any, plan: ServingPlan) -> dict[str, Any] |
             "replies": w["ping_replies"], "count": w["pings"]}
 
 
-def _resolved(scenario: Scenario, plan: ServingPlan) -> Scenario:
+def resolved_scenario(scenario: Scenario, plan: ServingPlan) -> Scenario:
     """The scenario as run: overrides applied, `scale` and the serving plan's choices (compute mode,
     profiles, instance counts) written out, so the file parses back to the same run."""
     from dataclasses import replace

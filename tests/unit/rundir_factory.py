@@ -81,13 +81,13 @@ def write_scenario_as_run(out: Path, scenario: str, overrides: list[str] | tuple
     """A run directory's scenario.yaml replaced with the one a real run of `scenario` with `overrides` writes
     (`testbed.runner.run.run_scenario`: the overrides applied, its scale and the serving plan's choices written out;
     `auto_scale`: what ``scale: auto`` resolved to on the run's host)."""
-    from testbed.runner.run import _resolved
+    from testbed.runner.run import resolved_scenario
     from testbed.scenario import dump_scenario
     from testbed.sections import load_scenario
     from testbed.serving.config import plan_serving
 
     sc = load_scenario(scenario, list(overrides))
-    RunDirWriter(out).scenario(dump_scenario(_resolved(sc.with_scale(auto_scale if sc.scale == "auto" else float(sc.scale)),
+    RunDirWriter(out).scenario(dump_scenario(resolved_scenario(sc.with_scale(auto_scale if sc.scale == "auto" else float(sc.scale)),
                                                        plan_serving(sc))))
     return out
 
