@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 
 from testbed import units
 from testbed.errors import UserError
-from testbed.blocks import BLOCK_TOKENS, HASH_RANGE
+from testbed.blocks import BLOCK_TOKENS, block_hashes
 from testbed.validation import digits_python_reads
 from traffic.request import Request, RequestBatch
 
@@ -109,11 +109,10 @@ def parse_line(text: str, lineno: int, request_id: str) -> Request:
         raise TraceLineError(lineno, "timestamp", f"{ts!r} is not {what}")
     input_len = _whole(obj, "input_length", lineno, 1)
     output_len = _whole(obj, "output_length", lineno, 0)
-    hashes = obj["hash_ids"]
-    if not isinstance(hashes, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in hashes):
-        raise TraceLineError(lineno, "hash_ids", "must be a list of whole numbers")
-    if hashes and not HASH_RANGE[0] <= min(hashes) <= max(hashes) <= HASH_RANGE[1]:
-        raise TraceLineError(lineno, "hash_ids", "an id is outside the signed 64-bit range (-2^63 to 2^63 - 1)")
+    try:
+        hashes = block_hashes(obj["hash_ids"])
+    except ValueError as exc:
+        raise TraceLineError(lineno, "hash_ids", str(exc)) from None
     need = -(-input_len // BLOCK_TOKENS)
     if len(hashes) != need:  # more were read and kept, and the router refused each such request (HTTP 400) in a run
         raise TraceLineError(lineno, "hash_ids", f"has {len(hashes)} ids, {'too short' if len(hashes) < need else 'too long'} "

@@ -33,13 +33,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
-from testbed import clock, units
-from testbed.blocks import BLOCK_TOKENS, HASH_RANGE, prompt_token_ids
+from testbed import blocks, clock, units
+from testbed.blocks import BLOCK_TOKENS, prompt_token_ids
 from testbed.errors import FieldError, UserError
 from testbed.rundir import CLIENT_DISCONNECTED, ROUTER_RECORD_COLUMNS, ROUTER_REQUESTS_FILE, SCHEDULER_FILE, router_records_frame
 from testbed.models.spec import DTYPE_BYTES, parse_dtype
 from testbed.scale import Scale
-from testbed.validation import Fields, boolean, non_negative, whole_number, positive_number
+from testbed.validation import Fields, boolean, non_negative, shown, whole_number, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
 from testbed.serving.httpio import BodyError, RequestHandler, Server, read_json_body
 from testbed.serving.kvmanager import KVManager
@@ -212,49 +212,76 @@ class Completion:
     model: str
 
 
-def _token_count(v: Any, param: str, needed: str = "") -> int:
-    """A request's token count: a whole number from 1 to `units.MAX_TOKENS` (past any model's context; a decode of
-    10**21 tokens would hold its batch slot for good, as vLLM refuses more than `max_model_len`)."""
+def token_count(v: Any) -> int:
+    """A request's token count (`max_tokens`, `prfaas.input_len`): a whole number from 1 to `units.MAX_TOKENS` (past any
+    model's context; a decode of 10**21 tokens would hold its batch slot for good, as vLLM refuses more than
+    `max_model_len`)."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise BadRequest(param, f"{v!r} is not a whole number >= 1{needed}")
+        raise ValueError(f"{v!r} is not a whole number >= 1")
     if v > units.MAX_TOKENS:
-        raise BadRequest(param, f"{v} is more than {units.MAX_TOKENS} tokens (16M), past any model's context")
+        raise ValueError(f"{shown(v)} is more than {units.MAX_TOKENS} tokens (16M), past any model's context")
     return v
 
 
 PRFAAS_EXTENSION = ("block_hashes", "input_len", "request_id")  # the body's "prfaas" object (docs/router.md, "HTTP API")
 
 
+@dataclass(frozen=True)
+class PrfaasExtension:
+    """The body's ``prfaas`` object, read: a hashed prompt (`block_hashes` with its `input_len`) and/or a `request_id`."""
+
+    block_hashes: list[int] | None = None  # None: the prompt is the body's own
+    input_len: int | None = None
+    request_id: str | None = None  # None: one is generated
+
+    @classmethod
+    def read(cls, v: Any) -> "PrfaasExtension":
+        """`v` (the body's ``prfaas``; null is none) read with `Fields`: a mapping of `PRFAAS_EXTENSION` only, whose
+        `block_hashes` (`blocks.block_hashes`; a null too is refused, not taken as left out) come with an `input_len`
+        (`token_count`) that has a block for each (at most one hash per `BLOCK_TOKENS` tokens), and an `input_len` only
+        beside them; a `request_id` of null is generated. Every refusal is a `FieldError` naming ``prfaas.<key>`` and
+        what is allowed."""
+        try:
+            f = Fields(v, "prfaas")
+        except FieldError as exc:  # `[]` and `0` passed as no extension until 2026-12-07
+            raise FieldError(exc.field, f"{exc.message}; give an object of {', '.join(PRFAAS_EXTENSION)}, or null") from None
+        hashes = f.get("block_hashes", blocks.block_hashes, None)
+        n = f.get("input_len", token_count, None)
+        rid = f.get("request_id", request_id, None)  # (a request_id of 0 or "" became a generated one, without a word)
+        f.done()  # a typo (`block_hash`) was ignored, and the prompt served as if the extension were not there
+        if not f.has("block_hashes"):
+            if f.has("input_len"):
+                raise f.error("input_len", "goes with prfaas.block_hashes (a prompt's length is its own)")
+            return cls(request_id=rid)
+        if hashes is None:  # `Fields` reads a null as a key left out; this one was given, and was refused
+            raise f.error("block_hashes", "null is not a list of whole numbers (block hashes); give one, or leave the key out")
+        if n is None:
+            raise f.error("input_len", f"is required with prfaas.block_hashes: a whole number from 1 to {units.MAX_TOKENS}")
+        if len(hashes) > math.ceil(n / BLOCK_TOKENS):
+            raise f.error("block_hashes", f"{len(hashes)} hashes for {n} tokens; at most one per {BLOCK_TOKENS} tokens")
+        return cls(hashes, n, rid)
+
+
 def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
     """An OpenAI completions body, plus the testbed extension ``"prfaas": {"block_hashes", "input_len",
-    "request_id"}`` for hashed prompts without token text."""
+    "request_id"}`` (`PrfaasExtension`) for hashed prompts without token text."""
     if not isinstance(body, dict):
         raise BadRequest("body", "the body must be a JSON object")
-    ext = body.get("prfaas", {})
-    if ext is None:
-        ext = {}
-    if not isinstance(ext, dict):  # `[]` and `0` passed as no extension until 2026-12-07
-        raise BadRequest("prfaas", f"must be an object with {', '.join(PRFAAS_EXTENSION)}, got {type(ext).__name__}")
-    unknown = sorted(map(str, set(ext) - set(PRFAAS_EXTENSION)))
-    if unknown:  # a typo (`block_hash`) was ignored, and the prompt served as if the extension were not there
-        raise BadRequest(f"prfaas.{unknown[0]}", f"unknown key; allowed: {', '.join(PRFAAS_EXTENSION)}")
-    if "input_len" in ext and "block_hashes" not in ext:
-        raise BadRequest("prfaas.input_len", "goes with prfaas.block_hashes (a prompt's length is its own)")
-    max_tokens = _token_count(body.get("max_tokens", 16), "max_tokens")
+    try:
+        ext = PrfaasExtension.read(body.get("prfaas"))
+    except FieldError as exc:
+        raise BadRequest(exc.field, exc.message) from None
+    try:
+        max_tokens = token_count(body.get("max_tokens", 16))  # (a null is refused, not the default)
+    except ValueError as exc:
+        raise BadRequest("max_tokens", str(exc)) from None
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
-    token_ids: list[int] | None
-    if "block_hashes" in ext:
-        hashes = ext["block_hashes"]
-        if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
-            raise BadRequest("prfaas.block_hashes", "must be a list of integers")
-        if any(h < HASH_RANGE[0] or h > HASH_RANGE[1] for h in hashes):
-            raise BadRequest("prfaas.block_hashes", "a block hash is a signed 64-bit number (-2^63 to 2^63 - 1), as a trace's hash_ids")
-        n = _token_count(ext.get("input_len"), "prfaas.input_len", " (needed with block_hashes)")
-        if len(hashes) > math.ceil(n / BLOCK_TOKENS):
-            raise BadRequest("prfaas.block_hashes", f"{len(hashes)} hashes for {n} tokens; at most one per {BLOCK_TOKENS} tokens")
-        token_ids = None
+    token_ids: list[int] | None = None
+    if ext.block_hashes is not None:
+        assert ext.input_len is not None
+        n, hashes = ext.input_len, ext.block_hashes
     elif isinstance(prompt, str):
         try:
             token_ids = tokenize(prompt, cfg.vocab_size)
@@ -275,13 +302,7 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
         raise BadRequest("stream", f"{stream!r} is not true or false")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model", f"{model!r} is not a string")
-    rid = ext.get("request_id")
-    if rid is None:  # (a request_id of 0 or "" became a generated one, without a word)
-        rid = f"cmpl-{uuid.uuid4().hex[:16]}"
-    try:
-        rid = request_id(rid)
-    except ValueError as exc:
-        raise BadRequest("prfaas.request_id", str(exc)) from None
+    rid = ext.request_id or f"cmpl-{uuid.uuid4().hex[:16]}"
     if cfg.compute == "torch" and token_ids is None:
         token_ids = prompt_token_ids(hashes, n, cfg.vocab_size, rid)
     return Completion(rid, n, max_tokens, hashes, token_ids, bool(stream), model or cfg.model)

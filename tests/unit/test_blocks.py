@@ -1,4 +1,5 @@
-"""Prompts as token blocks (`testbed.blocks`): the tokens of a torch-mode prompt are reproducible."""
+"""Prompts as token blocks (`testbed.blocks`): the tokens of a torch-mode prompt are reproducible; a block-hash list
+read from input has one reader."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import os
 import subprocess
 import sys
 
-from testbed.blocks import BLOCK_TOKENS, prompt_token_ids
+import pytest
+
+from testbed.blocks import BLOCK_TOKENS, HASH_RANGE, block_hashes, prompt_token_ids
 
 SNIPPET = ("import json; from testbed.blocks import prompt_token_ids; "
            "print(json.dumps(prompt_token_ids([11, 22], 3 * 512 + 100, 50_000, 'req-7')))")
@@ -32,3 +35,48 @@ def test_equal_hashes_give_equal_blocks_and_the_unhashed_tail_depends_on_the_req
     assert x[:2 * BLOCK_TOKENS] == y[:2 * BLOCK_TOKENS]
     assert x[2 * BLOCK_TOKENS:] != y[2 * BLOCK_TOKENS:]
     assert x[2 * BLOCK_TOKENS:3 * BLOCK_TOKENS] != x[3 * BLOCK_TOKENS:]  # each position its own seed
+
+
+def test_a_block_hash_list_is_whole_numbers_in_the_signed_64_bit_range() -> None:
+    ids = [0, 5, -7, *HASH_RANGE]
+    out = block_hashes(ids)
+    assert out == ids and out is not ids  # a copy: the caller's list is not kept
+    assert block_hashes([]) == []
+
+
+@pytest.mark.parametrize("value, message", [
+    ("x", "must be a list of whole numbers (block hashes), got str"),
+    ((1, 2), "must be a list of whole numbers (block hashes), got tuple"),
+    ({"a": 1}, "must be a list of whole numbers (block hashes), got dict"),
+    ([1, True], "must be a list of whole numbers (block hashes); item 1 is True"),
+    ([1.0], "must be a list of whole numbers (block hashes); item 0 is 1.0"),
+    ([1, "2"], "must be a list of whole numbers (block hashes); item 1 is '2'"),
+    ([1, None], "must be a list of whole numbers (block hashes); item 1 is None"),
+    ([1, 2**63], "an id is outside the signed 64-bit range (-2^63 to 2^63 - 1) that block hashes take: item 1 is "
+                 "9223372036854775808"),
+    ([-(2**63) - 1], "an id is outside the signed 64-bit range (-2^63 to 2^63 - 1) that block hashes take: item 0 is "
+                     "-9223372036854775809"),
+    ([10**400], "an id is outside the signed 64-bit range (-2^63 to 2^63 - 1) that block hashes take: item 0 is a "
+                "401-digit number"),  # not its 401 digits
+])
+def test_a_bad_block_hash_list_is_refused_saying_what_is_allowed(value: object, message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        block_hashes(value)
+    assert str(e.value) == message
+
+
+def test_the_router_and_a_trace_refuse_a_block_hash_list_in_the_same_words() -> None:
+    """`blocks.block_hashes` is the one reader: a client's ``prfaas.block_hashes`` and a trace line's ``hash_ids``."""
+    from testbed.serving.router import BadRequest, RouterConfig, parse_completion
+    from traffic.trace import TraceLineError, parse_line
+
+    for bad in ([1, "x"], [2**64], "1,2"):
+        with pytest.raises(ValueError) as want:
+            block_hashes(bad)
+        with pytest.raises(BadRequest) as got:
+            parse_completion({"prfaas": {"block_hashes": bad, "input_len": 2 * BLOCK_TOKENS}}, RouterConfig((), ()))
+        assert (got.value.param, str(got.value)) == ("prfaas.block_hashes", str(want.value))
+        line = json.dumps({"timestamp": 0, "input_length": 2 * BLOCK_TOKENS, "output_length": 1, "hash_ids": bad})
+        with pytest.raises(TraceLineError) as got_line:
+            parse_line(line, 3, "r")
+        assert str(got_line.value) == f"line 3, field 'hash_ids': {want.value}"

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -475,6 +475,40 @@ def test_bad_client_requests_get_400_naming_the_field(router) -> None:
     assert post(r, "/v1/telemetry", [{"egress_bps": 5e9}])[0] == 200 and r.state()["wan"]["egress_bps"] > 0
 
 
+def test_the_prfaas_extension_is_read_with_fields_and_refused_naming_the_field_and_what_is_allowed() -> None:
+    """The body's ``prfaas`` object (`PrfaasExtension`, read with `validation.Fields`; its hashes with
+    `blocks.block_hashes`): what it took it takes, and each refusal names ``prfaas.<key>`` and what is allowed."""
+    from testbed.serving.router import BadRequest, parse_completion
+
+    cfg = RouterConfig((), ())
+    for ext in (None, {}, {"request_id": None}, {"block_hashes": [], "input_len": 1}, {"block_hashes": [2**63 - 1], "input_len": B},
+                {"block_hashes": [-(2**63), 2], "input_len": B + 1, "request_id": "r1"}):
+        c = parse_completion({"prompt": "a b c", "prfaas": ext}, cfg)
+        hashed = bool(ext and "block_hashes" in ext)
+        assert c.block_hashes == (ext["block_hashes"] if hashed else block_hashes_of(tokenize("a b c", cfg.vocab_size)))
+        assert c.input_len == (ext["input_len"] if hashed else 3)
+        rid = (ext or {}).get("request_id")
+        assert c.request_id == rid if rid else c.request_id.startswith("cmpl-")
+    refused = [
+        ([], "prfaas", "must be a mapping of keys to values, got list; give an object of block_hashes, input_len, request_id, or null"),
+        ({"block_hash": [1]}, "prfaas.block_hash", "unknown key; allowed keys here: block_hashes, input_len, request_id"),
+        ({"input_len": 5}, "prfaas.input_len", "goes with prfaas.block_hashes (a prompt's length is its own)"),
+        ({"input_len": None}, "prfaas.input_len", "goes with prfaas.block_hashes (a prompt's length is its own)"),
+        ({"block_hashes": None}, "prfaas.block_hashes", "null is not a list of whole numbers (block hashes); give one, or leave the key out"),
+        ({"block_hashes": [True], "input_len": 5}, "prfaas.block_hashes", "must be a list of whole numbers (block hashes); item 0 is True"),
+        ({"block_hashes": [1]}, "prfaas.input_len", "is required with prfaas.block_hashes: a whole number from 1 to 16777216"),
+        ({"block_hashes": [1], "input_len": None}, "prfaas.input_len", "is required with prfaas.block_hashes: a whole number from 1 to 16777216"),
+        ({"block_hashes": [1], "input_len": 0}, "prfaas.input_len", "0 is not a whole number >= 1"),
+        ({"block_hashes": [1], "input_len": 2**24 + 1}, "prfaas.input_len", "16777217 is more than 16777216 tokens (16M), past any model's context"),
+        ({"block_hashes": [1, 2], "input_len": B}, "prfaas.block_hashes", f"2 hashes for {B} tokens; at most one per {B} tokens"),
+        ({"request_id": ""}, "prfaas.request_id", "'' is not a non-empty string"),
+    ]
+    for ext, param, message in refused:
+        with pytest.raises(BadRequest) as e:
+            parse_completion({"prompt": "a b c", "prfaas": ext}, cfg)
+        assert (e.value.param, str(e.value), e.value.status) == (param, message, 400), ext
+
+
 def test_a_telemetry_sample_with_an_unknown_key_gets_400_naming_it_and_the_allowed_keys(router) -> None:
     r = router()
     allowed = "allowed keys here: backlog_bytes, capacity_bps, drops, egress_bps, t_s, units"
@@ -761,32 +795,72 @@ def test_a_router_probes_nothing_for_a_policy_that_does_not_estimate(router, fw)
     assert not fw.probes and not r2.log.rows("probe")
 
 
+# KV queued at 9 Gbps with no queue (headroom) on a nominal 10, then a dip: 1 Gbps under 30 ms of queue
+STEADY_KV = Congestion(send_queue_bytes=5e6, inflight_bytes=1e6, path_rate_bps=0.9e9, goodput_bps=0.9e9, rtt_ms=10.2,
+                       queue_rtt_ms=10.2, min_rtt_ms=10.0)
+DIPPED_KV = dataclasses.replace(STEADY_KV, path_rate_bps=0.1e9, goodput_bps=0.1e9, rtt_ms=40.0, queue_rtt_ms=40.0)
+
+
+def _router_on_a_steady_kv_line(router: Callable[..., Router], fw: FakeWorkers, poll_confirm: str) -> Router:
+    """An observed-signals router polling every 0.5 s, whose PrfaaS instance reports `STEADY_KV`."""
+    fw.congestion = STEADY_KV
+    return router(policy={"name": "prfaas", "threshold": "8K", "signals": "observed",
+                           "estimator": {"probe_after": "0s", "poll_confirm": poll_confirm}}, state_poll_s=0.5)
+
+
+def _dipped_kv_polls(r: Router, fw: FakeWorkers, deadline_s: float) -> list[float]:
+    """Once two state polls saw the steady line, the dip: the times of the polls that saw it, once three did and the
+    estimate is below 2 Gbps (or `deadline_s` passed)."""
+    deadline = time.monotonic() + deadline_s
+    while len(fw.state_polls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    fw.congestion = DIPPED_KV
+    while (len([t for t, c in fw.state_polls if c is DIPPED_KV]) < 3 or r.policy.controller.estimate.available_bps > 2e9) \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [t for t, c in fw.state_polls if c is DIPPED_KV]
+
+
 @pytest.mark.parametrize("confirm", ["50ms", "0s"])
 def test_a_lone_saturated_poll_brings_the_next_state_poll_sooner_once(router, fw, confirm: str) -> None:
     """`poll_confirm`: KV queued at 9 Gbps with no queue (headroom) on a nominal 10, then a dip: 1 Gbps under
     30 ms of queue. The first dip poll is a lone upper bound (the estimate held at half); with `poll_confirm:
     50ms` the router polls again ~50 ms later instead of its 0.5-s period, once, and the second bound sets the
     estimate; with 0s the polls keep their period."""
-    steady = Congestion(send_queue_bytes=5e6, inflight_bytes=1e6, path_rate_bps=0.9e9, goodput_bps=0.9e9, rtt_ms=10.2,
-                        queue_rtt_ms=10.2, min_rtt_ms=10.0)
-    dip = dataclasses.replace(steady, path_rate_bps=0.1e9, goodput_bps=0.1e9, rtt_ms=40.0, queue_rtt_ms=40.0)
-    fw.congestion = steady
-    r = router(policy={"name": "prfaas", "threshold": "8K", "signals": "observed",
-                       "estimator": {"probe_after": "0s", "poll_confirm": confirm}}, state_poll_s=0.5)
-    deadline = time.monotonic() + 5
-    while len(fw.state_polls) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    fw.congestion = dip
-    while (len([t for t, c in fw.state_polls if c is dip]) < 3 or r.policy.controller.estimate.available_bps > 2e9) \
-            and time.monotonic() < deadline:
-        time.sleep(0.02)
-    times = [t for t, c in fw.state_polls if c is dip]
+    r = _router_on_a_steady_kv_line(router, fw, confirm)
+    times = _dipped_kv_polls(r, fw, deadline_s=5)
     assert len(times) >= 3 and r.policy.controller.estimate.available_bps == pytest.approx(1e9)
     gaps = [b - a for a, b in zip(times, times[1:])]
     if confirm == "50ms":
         assert gaps[0] < 0.3 and gaps[1] > 0.4  # sooner once, then the period again
     else:
         assert gaps[0] > 0.4 and gaps[1] > 0.4
+
+
+def test_a_confirm_poll_past_the_poll_period_waits_only_the_period(router, fw) -> None:
+    """The bound on `poll_confirm` (docs/router.md: one at or above the router's poll period is the period), in the
+    router's own poll loop: the same lone saturated poll as above with `poll_confirm: 1h` asks the loop for its next
+    poll an hour on, and the loop still polls one `state_poll_s` (0.5 s) later, so the second bound sets the estimate
+    then. `168h` held the polls, and every signal of the control loop, for up to a week (2026-12-07): a loop that
+    waited what the policy asked, not `next_poll_wait_s`, fails here."""
+    r = _router_on_a_steady_kv_line(router, fw, "1h")
+    asked: list[float] = []  # each confirm poll the policy asked the poll loop for
+    confirm_poll_s = r.policy.confirm_poll_s
+
+    def recorded() -> float:
+        wait = confirm_poll_s()
+        if wait > 0:
+            asked.append(wait)
+        return wait
+
+    r.policy.confirm_poll_s = recorded  # type: ignore[method-assign]  # the loop asks the policy after each poll
+    times = _dipped_kv_polls(r, fw, deadline_s=8)
+    assert asked == [3600.0]  # the lone saturated poll asked for a confirm poll an hour on, once
+    assert len(times) >= 3, "the poll loop stopped polling after the policy asked for a confirm poll an hour on"
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert all(0.4 < g < 0.9 for g in gaps[:2]), gaps  # the period, not the hour (nor sooner)
+    assert r.policy.controller.estimate.available_bps == pytest.approx(1e9)  # the second bound came a period later
+
 
 def test_a_probe_under_which_kv_moved_is_logged_and_not_believed(router, fw) -> None:
     """The policy asks for a probe only with nothing committed; a state poll during the probe that sees KV
