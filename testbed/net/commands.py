@@ -37,7 +37,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
     ex.add_argument("--id", dest="net_id", help="which network (tag or owner pid) when several run")
     ex.set_defaults(func=cmd_net_exec)
-    down = nsub.add_parser("down", help="tear down the running network")
+    down = nsub.add_parser("down", help="tear down the network `prfaas net up` holds (another command's only when named with --id)")
     down.add_argument("--id", dest="net_id", help="which network (tag or owner pid) when several run")
     down.set_defaults(func=cmd_net_down)
     net.set_defaults(func=lambda a: (net.print_help(), 2)[1])
@@ -119,11 +119,12 @@ def cmd_net_up(args: argparse.Namespace) -> int:
         return _detach(args)
     from rich.console import Console
 
+    from testbed.net import state
     from testbed.net.emulation import Network
 
     con = Console()
     with con.status("bringing up the network"):
-        net = Network(scenario, telemetry_path=args.telemetry).start()
+        net = Network(scenario, telemetry_path=args.telemetry, held_by=state.NET_UP).start()
     try:
         con.print(_describe_table(net.describe()))
         hosts = ", ".join(f"{h} {ip}" for h, ip in sorted(net.addresses.items()))
@@ -170,18 +171,35 @@ def _detach(args: argparse.Namespace) -> int:
     raise HostError(f"the network did not come up within 120 s (log {log})")
 
 
-def _find_network(net_id: str | None) -> dict[str, Any]:
+def _find_network(net_id: str | None, *, net_up_only: bool = False) -> dict[str, Any]:
+    """The one running network named by ``--id`` (its tag or owner pid), or the only one running. With `net_up_only`
+    and no ``--id``, only a network `prfaas net up` holds is a candidate: another is a run's or a test's, whose owner
+    a SIGTERM would end (`prfaas net down` ended a test suite's run, 2026-12-07)."""
     from testbed.net import state
 
     live = [d for _, d in state.live_states() if d.get("ready")]
     if net_id:
         live = [d for d in live if net_id in (str(d.get("tag")), str(d.get("owner_pid")))]
+    others = []
+    if net_up_only and not net_id:
+        others = [d for d in live if d.get("held_by") != state.NET_UP]
+        live = [d for d in live if d.get("held_by") == state.NET_UP]
+    if not live and others:
+        ids = ", ".join(_describe_network(d) for d in others)
+        raise UserError(f"no network from `prfaas net up` is running; running: {ids}, held by another command (a run, "
+                        f"a test, calibrate), which stopping its network would end; stop that command, or name the "
+                        f"network with --id to stop it here")
     if not live:
         raise UserError("no network is running" + (f" with id {net_id}" if net_id else "") + " (start one with `prfaas net up SCENARIO --detach`)")
     if len(live) > 1:
-        ids = ", ".join(f"{d['tag']} ({d.get('scenario')}, pid {d['owner_pid']})" for d in live)
+        ids = ", ".join(_describe_network(d) for d in live)
         raise UserError(f"several networks run: {ids}; choose one with --id")
     return live[0]
+
+
+def _describe_network(d: dict[str, Any]) -> str:
+    run = f", run {d['run_id']}" if d.get("run_id") else ""
+    return f"{d['tag']} ({d.get('scenario')}{run}, pid {d['owner_pid']})"
 
 
 def cmd_net_exec(args: argparse.Namespace) -> int:
@@ -209,7 +227,7 @@ def cmd_net_exec(args: argparse.Namespace) -> int:
 def cmd_net_down(args: argparse.Namespace) -> int:
     from testbed.net import cleanup, state
 
-    d = _find_network(args.net_id)
+    d = _find_network(args.net_id, net_up_only=True)
     pid = int(d["owner_pid"])
     if d.get("owner_start") is None:
         raise UserError(f"network {d['tag']}: its state file records no start time of its owner (owner_start), so pid {pid} "

@@ -71,9 +71,11 @@ class Network:
     """The network of a scenario. ``with Network(sc) as net: net.run("pd-p0", ["ping", ...])``."""
 
     def __init__(self, scenario: Scenario, *, scale: Scale | float | None = None, telemetry_path: Path | None = None,
-                 telemetry_period_s: float = DEFAULT_PERIOD_S, run_id: str | None = None, run_dir: Path | None = None) -> None:
+                 telemetry_period_s: float = DEFAULT_PERIOD_S, run_id: str | None = None, run_dir: Path | None = None,
+                 held_by: str | None = None) -> None:
         self.scenario = scenario
         self.run_id = run_id  # recorded in the state file: `prfaas clean RUN_ID` removes this network only
+        self.held_by = held_by  # the command holding it, recorded: `prfaas net down` stops only `net up`'s (`NET_UP`)
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         self.scale: Scale
         if scale is not None:
@@ -148,7 +150,7 @@ class Network:
             self._state = {
                 "owner_pid": os.getpid(), "owner_start": state.process_start_ticks(os.getpid()), "tag": self.tag,
                 "scenario": self.scenario.name, "source": self.scenario.source, "ready": False,
-                "run_id": self.run_id, "run_dir": str(self.run_dir) if self.run_dir else None,
+                "run_id": self.run_id, "run_dir": str(self.run_dir) if self.run_dir else None, "held_by": self.held_by,
                 "bridges": [bridge_name(dc, self.tag) for dc in ("prfaas", "pd")], "hosts": {}, "processes": [],
                 "delayline_dirs": [],
             }

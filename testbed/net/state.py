@@ -2,7 +2,8 @@
 
 One JSON file per network in `STATE_DIR` (``/run/prfaas``, tmpfs: gone after a reboot) names its owner
 process, its root-namespace bridges, its hosts (shell pid, namespace inode, address) and the
-processes it started. `prfaas net exec/down` read it; `prfaas clean` uses it to remove what a killed
+processes it started, and which command holds it (``held_by``: `NET_UP`, or none for a run's, a test's or
+calibrate's). `prfaas net exec/down` read it; `prfaas clean` uses it to remove what a killed
 run left. Host-wide sysctls are saved once, by the first of our networks to start, in
 ``sysctl.json``, and restored by the last one to stop, so networks running side by side (several
 tests, several users) never restore a value under each other's feet.
@@ -63,6 +64,7 @@ TAG_RE = re.compile(r"[0-9a-f]{5}")  # a network's tag (`claim_tag`): it names t
 BRIDGE_LETTERS = {"prfaas": "f", "pd": "d"}
 BRIDGE_RE = re.compile(rf"^br[{''.join(BRIDGE_LETTERS.values())}]{TAG_RE.pattern}$")
 STATE_NAME_RE = re.compile(rf"net-([0-9]{{1,10}})-({TAG_RE.pattern})\.json")  # `state_path`'s names
+NET_UP = "net up"  # ``held_by`` of a network `prfaas net up` holds, the only kind `prfaas net down` stops unnamed
 DELAYLINE_DIR_PREFIX = "prfaas-delayline-"  # a delay line's control directory (`testbed.net.delayline`)
 PID_T_MAX = 2**31 - 1  # pid_t (the kernel's pid_max is at most 2**22)
 CLONE_NEWNET = 0x40000000  # <linux/sched.h>
@@ -220,7 +222,7 @@ def read_state(path: Path) -> dict[str, Any]:
     out = dict(data)
     out.update(owner_pid=f.get("owner_pid", _pid), owner_start=f.get("owner_start", whole_number, None), tag=f.get("tag", _tag),
                scenario=f.get("scenario", string, ""), source=f.get("source", string, None), ready=f.get("ready", boolean, False),
-               run_id=f.get("run_id", string, None), run_dir=f.get("run_dir", string, None),
+               run_id=f.get("run_id", string, None), run_dir=f.get("run_dir", string, None), held_by=f.get("held_by", string, None),
                bridges=f.get("bridges", _list_of(_bridge, "bridge names"), []),
                processes=f.get("processes", _list_of(_pid, "process ids"), []),
                delayline_dirs=f.get("delayline_dirs", _list_of(_delayline_dir, "directories"), []))

@@ -67,7 +67,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def good_state(pid: int = DEAD, tag: str = "0abcd", **extra: Any) -> dict[str, Any]:
     return {"owner_pid": pid, "owner_start": 1, "tag": tag, "scenario": "quick", "source": None, "ready": True,
-            "run_id": "r1", "run_dir": None, "bridges": [f"brf{tag}", f"brd{tag}"],
+            "run_id": "r1", "run_dir": None, "held_by": None, "bridges": [f"brf{tag}", f"brd{tag}"],
             "hosts": {"pd-d0": {"pid": 1234, "netns_inode": 4026532175, "netns_cookie": 4101, "ip": "10.2.0.11"}}, "processes": [1235],
             "delayline_dirs": ["/dev/shm/prfaas-delayline-q1-abcdefgh"], **extra}
 
@@ -114,6 +114,7 @@ DAMAGED = [  # (file contents, what the one line must say)
     (with_(owner_pid=DEAD + 1), f"owner_pid: {DEAD + 1} is not the one in the file's name ({DEAD})"),
     (with_(ready="yes"), "ready: 'yes' is not true or false"),
     (with_(run_id=7), "run_id: 7 is not a string"),
+    (with_(held_by=["net up"]), "held_by: ['net up'] is not a string"),
     (with_(bridges="brf0abcd"), "bridges: must be a list of bridge names, got str"),
     (with_(bridges=["brf0abcd", "eth0"]), "bridges: item 1: 'eth0' is not the name of one of our bridges"),
     # another network's bridge, a folder outside /dev/shm or the temp folder, the host's init as a host shell: clean and
@@ -360,10 +361,35 @@ def test_net_exec_and_down_pass_over_a_damaged_file_in_one_warning(host: dict[st
 
 def test_net_down_signals_no_owner_its_file_cannot_identify(host: dict[str, Any], capsys: pytest.CaptureFixture[str]):
     me = os.getpid()
-    put(json.dumps(good_state(pid=me, owner_start=None)), pid=me)
+    put(json.dumps(good_state(pid=me, owner_start=None, held_by=state.NET_UP)), pid=me)
     assert main(["net", "down"]) == 2  # (it would have been a SIGTERM to this test's process)
     err = capsys.readouterr().err
     assert err.startswith("prfaas: error: network 0abcd: its state file records no start time") and err.count("\n") == 1
+
+
+def test_net_down_stops_only_a_net_up_network_unless_another_is_named(host: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]):
+    """`prfaas net down` SIGTERMs its network's owner: a run's (or a test's: the owner is the test process) was taken as
+    "the running network", and a user's `net down` ended a test suite beside it (2026-12-07). Unnamed, only a network
+    `prfaas net up` holds is stopped; another is named and stopped only with --id."""
+    import testbed.net.commands as commands
+
+    signalled: list[tuple[int, int]] = []
+    monkeypatch.setattr(state, "is_alive", lambda pid, start: pid not in [p for p, _ in signalled])
+    monkeypatch.setattr(commands.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
+    run_pid, up_pid = DEAD + 1, DEAD + 2
+    put(json.dumps(good_state(pid=run_pid, tag="0aaaa", bridges=["brf0aaaa", "brd0aaaa"])), pid=run_pid, tag="0aaaa")
+    assert main(["net", "down"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prfaas: error: no network from `prfaas net up` is running; running: 0aaaa (quick, run r1, "
+                          f"pid {run_pid})") and "--id" in err and err.count("\n") == 1
+    assert signalled == []
+    put(json.dumps(good_state(pid=up_pid, tag="0bbbb", run_id=None, held_by=state.NET_UP,
+                              bridges=["brf0bbbb", "brd0bbbb"])), pid=up_pid, tag="0bbbb")
+    assert main(["net", "down"]) == 0
+    assert signalled == [(up_pid, commands.signal.SIGTERM)] and "network 0bbbb down" in capsys.readouterr().out
+    assert main(["net", "down", "--id", "0aaaa"]) == 0  # named: the user means it
+    assert signalled[1:] == [(run_pid, commands.signal.SIGTERM)]
 
 
 def test_prfaas_state_dir_is_honoured_by_the_command(tmp_path: Path):
