@@ -340,10 +340,13 @@ def format_report(rep: CheckReport) -> str:
             dtype = (f" in float8 (policy.kv_compression: fp8; {f(rep.offered_kv_model_dtype_bps)} in the model's dtype)"
                      if rep.kv_compression == "fp8" else "")
             lines.append(f"  offered KV (emulated) {f(rep.offered_kv_bps)}{dtype}; against the PrfaaS->PD capacity left by cross traffic:")
+    if rep.segments and rep.offered_kv_bps is None:  # the capacity alone, under its own heading (it stood headless, 2026-12-07)
+        why = "no serving sections" if rep.policy is None else "a closed-loop workload has no fixed rate"
+        lines.append(f"{'' if rep.policy is None else '  '}PrfaaS->PD capacity left by cross traffic ({why}: no offered KV load):")
     for s in rep.segments:
-        util = "-" if s.utilisation is None else f"{s.utilisation:.0%}"
+        util = "" if rep.offered_kv_bps is None else f"  offered/left {'-' if s.utilisation is None else f'{s.utilisation:.0%}'}"
         cross = f" - cross {f(s.cross_bps)}" if s.cross_bps else ""
-        lines.append(f"  {s.start_s:8.1f}-{s.end_s:<8.1f} s  capacity {f(s.capacity_bps)}{cross}  offered/left {util}  ({s.label})")
+        lines.append(f"  {s.start_s:8.1f}-{s.end_s:<8.1f} s  capacity {f(s.capacity_bps)}{cross}{util}  ({s.label})")
     if rep.model:
         m = rep.model
         lines.append(f"model (Eqs. 3-6, {m['reading']}): Lambda_max {m['lambda_max_at_base_t_rps']:.3g} req/s at the base t ({m['bottleneck_at_base_t']} binds); "

@@ -224,6 +224,24 @@ def test_fuzz_corpus_refusals_are_one_line_and_exit_2(tmp_path: Path, capsys: py
     assert refused >= 100  # most mutations are bad input; the rest must check cleanly
 
 
+@pytest.mark.parametrize("sets, heading", [
+    ([], "PrfaaS->PD capacity left by cross traffic (no serving sections: no offered KV load):"),
+    (["workload.arrivals={process: closed, users: 4, think: 1s}"],
+     "  PrfaaS->PD capacity left by cross traffic (a closed-loop workload has no fixed rate: no offered KV load):")])
+def test_the_capacity_without_an_offered_load_has_its_own_heading(sets: list[str], heading: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A network-only scenario (lab 1's, net-default) or a closed loop printed its capacity lines under no heading, each
+    with an empty "offered/left -" (2026-12-07)."""
+    name = "net-default" if not sets else "quick"
+    assert cli.main(["check", name, *[a for s in sets for a in ("--set", s)]]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    i = lines.index(heading)
+    capacities = [ln for ln in lines if " s  capacity " in ln]
+    assert lines[i + 1:i + 1 + len(capacities)] == capacities and len(capacities) == (1 if not sets else 3)
+    assert "100 Gbps  (base)" in capacities[0] if not sets else "1 Gbps  (change prfaas_to_pd rate 1 Gbps)" in capacities[1]
+    assert not [ln for ln in lines if "offered/left" in ln]
+
+
 @pytest.mark.parametrize("name", READY)
 def test_json_output_is_strict_json(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     import json
