@@ -124,3 +124,19 @@ def test_generate_from_an_empty_workload_file_is_one_line_not_the_default_worklo
         f"prfaas: error: {spec}: {what}; a workload (a YAML mapping of arrivals, input, output, ...: docs/scenario-workload.md) "
         "or a scenario with a workload: section is expected"]
     assert not out.exists()
+
+
+def test_generate_from_a_scenario_without_a_workload_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A scenario with no workload: section (net-default) was read as a workload mapping: "workload.duration: unknown key"
+    (2026-12-07). It is a scenario by its keys; the refusal says what is missing, and the override it names draws one."""
+    from testbed.scenario import find_scenario
+
+    out = tmp_path / "o.jsonl"
+    assert main(["traffic", "generate", "net-default", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"prfaas: error: {find_scenario('net-default')}: scenario net-default has no workload: section to draw; add one "
+        "(docs/scenario-workload.md), e.g. --set 'workload={arrivals: {rate: 2}}'"]
+    assert not out.exists()
+    assert main(["traffic", "generate", "net-default", "--out", str(out), "--set", "workload={arrivals: {rate: 2}}"]) == 0
+    reqs = read_trace(out).requests  # net-default's seed and its 60 s
+    assert len(reqs) == pytest.approx(120, rel=0.3) and max(r.arrival_s for r in reqs) < 60
