@@ -178,12 +178,14 @@ def measured_profiles_table(paths: Sequence[str]) -> pd.DataFrame:
 def format_measured_table(t: pd.DataFrame) -> str:
     """Rows: each profile and the published line of its model; columns: LENGTHS."""
     mark = {"measured": "", "curve": "~", "extrapolated": "*"}
-    lines = [f"{'source':<58}" + "".join(f"{n // 1024:>10}K" for n in LENGTHS)]
+    rows = []  # (label, values): a label is never cut, which made "NVIDIA H200" read "NVIDIA H20", another chip (2026-12-07)
     for (name, model, variant, chip), g in t.groupby(["profile", "model", "variant", "chip"], sort=False):
         g = g.set_index("tokens")
-        lines.append(f"{f'{name}: {model} {variant} on {chip}'[:58]:<58}"
-                     + "".join(f"{g.loc[n, 'phi_gbps']:>10.4g}{mark[g.loc[n, 'how']]:1}" for n in LENGTHS))
+        rows.append((f"{name}: {model} {variant} on {chip}",
+                     "".join(f"{g.loc[n, 'phi_gbps']:>10.4g}{mark[g.loc[n, 'how']]:1}" for n in LENGTHS)))
         if g["published_phi_gbps"].notna().all():
-            lines.append(f"{f'  published ({g.iloc[0].published_source})'[:58]:<58}"
-                         + "".join(f"{g.loc[n, 'published_phi_gbps']:>10.4g} " for n in LENGTHS))
-    return "\n".join(lines)
+            rows.append((f"  published ({g.iloc[0].published_source})",
+                         "".join(f"{g.loc[n, 'published_phi_gbps']:>10.4g} " for n in LENGTHS)))
+    width = max([58, *(len(label) for label, _ in rows)])
+    return "\n".join([f"{'source':<{width}}" + "".join(f"{n // 1024:>10}K" for n in LENGTHS),
+                      *(f"{label:<{width}}{values}" for label, values in rows)])

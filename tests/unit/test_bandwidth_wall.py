@@ -65,3 +65,18 @@ def test_wall_command_prints_json_and_writes_the_figure(tmp_path, capsys):
     assert (tmp_path / "bandwidth_wall.png").stat().st_size > 10_000
     assert main(["wall", "--measure", "minimax-m2.5", "--lengths", "8,x"]) == 2
     assert "--lengths" in capsys.readouterr().err
+
+
+def test_measured_table_keeps_every_label_whole_and_its_columns_aligned():
+    """A 58-character cut made "... faithful on NVIDIA H200" read "... on NVIDIA H20", another chip (2026-12-07)."""
+    import pandas as pd
+
+    from analysis.bandwidth_wall import LENGTHS, format_measured_table
+
+    rows = [{"profile": "kimi-faithful-h200", "model": "kimi-linear-48b", "variant": "faithful", "chip": "NVIDIA H200",
+             "tokens": n, "phi_gbps": 2.0 + i, "how": "measured", "published_phi_gbps": 1.0 + i,
+             "published_source": "paper Table 3, 8xH200, SGLang v0.5.9"} for i, n in enumerate(LENGTHS)]
+    lines = format_measured_table(pd.DataFrame(rows)).splitlines()
+    assert lines[1].startswith("kimi-faithful-h200: kimi-linear-48b faithful on NVIDIA H200 ")
+    assert lines[1].split()[-len(LENGTHS):] == ["2", "3", "4", "5"] and lines[2].split()[-len(LENGTHS):] == ["1", "2", "3", "4"]
+    assert len({len(ln) for ln in lines}) == 1  # header and rows end at the same column
