@@ -66,7 +66,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     _executor_option(c)
     c.set_defaults(func=cmd_capacity)
 
-    r = sub.add_parser("reproduce", help="the paper's headline on the wire: Lambda_max of PrfaaS-PD, homogeneous PD, naive heterogeneous")
+    r = sub.add_parser("reproduce", help="the paper's headline on the wire: Lambda_max of PrfaaS-PD, homogeneous PD and naive heterogeneous PD")
     r.add_argument("target", choices=("case-study",))
     r.add_argument("--quick", action="store_true", help="45-s runs, 128-token answers, 15%% tolerance (docs/experiments.md)")
     r.add_argument("--out", type=path_option, metavar="DIR", help="default: runs/reproduce-case-study-<time>")

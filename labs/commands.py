@@ -24,7 +24,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     st = lsub.add_parser("start", help="copy a lab's scenarios, questions and answers template into a working folder")
     st.add_argument("number", type=int)
     st.add_argument("--dir", type=Path, help="where (default ./labN)")
-    st.add_argument("--force", action="store_true", help="overwrite an existing answers file")
+    st.add_argument("--force", action="store_true", help="overwrite the lab's files already there (the answers, an edited scenario); never a link or folder where a file goes")
     st.set_defaults(func=cmd_start)
     ck = lsub.add_parser("check", help="recompute each answer from your runs and say which hold")
     ck.add_argument("number", type=int)

@@ -19,12 +19,12 @@ from testbed.errors import UserError
 
 COMMAND_MODULES = (
     "testbed.net.commands",  # doctor, net up/exec/down, clean, calibrate
-    "testbed.models.commands",  # kv-size
-    "traffic.commands",  # traffic stats
-    "analysis.commands",  # model, report, wall
+    "testbed.models.commands",  # kv-size, profile
+    "traffic.commands",  # traffic stats/generate
+    "analysis.commands",  # model, report, wall, replay-estimator
     "analysis.scenario_check",  # check
     "labs.commands",  # lab list/show/start/check
-    "experiments.commands",  # run, quickstart, sweep
+    "experiments.commands",  # run, quickstart, sweep, experiment, capacity, reproduce
 )
 
 

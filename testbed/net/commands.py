@@ -45,13 +45,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
     c = sub.add_parser("clean", help="remove what a crashed or killed run left behind (namespaces, bridges, processes, sysctls)")
     c.add_argument("run", nargs="?", metavar="RUN_ID", help="only this run's leftovers: its run id or run directory (environment.json's run_id)")
     c.add_argument("--all", action="store_true", help="also stop networks whose owner process is still running")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="print what was removed and what was left as JSON")
     c.set_defaults(func=cmd_clean)
 
     cal = sub.add_parser("calibrate", help="configured vs achieved WAN rate, RTT and loss on this host")
-    cal.add_argument("scenario", nargs="?", default="net-default")
+    cal.add_argument("scenario", nargs="?", default="net-default", help="scenario file or ready scenario name (default net-default)")
     cal.add_argument("--json", dest="json_file", type=output_file_option, metavar="FILE", help="write the figures as JSON")
-    cal.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    cal.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field, e.g. wan.rate=20Gbps")
     cal.add_argument("--streams", type=option(stream_count, whole=True), default=4, help="iperf3 -P (1 to 128; default 4)")
     # at most iperf3's own -t limit: a larger one was passed to iperf3, which refused it in the middle of the calibration
     cal.add_argument("--duration", type=option(at_most(positive_number, IPERF3_MAX_T_S, "s", "iperf3's longest run")), default=5.0,

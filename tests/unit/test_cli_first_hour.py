@@ -157,3 +157,21 @@ def test_every_command_parses_its_arguments_without_a_traceback(capsys: pytest.C
     rep = parser.parse_args(["report", "a", "--out", "d", "b"])
     assert (rep.run_dirs, rep.out) == (["a", "b"], "d")
     assert parser.parse_args(["model", "--paper-case-study", "--json"]).paper_case_study
+
+
+def test_help_says_what_the_commands_do(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a new user read in `--help` and found otherwise (2026-12-07): `prfaas --help` cut reproduce's line at "naive
+    heterogeneous", `lab start --force` spoke of the answers file alone (it overwrites every lab file already there,
+    docs/labs.md), and calibrate's SCENARIO did not say it defaults to net-default."""
+    from testbed import cli
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option: argparse wraps at a hyphen too
+
+    def help_of(*argv: str) -> str:
+        with pytest.raises(SystemExit):
+            cli.main([*argv, "--help"])
+        return " ".join(capsys.readouterr().out.split())
+
+    assert "Lambda_max of PrfaaS-PD, homogeneous PD and naive heterogeneous PD" in help_of()
+    assert "--force overwrite the lab's files already there (the answers, an edited scenario)" in help_of("lab", "start")
+    assert "scenario file or ready scenario name (default net-default)" in help_of("calibrate")
