@@ -48,6 +48,7 @@ def test_net_up_detach_exec_down_leaves_nothing():
         assert r.returncode == 0, r.stderr
         mine = [d for p, d in state.list_states() if p.name not in before]
         assert len(mine) == 1 and mine[0]["ready"]
+        assert mine[0]["held_by"] == state.NET_UP  # what a plain `prfaas net down` may stop (a run's it may not)
         tag = mine[0]["tag"]
         ex = prfaas("net", "exec", "pd-d0", "--id", tag, "--", "ping", "-c", "2", "-i", "0.2", "10.1.0.10")
         assert ex.returncode == 0 and "2 received" in ex.stdout, ex.stdout + ex.stderr
