@@ -27,7 +27,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     m.set_defaults(func=cmd_model)
 
     r = sub.add_parser("report", help="report.html and plots of one run or a comparison of several")
-    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (runs/...): one, or several side by side")
     r.add_argument("--out", type=path_option, metavar="DIR", help="where report.html and plots/ go (default: the run directory; required for several)")
     r.set_defaults(func=cmd_report)
 
@@ -35,10 +35,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     w.add_argument("--measure", nargs="*", metavar="MODEL", help="also time prefill of these torch models here (default: kimi-linear-48b minimax-m2.5)")
     w.add_argument("--lengths", default="128,256,512", help="token counts to measure (comma separated; default 128,256,512)")
     w.add_argument("--variant", default="faithful", help="torch model variant (faithful keeps the real KV geometry)")
-    w.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    w.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where --measure runs (default auto: cuda when there is one)")
     w.add_argument("--gpus", type=option(at_least_one, whole=True), default=512, help="cluster size for Eq. 2 (default 512)")
     w.add_argument("--save", type=path_option, metavar="DIR", help="write measured points as DIR/measured-MODEL.csv (a profile for `load_profile`)")
-    w.add_argument("--json", action="store_true")
+    w.add_argument("--json", action="store_true", help="print the tables as JSON")
     w.add_argument("--plots", type=path_option, metavar="DIR", help="write the bandwidth-wall figure here")
     w.add_argument("--measured", nargs="+", metavar="PROFILE", help="profiles written by `prfaas profile`: their measured "
                    "Phi_kv beside the published Table 3 values")
@@ -46,7 +46,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
     e = sub.add_parser("replay-estimator", help="replay recorded runs' observed signals through the bandwidth estimator "
                        "with other settings (open loop: a design aid, not a measurement)")
-    e.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    e.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories whose observed signals to replay")
     e.add_argument("--set", action="append", default=[], metavar="policy.estimator.KEY=VALUE",
                    help="estimator setting to replay with (repeatable); none: the run's own, to check the replay's fidelity")
     e.add_argument("--json", action="store_true", help="print JSON")

@@ -31,27 +31,27 @@ def register(sub: "argparse._SubParsersAction") -> None:
                                    "fixed-threshold on the same workload and WAN), then one comparison report.")
     q.add_argument("--out", type=path_option, help="parent directory of the runs (default: runs/quick-<time>)")
     q.add_argument("--policies", default="prfaas,fixed-threshold", help="comma-separated policies to compare")
-    q.add_argument("--no-progress", action="store_true")
+    q.add_argument("--no-progress", action="store_true", help="no live progress display (plain lines, e.g. for a log file)")
     q.set_defaults(func=cmd_quickstart)
 
     s = sub.add_parser("sweep", help="run a grid of scenario variations, resumable, ending in one comparison report")
-    s.add_argument("scenario", metavar="SCENARIO")
+    s.add_argument("scenario", metavar="SCENARIO", help="a ready scenario's name (topologies/) or a YAML file")
     s.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="e.g. --grid wan.rate=10Gbps,40Gbps --grid seed=1,2")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override applied to every point")
-    s.add_argument("--out", type=path_option, required=True, metavar="DIR")
+    s.add_argument("--out", type=path_option, required=True, metavar="DIR", help="where the runs and the report go; run again to resume")
     _executor_option(s)
     s.set_defaults(func=cmd_sweep)
 
     e = sub.add_parser("experiment", help="arms x seeds x repetitions of a scenario, compared with paired 95%% CIs (resumable)",
                        description="Run an experiment spec (docs/experiments.md): results.parquet, comparison.json and report.md in --out.")
-    e.add_argument("spec", metavar="SPEC.yaml")
-    e.add_argument("--out", type=path_option, required=True, metavar="DIR")
+    e.add_argument("spec", metavar="SPEC.yaml", help="the experiment: scenario, arms, seeds, repetitions, metrics (docs/experiments.md)")
+    e.add_argument("--out", type=path_option, required=True, metavar="DIR", help="where the runs and results go; run again to resume")
     _executor_option(e)
     e.set_defaults(func=cmd_experiment)
 
     c = sub.add_parser("capacity", help="measured Lambda_max: the highest arrival rate meeting the SLOs with a steady queue",
                        description="Bracket then bisect the Poisson arrival rate of SCENARIO (docs/experiments.md, Capacity).")
-    c.add_argument("scenario", metavar="SCENARIO")
+    c.add_argument("scenario", metavar="SCENARIO", help="a ready scenario's name (topologies/) or a YAML file with a Poisson workload")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="scenario override")
     c.add_argument("--out", type=path_option, metavar="DIR", help="where the probe runs go (default: runs/capacity-<the scenario's name>-<time>, "
                                                 "named as prfaas run names its run directory)")
@@ -62,12 +62,12 @@ def register(sub: "argparse._SubParsersAction") -> None:
     c.add_argument("--max-probes", type=option(run_count, whole=True), default=8, help="most rates tried (default 8)")
     c.add_argument("--start", type=option(positive_number), metavar="RPS", help="first rate (default: the throughput model's Lambda_max)")
     c.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="print lambda_max_rps, ci, runs, slo and scenario as JSON")
     _executor_option(c)
     c.set_defaults(func=cmd_capacity)
 
     r = sub.add_parser("reproduce", help="the paper's headline on the wire: Lambda_max of PrfaaS-PD, homogeneous PD and naive heterogeneous PD")
-    r.add_argument("target", choices=("case-study",))
+    r.add_argument("target", choices=("case-study",), help="what to reproduce: the paper's case study")
     r.add_argument("--quick", action="store_true", help="45-s runs, 128-token answers, 15%% tolerance (docs/experiments.md)")
     r.add_argument("--out", type=path_option, metavar="DIR", help="default: runs/reproduce-case-study-<time>")
     r.add_argument("--repetitions", type=option(run_count, whole=True), help="runs that decide a marginal rate (default: 2 with --quick, 3 without)")
@@ -82,7 +82,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="the paired test's first seed (default: the one after the searches' seeds); a second test of "
                         "the same pair starts after the first one's seeds (an overlap is refused) and is a second look: "
                         "with k tests of a pair an order needs p < 0.05 / k (the report says so)")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--json", action="store_true", help="print the measured and modelled Lambda_max of each configuration as JSON")
     _executor_option(r)
     r.set_defaults(func=cmd_reproduce)
 

@@ -50,7 +50,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "and print the extrapolation's error")
     q.add_argument("--clock", default="auto", help="wall, cpu (this process's CPU time; refused with --device cuda) or auto: wall on CUDA, cpu on the "
                    "CPU (robust on a shared host; with several torch threads it sums them)")
-    q.add_argument("--seed", type=option(random_seed, whole=True), default=0)
+    q.add_argument("--seed", type=option(random_seed, whole=True), default=0, help="seed of the random weights and inputs timed (default 0)")
     q.set_defaults(func=run_profile)
 
 

@@ -175,3 +175,22 @@ def test_help_says_what_the_commands_do(capsys: pytest.CaptureFixture[str], monk
     assert "Lambda_max of PrfaaS-PD, homogeneous PD and naive heterogeneous PD" in help_of()
     assert "--force overwrite the lab's files already there (the answers, an edited scenario)" in help_of("lab", "start")
     assert "scenario file or ready scenario name (default net-default)" in help_of("calibrate")
+
+
+def test_every_option_and_argument_of_every_command_says_what_it_is_for():
+    """`prfaas X --help` explains each of its options and arguments (a new user found 19 without a word, 2026-12-07)."""
+    import argparse
+
+    from testbed.cli import build_parser
+
+    def silent(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> list[str]:
+        out = []
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    out += silent(sub, path + (name,))
+            elif not isinstance(a, argparse._HelpAction) and not a.help:
+                out.append(f"prfaas {' '.join(path)} {'/'.join(a.option_strings) or a.dest}")
+        return out
+
+    assert silent(build_parser(), ()) == []
