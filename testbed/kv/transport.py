@@ -818,8 +818,9 @@ class _RecvRequest:
     trailer: Trailer | None = None
     trailer_conn: _RecvConn | None = None
     failed: str | None = None
-    # the connections its data frames came on: one that closes fails the request (`KVReceiver._conn_loop`); the record
-    # ends with the request, so a long-lived connection keeps nothing of the transfers it carried
+    # the connections its data frames came on while in flight: one that closes fails the request (`KVReceiver._conn_loop`);
+    # cleared when the request fails (`_fail`: a failed request is held until its trailer or the timeout, and must not keep
+    # a closed connection's scratch buffer alive), so a long-lived connection keeps nothing of the transfers it carried
     conns: set[_RecvConn] = field(default_factory=set)
 
 
@@ -1117,6 +1118,7 @@ class KVReceiver(KVRecvConnector):
                 req.failed = req.failed or reason
                 req.assembler.parts.clear()  # free the partial tensors now
                 req.assembler.allocated_bytes = 0
+                req.conns.clear()  # and the connections: a failed one is no orphan, and a closed one's scratch is freed
                 tell_sender = req.trailer_conn if (notify_sender and req.trailer is not None) else None
                 if tell_sender is not None or not notify_sender:
                     del self._requests[rid]

@@ -538,6 +538,40 @@ def test_trailers_that_open_requests_past_the_cap_are_refused_as_data_frames_are
             assert tx.send_cache(_cache("after")).ok
 
 
+def test_a_failed_transfer_held_for_its_trailer_keeps_nothing_of_the_connection_that_closed() -> None:
+    """A transfer whose connection closes is failed and held (to discard late frames) until its trailer or
+    `request_timeout_s`; it must not hold the closed connection with it: the connection's scratch buffer (up to
+    `WireLimits.max_frame_bytes`, 64 MiB, once it has discarded a frame) stayed alive for 300 s per such transfer, outside
+    the receive budget (`_RecvRequest.conns`, 2026-12-07)."""
+    import gc
+    import weakref
+
+    results = Results()
+    with KVReceiver(LOOPBACK, 0, results, request_timeout_s=60) as rx:
+        with socket.create_connection((LOOPBACK, rx.port)) as s:
+            s.sendall(_data_frame("held"))
+            deadline = time.monotonic() + 5
+            while "held" not in rx._requests and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with rx._lock:
+                (conn,) = rx._conns
+            gone = weakref.ref(conn)
+            thread = conn.thread
+            del conn
+        got = results.wait("held", timeout_s=5)
+        assert not got.ok and "closed before the transfer completed" in (got.reason or "")
+        assert thread is not None
+        thread.join(timeout=5)
+        del thread
+        with socket.create_connection((LOOPBACK, rx.port)):  # the accept loop holds the last connection it accepted
+            deadline = time.monotonic() + 5
+            while rx.connections_accepted < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        gc.collect()
+        assert rx._requests["held"].failed is not None  # still held: no trailer, and the timeout is a minute away
+        assert gone() is None, "the failed transfer keeps the closed connection (and its scratch buffer) alive"
+
+
 def test_receiver_death_fails_the_transfer_without_hanging() -> None:
     results = Results()
     rx = KVReceiver(LOOPBACK, 0, results).start()
