@@ -138,7 +138,7 @@ class Network:
         from mininet.net import Mininet
         from mininet.util import fixLimits
 
-        from topologies.two_dc import NetlinkBridge, TwoDatacenterTopo, addressing, bridge_name, gateway_name
+        from topologies.two_dc import NetlinkBridge, TwoDatacenterTopo, addressing, gateway_name
 
         setLogLevel("warning")
         topo_spec = self.scenario.topology
@@ -151,7 +151,7 @@ class Network:
                 "owner_pid": os.getpid(), "owner_start": state.process_start_ticks(os.getpid()), "tag": self.tag,
                 "scenario": self.scenario.name, "source": self.scenario.source, "ready": False,
                 "run_id": self.run_id, "run_dir": str(self.run_dir) if self.run_dir else None, "held_by": self.held_by,
-                "bridges": [bridge_name(dc, self.tag) for dc in ("prfaas", "pd")], "hosts": {}, "processes": [],
+                "bridges": list(state.bridge_names(self.tag)), "hosts": {}, "processes": [],
                 "delayline_dirs": [],
             }
             state.write_state(self._state_file, self._state)
