@@ -124,6 +124,15 @@ def check_schedule_queues(sc: Scenario, scale: float) -> None:
                 raise UserError(f"{exc} (at {a.at_s:g}s of wan.schedule: {describe_action(a)}, {d})") from None
 
 
+def check_wan_plans(sc: Scenario, scale: float) -> list[DirectionPlan]:
+    """The WAN's shaping planned at `scale` as a run plans it, refused in ``prfaas check``'s words: every step of the
+    schedule (`check_schedule_queues`: a queue past tc's byte limit names the step), then the start; returns the
+    start's plans (`direction_plans`). ``prfaas check`` and every multi-run command (`experiments.engine.check_run`, at
+    each host's scale) plan it here."""
+    check_schedule_queues(sc, scale)
+    return direction_plans(sc, scale)
+
+
 def describe_action(a: Any) -> str:
     """A schedule action in the scenario's units: ``change prfaas_to_pd rate 1 Gbps``."""
     fmt = {"rate_bps": lambda v: f"rate {units.format_rate(v)}", "delay_s": lambda v: f"delay {units.format_duration(v)}",
@@ -211,8 +220,7 @@ def check_scenario(sc: Scenario) -> CheckReport:
         scale_src = "scenario"
     from testbed.scenario import expand_schedule
 
-    check_schedule_queues(sc, scale)
-    rep = CheckReport(sc.name, sc.source, scale, scale_src, cap_bps, sc.duration_s, direction_plans(sc, scale),
+    rep = CheckReport(sc.name, sc.source, scale, scale_src, cap_bps, sc.duration_s, check_wan_plans(sc, scale),
                       [(a.at_s, describe_action(a)) for a in expand_schedule(sc.wan.schedule)], [])
     _load(sc, rep)
     for start, end, rate, what in capacity_segments(sc):

@@ -148,23 +148,13 @@ def resolve_scenario_ref(ref: str) -> str:
     return str(p.resolve()) if p.suffix in (".yaml", ".yml") or p.exists() else ref
 
 
-def check_wan_plans(sc: "Scenario", scale: float) -> None:
-    """The WAN's shaping planned at `scale` as ``prfaas check`` plans it, refused in its words: every step of the
-    schedule (`analysis.scenario_check.check_schedule_queues`: a queue past tc's byte limit names the step), then the
-    start (`direction_plans`)."""
-    from analysis.scenario_check import check_schedule_queues, direction_plans
-
-    check_schedule_queues(sc, scale)
-    direction_plans(sc, scale)
-
-
 def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = None, executor: Executor | None = None) -> "Scenario":
     """The scenario with `overrides`, checked as `prfaas run` checks it before anything starts (the file, then
     `plan_serving`: the sections together; then each congestion control the kernel must set,
     `testbed.serving.config.congestion_controls`: the KV's and each TCP cross-traffic flow's), and its WAN's shaping at
-    every step of the schedule and at the start as ``prfaas check`` plans it (`check_wan_plans`). A multi-run command
-    checks every run this way before its first, so a bad arm or grid point is refused in one line instead of failing
-    an hour in (a schedule step whose queue is past tc's 32-bit byte limit failed each run when the run applied it,
+    every step of the schedule and at the start as ``prfaas check`` plans it (`analysis.scenario_check.check_wan_plans`).
+    A multi-run command checks every run this way before its first, so a bad arm or grid point is refused in one line
+    instead of failing an hour in (a schedule step whose queue is past tc's 32-bit byte limit failed each run when the run applied it,
     and one at the start as the run's network was built, until 2026-12-07). A run already finished in `out_dir`
     (which a resumed batch skips) is checked as a file only: it ran, and re-reading it must not depend on any host's
     kernel. The kernel asked and the capacity ``scale: auto`` is resolved at (its wire rates and its WAN's shaping
@@ -172,6 +162,7 @@ def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = No
     its whole capacity): with ``--executor local:N`` the N runs share the host, each resolving at capacity / N; with
     ``--executor ray`` each node is asked, and nodes that would resolve ``scale: auto`` differently are refused, as
     their runs would not be comparable."""
+    from analysis.scenario_check import check_wan_plans
     from testbed.sections import load_scenario
     from testbed.serving.config import congestion_controls, plan_serving
 
