@@ -89,7 +89,9 @@ def scenario_as_run(task: RunTask, ran: dict[str, Any]) -> dict[str, Any]:
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
+    """`d`'s leaves by dotted key; an empty mapping is a leaf of its own (flattened away, a key that one side had as
+    ``{}`` and the other lacked made a difference no key named)."""
+    if not isinstance(d, dict) or (not d and prefix):
         return {prefix: d}
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -115,8 +117,12 @@ def check_same_task(task: RunTask, settings: dict[str, Any] | None) -> None:
     if was == now:
         return
     was, now = _flat(was), _flat(now)
-    diff = [k for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
-    shown = "; ".join(f"{k}: {was.get(k)!r} there, {now.get(k)!r} now" for k in diff[:3]) + ("; ..." if len(diff) > 3 else "")
+    diff = [k for k in sorted(set(was) | set(now)) if k not in was or k not in now or was[k] != now[k]]
+
+    def side(d: dict[str, Any], k: str) -> str:
+        return repr(d[k]) if k in d else "nothing"  # a key one side lacks, told from a null it has
+
+    shown = "; ".join(f"{k}: {side(was, k)} there, {side(now, k)} now" for k in diff[:3]) + ("; ..." if len(diff) > 3 else "")
     raise UserError(f"{task.out_dir}: holds a finished run of other settings than this one asks for ({shown}{read}); "
                     "use another --out, or move that run aside to run it again")
 

@@ -327,6 +327,26 @@ def test_a_finished_run_without_task_json_is_compared_by_its_scenario_yaml_and_r
         finished_tasks([RunTask("k", "quick", (), auto.out_dir)])
 
 
+def test_a_refused_resume_names_a_setting_that_is_only_on_one_side(tmp_path):
+    """A setting one side has and the other lacks (an empty mapping, or a null, where the other has no key: a
+    scenario.yaml written otherwise) is a difference, and the refusal names it: it said "other settings (; read
+    from its scenario.yaml, ...)" naming none, as the settings were compared flattened, where such a key vanished."""
+    import yaml
+
+    from experiments.engine import finished_tasks
+    from experiments.executor import RunTask
+
+    run = write_scenario_as_run(write_run_dir(tmp_path / "r"), "quick", ["seed=1"])
+    task = RunTask("k", "quick", ("seed=1",), run)
+    assert finished_tasks([task]) == [task]
+    ran = yaml.safe_load((run / "scenario.yaml").read_text())
+    for extra, said in (({"faults": {}}, "faults: {} there, nothing now"), ({"faults": None}, "faults: None there, nothing now")):
+        (run / "scenario.yaml").write_text(yaml.safe_dump({**ran, **extra}, sort_keys=False))
+        with pytest.raises(UserError) as exc:
+            finished_tasks([task])
+        assert f"other settings than this one asks for ({said}; read from its scenario.yaml" in str(exc.value)
+
+
 def test_a_file_where_a_run_or_its_folder_goes_is_refused_before_any_run(tmp_path):
     run = _finished(tmp_path)
     shutil.rmtree(run)

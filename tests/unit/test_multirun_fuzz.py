@@ -504,7 +504,7 @@ def test_a_reproduction_resumed_as_another_variant_is_refused_before_any_run(var
     line = one_error_line(capsys.readouterr().err)
     assert runs == [] and every_path(d) == paths and finished_runs(d) == before
     first = sorted((d / "prfaas_pd" / "probes").iterdir())[0] / "seed1"
-    said = "(duration: '45s' there, '150s' now; " if not variant else "(serving.slo.stop_below: 0.9 there, None now)"
+    said = "(duration: '45s' there, '150s' now; " if not variant else "(serving.slo.stop_below: 0.9 there, nothing now)"
     assert line.startswith(f"{first}: holds a finished run of other settings than this one asks for {said}"), line
 
 
