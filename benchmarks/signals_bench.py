@@ -60,7 +60,8 @@ from rich.table import Table  # noqa: E402
 
 from testbed.rundir import SUMMARY_FILE  # noqa: E402
 from testbed.console import wide_console  # noqa: E402
-from testbed.validation import comma_list, path_option  # noqa: E402
+from testbed.errors import UserError  # noqa: E402
+from testbed.validation import MAX_SEED, comma_list, path_option, random_seed  # noqa: E402
 
 SHAPES = ("val-dip", "val-staircase", "val-rtt-surge", "val-cross-surge", "val-loss-burst",
           # held out, added after the law's last change (session 25): a slow ramp down and back, a flapping line
@@ -372,7 +373,10 @@ def main() -> int:
     if a.quick:
         a.shapes, a.seeds, a.arms = "val-dip", "1,2", "prfaas-observed,prfaas-oracle,fixed-threshold"
     shapes, arms = comma_list(a.shapes, "--shapes"), comma_list(a.arms, "--arms")
-    seeds = [int(s) for s in comma_list(a.seeds, "--seeds", "1,2,3")]
+    try:
+        seeds = [random_seed(int(s)) for s in comma_list(a.seeds, "--seeds", "1,2,3")]
+    except ValueError:  # `int('x')`'s traceback before
+        raise UserError(f"--seeds {a.seeds!r}: give seeds separated by commas, whole numbers from 0 to {MAX_SEED}, e.g. 1,2,3") from None
     for name, allowed in ((shapes, SHAPES + EXTRA_SHAPES), (arms, tuple(ARMS))):
         bad = [x for x in name if x not in allowed]
         if bad:

@@ -40,6 +40,7 @@ from rich.table import Table  # noqa: E402
 from testbed.atomic import write_json  # noqa: E402
 from testbed.clock import now_s  # noqa: E402
 from testbed.console import wide_console  # noqa: E402
+from testbed.errors import UserError  # noqa: E402
 from testbed.validation import comma_list, output_file_option, path_option  # noqa: E402
 
 TARGET_RATIO = 0.9  # issue 9: lower end of the 95% interval over >= 5 repetitions
@@ -329,7 +330,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.trace is not None:
         args.trace.mkdir(parents=True, exist_ok=True)
-    streams = [4] if args.quick else [int(x) for x in comma_list(args.connections, "--connections", "1,2,4,8")]
+    try:
+        streams = [4] if args.quick else [int(x) for x in comma_list(args.connections, "--connections", "1,2,4,8")]
+    except ValueError:  # `int('x')`'s traceback before
+        streams = []
+    if not streams or min(streams) < 1:  # 0: KVSender's ValueError traceback
+        raise UserError(f"--connections {args.connections!r}: give stream counts separated by commas, whole numbers >= 1, "
+                        "e.g. 1,2,4,8")
     duration = 5.0 if args.quick else args.duration
     if args.loopback:
         rows = bench_loopback(streams, duration, args.warmup)

@@ -70,6 +70,12 @@ def test_the_commands_refuse_an_empty_value_in_one_line_before_any_work(argv: li
     (["case_study.py", "--only", ","], f"--only: ',' has an empty value {GAP}"),
     (["probe_bench.py", "--stop", "size,"], f"--stop: 'size,' has an empty value {GAP}"),
     (["netem_guest_bench.py", "--points", "20x50,,200x50"], f"--points: '20x50,,200x50' has an empty value {GAP}"),
+    # a value that is no number was a ValueError traceback too (int('x')), and --connections 0 KVSender's (2026-12-07)
+    (["signals_bench.py", "--seeds", "1,x"], "--seeds '1,x': give seeds separated by commas, whole numbers from 0 to 4294967295, e.g. 1,2,3"),
+    (["signals_bench.py", "--seeds", "-1"], "--seeds '-1': give seeds separated by commas, whole numbers from 0 to 4294967295"),
+    (["transport_bench.py", "--loopback", "--connections", "1,x"],
+     "--connections '1,x': give stream counts separated by commas, whole numbers >= 1, e.g. 1,2,4,8"),
+    (["transport_bench.py", "--loopback", "--connections", "0"], "--connections '0': give stream counts separated by commas"),
 ])
 def test_the_benchmarks_refuse_an_empty_value_in_one_line(argv: list[str], said: str, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(REPO / "benchmarks" / argv[0]), *argv[1:]], cwd=tmp_path, capture_output=True,
