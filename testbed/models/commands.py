@@ -120,15 +120,15 @@ def run_kv_size(args: argparse.Namespace) -> int:
     return 0
 
 
-def _token_list(text: str | None, option: str, least: int = 2) -> tuple[int, ...]:
+def _token_list(text: str | None, option: str, least: int = 2, example: str = "256,512,1K") -> tuple[int, ...]:
     if text is None:  # left out: the plan's default
         return ()
     try:
-        out = tuple(units.parse_tokens(x) for x in comma_list(text, option, "256,512,1K"))
+        out = tuple(units.parse_tokens(x) for x in comma_list(text, option, example))
     except ValueError as exc:
         raise UserError(f"{option}: {exc}") from None
     if min(out) < least:
-        raise UserError(f"{option}: give comma-separated whole numbers >= {least}, e.g. 256,512,1K")
+        raise UserError(f"{option}: give comma-separated whole numbers >= {least}, e.g. {example}")
     return out
 
 
@@ -154,7 +154,7 @@ def run_profile(args: argparse.Namespace) -> int:
         raise UserError(f"--clock: {args.clock!r} is not allowed; use one of: auto, wall, cpu")
 
     # every input read before minutes of timing (--out by output_file_option, as argparse read it)
-    batches = _token_list(args.batches, "--batches", least=1) or (1,)
+    batches = _token_list(args.batches, "--batches", least=1, example="1,2,4,8")
     spec = load_model_spec(args.model)  # refuses an unknown model before anything is built
     plan = ProfilePlan(spec.name if Path(args.model).suffix not in (".yaml", ".yml") else args.model, args.variant,
                        args.device, _token_list(args.lengths, "--lengths"), batches,

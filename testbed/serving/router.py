@@ -217,7 +217,7 @@ def token_count(v: Any) -> int:
     model's context; a decode of 10**21 tokens would hold its batch slot for good, as vLLM refuses more than
     `max_model_len`)."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{v!r} is not a whole number >= 1")
+        raise ValueError(f"{shown(v)} is not a whole number >= 1")
     if v > units.MAX_TOKENS:
         raise ValueError(f"{shown(v)} is more than {units.MAX_TOKENS} tokens (16M), past any model's context")
     return v

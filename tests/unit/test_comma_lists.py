@@ -48,7 +48,7 @@ def test_no_value_at_all_is_refused(text: str) -> None:
     (["profile", "--model", "kimi-linear-48b", "--variant", "tiny", "--device", "cpu", "--out", "p.yaml", "--lengths", "256,,512"],
      f"--lengths: '256,,512' has an empty value {GAP}, e.g. 256,512,1K"),  # 256 and 512 were profiled
     (["profile", "--model", "kimi-linear-48b", "--variant", "tiny", "--device", "cpu", "--out", "p.yaml", "--batches", ""],
-     "--batches: give at least one value (separated by commas, e.g. 256,512,1K)"),  # batch 1 was profiled
+     "--batches: give at least one value (separated by commas, e.g. 1,2,4,8)"),  # batch 1 was profiled
     (["profile", "--model", "kimi-linear-48b", "--variant", "tiny", "--device", "cpu", "--out", "p.yaml", "--contexts", "0,"],
      f"--contexts: '0,' has an empty value {GAP}"),
     (["sweep", "quick", "--out", "out", "--grid", "seed=1,,2"], f"--grid seed: '1,,2' has an empty value {GAP}"),

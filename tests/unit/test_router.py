@@ -502,6 +502,8 @@ def test_the_prfaas_extension_is_read_with_fields_and_refused_naming_the_field_a
         ({"block_hashes": [1], "input_len": 2**24 + 1}, "prfaas.input_len", "16777217 is more than 16777216 tokens (16M), past any model's context"),
         ({"block_hashes": [1, 2], "input_len": B}, "prfaas.block_hashes", f"2 hashes for {B} tokens; at most one per {B} tokens"),
         ({"request_id": ""}, "prfaas.request_id", "'' is not a non-empty string"),
+        ({"block_hashes": [1], "input_len": "x" * 5000}, "prfaas.input_len",  # echoed whole until 2026-12-07
+         f"{'x' * 60!r}... (5000 characters) is not a whole number >= 1"),
     ]
     for ext, param, message in refused:
         with pytest.raises(BadRequest) as e:
