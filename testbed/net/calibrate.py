@@ -1,6 +1,7 @@
 """`prfaas calibrate`: configured vs achieved WAN figures on this host, measured across the real WAN.
 
-Rate: multi-stream iperf3 (TCP) from a PrfaaS host to a PD host and back (``-R``). RTT: ping with
+Rate: multi-stream iperf3 (TCP) from a PrfaaS host to a PD host and back (``-R``), its goodput counted from
+the receiving interface's frames in wire time (since 2026-12-07; iperf3's own sum over-read). RTT: ping with
 10 ms spacing, p50/p99/std from every reply. Loss: a UDP iperf3 burst (tens of thousands of datagrams
 in about a second) per direction. Every figure is given on the wire and in emulated units (x scale).
 The same measuring functions serve `benchmarks/wan_fidelity.py`.
@@ -9,13 +10,19 @@ The same measuring functions serve `benchmarks/wan_fidelity.py`.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+from testbed import pythonpath
 from testbed.errors import HostError
 
 IPERF_PORT = 5201
@@ -92,12 +99,84 @@ def _iperf(net: Any, src: str, dst: str, args: list[str], timeout_s: float, port
     return data
 
 
+FLOW_START_BYTES = 64 * 1024  # more than iperf3's control messages: the first data has arrived
+ETHERNET_HEADER_BYTES = 14
+
+
+def sample_received_frames(period_s: float = 0.02) -> None:
+    """Run inside the receiving host: print its interface MTU once, then "time_s rx_bytes rx_packets" every
+    `period_s`, summed over its interfaces but lo. The veth counts a frame when the previous hop sends it,
+    before this host's TCP processing: a count in wire time, read and timed in one step."""
+    ifnames = [n for n in os.listdir("/sys/class/net") if n != "lo"]
+    print("mtu", min(int(Path(f"/sys/class/net/{n}/mtu").read_text()) for n in ifnames), flush=True)
+    while True:
+        t_a = time.monotonic()
+        rows = [line.split(":", 1) for line in Path("/proc/net/dev").read_text().splitlines()[2:]]
+        counts = [f.split()[:2] for name, f in rows if name.strip() != "lo"]
+        print(f"{(t_a + time.monotonic()) / 2:.6f} {sum(int(c[0]) for c in counts)} {sum(int(c[1]) for c in counts)}", flush=True)
+        time.sleep(period_s)
+
+
+@dataclass(frozen=True)
+class FrameSample:
+    time_s: float
+    rx_bytes: int
+    rx_packets: int
+
+
+def parse_frame_samples(text: str) -> tuple[int, list[FrameSample]]:
+    """`sample_received_frames`' output as (MTU, samples); a line cut short by the sampler's end is left out."""
+    lines = [line.split() for line in text.splitlines()]
+    mtu = next(int(f[1]) for f in lines if len(f) == 2 and f[0] == "mtu")
+    return mtu, [FrameSample(float(f[0]), int(f[1]), int(f[2])) for f in lines if len(f) == 3]
+
+
+def steady_goodput_bps(samples: list[FrameSample], *, header_bytes: int, omit_s: float, duration_s: float) -> float:
+    """TCP payload bit rate received from `omit_s` after the flow's first data to `duration_s` later, cut short
+    where the flow stopped arriving (never an idle tail). Payload = frame bytes less `header_bytes` per frame
+    (Ethernet, IP, TCP with options); a GSO frame carries one header for many segments, as its payload shows."""
+    base = samples[0].rx_bytes
+    start = next((s.time_s for s in samples if s.rx_bytes - base >= FLOW_START_BYTES), None)
+    if start is None:
+        raise HostError("iperf3 carried no data")
+    end = next(s.time_s for s in samples if s.rx_bytes >= samples[-1].rx_bytes - FLOW_START_BYTES)
+    window = [s for s in samples if start + omit_s <= s.time_s <= min(start + omit_s + duration_s, end)]
+    if len(window) < 2:
+        raise HostError(f"the flow lasted too little after its {omit_s:g} s omit to measure a rate")
+    a, b = window[0], window[-1]
+    return (b.rx_bytes - a.rx_bytes - header_bytes * (b.rx_packets - a.rx_packets)) * 8 / (b.time_s - a.time_s)
+
+
 def measure_rate_bps(net: Any, src: str, dst: str, *, streams: int = 4, duration_s: float = 5, omit_s: float = 1,
                      reverse: bool = False, port: int = IPERF_PORT) -> float:
-    """Achieved TCP goodput on the wire (receiver side), `omit_s` of slow start left out."""
-    args = ["-P", str(streams), "-t", f"{duration_s:g}", "-O", f"{omit_s:g}"] + (["-R"] if reverse else [])
-    data = _iperf(net, src, dst, args, duration_s + omit_s + 30, port)
-    return float(data["end"]["sum_received"]["bits_per_second"])
+    """Achieved TCP goodput on the wire (receiver side), `omit_s` of slow start left out.
+
+    Counted from the receiving interface's frames in wire time (`sample_received_frames`), not from iperf3's
+    reads: on a loaded host the receiver's reads (and its kernel's TCP counters) lag the wire by up to tens
+    of MB, and iperf3 counts what was unread when its omit ended inside the measured seconds
+    (docs/network.md, "TCP goodput over-read", 2026-12-07).
+    """
+    run_s = math.ceil(omit_s + duration_s)  # iperf3 reads -t as a whole number of seconds
+    host = src if reverse else dst
+    with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: a full pipe would stop the sampler
+        sampler = net.popen(host, ["env", f"PYTHONPATH={pythonpath()}", sys.executable, "-c",
+                                   "from testbed.net.calibrate import sample_received_frames; sample_received_frames()"],
+                            stdout=out, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while os.fstat(out.fileno()).st_size < 64:  # until it has printed its MTU and a sample or two
+                if sampler.poll() is not None or time.monotonic() > deadline:
+                    raise HostError(f"the goodput sampler in {host} did not start")
+                time.sleep(0.02)
+            data = _iperf(net, src, dst, ["-P", str(streams), "-t", str(run_s)] + (["-R"] if reverse else []), run_s + 30, port)
+            time.sleep(0.1)
+        finally:
+            sampler.terminate()
+            sampler.wait()
+        out.seek(0)
+        mtu, samples = parse_frame_samples(out.read())
+    header_bytes = ETHERNET_HEADER_BYTES + mtu - int(data["start"]["tcp_mss_default"])
+    return steady_goodput_bps(samples, header_bytes=header_bytes, omit_s=omit_s, duration_s=duration_s)
 
 
 def measure_udp_loss(net: Any, src: str, dst: str, *, datagrams: int = 20000, rate_bps: float = 200e6,

@@ -1,0 +1,57 @@
+"""`measure_rate_bps`'s arithmetic on a real capture (tests/data/calibrate_goodput_2s.json): iperf3's own
+receiver figure over-reads a 2 s run past the TCP ceiling; goodput from the receiving interface's frames
+in wire time stays under it, at the shaper's rate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from testbed.errors import HostError
+from testbed.net.calibrate import FrameSample, parse_frame_samples, steady_goodput_bps
+
+GOODPUT_MAX = 1448 / 1514  # TCP payload per 1514-byte frame (MTU 1500, timestamps)
+
+
+@pytest.fixture
+def capture(test_data: Path) -> dict:
+    return json.loads((test_data / "calibrate_goodput_2s.json").read_text())
+
+
+def test_iperf3s_receiver_sum_over_reads_a_2s_run_past_the_ceiling(capture: dict) -> None:
+    old = capture["iperf3"]["end"]["sum_received"]["bits_per_second"] / capture["wire_bps"]
+    assert old > GOODPUT_MAX + 0.005, old  # 0.9646: the way calibrate read it before 2026-12-07
+
+
+def test_goodput_from_the_receivers_frames_is_under_the_ceiling_and_at_the_shapers_rate(capture: dict) -> None:
+    mtu, samples = parse_frame_samples(capture["frames"])
+    header_bytes = 14 + mtu - capture["iperf3"]["start"]["tcp_mss_default"]
+    assert (mtu, header_bytes) == (1500, 66)
+    ratio = steady_goodput_bps(samples, header_bytes=header_bytes, omit_s=1, duration_s=2) / capture["wire_bps"]
+    assert 0.9559 - 0.003 <= ratio <= GOODPUT_MAX, ratio  # the shaper's counter x 1448/1514 read 0.9559
+
+
+def frames(rate_bps: float, *, start_s: float, stop_s: float, end_s: float, step_s: float = 0.02) -> list[FrameSample]:
+    """A flow of full 1514-byte frames at `rate_bps` of payload from start_s to stop_s, sampled to end_s."""
+    out, t = [], 0.0
+    while t <= end_s:
+        payload = rate_bps / 8 * min(max(t - start_s, 0.0), stop_s - start_s)
+        n = int(payload // 1448)
+        out.append(FrameSample(round(t, 6), 1_000_000 + n * 1514, 500 + n))
+        t += step_s
+    return out
+
+
+def test_the_window_starts_omit_after_the_first_data_and_ignores_the_idle_tail() -> None:
+    samples = frames(4.78e9, start_s=0.5, stop_s=2.5, end_s=4.0)  # the flow stops before omit + duration ends
+    bps = steady_goodput_bps(samples, header_bytes=66, omit_s=1, duration_s=5)
+    assert bps == pytest.approx(4.78e9, rel=2e-3)
+
+
+def test_a_flow_shorter_than_its_omit_is_refused() -> None:
+    with pytest.raises(HostError, match="too little"):
+        steady_goodput_bps(frames(4.78e9, start_s=0.5, stop_s=1.2, end_s=2.0), header_bytes=66, omit_s=1, duration_s=1)
+    with pytest.raises(HostError, match="no data"):
+        steady_goodput_bps(frames(0.0, start_s=0.5, stop_s=1.2, end_s=2.0), header_bytes=66, omit_s=1, duration_s=1)
