@@ -84,7 +84,7 @@ def scenario_as_run(task: RunTask, ran: dict[str, Any]) -> dict[str, Any]:
     from testbed.serving.config import plan_serving
 
     sc = load_scenario(task.scenario, list(task.overrides))
-    raw = resolved_scenario(sc if sc.scale == "auto" else sc.with_scale(float(sc.scale)), plan_serving(sc)).raw
+    raw = resolved_scenario(sc, plan_serving(sc), None if sc.scale == "auto" else float(sc.scale)).raw
     return _as_json({**raw, "scale": ran.get("scale")} if sc.scale == "auto" else raw)
 
 

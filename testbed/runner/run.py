@@ -58,7 +58,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, *, progress: bool = True, ru
     run_id = run_id or out.path.resolve().name
     with Network(scenario, telemetry_path=out.path / rundir.LINK_FILE, run_id=run_id, run_dir=out.path) as net:
         scale = float(net.scale)
-        resolved = resolved_scenario(scenario.with_scale(scale), plan)
+        resolved = resolved_scenario(scenario, plan, scale)
         out.scenario(dump_scenario(resolved))
         t0 = float(net.t0_s or clock.now_s())
         old_t0 = os.environ.get(clock.T0_ENV)
@@ -136,11 +136,15 @@ def _measure_rtt(net: Any, fidelity: Any, plan: ServingPlan) -> dict[str, Any] |
             "replies": w["ping_replies"], "count": w["pings"]}
 
 
-def resolved_scenario(scenario: Scenario, plan: ServingPlan) -> Scenario:
-    """The scenario as run: overrides applied, `scale` and the serving plan's choices (compute mode,
-    profiles, instance counts) written out, so the file parses back to the same run."""
+def resolved_scenario(scenario: Scenario, plan: ServingPlan, scale: float | None) -> Scenario:
+    """The scenario as run: overrides applied, `scale` (the factor the run's host resolved; None keeps the scenario's
+    own, ``auto`` included) and the serving plan's choices (compute mode, profiles, instance counts) written out, so
+    the file parses back to the same run. The one writer of a run's scenario.yaml, which a resume compares a run
+    without task.json against (`experiments.engine.scenario_as_run`)."""
     from dataclasses import replace
 
+    if scale is not None:
+        scenario = scenario.with_scale(scale)
     raw = dict(scenario.raw)
     serving = dict(raw.get("serving") or {})
     serving["compute"] = plan.compute

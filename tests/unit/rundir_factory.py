@@ -87,8 +87,7 @@ def write_scenario_as_run(out: Path, scenario: str, overrides: list[str] | tuple
     from testbed.serving.config import plan_serving
 
     sc = load_scenario(scenario, list(overrides))
-    RunDirWriter(out).scenario(dump_scenario(resolved_scenario(sc.with_scale(auto_scale if sc.scale == "auto" else float(sc.scale)),
-                                                       plan_serving(sc))))
+    RunDirWriter(out).scenario(dump_scenario(resolved_scenario(sc, plan_serving(sc), auto_scale if sc.scale == "auto" else float(sc.scale))))
     return out
 
 
