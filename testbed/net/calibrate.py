@@ -26,6 +26,7 @@ from testbed import pythonpath
 from testbed.errors import HostError
 
 IPERF_PORT = 5201
+RATE_OMIT_S = 1  # slow start left out of the TCP rate: iperf3 runs -t ceil(RATE_OMIT_S + duration), at most 86400
 _TIME_RE = re.compile(r"time=([0-9]+(?:\.[0-9]+)?) ms")  # not "time=1.2.3 ms" (a float() traceback)
 
 
@@ -147,7 +148,7 @@ def steady_goodput_bps(samples: list[FrameSample], *, header_bytes: int, omit_s:
     return (b.rx_bytes - a.rx_bytes - header_bytes * (b.rx_packets - a.rx_packets)) * 8 / (b.time_s - a.time_s)
 
 
-def measure_rate_bps(net: Any, src: str, dst: str, *, streams: int = 4, duration_s: float = 5, omit_s: float = 1,
+def measure_rate_bps(net: Any, src: str, dst: str, *, streams: int = 4, duration_s: float = 5, omit_s: float = RATE_OMIT_S,
                      reverse: bool = False, port: int = IPERF_PORT) -> float:
     """Achieved TCP goodput on the wire (receiver side), `omit_s` of slow start left out.
 

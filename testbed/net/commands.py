@@ -15,6 +15,7 @@ from typing import Any
 
 from testbed.atomic import write_json
 from testbed.errors import HostError, UserError
+from testbed.net.calibrate import RATE_OMIT_S
 from testbed.validation import at_most, option, output_file_option, positive_number
 from traffic.cross import IPERF3_MAX_T_S, stream_count
 
@@ -53,9 +54,12 @@ def register(sub: "argparse._SubParsersAction") -> None:
     cal.add_argument("--json", dest="json_file", type=output_file_option, metavar="FILE", help="write the figures as JSON")
     cal.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field, e.g. wan.rate=20Gbps")
     cal.add_argument("--streams", type=option(stream_count, whole=True), default=4, help="iperf3 -P (1 to 128; default 4)")
-    # at most iperf3's own -t limit: a larger one was passed to iperf3, which refused it in the middle of the calibration
-    cal.add_argument("--duration", type=option(at_most(positive_number, IPERF3_MAX_T_S, "s", "iperf3's longest run")), default=5.0,
-                     help="seconds per iperf3 run (at most 86400, iperf3's own limit)")
+    # iperf3 runs -t ceil(omit + duration), at most its own limit: a larger one was passed to iperf3, which refused it
+    # in the middle of the calibration (86400 did, as -t 86401, from 2026-12-07's -t without -O until the same day)
+    longest_s = IPERF3_MAX_T_S - RATE_OMIT_S
+    cal.add_argument("--duration", type=option(at_most(positive_number, longest_s, "s", f"iperf3's longest run ({IPERF3_MAX_T_S} s) "
+                                                       f"less the {RATE_OMIT_S} s omit")), default=5.0,
+                     help=f"seconds per iperf3 run (at most {longest_s}: iperf3's own limit less the {RATE_OMIT_S} s of slow start left out)")
     cal.set_defaults(func=cmd_calibrate)
 
 

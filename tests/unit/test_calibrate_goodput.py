@@ -55,3 +55,15 @@ def test_a_flow_shorter_than_its_omit_is_refused() -> None:
         steady_goodput_bps(frames(4.78e9, start_s=0.5, stop_s=1.2, end_s=2.0), header_bytes=66, omit_s=1, duration_s=1)
     with pytest.raises(HostError, match="no data"):
         steady_goodput_bps(frames(0.0, start_s=0.5, stop_s=1.2, end_s=2.0), header_bytes=66, omit_s=1, duration_s=1)
+
+
+def test_the_longest_calibrate_duration_runs_iperf3_within_its_limit() -> None:
+    """iperf3 refuses -t over 86400 with a parameter error, not JSON: --duration 86400 ran -t 86401 (2026-12-07)."""
+    import math
+
+    from testbed.cli import build_parser
+    from testbed.net.calibrate import RATE_OMIT_S
+    from traffic.cross import IPERF3_MAX_T_S
+
+    longest = build_parser().parse_args(["calibrate", "--duration", "86399"]).duration
+    assert math.ceil(RATE_OMIT_S + longest) == IPERF3_MAX_T_S == 86400

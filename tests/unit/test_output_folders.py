@@ -110,8 +110,10 @@ def test_a_refused_profile_calibration_or_wall_leaves_no_folder(nothing_runs, ca
     assert refused(profile[:-1] + ["pdir"], capsys) == "prfaas profile: error: argument --out: 'pdir' is a folder; name a file"
     (nothing_runs / "pdir").rmdir()
     assert refused(["calibrate", "quick", "--set", "seed=-1", "--json", "c.json"], capsys).endswith(SEED)
-    assert refused(["calibrate", "quick", "--duration", "1e9"], capsys).endswith(  # iperf3 refused it mid-calibration
-        "argument --duration: 1e9 is more than 86400 s, iperf3's longest run")
+    # iperf3 refused it mid-calibration; it runs -t ceil(1 s omit + duration), so 86400 (or 86399.5) made -t 86401
+    for duration in ("1e9", "86400", "86399.5"):
+        assert refused(["calibrate", "quick", "--duration", duration], capsys).endswith(
+            f"argument --duration: {duration} is more than 86399 s, iperf3's longest run (86400 s) less the 1 s omit")
     assert refused(["wall", "--plots", "d", "--measured", "nosuch.yaml"], capsys).startswith("prfaas: error: ")
     assert refused(["wall", "--measure", "nosuch", "--save", "d"], capsys).startswith("prfaas: error: ")
     assert refused(["wall", "--save", "d"], capsys) == "prfaas: error: --save d: it writes the points --measure times; add --measure [MODEL ...]"  # ignored before
