@@ -126,8 +126,9 @@ class FrameSample:
 
 
 def parse_frame_samples(text: str) -> tuple[int, list[FrameSample]]:
-    """`sample_received_frames`' output as (MTU, samples); a line cut short by the sampler's end is left out."""
-    lines = [line.split() for line in text.splitlines()]
+    """`sample_received_frames`' output as (MTU, samples); a line cut short by the sampler's end (no newline after
+    it, "27351" may read "27") is left out."""
+    lines = [line.split() for line in text.split("\n")[:-1]]
     mtu = next(int(f[1]) for f in lines if len(f) == 2 and f[0] == "mtu")
     return mtu, [FrameSample(float(f[0]), int(f[1]), int(f[2])) for f in lines if len(f) == 3]
 

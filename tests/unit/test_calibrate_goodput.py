@@ -67,3 +67,11 @@ def test_the_longest_calibrate_duration_runs_iperf3_within_its_limit() -> None:
 
     longest = build_parser().parse_args(["calibrate", "--duration", "86399"]).duration
     assert math.ceil(RATE_OMIT_S + longest) == IPERF3_MAX_T_S == 86400
+
+
+def test_a_last_line_cut_short_is_left_out_even_with_three_fields() -> None:
+    """The sampler ends by SIGTERM: its last line may lack its end, "27351" read "27" (a packet count 27,000 short)."""
+    whole = "mtu 1500\n1.000000 1000 10\n1.020000 1745333094 27351\n"
+    assert parse_frame_samples(whole) == (1500, [FrameSample(1.0, 1000, 10), FrameSample(1.02, 1745333094, 27351)])
+    for cut in (whole[:-4], whole[:-10], whole[:-1]):  # "... 27", "... 17453", "... 27351" without its newline
+        assert parse_frame_samples(cut) == (1500, [FrameSample(1.0, 1000, 10)]), cut
