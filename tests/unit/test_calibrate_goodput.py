@@ -75,3 +75,15 @@ def test_a_last_line_cut_short_is_left_out_even_with_three_fields() -> None:
     assert parse_frame_samples(whole) == (1500, [FrameSample(1.0, 1000, 10), FrameSample(1.02, 1745333094, 27351)])
     for cut in (whole[:-4], whole[:-10], whole[:-1]):  # "... 27", "... 17453", "... 27351" without its newline
         assert parse_frame_samples(cut) == (1500, [FrameSample(1.0, 1000, 10)]), cut
+
+
+def test_the_omit_leaves_out_the_flows_first_seconds() -> None:
+    """Slow start at 1 Gbps for the first second of data, 4.78 Gbps after: only the rate after the omit is counted."""
+    samples, t = [], 0.0
+    while t <= 4.0:
+        payload = 1e9 / 8 * min(max(t - 0.5, 0.0), 1.0) + 4.78e9 / 8 * min(max(t - 1.5, 0.0), 2.0)  # data 0.5-3.5 s
+        n = int(payload // 1448)
+        samples.append(FrameSample(round(t, 6), 1_000_000 + n * 1514, 500 + n))
+        t += 0.02
+    assert steady_goodput_bps(samples, header_bytes=66, omit_s=1, duration_s=2) == pytest.approx(4.78e9, rel=2e-3)
+    assert steady_goodput_bps(samples, header_bytes=66, omit_s=0, duration_s=2) == pytest.approx((0.98e9 + 1.02 * 4.78e9) / 2, rel=2e-3)  # 0.52-2.52 s
