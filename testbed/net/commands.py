@@ -191,7 +191,8 @@ def _find_network(net_id: str | None, *, net_up_only: bool = False) -> dict[str,
     if not live and others:
         ids = ", ".join(_describe_network(d) for d in others)
         raise UserError(f"no network from `prfaas net up` is running; running: {ids}, held by another command (a run, "
-                        f"a test, calibrate), which stopping its network would end; stop that command, or name the "
+                        f"a test, calibrate, or a `prfaas net up` started before 2026-12-07, which did not record it), "
+                        f"which stopping its network would end; stop that command, or name the "
                         f"network with --id to stop it here")
     if not live:
         raise UserError("no network is running" + (f" with id {net_id}" if net_id else "") + " (start one with `prfaas net up SCENARIO --detach`)")

@@ -211,7 +211,8 @@ def _host_pid(v: Any) -> int:
 
 def read_state(path: Path) -> dict[str, Any]:
     """A network's state file, checked: the owner (``owner_pid`` >= 1, ``owner_start`` its start time or absent),
-    the tag and the bridges named after it, the hosts (shell ``pid``, ``netns_inode``, ``netns_cookie``: None in a
+    the tag and the bridges named after it, the command holding it (``held_by``: None in a file written before it was
+    recorded), the hosts (shell ``pid``, ``netns_inode``, ``netns_cookie``: None in a
     file written before cookies were recorded, ``ip``), the processes and the delay lines' directories, each of its
     type; other keys are kept as they are (nothing acts on them). A
     damaged file is a `UserError` naming it and what is wrong (`testbed.validation.read_json`, `Fields`)."""

@@ -392,6 +392,24 @@ def test_net_down_stops_only_a_net_up_network_unless_another_is_named(host: dict
     assert signalled[1:] == [(run_pid, commands.signal.SIGTERM)]
 
 
+def test_net_down_names_an_older_net_up_among_the_networks_it_will_not_stop_unnamed(
+        host: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """A `prfaas net up` older than 2026-12-07 wrote no held_by: refused as another command's (its file cannot tell),
+    the refusal says so, and --id stops it."""
+    import testbed.net.commands as commands
+
+    signalled: list[int] = []
+    monkeypatch.setattr(state, "is_alive", lambda pid, start: pid not in signalled)
+    monkeypatch.setattr(commands.os, "kill", lambda pid, sig: signalled.append(pid))
+    old = good_state(pid=DEAD + 1, tag="0aaaa", run_id=None, bridges=["brf0aaaa", "brd0aaaa"])
+    del old["held_by"]
+    assert state.read_state(put(json.dumps(old), pid=DEAD + 1, tag="0aaaa"))["held_by"] is None
+    assert main(["net", "down"]) == 2 and signalled == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "or a `prfaas net up` started before 2026-12-07, which did not record it" in err, err
+    assert main(["net", "down", "--id", "0aaaa"]) == 0 and signalled == [DEAD + 1]
+
+
 def test_prfaas_state_dir_is_honoured_by_the_command(tmp_path: Path):
     """As a user runs it: PRFAAS_STATE_DIR names the directory; `clean RUN` touches nothing host-wide."""
     (tmp_path / f"net-{DEAD}-0abcd.json").write_text('{"owner_pid": -5}')
