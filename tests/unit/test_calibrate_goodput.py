@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +88,56 @@ def test_the_omit_leaves_out_the_flows_first_seconds() -> None:
         t += 0.02
     assert steady_goodput_bps(samples, header_bytes=66, omit_s=1, duration_s=2) == pytest.approx(4.78e9, rel=2e-3)
     assert steady_goodput_bps(samples, header_bytes=66, omit_s=0, duration_s=2) == pytest.approx((0.98e9 + 1.02 * 4.78e9) / 2, rel=2e-3)  # 0.52-2.52 s
+
+
+class CannedNet:
+    """A network whose sampler prints a captured output and waits to be stopped, and whose iperf3 prints a captured
+    report (or fails): what `measure_rate_bps` runs where, and what it leaves running."""
+
+    def __init__(self, frames: str, iperf3: dict, fail: bool = False) -> None:
+        self.frames, self.iperf3, self.fail = frames, iperf3, fail
+        self.sampled_in: list[str] = []
+        self.samplers: list[Any] = []
+        self.iperf_argv: list[tuple[str, list[str]]] = []
+
+    def host_ip(self, host: str) -> str:
+        return {"prfaas-p0": "10.1.0.10", "pd-d0": "10.2.0.11"}[host]
+
+    def popen(self, host: str, argv: list[str], **kwargs: Any) -> Any:
+        import subprocess
+        import sys
+
+        assert "sample_received_frames()" in argv[-1]
+        self.sampled_in.append(host)
+        code = f"import sys, time; sys.stdout.write({self.frames!r}); sys.stdout.flush(); time.sleep(120)"
+        self.samplers.append(subprocess.Popen([sys.executable, "-c", code], **kwargs))
+        return self.samplers[-1]
+
+    def run(self, host: str, argv: list[str], timeout_s: float = 30) -> Any:
+        import subprocess
+
+        self.iperf_argv.append((host, argv))
+        out = "" if self.fail else json.dumps(self.iperf3)
+        return subprocess.CompletedProcess(argv, 1 if self.fail else 0, out, "iperf3: error - the server is busy" if self.fail else "")
+
+
+def test_measure_rate_samples_the_receiver_runs_iperf3_whole_seconds_and_stops_its_sampler(capture: dict) -> None:
+    from testbed.net.calibrate import measure_rate_bps
+
+    for reverse, receiver in ((False, "pd-d0"), (True, "prfaas-p0")):  # -R: the client, in prfaas-p0, receives
+        net = CannedNet(capture["frames"], capture["iperf3"])
+        bps = measure_rate_bps(net, "prfaas-p0", "pd-d0", streams=4, duration_s=1.5, omit_s=1, reverse=reverse)
+        assert 0.9559 - 0.003 <= bps / capture["wire_bps"] <= GOODPUT_MAX
+        assert net.sampled_in == [receiver] and [s.poll() for s in net.samplers] == [-15]  # SIGTERM, not left running
+        host, argv = net.iperf_argv[0]
+        assert host == "prfaas-p0" and argv[argv.index("-t") + 1] == "3" and "-O" not in argv  # ceil(1 + 1.5)
+        assert ("-R" in argv) == reverse
+
+
+def test_a_failing_iperf3_leaves_no_sampler_running(capture: dict) -> None:
+    from testbed.net.calibrate import measure_rate_bps
+
+    net = CannedNet(capture["frames"], capture["iperf3"], fail=True)
+    with pytest.raises(HostError, match="the server is busy"):
+        measure_rate_bps(net, "prfaas-p0", "pd-d0", duration_s=2)
+    assert [s.poll() for s in net.samplers] == [-15]
