@@ -160,15 +160,19 @@ def measure_rate_bps(net: Any, src: str, dst: str, *, streams: int = 4, duration
     """
     run_s = math.ceil(omit_s + duration_s)  # iperf3 reads -t as a whole number of seconds
     host = src if reverse else dst
-    with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: a full pipe would stop the sampler
+    # files, not pipes: a full pipe would stop the sampler
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         sampler = net.popen(host, ["env", f"PYTHONPATH={pythonpath()}", sys.executable, "-c",
                                    "from testbed.net.calibrate import sample_received_frames; sample_received_frames()"],
-                            stdout=out, stderr=subprocess.DEVNULL)
+                            stdout=out, stderr=err)
         try:
             deadline = time.monotonic() + 60  # a Python start in a loaded or emulated (TCG) guest can take seconds
             while os.fstat(out.fileno()).st_size < 64:  # until it has printed its MTU and a sample or two
                 if sampler.poll() is not None or time.monotonic() > deadline:
-                    raise HostError(f"the goodput sampler in {host} did not start")
+                    err.seek(0)
+                    why = [line for line in err.read().splitlines() if line.strip()] or [
+                        "nothing printed within 60 s" if sampler.returncode is None else f"exit status {sampler.returncode}"]
+                    raise HostError(f"the goodput sampler in {host} did not start: {why[-1].strip()}")
                 time.sleep(0.02)
             data = _iperf(net, src, dst, ["-P", str(streams), "-t", str(run_s)] + (["-R"] if reverse else []), run_s + 30, port)
             time.sleep(0.1)

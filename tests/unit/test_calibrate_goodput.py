@@ -94,8 +94,8 @@ class CannedNet:
     """A network whose sampler prints a captured output and waits to be stopped, and whose iperf3 prints a captured
     report (or fails): what `measure_rate_bps` runs where, and what it leaves running."""
 
-    def __init__(self, frames: str, iperf3: dict, fail: bool = False) -> None:
-        self.frames, self.iperf3, self.fail = frames, iperf3, fail
+    def __init__(self, frames: str, iperf3: dict, fail: bool = False, sampler_code: str | None = None) -> None:
+        self.frames, self.iperf3, self.fail, self.sampler_code = frames, iperf3, fail, sampler_code
         self.sampled_in: list[str] = []
         self.samplers: list[Any] = []
         self.iperf_argv: list[tuple[str, list[str]]] = []
@@ -109,7 +109,7 @@ class CannedNet:
 
         assert "sample_received_frames()" in argv[-1]
         self.sampled_in.append(host)
-        code = f"import sys, time; sys.stdout.write({self.frames!r}); sys.stdout.flush(); time.sleep(120)"
+        code = self.sampler_code or f"import sys, time; sys.stdout.write({self.frames!r}); sys.stdout.flush(); time.sleep(120)"
         self.samplers.append(subprocess.Popen([sys.executable, "-c", code], **kwargs))
         return self.samplers[-1]
 
@@ -141,3 +141,14 @@ def test_a_failing_iperf3_leaves_no_sampler_running(capture: dict) -> None:
     with pytest.raises(HostError, match="the server is busy"):
         measure_rate_bps(net, "prfaas-p0", "pd-d0", duration_s=2)
     assert [s.poll() for s in net.samplers] == [-15]
+
+
+def test_a_sampler_that_fails_to_start_is_refused_with_its_reason(capture: dict) -> None:
+    """Its stderr went to /dev/null: "did not start" and nothing more (2026-12-07)."""
+    from testbed.net.calibrate import measure_rate_bps
+
+    net = CannedNet(capture["frames"], capture["iperf3"], sampler_code="import no_such_module_here")
+    with pytest.raises(HostError, match=r"^the goodput sampler in pd-d0 did not start: ModuleNotFoundError: No module named "
+                                        r"'no_such_module_here'$"):
+        measure_rate_bps(net, "prfaas-p0", "pd-d0", duration_s=2)
+    assert net.iperf_argv == []
