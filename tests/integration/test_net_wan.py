@@ -49,7 +49,8 @@ def test_hosts_route_across_the_wan_with_the_configured_delay(net):
 def test_rate_is_shaped_to_the_wire_rate(net):
     with IperfServer(net, "pd-d0"):
         bps = measure_rate_bps(net, "prfaas-p0", "pd-d0", streams=4, duration_s=3, omit_s=1)
-    assert 0.6e9 <= bps <= 1.05e9, bps  # configured 1 Gbps on the wire
+    # configured 1 Gbps on the wire; goodput counted in wire time stays under the 1448/1514 header ceiling (0.956e9)
+    assert 0.6e9 <= bps <= 0.965e9, bps
 
 
 def test_loss_change_at_runtime_is_measured_and_reverted(net):
