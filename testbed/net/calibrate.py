@@ -90,7 +90,10 @@ class IperfServer:
 
 
 def _iperf(net: Any, src: str, dst: str, args: list[str], timeout_s: float, port: int) -> dict[str, Any]:
-    r = net.run(src, ["iperf3", "-J", "-c", net.host_ip(dst), "-p", str(port), *args], timeout_s=timeout_s)
+    try:
+        r = net.run(src, ["iperf3", "-J", "-c", net.host_ip(dst), "-p", str(port), *args], timeout_s=timeout_s)
+    except subprocess.TimeoutExpired:  # killed by net.run; a traceback until 2026-12-07
+        raise HostError(f"iperf3 from {src} to {dst} did not finish within {timeout_s:g} s") from None
     try:
         data = json.loads(r.stdout)
     except ValueError:

@@ -94,8 +94,8 @@ class CannedNet:
     """A network whose sampler prints a captured output and waits to be stopped, and whose iperf3 prints a captured
     report (or fails): what `measure_rate_bps` runs where, and what it leaves running."""
 
-    def __init__(self, frames: str, iperf3: dict, fail: bool = False, sampler_code: str | None = None) -> None:
-        self.frames, self.iperf3, self.fail, self.sampler_code = frames, iperf3, fail, sampler_code
+    def __init__(self, frames: str, iperf3: dict, fail: bool = False, sampler_code: str | None = None, hang: bool = False) -> None:
+        self.frames, self.iperf3, self.fail, self.sampler_code, self.hang = frames, iperf3, fail, sampler_code, hang
         self.sampled_in: list[str] = []
         self.samplers: list[Any] = []
         self.iperf_argv: list[tuple[str, list[str]]] = []
@@ -117,6 +117,8 @@ class CannedNet:
         import subprocess
 
         self.iperf_argv.append((host, argv))
+        if self.hang:  # as Network.run: the process killed at its timeout, then this
+            raise subprocess.TimeoutExpired(argv, timeout_s)
         out = "" if self.fail else json.dumps(self.iperf3)
         return subprocess.CompletedProcess(argv, 1 if self.fail else 0, out, "iperf3: error - the server is busy" if self.fail else "")
 
@@ -134,13 +136,16 @@ def test_measure_rate_samples_the_receiver_runs_iperf3_whole_seconds_and_stops_i
         assert ("-R" in argv) == reverse
 
 
-def test_a_failing_iperf3_leaves_no_sampler_running(capture: dict) -> None:
+def test_a_failing_or_hung_iperf3_is_one_line_and_leaves_no_sampler_running(capture: dict) -> None:
+    """A hung iperf3 (past its -t + 30 s) ended calibrate in a TimeoutExpired traceback (2026-12-07)."""
     from testbed.net.calibrate import measure_rate_bps
 
-    net = CannedNet(capture["frames"], capture["iperf3"], fail=True)
-    with pytest.raises(HostError, match="the server is busy"):
-        measure_rate_bps(net, "prfaas-p0", "pd-d0", duration_s=2)
-    assert [s.poll() for s in net.samplers] == [-15]
+    for net, said in ((CannedNet(capture["frames"], capture["iperf3"], fail=True), "the server is busy"),
+                      (CannedNet(capture["frames"], capture["iperf3"], hang=True),
+                       r"^iperf3 from prfaas-p0 to pd-d0 did not finish within 33 s$")):
+        with pytest.raises(HostError, match=said):
+            measure_rate_bps(net, "prfaas-p0", "pd-d0", duration_s=2)
+        assert [s.poll() for s in net.samplers] == [-15]
 
 
 def test_a_sampler_that_fails_to_start_is_refused_with_its_reason(capture: dict) -> None:
