@@ -10,13 +10,15 @@ secs=${LAB1_SECONDS:-12}; streams=${LAB1_STREAMS:-1}; settle=$(( secs / 4 < 3 ? 
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 prfaas check "$here/wan.yaml" --set wan.queue="$queue" --json > "$out/check.json"
-prfaas net up "$here/wan.yaml" --set wan.queue="$queue" --detach
-trap 'prfaas net down' EXIT
-dst=$(prfaas net exec pd-x0 -- hostname -I | awk '{print $1}')       # pd-x0's address
-prfaas net exec pd-x0 -- iperf3 -s -D -1                                # a server for one test
-prfaas net exec prfaas-x0 -- ping -n -c 10 -i 0.2 "$dst" > "$out/ping-idle.txt"
-prfaas net exec prfaas-x0 -- iperf3 -c "$dst" -t "$secs" -P "$streams" -J > "$out/iperf3.json" &
+up=$(prfaas net up "$here/wan.yaml" --set wan.queue="$queue" --detach)
+echo "$up"
+tag=$(awk '/^network [0-9a-f]+ up/ {print $2}' <<< "$up")              # this network's id: other networks may run beside it
+trap 'prfaas net down --id "$tag"' EXIT
+dst=$(prfaas net exec --id "$tag" pd-x0 -- hostname -I | awk '{print $1}')   # pd-x0's address
+prfaas net exec --id "$tag" pd-x0 -- iperf3 -s -D -1                    # a server for one test
+prfaas net exec --id "$tag" prfaas-x0 -- ping -n -c 10 -i 0.2 "$dst" > "$out/ping-idle.txt"
+prfaas net exec --id "$tag" prfaas-x0 -- iperf3 -c "$dst" -t "$secs" -P "$streams" -J > "$out/iperf3.json" &
 sleep "$settle"                                                         # past slow start
-prfaas net exec prfaas-x0 -- ping -n -c "$pings" -i 0.2 "$dst" > "$out/ping-loaded.txt"
+prfaas net exec --id "$tag" prfaas-x0 -- ping -n -c "$pings" -i 0.2 "$dst" > "$out/ping-loaded.txt"
 wait
 echo "wrote $out: check.json iperf3.json ping-idle.txt ping-loaded.txt"
