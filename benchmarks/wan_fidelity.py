@@ -22,7 +22,6 @@ import argparse
 import json
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.table import Table  # noqa: E402
 
 from testbed.atomic import write_json  # noqa: E402
-from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss  # noqa: E402
+from testbed.net.calibrate import IperfServer, ReceivedFrames, measure_rate_bps, measure_rtt, measure_udp_loss  # noqa: E402
 from testbed.net.emulation import Network  # noqa: E402
 from testbed.scenario import DIRECTIONS, LossSpec  # noqa: E402
 from testbed.sections import parse_scenario  # noqa: E402
@@ -65,42 +64,11 @@ def set_one(net: Network, direction: str, **changes: object) -> None:
 GOODPUT_MAX = 1448 / 1514  # TCP payload per Ethernet frame (MTU 1500, timestamps): goodput's ceiling
 
 
-class ReceiverRate:
-    """The receiver's own interface counter (`Network.rx_bytes`), sampled every `period_s` in a thread: the
-    WAN rate as the far end sees it, independent of the shaper whose rate is being judged."""
-
-    def __init__(self, net: Network, host: str, period_s: float = 0.05) -> None:
-        self.net, self.host, self.period_s = net, host, period_s
-        self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rx-sampler", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((self.net.since_start_s(), self.net.rx_bytes(self.host)))
-            self._stop.wait(self.period_s)
-
-    def __enter__(self) -> "ReceiverRate":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def rate_bps(self, t_a: float, t_b: float) -> float:
-        """Mean received bit rate between the first and the last sample inside [t_a, t_b]."""
-        w = [s for s in self.samples if t_a <= s[0] <= t_b]
-        if len(w) < 2 or w[-1][0] <= w[0][0]:
-            return float("nan")
-        return (w[-1][1] - w[0][1]) * 8 / (w[-1][0] - w[0][0])
-
-
 def timed_rate(net: Network, g: float, duration_s: float, port: int = 5201) -> tuple[float, float, float]:
     """(TCP goodput, link rate at the receiver, link rate at the shaper) in bps, over the iperf3 run after
     its 1 s omit. The judged link rate is counted by the receiver's interface (frames incl. Ethernet
     headers, the unit the configured rate is in); the shaper's own tx counter is printed beside it."""
-    with ReceiverRate(net, DST) as rx:
+    with ReceivedFrames(net, DST, period_s=0.05, clock=net.since_start_s) as rx:
         t_a = net.since_start_s()
         good = measure_rate_bps(net, SRC, DST, streams=4, duration_s=duration_s, omit_s=1, port=port)
         t_b = net.since_start_s()

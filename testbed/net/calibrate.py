@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import statistics
 import subprocess
-import sys
-import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from testbed import pythonpath
 from testbed.errors import HostError
 
 IPERF_PORT = 5201
@@ -107,20 +103,6 @@ FLOW_START_BYTES = 64 * 1024  # more than iperf3's control messages: the first d
 ETHERNET_HEADER_BYTES = 14
 
 
-def sample_received_frames(period_s: float = 0.02) -> None:
-    """Run inside the receiving host: print its interface MTU once, then "time_s rx_bytes rx_packets" every
-    `period_s`, summed over its interfaces but lo. The veth counts a frame when the previous hop sends it,
-    before this host's TCP processing: a count in wire time, read and timed in one step."""
-    ifnames = [n for n in os.listdir("/sys/class/net") if n != "lo"]
-    print("mtu", min(int(Path(f"/sys/class/net/{n}/mtu").read_text()) for n in ifnames), flush=True)
-    while True:
-        t_a = time.monotonic()
-        rows = [line.split(":", 1) for line in Path("/proc/net/dev").read_text().splitlines()[2:]]
-        counts = [f.split()[:2] for name, f in rows if name.strip() != "lo"]
-        print(f"{(t_a + time.monotonic()) / 2:.6f} {sum(int(c[0]) for c in counts)} {sum(int(c[1]) for c in counts)}", flush=True)
-        time.sleep(period_s)
-
-
 @dataclass(frozen=True)
 class FrameSample:
     time_s: float
@@ -128,23 +110,57 @@ class FrameSample:
     rx_packets: int
 
 
-def parse_frame_samples(text: str) -> tuple[int, list[FrameSample]]:
-    """`sample_received_frames`' output as (MTU, samples); a line cut short by the sampler's end (no newline after
-    it, "27351" may read "27") is left out."""
-    lines = [line.split() for line in text.split("\n")[:-1]]
-    mtu = next(int(f[1]) for f in lines if len(f) == 2 and f[0] == "mtu")
-    return mtu, [FrameSample(float(f[0]), int(f[1]), int(f[2])) for f in lines if len(f) == 3]
+class ReceivedFrames:
+    """A host's interface counters (`Network.rx_counters`: frames with their Ethernet headers, counted when the previous
+    hop sends them, before this host's TCP work), sampled every `period_s` in a thread while in a ``with``: the WAN as
+    its far end receives it, in wire time, independent of the shaper whose rate is judged and of the receiver's reads.
+    `clock` times each sample (monotonic by default; a benchmark may pass the network's own)."""
+
+    def __init__(self, net: Any, host: str, period_s: float = 0.02, clock: Callable[[], float] = time.monotonic) -> None:
+        self.net, self.host, self.period_s, self.clock = net, host, period_s, clock
+        self.samples: list[FrameSample] = []
+        self.error: Exception | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rx-frames-{host}", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                t_a = self.clock()
+                nbytes, npackets = self.net.rx_counters(self.host)
+                self.samples.append(FrameSample((t_a + self.clock()) / 2, nbytes, npackets))
+                self._stop.wait(self.period_s)
+        except Exception as exc:  # raised in the with's thread, at its end
+            self.error = exc
+
+    def __enter__(self) -> "ReceivedFrames":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.error is not None and exc[0] is None:
+            raise HostError(f"reading {self.host}'s interface counters: {self.error}")
+
+    def rate_bps(self, t_a: float, t_b: float) -> float:
+        """Mean received bit rate, frames with their headers, between the first and the last sample in [t_a, t_b]."""
+        w = [s for s in self.samples if t_a <= s.time_s <= t_b]
+        if len(w) < 2 or w[-1].time_s <= w[0].time_s:
+            return float("nan")
+        return (w[-1].rx_bytes - w[0].rx_bytes) * 8 / (w[-1].time_s - w[0].time_s)
 
 
 def steady_goodput_bps(samples: list[FrameSample], *, header_bytes: int, omit_s: float, duration_s: float) -> float:
     """TCP payload bit rate received from `omit_s` after the flow's first data to `duration_s` later, cut short
-    where the flow stopped arriving (never an idle tail). Payload = frame bytes less `header_bytes` per frame
+    at the last sample before the flow stopped arriving (never an idle tail, not even one sampling period of it). Payload = frame bytes less `header_bytes` per frame
     (Ethernet, IP, TCP with options); a GSO frame carries one header for many segments, as its payload shows."""
     base = samples[0].rx_bytes
     start = next((s.time_s for s in samples if s.rx_bytes - base >= FLOW_START_BYTES), None)
     if start is None:
         raise HostError("iperf3 carried no data")
-    end = next(s.time_s for s in samples if s.rx_bytes >= samples[-1].rx_bytes - FLOW_START_BYTES)
+    # the last sample while data still arrived: one taken after the flow stopped would add idle time to the window
+    end = max((s.time_s for s in samples if s.rx_bytes < samples[-1].rx_bytes - FLOW_START_BYTES), default=start)
     window = [s for s in samples if start + omit_s <= s.time_s <= min(start + omit_s + duration_s, end)]
     if len(window) < 2:
         raise HostError(f"the flow lasted too little after its {omit_s:g} s omit to measure a rate")
@@ -156,36 +172,20 @@ def measure_rate_bps(net: Any, src: str, dst: str, *, streams: int = 4, duration
                      reverse: bool = False, port: int = IPERF_PORT) -> float:
     """Achieved TCP goodput on the wire (receiver side), `omit_s` of slow start left out.
 
-    Counted from the receiving interface's frames in wire time (`sample_received_frames`), not from iperf3's
-    reads: on a loaded host the receiver's reads (and its kernel's TCP counters) lag the wire by up to tens
-    of MB, and iperf3 counts what was unread when its omit ended inside the measured seconds
-    (docs/network.md, "TCP goodput over-read", 2026-12-07).
+    Counted from the receiving interface's frames in wire time (`ReceivedFrames`), not from iperf3's reads: on a
+    loaded host the receiver's reads (and its kernel's TCP counters) lag the wire by up to tens of MB, and iperf3
+    counts what was unread when its omit ended inside the measured seconds (docs/network.md, "TCP goodput
+    over-read", 2026-12-07). Headers per frame: Ethernet, and the host's MTU (`shaping.MTU_BYTES`, Mininet's) less
+    the connection's MSS.
     """
+    from testbed.net.shaping import MTU_BYTES
+
     run_s = math.ceil(omit_s + duration_s)  # iperf3 reads -t as a whole number of seconds
-    host = src if reverse else dst
-    # files, not pipes: a full pipe would stop the sampler
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        sampler = net.popen(host, ["env", f"PYTHONPATH={pythonpath()}", sys.executable, "-c",
-                                   "from testbed.net.calibrate import sample_received_frames; sample_received_frames()"],
-                            stdout=out, stderr=err)
-        try:
-            deadline = time.monotonic() + 60  # a Python start in a loaded or emulated (TCG) guest can take seconds
-            while os.fstat(out.fileno()).st_size < 64:  # until it has printed its MTU and a sample or two
-                if sampler.poll() is not None or time.monotonic() > deadline:
-                    err.seek(0)
-                    why = [line for line in err.read().splitlines() if line.strip()] or [
-                        "nothing printed within 60 s" if sampler.returncode is None else f"exit status {sampler.returncode}"]
-                    raise HostError(f"the goodput sampler in {host} did not start: {why[-1].strip()}")
-                time.sleep(0.02)
-            data = _iperf(net, src, dst, ["-P", str(streams), "-t", str(run_s)] + (["-R"] if reverse else []), run_s + 30, port)
-            time.sleep(0.1)
-        finally:
-            sampler.terminate()
-            sampler.wait()
-        out.seek(0)
-        mtu, samples = parse_frame_samples(out.read())
-    header_bytes = ETHERNET_HEADER_BYTES + mtu - int(data["start"]["tcp_mss_default"])
-    return steady_goodput_bps(samples, header_bytes=header_bytes, omit_s=omit_s, duration_s=duration_s)
+    with ReceivedFrames(net, src if reverse else dst) as rx:
+        data = _iperf(net, src, dst, ["-P", str(streams), "-t", str(run_s)] + (["-R"] if reverse else []), run_s + 30, port)
+        time.sleep(0.1)
+    header_bytes = ETHERNET_HEADER_BYTES + MTU_BYTES - int(data["start"]["tcp_mss_default"])
+    return steady_goodput_bps(rx.samples, header_bytes=header_bytes, omit_s=omit_s, duration_s=duration_s)
 
 
 def measure_udp_loss(net: Any, src: str, dst: str, *, datagrams: int = 20000, rate_bps: float = 200e6,

@@ -357,16 +357,17 @@ class Network:
             return True
         return False
 
-    def rx_bytes(self, host: str) -> int:
-        """Bytes received on the host's interface (its kernel counter: frames with their Ethernet header,
-        the unit of the configured rate). Read at the receiver, it measures the WAN independently of the
-        shaper's own counters."""
+    def rx_counters(self, host: str) -> tuple[int, int]:
+        """(bytes, packets) received on the host's interface (its kernel counters: frames with their Ethernet header,
+        the unit of the configured rate). Read at the receiver, they measure the WAN independently of the
+        shaper's own counters (`testbed.net.calibrate.ReceivedFrames`)."""
         node = self._node(host)
         ifname = node.defaultIntf().name
         for line in Path(f"/proc/{node.pid}/net/dev").read_text().splitlines()[2:]:
             name, _, counters = line.partition(":")
             if name.strip() == ifname:
-                return int(counters.split()[0])
+                fields = counters.split()
+                return int(fields[0]), int(fields[1])
         raise HostError(f"{host}: interface {ifname} not in /proc/{node.pid}/net/dev")
 
     def popen(self, host: str, argv: list[str], **kwargs: Any) -> subprocess.Popen:

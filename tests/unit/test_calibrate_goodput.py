@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from testbed.errors import HostError
-from testbed.net.calibrate import FrameSample, parse_frame_samples, steady_goodput_bps
+from testbed.net.calibrate import FrameSample, steady_goodput_bps
 
 GOODPUT_MAX = 1448 / 1514  # TCP payload per 1514-byte frame (MTU 1500, timestamps)
 
@@ -26,8 +26,16 @@ def test_iperf3s_receiver_sum_over_reads_a_2s_run_past_the_ceiling(capture: dict
     assert old > GOODPUT_MAX + 0.005, old  # 0.9646: the way calibrate read it before 2026-12-07
 
 
+def captured_frames(text: str) -> tuple[int, list[FrameSample]]:
+    """The capture's frame counts, as the first version's in-host sampler printed them: "mtu N", then
+    "time_s rx_bytes rx_packets" lines (the same counters `ReceivedFrames` reads)."""
+    lines = [line.split() for line in text.splitlines()]
+    mtu = next(int(f[1]) for f in lines if f[0] == "mtu")
+    return mtu, [FrameSample(float(f[0]), int(f[1]), int(f[2])) for f in lines if len(f) == 3]
+
+
 def test_goodput_from_the_receivers_frames_is_under_the_ceiling_and_at_the_shapers_rate(capture: dict) -> None:
-    mtu, samples = parse_frame_samples(capture["frames"])
+    mtu, samples = captured_frames(capture["frames"])
     header_bytes = 14 + mtu - capture["iperf3"]["start"]["tcp_mss_default"]
     assert (mtu, header_bytes) == (1500, 66)
     ratio = steady_goodput_bps(samples, header_bytes=header_bytes, omit_s=1, duration_s=2) / capture["wire_bps"]
@@ -70,14 +78,6 @@ def test_the_longest_calibrate_duration_runs_iperf3_within_its_limit() -> None:
     assert math.ceil(RATE_OMIT_S + longest) == IPERF3_MAX_T_S == 86400
 
 
-def test_a_last_line_cut_short_is_left_out_even_with_three_fields() -> None:
-    """The sampler ends by SIGTERM: its last line may lack its end, "27351" read "27" (a packet count 27,000 short)."""
-    whole = "mtu 1500\n1.000000 1000 10\n1.020000 1745333094 27351\n"
-    assert parse_frame_samples(whole) == (1500, [FrameSample(1.0, 1000, 10), FrameSample(1.02, 1745333094, 27351)])
-    for cut in (whole[:-4], whole[:-10], whole[:-1]):  # "... 27", "... 17453", "... 27351" without its newline
-        assert parse_frame_samples(cut) == (1500, [FrameSample(1.0, 1000, 10)]), cut
-
-
 def test_the_omit_leaves_out_the_flows_first_seconds() -> None:
     """Slow start at 1 Gbps for the first second of data, 4.78 Gbps after: only the rate after the omit is counted."""
     samples, t = [], 0.0
@@ -91,69 +91,71 @@ def test_the_omit_leaves_out_the_flows_first_seconds() -> None:
 
 
 class CannedNet:
-    """A network whose sampler prints a captured output and waits to be stopped, and whose iperf3 prints a captured
-    report (or fails): what `measure_rate_bps` runs where, and what it leaves running."""
+    """A network whose receiving interface counts a flow of full frames at `payload_bps` while its iperf3 runs (for
+    its -t seconds, or failing, or hung), and whose counters may fail: what `measure_rate_bps` reads where, and what
+    it leaves running."""
 
-    def __init__(self, frames: str, iperf3: dict, fail: bool = False, sampler_code: str | None = None, hang: bool = False) -> None:
-        self.frames, self.iperf3, self.fail, self.sampler_code, self.hang = frames, iperf3, fail, sampler_code, hang
-        self.sampled_in: list[str] = []
-        self.samplers: list[Any] = []
+    def __init__(self, payload_bps: float = 4.78e9, fail: bool = False, hang: bool = False, unreadable: bool = False) -> None:
+        import time
+
+        self.payload_bps, self.fail, self.hang, self.unreadable = payload_bps, fail, hang, unreadable
+        self.read_from: set[str] = set()
         self.iperf_argv: list[tuple[str, list[str]]] = []
+        self.flow = (float("inf"), float("inf"))  # (start, stop) in time.monotonic()
+        self.clock = time.monotonic
 
     def host_ip(self, host: str) -> str:
         return {"prfaas-p0": "10.1.0.10", "pd-d0": "10.2.0.11"}[host]
 
-    def popen(self, host: str, argv: list[str], **kwargs: Any) -> Any:
-        import subprocess
-        import sys
-
-        assert "sample_received_frames()" in argv[-1]
-        self.sampled_in.append(host)
-        code = self.sampler_code or f"import sys, time; sys.stdout.write({self.frames!r}); sys.stdout.flush(); time.sleep(120)"
-        self.samplers.append(subprocess.Popen([sys.executable, "-c", code], **kwargs))
-        return self.samplers[-1]
+    def rx_counters(self, host: str) -> tuple[int, int]:
+        if self.unreadable:
+            raise HostError(f"{host}: interface {host}-eth0 not in /proc/1234/net/dev")
+        self.read_from.add(host)
+        start, stop = self.flow
+        n = int(self.payload_bps / 8 * max(0.0, min(self.clock(), stop) - start) // 1448)
+        return 1_000_000 + n * 1514, 500 + n
 
     def run(self, host: str, argv: list[str], timeout_s: float = 30) -> Any:
         import subprocess
+        import time
 
         self.iperf_argv.append((host, argv))
         if self.hang:  # as Network.run: the process killed at its timeout, then this
             raise subprocess.TimeoutExpired(argv, timeout_s)
-        out = "" if self.fail else json.dumps(self.iperf3)
-        return subprocess.CompletedProcess(argv, 1 if self.fail else 0, out, "iperf3: error - the server is busy" if self.fail else "")
+        if self.fail:
+            return subprocess.CompletedProcess(argv, 1, "", "iperf3: error - the server is busy")
+        t = self.clock()
+        self.flow = (t + 0.05, t + float(argv[argv.index("-t") + 1]))
+        time.sleep(self.flow[1] - t)
+        return subprocess.CompletedProcess(argv, 0, json.dumps({"start": {"tcp_mss_default": 1448}}), "")
 
 
-def test_measure_rate_samples_the_receiver_runs_iperf3_whole_seconds_and_stops_its_sampler(capture: dict) -> None:
+def rx_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("rx-frames-")]
+
+
+def test_measure_rate_reads_the_receiver_runs_iperf3_whole_seconds_and_stops_reading() -> None:
     from testbed.net.calibrate import measure_rate_bps
 
     for reverse, receiver in ((False, "pd-d0"), (True, "prfaas-p0")):  # -R: the client, in prfaas-p0, receives
-        net = CannedNet(capture["frames"], capture["iperf3"])
-        bps = measure_rate_bps(net, "prfaas-p0", "pd-d0", streams=4, duration_s=1.5, omit_s=1, reverse=reverse)
-        assert 0.9559 - 0.003 <= bps / capture["wire_bps"] <= GOODPUT_MAX
-        assert net.sampled_in == [receiver] and [s.poll() for s in net.samplers] == [-15]  # SIGTERM, not left running
+        net = CannedNet(4.78e9)
+        bps = measure_rate_bps(net, "prfaas-p0", "pd-d0", streams=4, duration_s=0.5, omit_s=0.5, reverse=reverse)
+        assert bps == pytest.approx(4.78e9, rel=0.01)  # the payload rate, headers taken off every frame
+        assert net.read_from == {receiver} and rx_threads() == []  # not left running
         host, argv = net.iperf_argv[0]
-        assert host == "prfaas-p0" and argv[argv.index("-t") + 1] == "3" and "-O" not in argv  # ceil(1 + 1.5)
+        assert host == "prfaas-p0" and argv[argv.index("-t") + 1] == "1" and "-O" not in argv  # ceil(0.5 + 0.5)
         assert ("-R" in argv) == reverse
 
 
-def test_a_failing_or_hung_iperf3_is_one_line_and_leaves_no_sampler_running(capture: dict) -> None:
+def test_a_failing_or_hung_iperf3_or_unreadable_counters_are_one_line_and_leave_nothing_running() -> None:
     """A hung iperf3 (past its -t + 30 s) ended calibrate in a TimeoutExpired traceback (2026-12-07)."""
     from testbed.net.calibrate import measure_rate_bps
 
-    for net, said in ((CannedNet(capture["frames"], capture["iperf3"], fail=True), "the server is busy"),
-                      (CannedNet(capture["frames"], capture["iperf3"], hang=True),
-                       r"^iperf3 from prfaas-p0 to pd-d0 did not finish within 33 s$")):
+    for net, said in ((CannedNet(fail=True), "the server is busy"),
+                      (CannedNet(hang=True), r"^iperf3 from prfaas-p0 to pd-d0 did not finish within 32 s$"),
+                      (CannedNet(unreadable=True), r"^reading pd-d0's interface counters: pd-d0: interface pd-d0-eth0 not in")):
         with pytest.raises(HostError, match=said):
-            measure_rate_bps(net, "prfaas-p0", "pd-d0", duration_s=2)
-        assert [s.poll() for s in net.samplers] == [-15]
-
-
-def test_a_sampler_that_fails_to_start_is_refused_with_its_reason(capture: dict) -> None:
-    """Its stderr went to /dev/null: "did not start" and nothing more (2026-12-07)."""
-    from testbed.net.calibrate import measure_rate_bps
-
-    net = CannedNet(capture["frames"], capture["iperf3"], sampler_code="import no_such_module_here")
-    with pytest.raises(HostError, match=r"^the goodput sampler in pd-d0 did not start: ModuleNotFoundError: No module named "
-                                        r"'no_such_module_here'$"):
-        measure_rate_bps(net, "prfaas-p0", "pd-d0", duration_s=2)
-    assert net.iperf_argv == []
+            measure_rate_bps(net, "prfaas-p0", "pd-d0", duration_s=1)
+        assert rx_threads() == []
