@@ -72,7 +72,9 @@ def test_rate_is_held_by_htb_with_netem_as_its_leaf(net):
     # held: never above the rate. The lower end only catches a shaper gone wrong; a TCG guest (an emulated
     # CPU) once carried 34.9 of 50 Mbit/s on a quiet host (CI, 2026-12-02), so under TCG it is 0.5
     low = 0.5 if os.environ.get("PRFAAS_GUEST_ACCEL") == "tcg" else 0.75
-    assert low * WIRE_BPS <= bps <= 1.02 * WIRE_BPS, bps
+    # goodput (frames in wire time less their headers) can reach 1448/1514 = 0.956 of a held rate, never more: the
+    # bound 1.02 x the rate let a shaper 6% over its rate pass (tightened 2026-12-07, with calibrate's wire-time count)
+    assert low * WIRE_BPS <= bps <= 0.965 * WIRE_BPS, bps
 
 
 def test_schedule_changes_apply_to_the_live_netem_qdisc(net):
