@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.table import Table  # noqa: E402
 
 from testbed.atomic import write_json  # noqa: E402
-from testbed.net.calibrate import IperfServer, ReceivedFrames, measure_rate_bps, measure_rtt, measure_udp_loss  # noqa: E402
+from testbed.net.calibrate import GOODPUT_MAX, IperfServer, ReceivedFrames, measure_rate_bps, measure_rtt, measure_udp_loss  # noqa: E402
 from testbed.net.emulation import Network  # noqa: E402
 from testbed.scenario import DIRECTIONS, LossSpec  # noqa: E402
 from testbed.sections import parse_scenario  # noqa: E402
@@ -61,7 +61,6 @@ def set_one(net: Network, direction: str, **changes: object) -> None:
     net.wan.set_direction(direction, replace(net.wan.current[direction], **changes))
 
 
-GOODPUT_MAX = 1448 / 1514  # TCP payload per Ethernet frame (MTU 1500, timestamps): goodput's ceiling
 
 
 def timed_rate(net: Network, g: float, duration_s: float, port: int = 5201) -> tuple[float, float, float]:
