@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from testbed import units
+from testbed.packet import TCP_MSS_BYTES
 from testbed.scale import Scale
 from testbed.scenario import DIRECTIONS, Scenario
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 FAR_BELOW_CAPACITY = 0.10  # offered KV under 10% of the WAN at every moment: the WAN never matters
 OFFLOAD_POLICIES = ("prfaas", "fixed-threshold", "oracle-step", "naive-heterogeneous")
-UDP_DATAGRAM_BYTES = 1448  # iperf3's UDP payload on the testbed's 1500-byte MTU (27.6 thousand/s carry 320 Mbps)
+UDP_DATAGRAM_BYTES = TCP_MSS_BYTES  # iperf3's UDP payload: its control connection's MSS (27.6 thousand/s carry 320 Mbps)
 # What real-time iperf3 sends on time beside a run, per core of the host (docs/kv.md, session 56, a 2-core VM): the
 # case study's 27.6 thousand datagrams/s and val-cross-surge's 48 thousand at scale 100 held (<= 24 thousand a core);
 # its 97 thousand at scale 50 did not (48 a core: 42-84% sent, compute 16-23% late). Between the two.

@@ -12,6 +12,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from testbed.packet import MTU_BYTES
+
 _NUM = r"([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
 _RE = re.compile(rf"^\s*{_NUM}\s*([A-Za-z%]*)\s*$")
 
@@ -181,7 +183,7 @@ class QueueLimit:
     kind: str  # "bytes" | "packets" | "bdp"
     value: float
 
-    def to_bytes(self, rate_bps: float, rtt_s: float, mtu_bytes: int = 1500) -> int:
+    def to_bytes(self, rate_bps: float, rtt_s: float, mtu_bytes: int = MTU_BYTES) -> int:
         """Resolve against a link: the BDP uses the rate and the round-trip time; floor one MTU."""
         if self.kind == "bytes":
             n = self.value

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Callable
 
 from testbed.errors import HostError
 from testbed.net.state import DELAYLINE_DIR_PREFIX, delayline_dir_base
+from testbed.packet import MTU_BYTES, TCP_IPV4_HEADER_BYTES
 from testbed.scenario import JITTER_DISTRIBUTIONS, LinkDirectionSpec, LossSpec
 
 if TYPE_CHECKING:
@@ -205,11 +206,7 @@ class LossModel:
         return out
 
 
-TCP_IPV4_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps 12: what Linux TCP puts before each segment's payload
-DEFAULT_MTU_BYTES = 1500
-
-
-def wire_packets(length: int, mtu_bytes: int = DEFAULT_MTU_BYTES) -> int:
+def wire_packets(length: int, mtu_bytes: int = MTU_BYTES) -> int:
     """How many wire packets an IP packet of `length` bytes becomes: 1 up to the MTU; a GSO/TSO super-packet
     is cut into segments of (MTU - headers) payload bytes each, every one with its own headers. Exact for
     Linux TCP over IPv4 with timestamps (the default); TCP without them counts one too many. A count that is
@@ -233,7 +230,7 @@ class DelaySchedule:
     segments (NFQUEUE re-queue to the segment queue) and hands them to `admit_segments`, which drops
     exactly the lost ones and schedules the rest at the super-packet's arrival time, in its place."""
 
-    def __init__(self, config: DelayLineConfig, mtu_bytes: int = DEFAULT_MTU_BYTES) -> None:
+    def __init__(self, config: DelayLineConfig, mtu_bytes: int = MTU_BYTES) -> None:
         self.rng = random.Random(config.seed)
         self.config = config
         self.mtu_bytes = mtu_bytes

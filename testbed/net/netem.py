@@ -36,7 +36,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from testbed.net.shaping import MTU_BYTES, ShapingPlan
+from testbed.net.shaping import ShapingPlan
+from testbed.packet import MTU_BYTES
 from testbed.scenario import LinkDirectionSpec, LossSpec
 
 MIN_LIMIT_PACKETS = 1000

@@ -24,10 +24,10 @@ from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 
 from testbed import units
 from testbed.errors import UserError
+from testbed.packet import MTU_BYTES
 from testbed.scale import Scale
 from testbed.scenario import LinkDirectionSpec, WanSpec
 
-MTU_BYTES = 1500
 GSO_MAX_BYTES = 65536
 BURST_TIME_S = 1e-3
 MIN_BURST_BYTES = 2 * GSO_MAX_BYTES

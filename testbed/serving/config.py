@@ -14,6 +14,7 @@ from typing import Any, Callable
 from testbed import units
 from testbed.errors import FieldError
 from testbed.kv.connector import connector_names
+from testbed.packet import TCP_IPV4_HEADER_BYTES
 from testbed.scenario import Scenario
 from testbed.validation import Fields, at_least_one, boolean, congestion_control, path_exists, positive_number, whole_number
 
@@ -118,7 +119,7 @@ def _cc_name(v: Any) -> str | None:
         raise ValueError(f"{e}, or null for the hosts' default") from None
 
 
-KV_MSS_RANGE_BYTES = (88, 8948)  # Linux's smallest MSS (TCP_MIN_MSS) .. a 9000-byte jumbo frame's
+KV_MSS_RANGE_BYTES = (88, 9000 - TCP_IPV4_HEADER_BYTES)  # Linux's smallest MSS (TCP_MIN_MSS) .. a 9000-byte jumbo frame's
 
 
 def _kv_mss_bytes(v: Any) -> int | None:
@@ -128,7 +129,7 @@ def _kv_mss_bytes(v: Any) -> int | None:
     n = units.parse_size_bytes(v)
     lo, hi = KV_MSS_RANGE_BYTES
     if not lo <= n <= hi:
-        raise ValueError(f"{v!r} must be {lo}..{hi} bytes (TCP_MAXSEG), or null for the path's (MTU - 52)")
+        raise ValueError(f"{v!r} must be {lo}..{hi} bytes (TCP_MAXSEG), or null for the path's (MTU - {TCP_IPV4_HEADER_BYTES})")
     return n
 
 

@@ -24,7 +24,8 @@ RANK = {"foundation": 0, "net": 1, "models": 1, "kv": 1, "traffic": 1, "serving"
 
 # Modules directly under testbed/ and where they sit (a subpackage is placed by PACKAGES below).
 FOUNDATION = {"testbed", "testbed.units", "testbed.errors", "testbed.clock", "testbed.interrupts", "testbed.scale", "testbed.validation",
-              "testbed.scenario", "testbed.blocks", "testbed.atomic", "testbed.console"}
+              "testbed.scenario", "testbed.blocks", "testbed.atomic", "testbed.console",
+              "testbed.packet"}
 TOP_LEVEL = {"testbed.sections": "serving",  # the whole scenario: imports the parser of every section's owner
              "testbed.fidelity": "net",  # how faithfully the host emulates: network probes, process CPU
              "testbed.rundir": "foundation", "testbed.cli": "cli"}
