@@ -17,9 +17,10 @@ import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from testbed.errors import HostError
+from testbed.packet import ETHERNET_HEADER_BYTES, GOODPUT_MAX
 
 IPERF_PORT = 5201
 RATE_OMIT_S = 1  # slow start left out of the TCP rate: iperf3 runs -t ceil(RATE_OMIT_S + duration), at most 86400
@@ -99,9 +100,7 @@ def _iperf(net: Any, src: str, dst: str, args: list[str], timeout_s: float, port
     return data
 
 
-GOODPUT_MAX = 1448 / 1514  # TCP payload per Ethernet frame (MTU 1500, timestamps): goodput's ceiling over a held rate
 FLOW_START_BYTES = 64 * 1024  # more than iperf3's control messages: the first data has arrived
-ETHERNET_HEADER_BYTES = 14
 
 
 @dataclass(frozen=True)
@@ -115,10 +114,10 @@ class ReceivedFrames:
     """A host's interface counters (`Network.rx_counters`: frames with their Ethernet headers, counted when the previous
     hop sends them, before this host's TCP work), sampled every `period_s` in a thread while in a ``with``: the WAN as
     its far end receives it, in wire time, independent of the shaper whose rate is judged and of the receiver's reads.
-    `clock` times each sample (monotonic by default; a benchmark may pass the network's own)."""
+    `steady_rate_bps` turns the samples into a rate."""
 
-    def __init__(self, net: Any, host: str, period_s: float = 0.02, clock: Callable[[], float] = time.monotonic) -> None:
-        self.net, self.host, self.period_s, self.clock = net, host, period_s, clock
+    def __init__(self, net: Any, host: str, period_s: float = 0.02) -> None:
+        self.net, self.host, self.period_s = net, host, period_s
         self.samples: list[FrameSample] = []
         self.error: Exception | None = None
         self._stop = threading.Event()
@@ -127,9 +126,9 @@ class ReceivedFrames:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                t_a = self.clock()
+                t_a = time.monotonic()
                 nbytes, npackets = self.net.rx_counters(self.host)
-                self.samples.append(FrameSample((t_a + self.clock()) / 2, nbytes, npackets))
+                self.samples.append(FrameSample((t_a + time.monotonic()) / 2, nbytes, npackets))
                 self._stop.wait(self.period_s)
         except Exception as exc:  # raised in the with's thread, at its end
             self.error = exc
@@ -144,18 +143,12 @@ class ReceivedFrames:
         if self.error is not None and exc[0] is None:
             raise HostError(f"reading {self.host}'s interface counters: {self.error}")
 
-    def rate_bps(self, t_a: float, t_b: float) -> float:
-        """Mean received bit rate, frames with their headers, between the first and the last sample in [t_a, t_b]."""
-        w = [s for s in self.samples if t_a <= s.time_s <= t_b]
-        if len(w) < 2 or w[-1].time_s <= w[0].time_s:
-            return float("nan")
-        return (w[-1].rx_bytes - w[0].rx_bytes) * 8 / (w[-1].time_s - w[0].time_s)
-
-
-def steady_goodput_bps(samples: list[FrameSample], *, header_bytes: int, omit_s: float, duration_s: float) -> float:
-    """TCP payload bit rate received from `omit_s` after the flow's first data to `duration_s` later, cut short
-    at the last sample before the flow stopped arriving (never an idle tail, not even one sampling period of it). Payload = frame bytes less `header_bytes` per frame
-    (Ethernet, IP, TCP with options); a GSO frame carries one header for many segments, as its payload shows."""
+def steady_rate_bps(samples: list[FrameSample], *, omit_s: float, duration_s: float, header_bytes: int = 0) -> float:
+    """Bit rate received from `omit_s` after the flow's first data to `duration_s` later, cut short at the last
+    sample before the flow stopped arriving (never an idle tail, not even one sampling period of it). Whole frames
+    by default (the wire rate, the unit of the configured rate); with `header_bytes` taken off every frame (Ethernet,
+    IP, TCP with options) the TCP payload, its goodput: a GSO frame carries one header for many segments, as its
+    payload shows."""
     base = samples[0].rx_bytes
     start = next((s.time_s for s in samples if s.rx_bytes - base >= FLOW_START_BYTES), None)
     if start is None:
@@ -176,17 +169,17 @@ def measure_rate_bps(net: Any, src: str, dst: str, *, streams: int = 4, duration
     Counted from the receiving interface's frames in wire time (`ReceivedFrames`), not from iperf3's reads: on a
     loaded host the receiver's reads (and its kernel's TCP counters) lag the wire by up to tens of MB, and iperf3
     counts what was unread when its omit ended inside the measured seconds (docs/network.md, "TCP goodput
-    over-read", 2026-12-07). Headers per frame: Ethernet, and the host's MTU (`shaping.MTU_BYTES`, Mininet's) less
-    the connection's MSS.
+    over-read", 2026-12-07). Headers per frame: Ethernet, and the receiving interface's MTU (`Network.mtu_bytes`,
+    read in its namespace before iperf3 starts) less the connection's MSS.
     """
-    from testbed.net.shaping import MTU_BYTES
-
+    receiver = src if reverse else dst
+    mtu_bytes = net.mtu_bytes(receiver)
     run_s = math.ceil(omit_s + duration_s)  # iperf3 reads -t as a whole number of seconds
-    with ReceivedFrames(net, src if reverse else dst) as rx:
+    with ReceivedFrames(net, receiver) as rx:
         data = _iperf(net, src, dst, ["-P", str(streams), "-t", str(run_s)] + (["-R"] if reverse else []), run_s + 30, port)
         time.sleep(0.1)
-    header_bytes = ETHERNET_HEADER_BYTES + MTU_BYTES - int(data["start"]["tcp_mss_default"])
-    return steady_goodput_bps(rx.samples, header_bytes=header_bytes, omit_s=omit_s, duration_s=duration_s)
+    header_bytes = ETHERNET_HEADER_BYTES + mtu_bytes - int(data["start"]["tcp_mss_default"])
+    return steady_rate_bps(rx.samples, omit_s=omit_s, duration_s=duration_s, header_bytes=header_bytes)
 
 
 def measure_udp_loss(net: Any, src: str, dst: str, *, datagrams: int = 20000, rate_bps: float = 200e6,

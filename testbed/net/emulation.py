@@ -18,6 +18,7 @@ import atexit
 import math
 import os
 import platform
+import re
 import signal
 import subprocess
 import threading
@@ -369,6 +370,19 @@ class Network:
                 fields = counters.split()
                 return int(fields[0]), int(fields[1])
         raise HostError(f"{host}: interface {ifname} not in /proc/{node.pid}/net/dev")
+
+    def mtu_bytes(self, host: str) -> int:
+        """The MTU of the host's interface, read inside its namespace by `ip link` (/sys/class/net shows the root
+        namespace's interfaces, not the host's)."""
+        ifname = self._node(host).defaultIntf().name
+        try:
+            r = self.run(host, ["ip", "-o", "link", "show", "dev", ifname], timeout_s=10)
+        except subprocess.TimeoutExpired:
+            raise HostError(f"{host}: `ip link show dev {ifname}` did not answer within 10 s") from None
+        m = re.search(r" mtu (\d+) ", r.stdout)
+        if r.returncode or m is None:
+            raise HostError(f"{host}: no MTU of {ifname} in `ip link`: {(r.stderr or r.stdout).strip()[:200] or 'no output'}")
+        return int(m.group(1))
 
     def popen(self, host: str, argv: list[str], **kwargs: Any) -> subprocess.Popen:
         """Start argv inside the host's namespace (its own session); stopped at the latest by stop()."""

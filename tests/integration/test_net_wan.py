@@ -9,6 +9,7 @@ from testbed.errors import HostError
 from testbed.net.calibrate import IperfServer, measure_rate_bps, measure_rtt, measure_udp_loss
 from testbed.net.emulation import Network
 from testbed.net.netem import netem_available
+from testbed.packet import MTU_BYTES
 from testbed.scenario import LossSpec, ScheduleAction
 from testbed.sections import parse_scenario
 
@@ -44,6 +45,11 @@ def test_hosts_route_across_the_wan_with_the_configured_delay(net):
     rtt = measure_rtt(net, "prfaas-p0", "pd-d0", count=50, interval_s=0.02)
     assert rtt.replies == 50
     assert 0.0195 <= rtt.p50_s <= 0.025, rtt  # 2 x 10 ms one way
+
+
+def test_the_hosts_mtu_is_read_in_their_namespace(net):
+    # calibrate takes the headers off each frame by it; a host's /sys/class/net would show the root namespace's
+    assert [net.mtu_bytes(h) for h in ("prfaas-p0", "pd-d0")] == [MTU_BYTES, MTU_BYTES]
 
 
 def test_rate_is_shaped_to_the_wire_rate(net):

@@ -11,9 +11,13 @@ from typing import Any
 import pytest
 
 from testbed.errors import HostError
-from testbed.net.calibrate import FrameSample, steady_goodput_bps
+from testbed.net.calibrate import FrameSample, steady_rate_bps
+from testbed.packet import FRAME_BYTES, GOODPUT_MAX, MTU_BYTES, TCP_MSS_BYTES
 
-GOODPUT_MAX = 1448 / 1514  # TCP payload per 1514-byte frame (MTU 1500, timestamps)
+
+def test_the_packet_sizes_derive_from_mtu_and_headers() -> None:
+    assert (MTU_BYTES, TCP_MSS_BYTES, FRAME_BYTES) == (1500, 1448, 1514)
+    assert GOODPUT_MAX == 1448 / 1514 and f"{GOODPUT_MAX:.3f}" == "0.956"
 
 
 @pytest.fixture
@@ -38,7 +42,7 @@ def test_goodput_from_the_receivers_frames_is_under_the_ceiling_and_at_the_shape
     mtu, samples = captured_frames(capture["frames"])
     header_bytes = 14 + mtu - capture["iperf3"]["start"]["tcp_mss_default"]
     assert (mtu, header_bytes) == (1500, 66)
-    ratio = steady_goodput_bps(samples, header_bytes=header_bytes, omit_s=1, duration_s=2) / capture["wire_bps"]
+    ratio = steady_rate_bps(samples, header_bytes=header_bytes, omit_s=1, duration_s=2) / capture["wire_bps"]
     assert 0.9559 - 0.003 <= ratio <= GOODPUT_MAX, ratio  # the shaper's counter x 1448/1514 read 0.9559
 
 
@@ -55,15 +59,17 @@ def frames(rate_bps: float, *, start_s: float, stop_s: float, end_s: float, step
 
 def test_the_window_starts_omit_after_the_first_data_and_ignores_the_idle_tail() -> None:
     samples = frames(4.78e9, start_s=0.5, stop_s=2.5, end_s=4.0)  # the flow stops before omit + duration ends
-    bps = steady_goodput_bps(samples, header_bytes=66, omit_s=1, duration_s=5)
+    bps = steady_rate_bps(samples, header_bytes=66, omit_s=1, duration_s=5)
     assert bps == pytest.approx(4.78e9, rel=2e-3)
+    wire_bps = steady_rate_bps(samples, omit_s=1, duration_s=5)  # no headers taken off: whole frames, the wire rate
+    assert wire_bps == pytest.approx(4.78e9 * 1514 / 1448, rel=2e-3)
 
 
 def test_a_flow_shorter_than_its_omit_is_refused() -> None:
     with pytest.raises(HostError, match="too little"):
-        steady_goodput_bps(frames(4.78e9, start_s=0.5, stop_s=1.2, end_s=2.0), header_bytes=66, omit_s=1, duration_s=1)
+        steady_rate_bps(frames(4.78e9, start_s=0.5, stop_s=1.2, end_s=2.0), header_bytes=66, omit_s=1, duration_s=1)
     with pytest.raises(HostError, match="no data"):
-        steady_goodput_bps(frames(0.0, start_s=0.5, stop_s=1.2, end_s=2.0), header_bytes=66, omit_s=1, duration_s=1)
+        steady_rate_bps(frames(0.0, start_s=0.5, stop_s=1.2, end_s=2.0), header_bytes=66, omit_s=1, duration_s=1)
 
 
 def test_the_longest_calibrate_duration_runs_iperf3_within_its_limit() -> None:
@@ -86,20 +92,24 @@ def test_the_omit_leaves_out_the_flows_first_seconds() -> None:
         n = int(payload // 1448)
         samples.append(FrameSample(round(t, 6), 1_000_000 + n * 1514, 500 + n))
         t += 0.02
-    assert steady_goodput_bps(samples, header_bytes=66, omit_s=1, duration_s=2) == pytest.approx(4.78e9, rel=2e-3)
-    assert steady_goodput_bps(samples, header_bytes=66, omit_s=0, duration_s=2) == pytest.approx((0.98e9 + 1.02 * 4.78e9) / 2, rel=2e-3)  # 0.52-2.52 s
+    assert steady_rate_bps(samples, header_bytes=66, omit_s=1, duration_s=2) == pytest.approx(4.78e9, rel=2e-3)
+    assert steady_rate_bps(samples, header_bytes=66, omit_s=0, duration_s=2) == pytest.approx((0.98e9 + 1.02 * 4.78e9) / 2, rel=2e-3)  # 0.52-2.52 s
 
 
 class CannedNet:
-    """A network whose receiving interface counts a flow of full frames at `payload_bps` while its iperf3 runs (for
-    its -t seconds, or failing, or hung), and whose counters may fail: what `measure_rate_bps` reads where, and what
-    it leaves running."""
+    """A network whose receiving interface (MTU `mtu_bytes`) counts a flow of full frames at `payload_bps` while its
+    iperf3 runs (for its -t seconds, or failing, or hung), and whose counters or MTU may fail: what `measure_rate_bps`
+    reads where, and what it leaves running."""
 
-    def __init__(self, payload_bps: float = 4.78e9, fail: bool = False, hang: bool = False, unreadable: bool = False) -> None:
+    def __init__(self, payload_bps: float = 4.78e9, fail: bool = False, hang: bool = False, unreadable: bool = False,
+                 mtu_bytes: int | None = 1500) -> None:
         import time
 
         self.payload_bps, self.fail, self.hang, self.unreadable = payload_bps, fail, hang, unreadable
+        self.mtu = mtu_bytes  # None: it cannot be read
+        self.mss = (mtu_bytes or 1500) - 52  # Linux TCP over IPv4 with timestamps
         self.read_from: set[str] = set()
+        self.mtu_read_from: list[str] = []
         self.iperf_argv: list[tuple[str, list[str]]] = []
         self.flow = (float("inf"), float("inf"))  # (start, stop) in time.monotonic()
         self.clock = time.monotonic
@@ -112,8 +122,14 @@ class CannedNet:
             raise HostError(f"{host}: interface {host}-eth0 not in /proc/1234/net/dev")
         self.read_from.add(host)
         start, stop = self.flow
-        n = int(self.payload_bps / 8 * max(0.0, min(self.clock(), stop) - start) // 1448)
-        return 1_000_000 + n * 1514, 500 + n
+        n = int(self.payload_bps / 8 * max(0.0, min(self.clock(), stop) - start) // self.mss)
+        return 1_000_000 + n * (self.mss + 52 + 14), 500 + n
+
+    def mtu_bytes(self, host: str) -> int:
+        self.mtu_read_from.append(host)
+        if self.mtu is None:  # as Network.mtu_bytes says it
+            raise HostError(f"{host}: no MTU of {host}-eth0 in `ip link`: Device \"{host}-eth0\" does not exist.")
+        return self.mtu
 
     def run(self, host: str, argv: list[str], timeout_s: float = 30) -> Any:
         import subprocess
@@ -127,7 +143,7 @@ class CannedNet:
         t = self.clock()
         self.flow = (t + 0.05, t + float(argv[argv.index("-t") + 1]))
         time.sleep(self.flow[1] - t)
-        return subprocess.CompletedProcess(argv, 0, json.dumps({"start": {"tcp_mss_default": 1448}}), "")
+        return subprocess.CompletedProcess(argv, 0, json.dumps({"start": {"tcp_mss_default": self.mss}}), "")
 
 
 def rx_threads() -> list[str]:
@@ -143,7 +159,7 @@ def test_measure_rate_reads_the_receiver_runs_iperf3_whole_seconds_and_stops_rea
         net = CannedNet(4.78e9)
         bps = measure_rate_bps(net, "prfaas-p0", "pd-d0", streams=4, duration_s=0.5, omit_s=0.5, reverse=reverse)
         assert bps == pytest.approx(4.78e9, rel=0.01)  # the payload rate, headers taken off every frame
-        assert net.read_from == {receiver} and rx_threads() == []  # not left running
+        assert net.read_from == {receiver} and net.mtu_read_from == [receiver] and rx_threads() == []  # not left running
         host, argv = net.iperf_argv[0]
         assert host == "prfaas-p0" and argv[argv.index("-t") + 1] == "1" and "-O" not in argv  # ceil(0.5 + 0.5)
         assert ("-R" in argv) == reverse
@@ -159,3 +175,23 @@ def test_a_failing_or_hung_iperf3_or_unreadable_counters_are_one_line_and_leave_
         with pytest.raises(HostError, match=said):
             measure_rate_bps(net, "prfaas-p0", "pd-d0", duration_s=1)
         assert rx_threads() == []
+
+
+def test_the_headers_taken_off_each_frame_follow_the_receivers_mtu() -> None:
+    """A 9000-byte MTU (8948-byte segments in 9014-byte frames): 66 B of headers a frame, as at 1500. Read as 1500
+    (calibrate's assumption until 2026-12-07) it took 14 + 1500 - 8948 = -7434 B a frame off: 1.8 x the payload rate."""
+    from testbed.net.calibrate import measure_rate_bps
+
+    net = CannedNet(4.78e9, mtu_bytes=9000)
+    bps = measure_rate_bps(net, "prfaas-p0", "pd-d0", streams=4, duration_s=0.5, omit_s=0.5)
+    assert bps == pytest.approx(4.78e9, rel=0.01)
+    assert net.mtu_read_from == ["pd-d0"]
+
+
+def test_an_unreadable_mtu_is_one_line_before_iperf3_starts() -> None:
+    from testbed.net.calibrate import measure_rate_bps
+
+    net = CannedNet(mtu_bytes=None)
+    with pytest.raises(HostError, match=r"^pd-d0: no MTU of pd-d0-eth0 in `ip link`: Device"):
+        measure_rate_bps(net, "prfaas-p0", "pd-d0", duration_s=1)
+    assert net.iperf_argv == [] and net.read_from == set() and rx_threads() == []
