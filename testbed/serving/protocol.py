@@ -22,11 +22,12 @@ from typing import Any, Callable, TypeVar
 
 from testbed.kv.transport import FillStop
 from testbed.kv.wire import MAX_PROFILE_LAYER_BYTES, MAX_REQUEST_ID_BYTES
-from testbed.blocks import HASH_RANGE
+from testbed import blocks
 from testbed.models.spec import parse_dtype
-from testbed.units import MAX_TOKENS
+from testbed.clock import now_s
+from testbed.units import MAX_DURATION_S, MAX_TOKENS
 from testbed.validation import (
-    Fields, at_least_one, at_most, boolean, integers, mapping, non_negative, whole_number, positive_number, string, text,
+    Fields, at_least_one, at_most, boolean, integers, mapping, non_negative, whole_number, positive_number, shown, string, text,
 )
 
 STATUSES = ("ok", "failed")
@@ -43,19 +44,20 @@ PROBE_MAX_TIMEOUT_S = 600.0
 MAX_TOKEN_ID = (1 << 31) - 1  # a token id: below any vocabulary's size (the router checks the model's own)
 
 
-def _ints_within(least: int, most: int, what: str) -> Callable[[Any], tuple[int, ...]]:
-    """A list of whole numbers from `least` to `most` (`what` names them)."""
-    def read(v: Any) -> tuple[int, ...]:
-        out = integers(v)
-        bad = next((x for x in out if x < least or x > most), None)
-        if bad is not None:
-            raise ValueError(f"{bad} is not {what} ({least} to {most})")
-        return out
-    return read
+def _token_ids(v: Any) -> tuple[int, ...]:
+    """A list of token ids: whole numbers (`validation.integers`) from 0 to `MAX_TOKEN_ID`."""
+    out = integers(v)
+    bad = next((x for x in out if x < 0 or x > MAX_TOKEN_ID), None)
+    if bad is not None:
+        raise ValueError(f"{bad} is not a token id (0 to {MAX_TOKEN_ID})")
+    return out
 
 
-_TOKEN_IDS = _ints_within(0, MAX_TOKEN_ID, "a token id")
-_BLOCK_HASHES = _ints_within(*HASH_RANGE, "a block hash (signed 64-bit)")
+def _block_hashes(v: Any) -> tuple[int, ...]:
+    """A prompt's block hashes, read by the one reader of them (`blocks.block_hashes`: the router reads a client's
+    ``prfaas.block_hashes`` and a trace's ``hash_ids`` with it); this module had a copy of its own until 2026-12-07,
+    which took and refused the same lists in other words."""
+    return tuple(blocks.block_hashes(v))
 
 
 def _prompt_fits(f: Fields, out: dict[str, Any]) -> None:
@@ -123,9 +125,23 @@ class Deadline:
         return self.arrival_s + self.request_timeout_s
 
 
+# A request's budget: at most a week (`units.MAX_DURATION_S`, the longest duration the testbed takes; the router's
+# serving.timeouts.request is one). A decode request of 1e10 s, or one that arrived at 1e300, made its wait for the KV
+# an OverflowError (a thread's wait takes at most ~292 years) in a thread of its own: the stream never ended.
+_REQUEST_TIMEOUT = at_most(positive_number, MAX_DURATION_S, "s", "a week, the longest a request may take")
+
+
+def _arrival_s(v: Any) -> float:
+    """A `now_s()` reading of the router's (the host's monotonic clock, this process's too): at most a week past now."""
+    x, now = non_negative(v), now_s()
+    if x > now + MAX_DURATION_S:
+        raise ValueError(f"{shown(v)} is not a time on this host's clock (at most a week past its now, {now:.0f} s)")
+    return x
+
+
 def _deadline(f: Fields, default_timeout_s: float | None) -> dict[str, Any]:
-    return {"arrival_s": f.get("arrival_s", non_negative, None),
-            "request_timeout_s": f.get("request_timeout_s", positive_number, default_timeout_s)}
+    return {"arrival_s": f.get("arrival_s", _arrival_s, None),
+            "request_timeout_s": f.get("request_timeout_s", _REQUEST_TIMEOUT, default_timeout_s)}
 
 
 @dataclass(frozen=True)
@@ -158,8 +174,8 @@ class PrefillRequest:
             out = {"request_id": f.get("request_id", request_id), "input_len": f.get("input_len", _TOKENS),
                    "decode": KVDestination.read(f.section("decode")) if f.has("decode") else f.get("decode", mapping),
                    "cached_len": f.get("cached_len", whole_number, 0), "decode_prefix_len": f.get("decode_prefix_len", whole_number, 0),
-                   "block_hashes": f.get("block_hashes", _BLOCK_HASHES, ()),
-                   "prompt_token_ids": f.get("prompt_token_ids", _TOKEN_IDS, None), "route": f.choice("route", ROUTES, "prfaas"),
+                   "block_hashes": f.get("block_hashes", _block_hashes, ()),
+                   "prompt_token_ids": f.get("prompt_token_ids", _token_ids, None), "route": f.choice("route", ROUTES, "prfaas"),
                    "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), "priority": f.get("priority", whole_number, 0),
                    "slo_ttft_s": f.get("slo_ttft_s", positive_number, None),
                    "kv_dtype": f.get("kv_dtype", parse_dtype, None),
@@ -195,8 +211,8 @@ class DecodeRequest:
         def fields(f: Fields) -> dict[str, Any]:
             out = {"request_id": f.get("request_id", request_id), "input_len": f.get("input_len", _TOKENS),
                    # (10**21 tokens held a batch slot for good: the router refuses past `units.MAX_TOKENS` too)
-                   "output_len": f.get("output_len", _TOKENS, 1), "prompt_token_ids": f.get("prompt_token_ids", _TOKEN_IDS, None),
-                   "block_hashes": f.get("block_hashes", _BLOCK_HASHES, ()), "kv_dtype": f.get("kv_dtype", parse_dtype, None),
+                   "output_len": f.get("output_len", _TOKENS, 1), "prompt_token_ids": f.get("prompt_token_ids", _token_ids, None),
+                   "block_hashes": f.get("block_hashes", _block_hashes, ()), "kv_dtype": f.get("kv_dtype", parse_dtype, None),
                    **_deadline(f, None)}
             _prompt_fits(f, out)
             return out

@@ -41,7 +41,7 @@ from testbed.models.spec import DTYPE_BYTES, parse_dtype
 from testbed.scale import Scale
 from testbed.validation import Fields, boolean, non_negative, shown, whole_number, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
-from testbed.serving.httpio import BodyError, RequestHandler, Server, read_json_body
+from testbed.serving.httpio import BodyError, RequestHandler, Server, json_value, read_json_body
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
@@ -262,6 +262,13 @@ class PrfaasExtension:
         return cls(hashes, n, rid)
 
 
+def _prompt_fits(tokens: int) -> None:
+    """A prompt of at most `units.MAX_TOKENS` tokens, as `prfaas.input_len` and `max_tokens` are: a longer one was
+    served, and the workers refused its input_len, so the client got a 502 for its own mistake."""
+    if tokens > units.MAX_TOKENS:
+        raise BadRequest("prompt", f"{tokens} tokens, more than {units.MAX_TOKENS} (16M), past any model's context")
+
+
 def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
     """An OpenAI completions body, plus the testbed extension ``"prfaas": {"block_hashes", "input_len",
     "request_id"}`` (`PrfaasExtension`) for hashed prompts without token text."""
@@ -283,11 +290,13 @@ def parse_completion(body: Any, cfg: RouterConfig) -> Completion:
         assert ext.input_len is not None
         n, hashes = ext.input_len, ext.block_hashes
     elif isinstance(prompt, str):
+        _prompt_fits(len(prompt.split()))  # counted before each word is hashed: 64 MiB of words took 16 s to refuse
         try:
             token_ids = tokenize(prompt, cfg.vocab_size)
         except UnicodeEncodeError:  # JSON's "\ud800": a lone surrogate, not a character
             raise BadRequest("prompt", "is not valid Unicode text (a lone surrogate)") from None
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        _prompt_fits(len(prompt))
         if any(t < 0 or t >= cfg.vocab_size for t in prompt):
             raise BadRequest("prompt", f"token ids must lie in [0, {cfg.vocab_size})")
         token_ids = list(prompt)
@@ -603,7 +612,7 @@ class Router:
                 conn.close()
             if resp.status != 200:
                 raise WorkerFailed(f"{source}: HTTP {resp.status} {raw[:300]!r}")
-            out = PrefillResult.from_json(json.loads(raw), source)
+            out = PrefillResult.from_json(json_value(raw), source)
         except FieldError as exc:
             raise WorkerFailed(str(exc)) from None
         except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -731,7 +740,7 @@ class Router:
                 resp = conn.getresponse()
                 if resp.status != 200:
                     return None
-                return WorkerState.from_json(json.loads(resp.read()), f"{inst.role} instance {inst.cfg.instance} /v1/state")
+                return WorkerState.from_json(json_value(resp.read()), f"{inst.role} instance {inst.cfg.instance} /v1/state")
             finally:
                 conn.close()
         except (OSError, http.client.HTTPException, ValueError, FieldError):
@@ -782,13 +791,13 @@ class Router:
             try:
                 conn.request("POST", "/v1/probe", json.dumps(req.to_json()), {"Content-Type": "application/json"})
                 resp = conn.getresponse()
-                ans = json.loads(resp.read()) if resp.status == 200 else None
+                ans = json_value(resp.read()) if resp.status == 200 else None
             finally:
                 conn.close()
         except (OSError, http.client.HTTPException, ValueError):
             ans = None
         now = clock.now_s()
-        num = lambda k: float(ans[k]) if isinstance(ans, dict) and isinstance(ans.get(k), (int, float)) else None  # noqa: E731
+        num = lambda k: _answer_number(ans.get(k)) if isinstance(ans, dict) else None  # noqa: E731
         ok = isinstance(ans, dict) and ans.get("ok") is True and num("rate_bps") is not None
         with self._lock:  # KV that started or flowed under the probe shared the path: not an idle measurement
             overlapped = self._offloads_started != started or self._kv_seen_s >= t0
@@ -901,6 +910,16 @@ def _take_prefill(rec: dict[str, Any], result: list[PrefillResult]) -> None:
         if getattr(pres, k) is not None:
             rec[k] = getattr(pres, k)
 
+def _answer_number(v: Any) -> float | None:
+    """A number of a worker's probe answer: a finite one >= 0, else None, as if the answer had left it out (a whole
+    number past a float's range, 10**400, was an OverflowError that ended the router's probe thread for the run; NaN
+    was a rate the policy took)."""
+    try:
+        return non_negative(v)
+    except ValueError:
+        return None
+
+
 def _abort(conn: http.client.HTTPConnection | None, sock: socket.socket | None = None) -> None:
     """Close a worker connection from any thread (a blocked read returns at once). `sock`: the connection's
     socket as it was when the request was sent (a response that will close takes it over from `conn`)."""
@@ -926,7 +945,7 @@ def _sse_events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 return
-            obj = json.loads(payload)
+            obj = json_value(payload)
             if isinstance(obj, dict):
                 yield obj
 

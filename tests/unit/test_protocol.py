@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from testbed.clock import now_s
 from testbed.errors import FieldError
 from testbed.serving.protocol import (
     Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, ProbeRequest, TokenEvent,
@@ -109,8 +110,10 @@ def test_a_probe_request_is_bounded_naming_the_field(field: str, value: float, s
     (DecodeRequest, "input_len", 10**15, "input_len: 1000000000000000 is more than 16777216"),
     (DecodeRequest, "prompt_token_ids", [-1], "prompt_token_ids: -1 is not a token id (0 to 2147483647)"),
     (DecodeRequest, "prompt_token_ids", [1] * 4096, "prompt_token_ids: 4096 token ids, more than input_len (2048)"),
-    (PrefillRequest, "block_hashes", [10**30], f"block_hashes: {10**30} is not a block hash (signed 64-bit) "
-                                               "(-9223372036854775808 to 9223372036854775807)"),
+    (PrefillRequest, "block_hashes", [10**30], "block_hashes: an id is outside the signed 64-bit range (-2^63 to 2^63 - 1) "
+                                               "that block hashes take: item 0 is a 31-digit number"),
+    (DecodeRequest, "block_hashes", [1, True], "block_hashes: must be a list of whole numbers (block hashes); item 1 is True"),
+    (DecodeRequest, "block_hashes", "x", "block_hashes: must be a list of whole numbers (block hashes), got str"),
     (PrefillRequest, "decode", {"host": "h", "kv_port": 70000, "instance": 0}, "decode.kv_port: 70000 is more than 65535"),
 ])
 def test_a_worker_request_is_bounded_as_the_router_bounds_it(message, field: str, value: object, says: str) -> None:
@@ -119,3 +122,24 @@ def test_a_worker_request_is_bounded_as_the_router_bounds_it(message, field: str
     with pytest.raises(FieldError) as exc:
         message.from_json({**good, field: value})
     assert str(exc.value).endswith(says)
+
+
+@pytest.mark.parametrize("message,field,value,says", [
+    # a decode request of 1e10 s (or one that arrived at 1e300) made the decode worker's wait for its KV an
+    # OverflowError in a thread of its own, and its stream never ended (2026-12-07)
+    (DecodeRequest, "request_timeout_s", 1e10, "request_timeout_s: 10000000000.0 is more than 604800 s, a week, the longest "
+                                               "a request may take"),
+    (PrefillRequest, "request_timeout_s", 1e300, "request_timeout_s: 1e+300 is more than 604800 s"),
+    (DecodeRequest, "arrival_s", 1e300, "arrival_s: 1e+300 is not a time on this host's clock (at most a week past its now"),
+    (PrefillRequest, "arrival_s", 1e12, "arrival_s: 1000000000000.0 is not a time on this host's clock"),
+])
+def test_a_request_s_deadline_is_one_a_thread_can_wait_for(message, field: str, value: float, says: str) -> None:
+    import threading
+
+    good = (DecodeRequest("r1", 2048, 16) if message is DecodeRequest
+            else PrefillRequest("r1", 2048, KVDestination("h", 1, 0))).to_json()
+    with pytest.raises(FieldError) as exc:
+        message.from_json({**good, field: value})
+    assert says in str(exc.value) and str(exc.value).startswith(f"POST /v1/{'decode' if message is DecodeRequest else 'prefill'}: {field}: ")
+    week = message.from_json({**good, "arrival_s": now_s() + 3600, "request_timeout_s": 7 * 24 * 3600.0})  # the most is taken
+    assert not threading.Event().wait(min(0.01, week.arrival_s + week.request_timeout_s - now_s()))

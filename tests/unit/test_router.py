@@ -47,6 +47,8 @@ class FakeWorkers:
         self.probe_answer: dict[str, Any] = {"ok": False, "reason": "this fake does not probe"}
         self.prefill_gate: threading.Event | None = None  # when set here, a prefill answers only once it is set
         self.prefill_paused_s: float | None = None  # a prefill reports this pause (preempted), inside its start..end
+        self.state_raw: bytes | None = None  # when set, prefill instances answer /v1/state with these bytes
+        self.event_raw: bytes | None = None  # when set, a decode's first event is this data: line's payload
         self.servers: list[ThreadingHTTPServer] = []
         self.lock = threading.Lock()
 
@@ -86,7 +88,9 @@ class FakeWorkers:
                 self.json(PrefillResult(req.request_id, "ok", None, start, now, start, now, uncached * KV_BYTES_PER_TOKEN,
                                         uncached * KV_BYTES_PER_TOKEN + 64, prefill_paused_s=paused).to_json())
 
-            def state(self) -> dict[str, Any]:
+            def state(self) -> Any:
+                if fw.state_raw is not None:
+                    return fw.state_raw
                 cong = fw.congestion
                 if instance == 0:
                     fw.state_polls.append((clock.now_s(), cong))
@@ -106,6 +110,9 @@ class FakeWorkers:
                     time.sleep(30)
                     return
                 self.sse_start()  # a decode answers at once (its prefix header), then waits for the KV
+                if fw.event_raw is not None:
+                    self.wfile.write(b"data: " + fw.event_raw + b"\n\n")
+                    return
                 if not fw.event(req.request_id).wait(5):
                     self.sse(FinalEvent("failed", "KV did not arrive").to_json())
                     return
@@ -150,7 +157,7 @@ class _Base(BaseHTTPRequestHandler):
         return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
 
     def json(self, obj: Any) -> None:
-        data = json.dumps(obj).encode()
+        data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -573,6 +580,93 @@ def test_a_body_that_is_not_exactly_its_content_length_of_json_gets_an_error_nam
         assert time.monotonic() - t0 < 5
     assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200  # still serving
     assert [x["status"] for x in r.records()] == ["ok"]  # nothing of the refused bodies was served
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_request_trickled_a_byte_at_a_time_is_cut_off_at_the_timeout_and_a_key_given_twice_is_refused(router, capsys) -> None:
+    """Slowloris: `request_timeout_s` bounded each read, so headers or a body sent a byte every 0.2 s held a router
+    thread as long as the client liked (2026-12-07); the request's line, headers and body now share it. And
+    ``{"max_tokens": 1, "max_tokens": 99}`` was served with 99, the first value dropped without a word."""
+    import select
+
+    r = router(request_timeout_s=1.0)
+
+    def trickle(head: bytes, drip: bytes) -> tuple[float, bytes]:
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", r.address[1]), timeout=10) as s:
+            s.sendall(head)
+            for b in drip:
+                if select.select([s], [], [], 0)[0]:  # the router answered or hung up
+                    break
+                try:
+                    s.sendall(bytes([b]))
+                except OSError:
+                    break
+                time.sleep(0.2)
+            out = b""
+            try:
+                while chunk := s.recv(65536):
+                    out += chunk
+            except OSError:
+                pass
+        return time.monotonic() - t0, out
+
+    took, out = trickle(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", b"X-Drip: " + b"a" * 40)
+    assert took < 3 and out == b"", (took, out)
+    took, out = trickle(post_head("/v1/completions", "Content-Length: 50"), b"{" + b" " * 40)
+    assert took < 3 and json.loads(out.partition(b"\r\n\r\n")[2])["error"]["message"] == \
+        "body: the 50 bytes of Content-Length did not arrive within 1.0 s", (took, out)
+    body = b'{"prompt": "a b", "max_tokens": 1, "max_tokens": 99}'
+    code, out = raw_request(r, post_head("/v1/completions", f"Content-Length: {len(body)}") + body)
+    assert (code, out["error"]["param"], out["error"]["message"]) == (400, "max_tokens",
+                                                                       "max_tokens: is given twice in one object; give it once")
+    body = b'{"egress_bps": 1, "units": "wire", "egress_bps": 2}'
+    assert raw_request(r, post_head("/v1/telemetry", f"Content-Length: {len(body)}") + body)[1]["error"]["param"] == "egress_bps"
+    assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200  # still serving
+    assert [x["status"] for x in r.records()] == ["ok"] and r.state()["wan"]["egress_bps"] == 0.0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_prompt_longer_than_any_context_gets_400_naming_it() -> None:
+    """A prompt of more than `units.MAX_TOKENS` tokens was served (the bound held for max_tokens and prfaas.input_len
+    only), and the workers refused its input_len: a 502 for the client's own mistake (2026-12-07)."""
+    from testbed.serving.router import BadRequest, parse_completion
+    from testbed.units import MAX_TOKENS
+
+    cfg = RouterConfig((), ())
+    for prompt in ([0] * (MAX_TOKENS + 1), "a " * (MAX_TOKENS + 1)):
+        with pytest.raises(BadRequest) as e:
+            parse_completion({"prompt": prompt}, cfg)
+        assert (e.value.param, str(e.value)) == ("prompt", f"{MAX_TOKENS + 1} tokens, more than {MAX_TOKENS} (16M), past any "
+                                                           "model's context")
+    assert parse_completion({"prompt": [0] * MAX_TOKENS}, cfg).input_len == MAX_TOKENS
+
+
+def test_a_worker_answer_that_breaks_json_or_a_float_fails_its_request_not_a_router_thread(router, fw, capsys) -> None:
+    """What the workers send is read as any bytes from the network: a /v1/state nested 100,000 deep was a
+    RecursionError that ended the router's state polls for the run, a decode event so nested a traceback that lost the
+    request's record, and a probe's rate of 10**400 an OverflowError that ended its probe thread (2026-12-07)."""
+    fw.state_raw = b"[" * 100_000 + b"]" * 100_000
+    r = router()
+    deadline = time.monotonic() + 5
+    while r.state()["instances"][0]["healthy"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not r.state()["instances"][0]["healthy"]  # a state that breaks the protocol: unhealthy
+    fw.state_raw = None
+    while not r.state()["instances"][0]["healthy"] and time.monotonic() < deadline + 5:
+        time.sleep(0.05)
+    assert r.state()["instances"][0]["healthy"]  # and the polls went on: healthy again
+    fw.event_raw = b"[" * 100_000 + b"]" * 100_000
+    code, out = post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})
+    assert code == 502 and "JSON nested too deeply" in out["error"]["message"]
+    assert [x["status"] for x in r.records()] == ["failed"]
+    inst, dest = r.prefill[0], r.decode[0]
+    for rate in (b"1" + b"0" * 400, b"NaN", b"-1"):
+        fw.probe_answer = b'{"ok": true, "reason": null, "bytes": 1000, "rate_bps": %s, "rtt_ms": 1.0}' % rate
+        ans = r.probe(inst, dest, 1e6)
+        assert ans is not None and r.log.rows("probe")[-1]["ok"] is False  # no rate: not a measurement
+    fw.probe_answer = b'{"ok": true, "ok": false, "rate_bps": 1e9, "bytes": 1000}'
+    assert r.probe(inst, dest, 1e6) is None  # an answer that gives a key twice is no answer
     assert "Traceback" not in capsys.readouterr().err
 
 

@@ -256,6 +256,69 @@ def test_a_body_that_is_not_exactly_its_content_length_of_json_gets_one_line_and
     assert "Traceback" not in capsys.readouterr().err
 
 
+def trickle(port: int, head: bytes, drip: bytes, every_s: float = 0.2) -> tuple[float, bytes]:
+    """Send `head`, then `drip` a byte every `every_s` (slowloris) until the server answers or hangs up; the seconds
+    that took from the start and what the server sent."""
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head)
+        for b in drip:
+            if _readable(s):  # the server answered or hung up
+                break
+            try:
+                s.sendall(bytes([b]))
+            except OSError:  # the server hung up
+                break
+            time.sleep(every_s)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except OSError:
+            pass
+    return time.monotonic() - t0, out
+
+
+def _readable(s: socket.socket) -> bool:
+    import select
+
+    return bool(select.select([s], [], [], 0)[0])
+
+
+def test_a_request_trickled_a_byte_at_a_time_is_cut_off_at_the_handlers_timeout_in_all(capsys) -> None:
+    """Slowloris: the timeout bounded each read, so a client that sent a header or body byte every 0.2 s (timeout 1 s)
+    held a server thread as long as it kept dripping (2026-12-07); the request's line, headers and body now share it."""
+    stub = SimpleNamespace(cfg=SimpleNamespace(role="prefill", instance=0, request_timeout_s=1.0))
+    srv = Server(("127.0.0.1", 0), make_handler(stub))
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    port = srv.server_address[1]
+    try:
+        took, out = trickle(port, b"POST /v1/prefill HTTP/1.1\r\nHost: x\r\n", b"X-Drip: " + b"a" * 40)  # headers that never end
+        assert took < 3 and out == b"", (took, out)  # hung up without an answer, as for headers that stall
+        took, out = trickle(port, b"POST /v1/prefill HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n", b"{" + b" " * 40)
+        assert took < 3 and b"400 Bad Request" in out, (took, out)
+        assert json.loads(out.partition(b"\r\n\r\n")[2]) == {"error": "body: the 50 bytes of Content-Length did not arrive within 1.0 s"}
+        # a key given twice was taken with its last value, the first dropped without a word
+        body = b'{"request_id": "a", "request_id": "b"}'
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"POST /v1/prefill HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            r = http.client.HTTPResponse(s)
+            r.begin()
+            assert (r.status, json.loads(r.read())) == (400, {"error": "request_id: is given twice in one object; give it once"})
+        # a request that comes in time is served on a kept-alive connection, and the next one gets the timeout anew
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            for _ in range(3):
+                s.sendall(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+                r = http.client.HTTPResponse(s)
+                r.begin()
+                assert r.status == 404 and r.read()
+                time.sleep(0.6)  # 1.8 s in all on one connection: more than one timeout, less than one per request
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_a_probe_crosses_to_the_decode_workers_receiver_is_dropped_there_and_answers_with_tcp_info(workers):
     dec, pre = workers
     # The rate needs the prober's 1-ms sampler to see acknowledged bytes while the burst runs; a burst over before
