@@ -124,11 +124,11 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     `out_dir` defaults to the run directory for one run; several runs need one.
     """
     if not run_dirs:
-        raise UserError("report: give at least one run directory")
+        raise UserError("give at least one run directory")
     runs = [load_run(d) for d in run_dirs]
     if out_dir is None:
         if len(runs) > 1:
-            raise UserError("report: several runs need --out DIR for the comparison report")
+            raise UserError("several runs need --out DIR for the comparison report")
         out_dir = runs[0].path
     out = Path(out_dir)
     pdir = out / "plots"

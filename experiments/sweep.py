@@ -48,7 +48,7 @@ class SweepPoint:
 def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
     """``["wan.rate=10Gbps,20Gbps", "seed=1,2"]`` -> [("wan.rate", ["10Gbps", "20Gbps"]), ("seed", ["1", "2"])]."""
     if not items:
-        raise UserError("sweep: give at least one --grid key=v1,v2,...")
+        raise UserError("give at least one --grid key=v1,v2,...")
     out = []
     for it in items:
         if "=" not in it:

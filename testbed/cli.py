@@ -28,6 +28,9 @@ COMMAND_MODULES = (
 )
 
 
+PROG_ATTR = "_prog"  # where a parsed namespace keeps the name of the command that parsed it
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -37,12 +40,20 @@ class _Parser(argparse.ArgumentParser):
         ``prfaas lab check 2 --answers a.yaml runs/x runs/y`` was "unrecognized arguments: runs/x runs/y"
         (argparse gives a list of positionals only what comes before the first option; 2026-12-07)."""
         if getattr(self, "_intermixing", False) or self._subparsers is not None or not self._intermixable():
-            return super().parse_known_args(args, namespace)
+            return self._named(*super().parse_known_args(args, namespace))
         self._intermixing = True
         try:
-            return self.parse_known_intermixed_args(args, namespace)
+            return self._named(*self.parse_known_intermixed_args(args, namespace))
         finally:
             self._intermixing = False
+
+    def _named(self, namespace: argparse.Namespace, rest: list[str]) -> tuple[argparse.Namespace, list[str]]:
+        """Record the innermost (sub)command's name, ``prfaas net up``, as `PROG_ATTR`: a subcommand parses first
+        and its values are copied up, so an outer parser finds it set. A `UserError` is then printed under the
+        same name as argparse's own errors of that command (one prefix per command, not "prfaas:" for some)."""
+        if not getattr(namespace, PROG_ATTR, None):
+            setattr(namespace, PROG_ATTR, self.prog)
+        return namespace, rest
 
     def _intermixable(self) -> bool:
         """What argparse can intermix: no ``nargs=REMAINDER`` positional (``prfaas net exec HOST -- CMD...``, where what
@@ -77,7 +88,7 @@ def _dispatch(argv: list[str] | None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return guarded("prfaas", lambda: args.func(args))
+    return guarded(getattr(args, PROG_ATTR, None) or "prfaas", lambda: args.func(args))
 
 
 def guarded(prog: str, body: Callable[[], int | None]) -> int:

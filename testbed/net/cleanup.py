@@ -137,7 +137,7 @@ def _check_run(run: str, good: list[tuple[Path, dict[str, Any]]], damaged: list[
         return
     runs = sorted({str(data.get("run_id") or data.get("run_dir")) for _, data in good if data.get("run_id") or data.get("run_dir")})
     left = f"runs with a network left: {', '.join(runs)}" if runs else "no run has a network left"
-    raise UserError(f"clean: no network names run {run!r} (as its run id or its run directory), and it is no run directory; "
+    raise UserError(f"no network names run {run!r} (as its run id or its run directory), and it is no run directory; "
                     f"{left} (a plain `prfaas clean` removes every network whose owner is gone)")
 
 

@@ -169,7 +169,7 @@ def _detach(args: argparse.Namespace) -> int:
                 return 0
         if child.poll() is not None:
             lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-            raise UserError(lines[-1].removeprefix("prfaas: error: ") if lines else f"net up exited with status {child.returncode}")
+            raise UserError(lines[-1].removeprefix("prfaas net up: error: ") if lines else f"net up exited with status {child.returncode}")
         time.sleep(0.1)
     child.terminate()
     raise HostError(f"the network did not come up within 120 s (log {log})")
@@ -215,16 +215,16 @@ def cmd_net_exec(args: argparse.Namespace) -> int:
         args.net_id, cmd = cmd[1], cmd[2:]
     cmd = cmd[1:] if cmd[:1] == ["--"] else cmd
     if not cmd:
-        raise UserError("net exec: give a command after --, e.g. prfaas net exec pd-d0 -- ip addr")
+        raise UserError("give a command after --, e.g. prfaas net exec pd-d0 -- ip addr")
     d = _find_network(args.net_id)
     hosts = d.get("hosts", {})
     if args.host not in hosts:
-        raise UserError(f"net exec: no host {args.host!r}; hosts: {', '.join(sorted(hosts))}")
+        raise UserError(f"no host {args.host!r}; hosts: {', '.join(sorted(hosts))}")
     pid, cookie = hosts[args.host]["pid"], hosts[args.host].get("netns_cookie")
     # the host's shell is the way into its namespace: where it has gone (the network stopping), its pid may be another
     # process's, and mnexec would run CMD in that process's namespace, the host's own one if it is in the root namespace
     if cookie is not None and state.netns_cookie(pid) != cookie:
-        raise HostError(f"net exec: host {args.host}'s shell (pid {pid}) is no longer in the namespace the network "
+        raise HostError(f"host {args.host}'s shell (pid {pid}) is no longer in the namespace the network "
                         f"recorded; network {d['tag']} is stopping or was killed (`prfaas net down`, `prfaas clean`)")
     return subprocess.call(["mnexec", "-a", str(pid), *cmd])
 

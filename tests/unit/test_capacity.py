@@ -321,7 +321,7 @@ def test_the_capacity_command_plans_at_most_10000_runs_before_its_folder(tmp_pat
                        (["--tolerance", "1e-6"], "prfaas capacity: error: argument --tolerance: 1e-6 is below 0.001: rates are "
                                                  "tried to 4 significant digits, 0.01-0.1% apart, so no rate may be left between a "
                                                  "narrower bracket's ends; use 0.001 or more"),
-                       (["--max-probes", "5000", "--repetitions", "2"], f"prfaas: error: --max-probes 5000 --repetitions 2: up to "
+                       (["--max-probes", "5000", "--repetitions", "2"], f"prfaas capacity: error: --max-probes 5000 --repetitions 2: up to "
                                                                          f"5006 rates (5000 and 6 outward for the interval) x 2 "
                                                                          f"repetitions make 10012 runs, more than 10000, {why}")):
         try:

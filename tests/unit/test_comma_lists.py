@@ -60,7 +60,7 @@ def test_the_commands_refuse_an_empty_value_in_one_line_before_any_work(argv: li
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"prfaas: error: {said}") and err.count("\n") == 1, err
+    assert err.startswith(f"prfaas {argv[0]}: error: {said}") and err.count("\n") == 1, err
     assert not list(tmp_path.iterdir())  # no output folder made
 
 

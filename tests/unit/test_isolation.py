@@ -98,7 +98,7 @@ def test_clean_of_a_run_no_network_names_is_one_line_not_nothing_to_clean(state_
     for argv in (["clean", "quikc-1"], ["clean", "quikc-1", "--all", "--json"], ["clean", ""]):
         assert main(argv) == 2
         err = capsys.readouterr().err.splitlines()
-        assert err == [f"prfaas: error: clean: no network names run {argv[1]!r} (as its run id or its run directory), and it "
+        assert err == [f"prfaas clean: error: no network names run {argv[1]!r} (as its run id or its run directory), and it "
                        "is no run directory; runs with a network left: quick-1 (a plain `prfaas clean` removes every network "
                        "whose owner is gone)"]
     assert len(list(state_dir.glob("net-*.json"))) == 2

@@ -138,7 +138,7 @@ BAD_ARGS = [
 def test_cli_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     rc, out, err = _run(capsys, *argv)
     assert rc == 2
-    assert err.startswith("prfaas: error: ") and message in err
+    assert err.startswith("prfaas kv-size: error: ") and message in err
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
@@ -180,5 +180,5 @@ def test_a_state_dtype_that_takes_a_request_past_the_wire_bound_is_refused(capsy
     assert rc == 0
     rc, _, err = _run(capsys, "--model", str(f), "--tokens", "1", "--state-dtype", "fp32")
     assert rc == 2 and err.count("\n") == 1
-    assert err.startswith("prfaas: error: --state-dtype float32: a request of 16,777,216 tokens (units.MAX_TOKENS, the longest) "
+    assert err.startswith("prfaas kv-size: error: --state-dtype float32: a request of 16,777,216 tokens (units.MAX_TOKENS, the longest) "
                           "caches 9.22e+18 bytes")

@@ -98,10 +98,12 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     monkeypatch.setattr("experiments.ray_executor.tcp_accepts", lambda host, port, timeout_s=1.0: True)
 
 
-def one_error_line(err: str) -> str:
+def one_error_line(err: str, command: str) -> str:
+    """The one line a command's user mistake prints, less its prefix, which names the command (`prfaas capacity: error: `)."""
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("prfaas: error: "), err
-    return lines[0].removeprefix("prfaas: error: ")
+    prefix = f"prfaas {command}: error: "
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith(prefix), err
+    return lines[0].removeprefix(prefix)
 
 
 # ------------------------------------------------------------------------------------------- --executor
@@ -159,7 +161,7 @@ def test_a_bad_executor_is_one_line_before_any_folder_or_run(command: str, value
     (tmp_path / "spec.yaml").write_text("scenario: quick\narms: {a: {policy.name: prfaas}, b: {policy.name: fixed-threshold}}\n"
                                         "seeds: 1\n")
     assert main(COMMANDS[command](tmp_path) + ["--executor", value]) == 2
-    assert one_error_line(capsys.readouterr().err).startswith(f"--executor {said}")
+    assert one_error_line(capsys.readouterr().err, command).startswith(f"--executor {said}")
     assert not (tmp_path / "out").exists() and runs == []
 
 
@@ -423,7 +425,7 @@ def test_a_reproduction_resumed_from_a_damaged_folder(case: str, damage: Callabl
     assert main(argv) == status
     err = capsys.readouterr().err
     if status:
-        line = one_error_line(err)
+        line = one_error_line(err, "reproduce")
         at = -1
         for part in said:  # each in order, in the one line
             at = line.find(part, at + 1)
@@ -462,7 +464,7 @@ def test_a_capacity_search_resumed_with_other_settings_is_refused_before_any_run
     capsys.readouterr()
     assert not any(k.startswith("rate=0.7/") for k in made)  # a new start: the old check ran its runs first
     assert main(CAPACITY + ["--out", str(out), "--set", "serving.slo.ttft=20s", "--start", "0.7"]) == 2
-    line = one_error_line(capsys.readouterr().err)
+    line = one_error_line(capsys.readouterr().err, "capacity")
     assert runs == [] and every_path(out) == paths and finished_runs(out) == before  # nothing ran, made or deleted
     first = out / "probes" / f"{sorted(made)[0].split('/')[0]}" / "seed1"
     assert line.startswith(f"{first}: holds a finished run of other settings than this one asks for (serving.slo.ttft: "), line
@@ -501,7 +503,7 @@ def test_a_reproduction_resumed_as_another_variant_is_refused_before_any_run(var
     paths, before = every_path(d), finished_runs(d)
     quick = ["--quick"] if variant else []  # full: the same folder without --quick
     assert main(["reproduce", "case-study", "--out", str(d), "--json"] + quick + variant) == 2
-    line = one_error_line(capsys.readouterr().err)
+    line = one_error_line(capsys.readouterr().err, "reproduce")
     assert runs == [] and every_path(d) == paths and finished_runs(d) == before
     first = sorted((d / "prfaas_pd" / "probes").iterdir())[0] / "seed1"
     said = "(duration: '45s' there, '150s' now; " if not variant else "(serving.slo.stop_below: 0.9 there, nothing now)"

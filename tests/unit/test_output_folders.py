@@ -54,7 +54,7 @@ def test_a_refused_capacity_search_leaves_no_folder(nothing_runs, capsys):
     for out in ([], ["--out", "named"]):
         assert refused(["capacity", "quick", "--set", "seed=-1", *out], capsys).endswith(SEED)
         assert refused(["capacity", "quick", "--executor", "nosuch", *out], capsys) == (
-            "prfaas: error: --executor 'nosuch': unknown executor; allowed: local, local:N, ray, ray:ADDRESS (docs/scale-out.md)")
+            "prfaas capacity: error: --executor 'nosuch': unknown executor; allowed: local, local:N, ray, ray:ADDRESS (docs/scale-out.md)")
     assert list(nothing_runs.iterdir()) == []  # was runs/capacity-quick-<time>, and named/
 
 
@@ -76,23 +76,23 @@ def test_a_refused_reproduction_leaves_no_folder(nothing_runs, capsys, monkeypat
 
     for out in ([], ["--out", "named"]):
         assert refused(["reproduce", "case-study", "--quick", "--executor", "nosuch", *out], capsys) == (
-            "prfaas: error: --executor 'nosuch': unknown executor; allowed: local, local:N, ray, ray:ADDRESS (docs/scale-out.md)")
+            "prfaas reproduce: error: --executor 'nosuch': unknown executor; allowed: local, local:N, ray, ray:ADDRESS (docs/scale-out.md)")
     why = "'bbr' cannot be set on this host"
 
     def host_refuses(scenario, overrides, executor=None):  # as plan_run refuses a KV congestion control this host's kernel lacks
         raise FieldError("serving.kv_congestion_control", why)
 
     monkeypatch.setattr(capacity, "check_scenario", host_refuses)
-    assert refused(["reproduce", "case-study", "--quick"], capsys) == f"prfaas: error: serving.kv_congestion_control: {why}"
+    assert refused(["reproduce", "case-study", "--quick"], capsys) == f"prfaas reproduce: error: serving.kv_congestion_control: {why}"
     assert list(nothing_runs.iterdir()) == []  # was runs/reproduce-case-study-<time>, and named/
 
 
 def test_a_refused_run_quickstart_sweep_or_experiment_leaves_no_folder(nothing_runs, capsys):
     assert refused(["run", "quick", "--set", "seed=-1"], capsys).endswith(SEED)
     assert refused(["run", "quick", "--set", "seed=-1", "--out", "named"], capsys).endswith(SEED)
-    assert refused(["quickstart", "--policies", "prfaas,nosuch"], capsys).startswith("prfaas: error: ")
+    assert refused(["quickstart", "--policies", "prfaas,nosuch"], capsys).startswith("prfaas quickstart: error: ")
     assert refused(["quickstart", "--policies", "prfaas,prfaas", "--out", "named"], capsys) == (
-        "prfaas: error: --policies 'prfaas,prfaas': 'prfaas' is given twice; name each policy once")
+        "prfaas quickstart: error: --policies 'prfaas,prfaas': 'prfaas' is given twice; name each policy once")
     assert refused(["sweep", "quick", "--grid", "seed=1,-1", "--out", "named"], capsys).endswith(SEED)
     spec = nothing_runs / "spec.yaml"
     spec.write_text("scenario: quick\narms: {a: {workload.seed: -1}}\n")
@@ -102,10 +102,10 @@ def test_a_refused_run_quickstart_sweep_or_experiment_leaves_no_folder(nothing_r
 
 def test_a_refused_profile_calibration_or_wall_leaves_no_folder(nothing_runs, capsys):
     profile = ["profile", "--model", "kimi-linear-48b", "--variant", "tiny", "--device", "cpu", "--out", "p.yaml"]
-    assert refused(profile + ["--lengths", "1"], capsys) == ("prfaas: error: --lengths: give comma-separated whole numbers >= 2, "
+    assert refused(profile + ["--lengths", "1"], capsys) == ("prfaas profile: error: --lengths: give comma-separated whole numbers >= 2, "
                                                              "e.g. 256,512,1K")
-    assert refused(profile + ["--depth", "999"], capsys).startswith("prfaas: error: --depth: 999 is not within 1..")
-    assert refused(["profile", "--model", "nosuch", "--out", "p.yaml"], capsys).startswith("prfaas: error: ")
+    assert refused(profile + ["--depth", "999"], capsys).startswith("prfaas profile: error: --depth: 999 is not within 1..")
+    assert refused(["profile", "--model", "nosuch", "--out", "p.yaml"], capsys).startswith("prfaas profile: error: ")
     (nothing_runs / "pdir").mkdir()  # an IsADirectoryError traceback after the whole timing, until 2026-12-07
     assert refused(profile[:-1] + ["pdir"], capsys) == "prfaas profile: error: argument --out: 'pdir' is a folder; name a file"
     (nothing_runs / "pdir").rmdir()
@@ -114,14 +114,14 @@ def test_a_refused_profile_calibration_or_wall_leaves_no_folder(nothing_runs, ca
     for duration in ("1e9", "86400", "86399.5"):
         assert refused(["calibrate", "quick", "--duration", duration], capsys).endswith(
             f"argument --duration: {duration} is more than 86399 s, iperf3's longest run (86400 s) less the 1 s omit")
-    assert refused(["wall", "--plots", "d", "--measured", "nosuch.yaml"], capsys).startswith("prfaas: error: ")
-    assert refused(["wall", "--measure", "nosuch", "--save", "d"], capsys).startswith("prfaas: error: ")
-    assert refused(["wall", "--save", "d"], capsys) == "prfaas: error: --save d: it writes the points --measure times; add --measure [MODEL ...]"  # ignored before
+    assert refused(["wall", "--plots", "d", "--measured", "nosuch.yaml"], capsys).startswith("prfaas wall: error: ")
+    assert refused(["wall", "--measure", "nosuch", "--save", "d"], capsys).startswith("prfaas wall: error: ")
+    assert refused(["wall", "--save", "d"], capsys) == "prfaas wall: error: --save d: it writes the points --measure times; add --measure [MODEL ...]"  # ignored before
     assert list(nothing_runs.iterdir()) == []
 
 
 def test_a_refused_lab_start_or_trace_leaves_no_folder(nothing_runs, capsys):
-    assert refused(["lab", "start", "99", "--dir", "d"], capsys).startswith("prfaas: error: lab 99: no such lab")
+    assert refused(["lab", "start", "99", "--dir", "d"], capsys).startswith("prfaas lab start: error: lab 99: no such lab")
     assert refused(["traffic", "generate", "quick", "--set", "seed=-1", "--out", "t.jsonl"], capsys).endswith(SEED)
     assert list(nothing_runs.iterdir()) == []
 
@@ -350,18 +350,18 @@ def test_a_schedule_step_whose_queue_tc_cannot_hold_is_refused_before_any_run_as
             "bytes (4 GiB - 1), the most a queue's byte limit holds (tc's is 32-bit); use a smaller queue, or a larger scale "
             "(at 5s of wan.schedule: change prfaas_to_pd+pd_to_prfaas delay 2 s, prfaas_to_pd)")
     sets = [a for o in bad for a in ("--set", o)]
-    assert refused(["check", "quick", *sets], capsys) == f"prfaas: error: {says}"
-    assert refused(["capacity", "quick", *sets], capsys) == f"prfaas: error: {says}"
-    assert refused(["capacity", "quick", *sets, "--out", "named"], capsys) == f"prfaas: error: {says}"
+    assert refused(["check", "quick", *sets], capsys) == f"prfaas check: error: {says}"
+    assert refused(["capacity", "quick", *sets], capsys) == f"prfaas capacity: error: {says}"
+    assert refused(["capacity", "quick", *sets, "--out", "named"], capsys) == f"prfaas capacity: error: {says}"
     spec = nothing_runs / "spec.yaml"
     spec.write_text("scenario: quick\nset: {wan.queue: 100bdp}\narms: {a: {}, b: {'wan.schedule': [{at: 5s, delay: 2s, for: 5s}]}}\n")
-    assert refused(["experiment", str(spec), "--out", "named"], capsys) == f"prfaas: error: {says}"
-    base = ("prfaas: error: wan.queue: 11.64 GiB on the wire (100 bdp at 0.5 Gbps on the wire and a 2000 ms round trip), more "
+    assert refused(["experiment", str(spec), "--out", "named"], capsys) == f"prfaas experiment: error: {says}"
+    base = ("wan.queue: 11.64 GiB on the wire (100 bdp at 0.5 Gbps on the wire and a 2000 ms round trip), more "
             "than 4294967295 bytes (4 GiB - 1)")  # no schedule: the start, as prfaas check plans it (the run's network refused it)
     assert refused(["check", "quick", "--set", "wan.schedule=[]", "--set", "wan.queue=100bdp", "--set", "wan.delay=1s"],
-                   capsys).startswith(base)
+                   capsys).startswith("prfaas check: error: " + base)
     assert refused(["sweep", "quick", "--grid", "wan.schedule=[]", "--grid", "wan.queue=100bdp", "--grid", "wan.delay=5ms,1s",
-                    "--out", "named"], capsys).startswith(base)
+                    "--out", "named"], capsys).startswith("prfaas sweep: error: " + base)
     assert sorted(p.name for p in nothing_runs.iterdir()) == ["spec.yaml"]  # no run, no folder
     # scale: auto is checked at the scale each host resolves: a 200-ms step fits at scale 10, not at 1 (a 5 Gbps host)
     monkeypatch.setattr("testbed.net.emulation.host_capacity_bps", lambda: (5e9, "a stub"))

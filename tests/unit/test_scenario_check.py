@@ -218,7 +218,7 @@ def test_fuzz_corpus_refusals_are_one_line_and_exit_2(tmp_path: Path, capsys: py
         assert status in (0, 2), label
         if status == 2:
             refused += 1
-            assert err.count("\n") == 1 and err.startswith("prfaas: error: "), (label, err)
+            assert err.count("\n") == 1 and err.startswith("prfaas check: error: "), (label, err)
         else:
             assert "valid" in out, label
     assert refused >= 100  # most mutations are bad input; the rest must check cleanly

@@ -132,7 +132,7 @@ def test_prfaas_run_with_bad_input_prints_one_line_and_starts_nothing(capsys, tm
     rc = cli_main(["run", "quick", "--out", str(tmp_path / "r"), "--set", "serving.slo.tpot=1ms"])
     err = capsys.readouterr().err
     assert rc == 2
-    assert err.startswith("prfaas: error:") and err.count("\n") == 1 and "serving.slo.tpot" in err
+    assert err.startswith("prfaas run: error:") and err.count("\n") == 1 and "serving.slo.tpot" in err
     assert not (tmp_path / "r").exists()
 
 

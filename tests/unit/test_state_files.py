@@ -356,7 +356,7 @@ def test_net_exec_and_down_pass_over_a_damaged_file_in_one_warning(host: dict[st
         assert main(argv) == 2
         err = capsys.readouterr().err.splitlines()
         assert err[0].startswith(f"prfaas: warning: {bad}: owner_pid: 'x' is not a whole number >= 1")
-        assert err[1].startswith("prfaas: error: no network is running") and len(err) == 2
+        assert err[1].startswith(f"prfaas {argv[0]} {argv[1]}: error: no network is running") and len(err) == 2
 
 
 def test_net_down_signals_no_owner_its_file_cannot_identify(host: dict[str, Any], capsys: pytest.CaptureFixture[str]):
@@ -364,7 +364,7 @@ def test_net_down_signals_no_owner_its_file_cannot_identify(host: dict[str, Any]
     put(json.dumps(good_state(pid=me, owner_start=None, held_by=state.NET_UP)), pid=me)
     assert main(["net", "down"]) == 2  # (it would have been a SIGTERM to this test's process)
     err = capsys.readouterr().err
-    assert err.startswith("prfaas: error: network 0abcd: its state file records no start time") and err.count("\n") == 1
+    assert err.startswith("prfaas net down: error: network 0abcd: its state file records no start time") and err.count("\n") == 1
 
 
 def test_net_down_stops_only_a_net_up_network_unless_another_is_named(host: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
@@ -381,7 +381,7 @@ def test_net_down_stops_only_a_net_up_network_unless_another_is_named(host: dict
     put(json.dumps(good_state(pid=run_pid, tag="0aaaa", bridges=["brf0aaaa", "brd0aaaa"])), pid=run_pid, tag="0aaaa")
     assert main(["net", "down"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("prfaas: error: no network from `prfaas net up` is running; running: 0aaaa (quick, run r1, "
+    assert err.startswith("prfaas net down: error: no network from `prfaas net up` is running; running: 0aaaa (quick, run r1, "
                           f"pid {run_pid})") and "--id" in err and err.count("\n") == 1
     assert signalled == []
     put(json.dumps(good_state(pid=up_pid, tag="0bbbb", run_id=None, held_by=state.NET_UP,
@@ -490,5 +490,5 @@ def test_net_exec_enters_a_host_only_while_its_shell_is_in_the_recorded_namespac
         host["cookies"][1234] = now
         assert main(["net", "exec", "pd-d0", "--", "ip", "addr"]) != 0
         err = capsys.readouterr().err
-        assert err.startswith("prfaas: error: net exec: host pd-d0's shell (pid 1234) is no longer in the namespace") and err.count("\n") == 1
+        assert err.startswith("prfaas net exec: error: host pd-d0's shell (pid 1234) is no longer in the namespace") and err.count("\n") == 1
     assert len(calls) == 1

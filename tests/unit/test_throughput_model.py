@@ -196,7 +196,7 @@ def test_model_plots_into_a_path_that_cannot_be_a_folder_is_one_line(tmp_path, c
     (tmp_path / "file").write_text("x")
     assert main(["model", "--paper-case-study", "--plots", str(tmp_path / "file" / "plots")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"prfaas: error: {tmp_path / 'file' / 'plots'}: cannot create this folder (Not a directory); "
+    assert err == [f"prfaas model: error: {tmp_path / 'file' / 'plots'}: cannot create this folder (Not a directory); "
                    f"{tmp_path / 'file'} is a file where a folder goes: move it aside (or use another folder)"]
 
 

@@ -30,7 +30,7 @@ def test_bad_trace_is_one_line_error_and_skip_bad_counts(tmp_path: Path, capsys:
     p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\nnot json\n')
     assert main(["traffic", "stats", str(p)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("prfaas: error: ") and "line 2: not valid JSON" in err and err.count("\n") == 1
+    assert err.startswith("prfaas traffic stats: error: ") and "line 2: not valid JSON" in err and err.count("\n") == 1
     assert "(use --skip-bad to skip and count bad lines)" in err
     assert main(["traffic", "stats", str(p), "--json", "--skip-bad"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -121,7 +121,7 @@ def test_generate_from_an_empty_workload_file_is_one_line_not_the_default_worklo
     out = tmp_path / "o.jsonl"
     assert main(["traffic", "generate", str(spec), "--out", str(out), "--duration", "5s"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"prfaas: error: {spec}: {what}; a workload (a YAML mapping of arrivals, input, output, ...: docs/scenario-workload.md) "
+        f"prfaas traffic generate: error: {spec}: {what}; a workload (a YAML mapping of arrivals, input, output, ...: docs/scenario-workload.md) "
         "or a scenario with a workload: section is expected"]
     assert not out.exists()
 
@@ -134,7 +134,7 @@ def test_generate_from_a_scenario_without_a_workload_says_so(tmp_path: Path, cap
     out = tmp_path / "o.jsonl"
     assert main(["traffic", "generate", "net-default", "--out", str(out)]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"prfaas: error: {find_scenario('net-default')}: scenario net-default has no workload: section to draw; add one "
+        f"prfaas traffic generate: error: {find_scenario('net-default')}: scenario net-default has no workload: section to draw; add one "
         "(docs/scenario-workload.md), e.g. --set 'workload={arrivals: {rate: 2}}'"]
     assert not out.exists()
     assert main(["traffic", "generate", "net-default", "--out", str(out), "--set", "workload={arrivals: {rate: 2}}"]) == 0
