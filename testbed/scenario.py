@@ -504,6 +504,9 @@ class Scenario:
         return replace(self, scale=factor, raw=raw)
 
 
+NETWORK_KEYS = ("name", "seed", "scale", "duration", "topology", "wan")  # what `read_scenario` reads itself; sections add theirs
+
+
 def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Section]) -> Scenario:
     """A scenario from its YAML data: the network part, and each of `sections` the data has (any other
     key is refused). Whole scenarios: `testbed.sections.parse_scenario`."""
@@ -523,6 +526,7 @@ def read_scenario(data: Any, source: str | None = None, *, sections: Sequence[Se
         raw=data or {},
         source=source,
     )
+    f.mark_read(*(s.key for s in sections))  # allowed where absent too: an unknown key's refusal lists them
     f.done()
     for e in sc.wan.schedule:
         if e.at_s > sc.duration_s:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from testbed.models.spec import parse_model_section
-from testbed.scenario import Scenario, Section, read_scenario, read_scenario_file
+from testbed.scenario import NETWORK_KEYS, Scenario, Section, read_scenario, read_scenario_file
 from testbed.serving.config import check_scenario, parse_serving_section
 from testbed.serving.policy import parse_policy_section
 from traffic.cross import check_cross_traffic, cross_traffic_rates, parse_cross_traffic_section
@@ -23,6 +23,9 @@ SECTIONS: tuple[Section, ...] = (
     Section("serving", parse_serving_section, check=check_scenario),
     Section("cross_traffic", parse_cross_traffic_section, check=check_cross_traffic, rates=cross_traffic_rates),
 )
+
+
+SCENARIO_KEYS = frozenset({*NETWORK_KEYS, *(s.key for s in SECTIONS)})  # every top-level key a whole scenario may have
 
 
 def parse_scenario(data: Any, source: str | None = None) -> Scenario:

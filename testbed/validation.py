@@ -122,8 +122,12 @@ class Fields:
     def done(self) -> None:
         unknown = sorted(set(map(str, self.data)) - self._read)
         if unknown:
+            import difflib
+
             allowed = ", ".join(sorted(self._read)) or "(none)"
-            raise self.error(unknown[0], f"unknown key; allowed keys here: {allowed}")
+            near = difflib.get_close_matches(unknown[0], sorted(self._read), n=1)  # a typo: `worklaod`, `block_hash`
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise self.error(unknown[0], f"unknown key; {hint}allowed keys here: {allowed}")
 
 
 def whole_number(v: Any) -> int:

@@ -12,7 +12,7 @@ from testbed import units
 from testbed.errors import UserError
 from testbed.validation import Fields, option, output_file_option, random_seed, read_yaml
 from testbed.scenario import apply_overrides, find_scenario
-from testbed.sections import SECTIONS, load_scenario
+from testbed.sections import SCENARIO_KEYS, load_scenario
 from testbed.blocks import BLOCK_TOKENS
 from traffic.stats import TraceStats, trace_stats
 from traffic.trace import SKIP_BAD_OPTION, read_trace, write_trace
@@ -81,14 +81,14 @@ def _print_stats(name: str, st: TraceStats, skipped: int, problems: tuple[str, .
 
 
 # a scenario's keys that a workload mapping never holds (`seed` is both's): a file with one of them is a scenario
-SCENARIO_KEYS = {"name", "scale", "duration", "topology", "wan", *(s.key for s in SECTIONS)}
+SCENARIO_ONLY_KEYS = SCENARIO_KEYS - {"seed"}
 
 
 def _load_spec(source: str, overrides: list[str]) -> tuple[WorkloadSpec, int | None, float | None]:
     path = find_scenario(source)
     data: Any = read_yaml(path, "a workload (a YAML mapping of arrivals, input, output, ...: docs/scenario-workload.md) or a "
                                 "scenario with a workload: section")
-    if isinstance(data, dict) and set(data) & SCENARIO_KEYS:
+    if isinstance(data, dict) and set(data) & SCENARIO_ONLY_KEYS:
         sc = load_scenario(str(path), overrides)
         spec = sc.section("workload")
         if spec is None:  # was read as a workload mapping: "workload.duration: unknown key" (2026-12-07)

@@ -50,7 +50,7 @@ def test_the_final_event_carries_done_and_token_events_do_not() -> None:
     (PrefillRequest, {"request_id": "a", "input_len": 10, "cached_len": 10, "decode": {"host": "h", "kv_port": 1, "instance": 0}},
      "POST /v1/prefill: cached_len: 10 must be below input_len (10)"),
     (PrefillRequest, {"request_id": "a", "input_len": 10, "decode": {"host": "h", "kv_port": 1, "instance": 0, "port": 2}},
-     "POST /v1/prefill: decode.port: unknown key; allowed keys here: host, instance, kv_port"),
+     "POST /v1/prefill: decode.port: unknown key; did you mean 'kv_port'? allowed keys here: host, instance, kv_port"),
     (PrefillRequest, {"request_id": "a", "input_len": 10, "route": "wan", "decode": {"host": "h", "kv_port": 1, "instance": 0}},
      "POST /v1/prefill: route: 'wan' is not allowed; use one of: prfaas, pd"),
     (DecodeRequest, {"request_id": "a", "input_len": 3, "prompt_token_ids": [1, "2"]},

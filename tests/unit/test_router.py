@@ -498,7 +498,7 @@ def test_the_prfaas_extension_is_read_with_fields_and_refused_naming_the_field_a
         assert c.request_id == rid if rid else c.request_id.startswith("cmpl-")
     refused = [
         ([], "prfaas", "must be a mapping of keys to values, got list; give an object of block_hashes, input_len, request_id, or null"),
-        ({"block_hash": [1]}, "prfaas.block_hash", "unknown key; allowed keys here: block_hashes, input_len, request_id"),
+        ({"block_hash": [1]}, "prfaas.block_hash", "unknown key; did you mean 'block_hashes'? allowed keys here: block_hashes, input_len, request_id"),
         ({"input_len": 5}, "prfaas.input_len", "goes with prfaas.block_hashes (a prompt's length is its own)"),
         ({"input_len": None}, "prfaas.input_len", "goes with prfaas.block_hashes (a prompt's length is its own)"),
         ({"block_hashes": None}, "prfaas.block_hashes", "null is not a list of whole numbers (block hashes); give one, or leave the key out"),
@@ -523,7 +523,7 @@ def test_a_telemetry_sample_with_an_unknown_key_gets_400_naming_it_and_the_allow
     allowed = "allowed keys here: backlog_bytes, capacity_bps, drops, egress_bps, t_s, units"
     for body in ({"egress_bps": 5e9, "capacity_bp": 1e9}, [{"egress_bps": 5e9}, {"capacity_bp": 1e9}]):
         code, out = post(r, "/v1/telemetry", body)  # a typo of capacity_bps was ignored: the capacity stayed the configured one
-        assert (code, out["error"]["param"], out["error"]["message"]) == (400, "capacity_bp", f"capacity_bp: unknown key; {allowed}")
+        assert (code, out["error"]["param"], out["error"]["message"]) == (400, "capacity_bp", f"capacity_bp: unknown key; did you mean 'capacity_bps'? {allowed}")
     assert r.state()["wan"]["egress_bps"] == 0.0  # neither sample was taken
     code, out = post(r, "/v1/telemetry", {"units": "emulated", "t_s": clock.now_s(), "egress_bps": 1.0, "capacity_bps": 2.0,
                                           "backlog_bytes": 3.0, "drops": 4.0})

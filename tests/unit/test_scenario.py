@@ -549,3 +549,19 @@ def test_schedule_step_reverts_to_what_its_change_found():
                     (21.0, "up", [], 2e9, base_delay)]
     assert current["pd_to_prfaas"] == sc.wan.pd_to_prfaas
     assert saved == {(0, "prfaas_to_pd"): {"rate_bps": 10e9}}  # a change without `for` is never reverted
+
+
+def test_an_unknown_top_level_key_lists_every_section_and_names_the_near_one():
+    """A typo of a section (`worklaod:`) was refused with "allowed keys here: duration, name, scale, seed, topology, wan":
+    the sections a scenario did not have were missing from the list (2026-12-07). They are listed now, and a key close to
+    an allowed one is named."""
+    from testbed.sections import SCENARIO_KEYS
+
+    with pytest.raises(FieldError) as exc:
+        parse_scenario({"wan": {"rate": "10Gbps"}, "worklaod": {"arrivals": {"rate": 1}}})
+    assert exc.value.field == "worklaod"
+    listed = str(exc.value).split("allowed keys here: ")[1].split(", ")
+    assert set(listed) == SCENARIO_KEYS and "workload" in listed and "did you mean 'workload'?" in str(exc.value)
+    with pytest.raises(FieldError) as exc:
+        parse_scenario({"wan": {"rate": "10Gbps", "zzz": 1}})
+    assert "did you mean" not in str(exc.value) and exc.value.field == "wan.zzz"
