@@ -66,7 +66,7 @@ sys.path.insert(0, {repo!r})
 from testbed.kv.transport import FillStop, KVSender
 host, nbytes_below, nbytes_above = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with KVSender(host, {port}, connections=4) as tx:
-    for pace, nbytes in [(0.5e9, nbytes_below), (2e9, nbytes_above)] * 3:
+    for pace, nbytes in [(0.5e9, nbytes_below), (2e9, nbytes_above)] * 5:
         tx.pace(pace)
         ans = tx.probe(nbytes, pings=2, timeout_s=10.0, stop=FillStop(2.0, 0.4, 3.0))
         print(json.dumps({{"pace": pace, **ans}}), flush=True)
@@ -93,9 +93,11 @@ def test_a_paced_probe_reads_its_pace_below_the_line_without_a_queue_and_the_lin
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     below = [r for r in rows if r["pace"] < 1e9]
     above = [r for r in rows if r["pace"] > 1e9]
-    assert len(below) == len(above) == 3 and all(r["ok"] for r in rows)
-    mid = lambda rs, k: sorted(r[k] for r in rs)[1]  # noqa: E731  (the median of three)
+    # five of each, judged by the median and a majority: a host busy for a second (CI beside other jobs, once at
+    # 3f88f9a) read 2 of 3 above-line probes at half the line; with two CPU hogs beside it, it fails as it should
+    assert len(below) == len(above) == 5 and all(r["ok"] for r in rows)
+    mid = lambda rs, k: sorted(r[k] for r in rs)[2]  # noqa: E731  (the median of five)
     assert 0.3e9 <= mid(below, "rate_bps") <= 0.6e9, rows  # its pace, not the line
     assert sum(is_standing_queue(r["rtt_ms"] - r["idle_rtt_ms"], r["idle_rtt_ms"]) for r in below) <= 1, rows
-    assert sum(r["stopped"] for r in below) == 0 and sum(r["stopped"] for r in above) >= 2, rows
+    assert sum(r["stopped"] for r in below) == 0 and sum(r["stopped"] for r in above) >= 3, rows
     assert 0.7e9 <= mid(above, "rate_bps") <= 1.1e9, rows  # the line (1 Gbps on the wire, less headers)
