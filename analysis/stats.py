@@ -5,7 +5,8 @@ Arms of an experiment share seeds, so run i of arm A and run i of arm B saw the 
 schedule: the unit of resampling is the pair, not the run (`scipy.stats.bootstrap(..., paired=True)`).
 The ratio is mean(A) / mean(B) over the pairs; its 95% interval is BCa (bias-corrected and
 accelerated), or the percentile interval where BCa is undefined (very few pairs). A difference is
-significant when the interval excludes 1.
+significant when the interval excludes 1. Below `MIN_PAIRS` pairs (or values) there is no interval, and a
+ratio needs values of at least 0 (docs/experiments.md, "Statistics").
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from scipy import stats as sps
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
-MIN_PAIRS = 2  # fewer pairs: no interval at all
+# Fewer pairs (or values, `mean_ci`): no interval at all. With n <= 3 a resample repeats one pair with probability
+# n^(1 - n) (1, 1/2, 1/9), above the 2.5% tail, so the interval's ends are the smallest and largest pair's value and
+# "significant" means only that every pair points the same way: under no effect 2 / 2^n of experiments (50%, 25%;
+# measured 49% and 28% of 200 trials). From 4 pairs the resamples' tails are finer than 2.5%.
+MIN_PAIRS = 4
 FEW_PAIRS = 10  # below this the bootstrap interval is measurably too narrow (docs/experiments.md, Statistics)
 
 
@@ -38,7 +43,7 @@ class Comparison:
     ci_high: float | None
     n: int  # pairs with both values finite
     significant: bool
-    method: str  # "bca", "percentile", "degenerate" (every pair has the same ratio) or "too few pairs"
+    method: str  # "bca", "percentile", "degenerate" (every pair has the same ratio), "too few pairs", "B's mean is 0" or "negative values"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,6 +51,12 @@ class Comparison:
 
 def _ratio_of_means(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.mean(a, axis=axis) / np.mean(b, axis=axis)
+
+
+def _same(u: np.ndarray, v: np.ndarray) -> bool:
+    """Equal up to floating-point rounding, at any scale (np.allclose's default absolute 1e-8 called every value of a
+    metric below ~1e-4, a p-value or a lateness in seconds, the same)."""
+    return bool(np.allclose(u, v, rtol=1e-12, atol=0.0))
 
 
 def _bootstrap(data: tuple[np.ndarray, ...], statistic: Any, *, paired: bool, confidence: float, resamples: int,
@@ -73,7 +84,7 @@ def paired_ratio_ci(a: Sequence[float], b: Sequence[float], *, confidence: float
     if len(x) < MIN_PAIRS:
         raise ValueError(f"need at least {MIN_PAIRS} pairs, got {len(x)}")
     ratio = float(_ratio_of_means(x, y))
-    if np.allclose(x * y.mean(), y * x.mean()):  # every pair gives the same ratio: no spread to resample
+    if _same(x * y.mean(), y * x.mean()):  # every pair gives the same ratio: no spread to resample
         return ratio, ratio, ratio, "degenerate"
     lo, hi, method = _bootstrap((x, y), _ratio_of_means, paired=True, confidence=confidence, resamples=resamples, seed=seed)
     return ratio, lo, hi, method
@@ -83,28 +94,36 @@ def mean_ci(x: Sequence[float], *, confidence: float = CONFIDENCE, resamples: in
             seed: int = 0) -> tuple[float, float, float, str]:
     """(mean, low, high, method): the mean of `x` with a bootstrap interval, one value per seed (e.g. each
     seed's ratio or difference of two arms, so the seed is the unit resampled). BCa, or the percentile
-    interval where BCa is undefined; "degenerate" when every value is the same (or there is one)."""
+    interval where BCa is undefined; "degenerate" when every value is the same; NaNs and "too few values" with
+    fewer than `MIN_PAIRS`."""
     a = np.asarray(x, dtype=float)
     if a.ndim != 1 or not len(a) or not np.isfinite(a).all():
         raise ValueError("x must be a non-empty 1-D sequence of finite values (one per seed)")
     m = float(a.mean())
-    if np.allclose(a, a[0]):
+    if len(a) < MIN_PAIRS:
+        return m, float("nan"), float("nan"), "too few values"
+    if _same(a, np.full_like(a, a[0])):
         return m, m, m, "degenerate"
     lo, hi, method = _bootstrap((a,), np.mean, paired=False, confidence=confidence, resamples=resamples, seed=seed)
     return m, lo, hi, method
 
 
 def compare(metric: str, arm_a: str, arm_b: str, a: Sequence[float], b: Sequence[float], *, seed: int = 0) -> Comparison:
-    """A against B on `metric` from paired values (pairs with a missing or non-finite value are dropped)."""
+    """A against B on `metric` from paired values (pairs with a missing or non-finite value are dropped). A ratio
+    of means says which arm is higher only for values of at least 0 (two negative means of ratio 2 have A the
+    lower), so a metric with a value below 0 gets no ratio ("negative values")."""
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y)
     x, y = x[keep], y[keep]
     n = int(len(x))
     mean_a = float(x.mean()) if n else None
     mean_b = float(y.mean()) if n else None
+    if (x < 0).any() or (y < 0).any():
+        return Comparison(metric, arm_a, arm_b, mean_a, mean_b, None, None, None, n, False, "negative values")
     if n < MIN_PAIRS or not mean_b:
         ratio = mean_a / mean_b if n and mean_b else None
-        return Comparison(metric, arm_a, arm_b, mean_a, mean_b, ratio, None, None, n, False, "too few pairs")
+        return Comparison(metric, arm_a, arm_b, mean_a, mean_b, ratio, None, None, n, False,
+                          "too few pairs" if n < MIN_PAIRS else "B's mean is 0")
     ratio, lo, hi, method = paired_ratio_ci(x, y, seed=seed)
     ok = math.isfinite(lo) and math.isfinite(hi)
     return Comparison(metric, arm_a, arm_b, mean_a, mean_b, ratio, lo if ok else None, hi if ok else None, n,

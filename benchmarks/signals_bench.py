@@ -198,7 +198,8 @@ def print_runs(rows: list[dict[str, Any]], console: Console) -> None:
 
 def bootstrap_ci(x: list[float]) -> tuple[float, float, float]:
     """Mean and 95% bootstrap CI of the mean, one value per seed (`analysis.stats.mean_ci`: scipy, BCa).
-    A seed without the figure (None or NaN: no such request in its window) is left out; none left: NaNs."""
+    A seed without the figure (None or NaN: no such request in its window) is left out; none left: NaNs; fewer than
+    `analysis.stats.MIN_PAIRS` left: the mean and NaN bounds (no interval, so no "hi < 1" either)."""
     from analysis.stats import mean_ci
 
     kept = [float(v) for v in x if v is not None and np.isfinite(v)]

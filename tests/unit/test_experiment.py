@@ -150,21 +150,21 @@ def test_an_arm_name_is_at_most_200_bytes_as_it_names_a_directory():
 
 def test_experiment_writes_one_row_per_run_and_paired_comparisons_then_resumes(tmp_path):
     ex = Synthetic()
-    res = run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    res = run_experiment(parse_spec({**SPEC, "seeds": 4}), tmp_path / "e", ex, progress=False)  # 4: the fewest with an interval
     df = pd.read_parquet(res["results"])
-    assert len(df) == 6 and set(df["arm"]) == {"fast", "slow"} and (df["status"] == "ok").all()
+    assert len(df) == 8 and set(df["arm"]) == {"fast", "slow"} and (df["status"] == "ok").all()
     assert {"run_dir", "seed", "repetition", "throughput_rps", "ttft_s.p50", "prefix_cache.ideal_hit_tokens"} <= set(df.columns)
     comp = json.loads(res["comparison"].read_text())
     assert [c["metric"] for c in comp] == ["throughput_rps", "ttft_s.p50"]
     thr = comp[0]
     assert set(thr) >= {"metric", "arm_a", "arm_b", "a", "b", "ratio", "ci_low", "ci_high", "n", "significant"}
-    assert (thr["arm_a"], thr["arm_b"], thr["n"]) == ("fast", "slow", 3)
+    assert (thr["arm_a"], thr["arm_b"], thr["n"]) == ("fast", "slow", 4)
     by_arm = df.groupby("arm")["throughput_rps"].mean()
     assert thr["ratio"] == pytest.approx(by_arm["fast"] / by_arm["slow"])
     assert thr["ci_low"] <= thr["ratio"] <= thr["ci_high"]
     assert "fast" in res["report"].read_text() and "fewer than 10 pairs" in res["report"].read_text()
     ex.ran.clear()
-    run_experiment(parse_spec(SPEC), tmp_path / "e", ex, progress=False)
+    run_experiment(parse_spec({**SPEC, "seeds": 4}), tmp_path / "e", ex, progress=False)
     assert ex.ran == []  # every run finished before: nothing reruns
 
 

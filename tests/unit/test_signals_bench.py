@@ -179,3 +179,17 @@ def test_the_client_clock_times_requests_by_the_clients_stamps(tmp_path: Path) -
     gone = df.drop(columns=["client_arrival_s", "client_first_token_s"])
     gone.to_parquet(d / REQUESTS_FILE)
     assert bench["measure"](d, "client")["long_p90_s"] is None
+
+
+def test_the_long_p90_target_needs_an_interval_below_1_which_three_seeds_do_not_give() -> None:
+    """Three seeds' ratios (0.5 each) were a zero-width interval [0.50, 0.50], read as "hi < 1": met on nothing."""
+    def long_row(seeds: range) -> str:
+        rows = [row("fixed-threshold", s, 10.0) for s in seeds] + [row("prfaas-observed", s, 5.0) for s in seeds]
+        console = Console(record=True, width=200)
+        compare(rows, console)
+        return next(x for x in console.export_text().splitlines() if "long P90 TTFT" in x)
+
+    three = long_row(range(1, 4))
+    assert "[0.50, 0.50]" not in three and three.rstrip(" │").endswith("NO")  # no interval (rich shows "[nan, nan]" as nothing)
+    four = long_row(range(1, 5))  # four seeds, every ratio 0.5: degenerate, and below 1
+    assert "[0.50, 0.50]" in four and four.rstrip(" │").endswith("yes")

@@ -48,10 +48,60 @@ def test_compare_says_better_worse_or_no_significant_difference():
 def test_too_few_pairs_and_identical_ratios_are_handled_without_an_exception():
     c = stats.compare("m", "A", "B", [1.0, np.nan], [2.0, 1.0])
     assert c.n == 1 and c.ci_low is None and not c.significant and c.method == "too few pairs"
-    d = stats.compare("m", "A", "B", [2.0, 4.0, 6.0], [1.0, 2.0, 3.0])
+    d = stats.compare("m", "A", "B", [2.0, 4.0, 6.0, 8.0], [1.0, 2.0, 3.0, 4.0])
     assert (d.ratio, d.ci_low, d.ci_high, d.method, d.significant) == (2.0, 2.0, 2.0, "degenerate", True)
     with pytest.raises(ValueError):
         stats.paired_ratio_ci([1.0, 2.0], [1.0])
+
+
+def test_two_or_three_pairs_get_no_interval_as_it_would_be_their_range_and_call_half_of_no_effects_significant():
+    """With n <= 3 pairs the bootstrap interval is the smallest to the largest pair's ratio, so "significant" meant
+    only "every pair points the same way": 2 / 2^n of experiments without any effect."""
+    false_positives = {2: 0, 3: 0}
+    for n in false_positives:
+        for trial in range(100):
+            a, b = _pair(np.random.default_rng(90_000 + trial), n, 1.0)  # no effect
+            c = stats.compare("m", "A", "B", a, b, seed=trial)
+            false_positives[n] += c.significant
+            assert (c.ci_low, c.ci_high, c.method) == (None, None, "too few pairs") and c.ratio == pytest.approx(a.mean() / b.mean())
+    assert false_positives == {2: 0, 3: 0}  # 49 and 28 of 100 before
+    same = stats.compare("m", "A", "B", [2.0, 4.0, 6.0], [1.0, 2.0, 3.0])  # three identical ratios: no certainty either
+    assert not same.significant and same.method == "too few pairs"
+    assert stats.sentence(same, True) == "A vs B on m: no interval (too few pairs, n = 3)"
+    four = stats.compare("m", "A", "B", *_pair(np.random.default_rng(7), 4, 1.25))
+    assert four.method == "bca" and four.ci_low is not None  # from 4 pairs: an interval
+
+
+def test_an_interval_does_not_depend_on_the_metrics_unit():
+    """A metric below ~1e-4 (a p-value, a lateness in seconds) was called "degenerate": a zero-width interval, significant."""
+    a, b = _pair(np.random.default_rng(4), 12, 1.0)
+    ref = stats.compare("m", "A", "B", a, b)
+    assert ref.method == "bca" and not ref.significant
+    for unit in (1e-4, 1e-6, 1e6):
+        c = stats.compare("m", "A", "B", a * unit, b * unit)
+        assert (c.method, c.significant) == ("bca", False)
+        assert (c.ratio, c.ci_low, c.ci_high) == pytest.approx((ref.ratio, ref.ci_low, ref.ci_high), rel=1e-6)
+    small = np.random.default_rng(5).lognormal(0.0, 0.2, 10)
+    _, lo, hi, method = stats.mean_ci(small * 1e-9)
+    assert method == "bca" and (lo, hi) == pytest.approx(tuple(v * 1e-9 for v in stats.mean_ci(small)[1:3]), rel=1e-6)
+
+
+def test_a_metric_with_negative_values_gets_no_ratio_rather_than_the_wrong_direction():
+    """mean(A) = -2, mean(B) = -1: the ratio is 2, yet A is the lower; it read "A is higher than B"."""
+    rng = np.random.default_rng(2)
+    a, b = -2.0 * rng.lognormal(0.0, 0.05, 8), -1.0 * rng.lognormal(0.0, 0.05, 8)
+    c = stats.compare("queue.growth", "A", "B", a, b)
+    assert (c.ratio, c.ci_low, c.ci_high, c.significant, c.method) == (None, None, None, False, "negative values")
+    assert c.a == pytest.approx(a.mean()) and c.b == pytest.approx(b.mean())
+    assert stats.sentence(c, None) == "A vs B on queue.growth: no interval (negative values, n = 8)"
+    assert stats.compare("m", "A", "B", [1.0, 2.0, 0.0, 1.5], [1.0, 1.0, 1.0, 1.0]).method == "bca"  # zeros are fine
+
+
+def test_a_zero_denominator_nan_and_inf_give_no_interval_without_an_exception():
+    c = stats.compare("m", "A", "B", [1.0, 2.0, 1.5, 1.2], [0.0] * 4)
+    assert (c.ratio, c.ci_low, c.significant, c.method) == (None, None, False, "B's mean is 0")
+    d = stats.compare("m", "A", "B", [1.0, np.nan, np.inf, 2.0, 1.1, 0.9, 1.3], [1.0, 1.0, 1.0, np.inf, 1.0, 1.1, 1.2])
+    assert d.n == 4 and d.method == "bca"  # the pairs with a NaN or an infinity are dropped, the rest compared
 
 
 def test_the_mean_of_per_seed_values_gets_a_bootstrap_interval_that_covers_it_in_most_of_200_trials():
@@ -65,8 +115,10 @@ def test_the_mean_of_per_seed_values_gets_a_bootstrap_interval_that_covers_it_in
 
 
 def test_mean_ci_of_identical_values_is_degenerate_and_bad_input_is_refused():
-    assert stats.mean_ci([0.7, 0.7, 0.7]) == (pytest.approx(0.7), pytest.approx(0.7), pytest.approx(0.7), "degenerate")
-    assert stats.mean_ci([1.2])[3] == "degenerate"
+    assert stats.mean_ci([0.7] * 4) == (pytest.approx(0.7), pytest.approx(0.7), pytest.approx(0.7), "degenerate")
+    m, lo, hi, method = stats.mean_ci([1.2])  # one value was a zero-width "interval" that signals_bench judged (hi < 1)
+    assert m == 1.2 and np.isnan(lo) and np.isnan(hi) and method == "too few values"
+    assert stats.mean_ci([0.5, 0.6, 0.55])[3] == "too few values"
     for bad in ([], [1.0, float("nan")]):
         with pytest.raises(ValueError):
             stats.mean_ci(bad)
