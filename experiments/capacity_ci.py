@@ -154,7 +154,11 @@ def edge_interval(rates_rps: Sequence[float], passed: Sequence[bool], confidence
     def dev(log_edge: float) -> float:
         return 2.0 * (best - _profile_loglik(log_edge, x, s)) - crit
 
-    if edge is not None:
+    if edge is not None and separated:  # quasi-complete: the likelihood's sup is at the step whose P(pass) at the tied
+        # rate is the share that passed there, an edge a hair off that rate (at the steepest slope the profile tries),
+        # not at the rate itself (P = 1/2 there): from there the profile was below the F quantile, a zero-width interval
+        centre = top_pass + float(special.logit(np.clip(tied.mean(), 1e-9, 1 - 1e-9))) / math.exp(LOG_SLOPE_RANGE[1])
+    elif edge is not None:
         centre = math.log(edge)
     elif has_pass and has_fail:
         centre = 0.5 * (top_pass + low_fail)

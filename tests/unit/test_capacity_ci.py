@@ -120,3 +120,16 @@ def test_the_runs_of_a_capacity_json_and_of_a_search_are_read_alike():
     assert capacity_ci.runs_of(res.probes) == capacity_ci.runs_of(doc["probes"])
     assert len(capacity_ci.runs_of(doc["probes"])[0]) == res.runs
     assert doc["ci_dose_response"] == capacity_ci.probes_interval(res.probes).to_json()
+
+
+def test_many_runs_at_one_rate_with_both_outcomes_give_an_interval_on_the_majoritys_side_not_a_zero_width_one():
+    """1 pass of 10 at 1.0 req/s (as `--repetitions 10` can make), passes below and fails above: the edge, where half
+    pass, lies below 1.0. The profile was started at 1.0 itself, where P(pass) = 1/2 fits the ten runs badly, and the
+    interval came out [1.0, 1.0]."""
+    few = capacity_ci.edge_interval([1.0] * 10 + [0.5] * 3 + [2.0] * 3, [True] + [False] * 9 + [True] * 3 + [False] * 3)
+    assert few.separated and few.edge_rps == pytest.approx(1.0)
+    lo, hi = few.ci
+    assert 0.4 < lo < 0.6 and hi == pytest.approx(1.0, abs=1e-4)
+    many = capacity_ci.edge_interval([1.0] * 12 + [0.5] * 4 + [2.0] * 4, [True] * 11 + [False] + [True] * 4 + [False] * 4)
+    lo, hi = many.ci
+    assert lo == pytest.approx(1.0, abs=1e-4) and 1.5 < hi < 2.0  # 11 of 12 passed: the edge lies above 1.0
