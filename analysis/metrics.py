@@ -181,7 +181,7 @@ def queued_series(df: pd.DataFrame, step_s: float) -> tuple[np.ndarray, np.ndarr
     return t, (between(arr, start) + between(end[done], first[done])).astype(float)
 
 
-TREND_ALPHA = 0.05  # the queue trend's one-sided level (Kendall's tau; the Theil-Sen interval is its 1 - 2 x alpha)
+TREND_ALPHA = 0.05  # the queue trend's one-sided level (Kendall's tau); the Theil-Sen interval is the two-sided 95% one
 TREND_MIN_GROWTH = 1.0  # requests: a fitted growth over the window below this is no growth
 
 
