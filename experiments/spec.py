@@ -26,7 +26,8 @@ from typing import Any
 
 
 from testbed.errors import FieldError, UserError
-from testbed.validation import Fields, name_or_stem, path_exists, path_name, planned_runs, random_seed, read_yaml, run_count
+from testbed.validation import (Fields, name_or_stem, path_exists, path_name, planned_runs, random_seed, read_yaml, run_count,
+                                text)
 
 # metric -> True when higher is better, False when lower is better, None when it has no direction
 DEFAULT_METRICS: dict[str, bool | None] = {
@@ -153,7 +154,9 @@ def _metrics(value: Any) -> tuple[str, ...]:
 def parse_spec(data: Any, source: str | None = None, base_dir: Path | None = None) -> ExperimentSpec:
     f = Fields(data, "", source)
     name = name_or_stem(f, "the experiment in results.parquet and report.md", "experiment")  # read with `str` before: a list passed
-    scenario = f.get("scenario", str)
+    # a non-empty string: `str` read `scenario: ''` as this spec's folder ("cannot read (Is a directory)", no field named)
+    # and `scenario: [1, 2]` as the name "[1, 2]"
+    scenario = f.get("scenario", text)
     if base_dir is not None and (scenario.endswith((".yaml", ".yml")) or "/" in scenario):
         try:
             scenario = str((base_dir / scenario).resolve())

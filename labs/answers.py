@@ -14,7 +14,7 @@ from typing import Any
 
 
 from testbed.errors import UserError
-from testbed.validation import read_yaml
+from testbed.validation import path_is_file, read_yaml
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Verdict:
 
 
 def load_answers(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    if not path_is_file(path):  # a name no file can have (5000 characters): an OSError traceback before 2026-12-08
         raise UserError(f"{path}: no answers file (`prfaas lab start N` writes the template; fill it in)")
     data = read_yaml(path, "an answers file (a mapping of question -> answer, as in the template)")
     if not isinstance(data, dict):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from testbed.errors import UserError
+from testbed.validation import path_option
 
 if TYPE_CHECKING:
     from labs.catalog import Lab
@@ -23,7 +24,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     sh.set_defaults(func=cmd_show)
     st = lsub.add_parser("start", help="copy a lab's scenarios, questions and answers template into a working folder")
     st.add_argument("number", type=int, help="the lab's number (`prfaas lab list`)")
-    st.add_argument("--dir", type=Path, help="where (default ./labN)")
+    st.add_argument("--dir", type=path_option, help="where (default ./labN)")
     st.add_argument("--force", action="store_true", help="overwrite the lab's files already there (the answers, an edited scenario); never a link or folder where a file goes")
     st.set_defaults(func=cmd_start)
     ck = lsub.add_parser("check", help="recompute each answer from your runs and say which hold")
@@ -54,7 +55,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     from labs.catalog import get_lab, start_lab
 
     lab = get_lab(args.number)
-    dest = args.dir or Path(lab.default_dir)
+    dest = Path(args.dir or lab.default_dir)
     for p in start_lab(lab, dest, force=args.force):
         print(f"wrote {p}")
     print(f"next: read {dest / 'handout.md'} (or `prfaas lab show {lab.number}`); your answers go in {dest / lab.answers}")
@@ -92,12 +93,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     from labs.answers import load_answers
     from labs.catalog import get_lab
     from labs.checks import CHECKERS
+    from testbed.validation import path_is_dir
 
     lab = get_lab(args.number)
     path = args.answers or default_answers(lab)
     answers = load_answers(path)
     runs = resolve_runs(answers, path, args.run_dirs)
-    missing = [str(p) for p in runs.values() if not p.is_dir()]
+    missing = [str(p) for p in runs.values() if not path_is_dir(p)]  # `Path.is_dir`: an OSError for a 5000-character name
     if missing:
         raise UserError(f"lab {lab.number}: run director{'y' if len(missing) == 1 else 'ies'} not found: {', '.join(missing)}")
     verdicts = CHECKERS[lab.number](answers, runs)

@@ -22,7 +22,7 @@ from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
 from testbed.validation import (REQUIRED, Fields, at_most, boolean, load_yaml, name_or_stem, number, path_exists, whole_number, random_seed,
-                                read_yaml, shown)
+                                read_yaml, shown, yaml_problem)
 
 # --------------------------------------------------------------------------------------------- network
 
@@ -562,7 +562,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         try:
             node[parts[-1]] = load_yaml(value)
         except yaml.YAMLError as exc:
-            raise UserError(f"--set {said}: the value is not valid YAML ({getattr(exc, 'problem', None) or exc}); "
+            raise UserError(f"--set {said}: the value is not valid YAML ({yaml_problem(exc)}); "
                             "quote a string, e.g. --set 'name=\"a: b\"'") from None
     return out
 
@@ -574,6 +574,8 @@ def builtin_scenarios_dir() -> Path:
 def find_scenario(name_or_path: str) -> Path:
     """A path, or the name of a ready scenario in topologies/ (``quick`` -> topologies/quick.yaml)."""
     p = Path(name_or_path)
+    if not name_or_path:  # the folder '.': ".: cannot read (Is a directory)" said less
+        raise UserError("scenario '': no name; name a scenario file (a YAML mapping: docs/scenario.md) or a ready scenario")
     if path_exists(p):
         return p
     cand = builtin_scenarios_dir() / f"{name_or_path}.yaml"

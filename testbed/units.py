@@ -53,6 +53,11 @@ MAX_TOKENS = 16 * 1024 * 1024
 # in it (2026-12-07). A BDP queue's bytes on the wire (rate / scale x RTT) are not bounded here.
 MAX_QUEUE_BYTES = 2**32 - 1
 MAX_QUEUE_BDP = 1000.0
+QUEUE_PACKET_BYTES = MTU_BYTES  # the bytes a packet of a queue limit counts for (one MTU), and the least a limit resolves to
+# The largest size: 2**63 - 1 bytes (8 EiB), the most a signed 64-bit count holds (a numpy or parquet column, a C
+# struct), past any memory or disk. `kv_state_bytes: 1e308TB` was an OverflowError traceback (the bytes are infinite as a
+# float), and `1e300MB` passed as a 307-digit count (2026-12-08).
+MAX_SIZE_BYTES = 2**63 - 1
 
 RATE_HELP = "a positive number with a unit: bps, Kbps, Mbps, Gbps, Tbps (e.g. 100Gbps)"
 DURATION_HELP = "a number with a unit: us, ms, s, min, h (e.g. 10ms)"
@@ -148,6 +153,8 @@ def parse_size_bytes(text: object) -> int:
     if unit not in SIZE_UNITS:
         raise ValueError(f"{text!r} has no size unit; use {SIZE_HELP}")
     n = value * SIZE_UNITS[unit]
+    if n > MAX_SIZE_BYTES:
+        raise ValueError(f"{text!r} is more than 8EiB (2**63 - 1 bytes), past any memory or disk; use {SIZE_HELP}")
     return int(round(n))
 
 
@@ -169,10 +176,10 @@ def parse_tokens(text: object) -> int:
     if unit not in TOKEN_UNITS:
         raise ValueError(f"{text!r} is not {TOKENS_HELP}")
     n = value * TOKEN_UNITS[unit]
+    if n > MAX_TOKENS:  # first: ``1e308K`` is infinitely many, which `round` cannot take (an OverflowError traceback)
+        raise ValueError(f"{text!r} is more than 16M tokens, past any model's context; use {TOKENS_HELP}")
     if n < 0 or abs(n - round(n)) > 1e-9 * max(1.0, n):
         raise ValueError(f"{text!r} is not {TOKENS_HELP}")
-    if n > MAX_TOKENS:
-        raise ValueError(f"{text!r} is more than 16M tokens, past any model's context; use {TOKENS_HELP}")
     return int(round(n))
 
 
@@ -207,17 +214,16 @@ def parse_queue(text: object) -> QueueLimit:
         if value > MAX_QUEUE_BDP:
             raise ValueError(f"{text!r} is more than {MAX_QUEUE_BDP:g}bdp, a queue of {MAX_QUEUE_BDP:g} round trips; use {QUEUE_HELP}")
         return QueueLimit("bdp", value)
-    if unit in ("p", "pkt", "pkts", "packets"):
-        if value != int(value):
-            raise ValueError(f"{text!r}: a packet count must be whole; use {QUEUE_HELP}")
-        queue = QueueLimit("packets", value)
-    elif unit in SIZE_UNITS:
-        queue = QueueLimit("bytes", float(parse_size_bytes(text)))
-    else:
+    packets = unit in ("p", "pkt", "pkts", "packets")
+    if not packets and unit not in SIZE_UNITS:
         raise ValueError(f"{text!r} is not {QUEUE_HELP}")
-    if queue.to_bytes(0.0, 0.0) > MAX_QUEUE_BYTES:
+    # its bytes bounded before any is made whole: 1e308p and 1e308TB are infinitely many as a float, which `int` cannot
+    # take (an OverflowError traceback, 2026-12-08)
+    if value * (QUEUE_PACKET_BYTES if packets else SIZE_UNITS[unit]) > MAX_QUEUE_BYTES:
         raise ValueError(f"{text!r} is more than {MAX_QUEUE_BYTES} bytes (4 GiB - 1), the most a queue's byte limit holds (tc's is 32-bit); use {QUEUE_HELP}")
-    return queue
+    if packets and value != int(value):
+        raise ValueError(f"{text!r}: a packet count must be whole; use {QUEUE_HELP}")
+    return QueueLimit("packets", value) if packets else QueueLimit("bytes", float(parse_size_bytes(text)))
 
 
 def format_rate(bps: float) -> str:

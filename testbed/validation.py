@@ -20,7 +20,7 @@ from testbed.errors import FieldError, UserError
 __all__ = ["MAX_NAME_BYTES", "MAX_RUNS", "MAX_SEED", "REQUIRED", "CONGESTION_CONTROL_NAME_MAX", "FieldError", "Fields", "at_least_one", "boolean", "comma_list", "congestion_control", "count_up_to", "integers",
            "load_yaml", "mapping", "name_or_stem", "non_negative", "not_a_folder", "number", "option", "output_file_option", "path_exists", "path_option", "path_is_dir",
            "path_is_file", "path_name", "plain_name", "planned_runs", "whole_number", "digits_python_reads", "positive_number", "random_seed",
-           "read_json", "read_text", "read_yaml", "run_count", "shown", "string", "text"]
+           "read_json", "read_text", "read_yaml", "run_count", "shown", "string", "text", "yaml_problem"]
 
 T = TypeVar("T")
 REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be there
@@ -345,6 +345,12 @@ def load_yaml(text: str) -> Any:
         raise yaml.YAMLError("nested too deeply") from None
 
 
+def yaml_problem(exc: Exception) -> str:
+    """What a `yaml.YAMLError` says is wrong, in one line: a ReaderError (a NUL byte, a control character) has no
+    `problem`, and its text runs over two lines (``--set name=<NUL>`` printed both, 2026-12-08)."""
+    return getattr(exc, "problem", None) or str(exc).splitlines()[0]
+
+
 def _path_test(path: Path | str, test: Callable[[Path], bool]) -> bool:
     """`test(Path(path))`, except that a name no file can have (longer than the system allows, a NUL byte) is simply
     not there: `Path.exists` and its kin raised OSError (ENAMETOOLONG) or ValueError, a traceback for a typo."""
@@ -396,8 +402,7 @@ def read_yaml(path: Path, what: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        # a ReaderError (a NUL byte, a control character) has no `problem`, and its text runs over two lines
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = yaml_problem(exc)
         if getattr(exc, "position", None) is not None and not mark:
             where = f" at character {exc.position + 1}"
         raise UserError(f"{path}: not valid YAML{where} ({problem})") from None
@@ -452,9 +457,21 @@ def path_option(text: str) -> str:
     return _some_path(text, "a file or folder")
 
 
+# A file or folder name's most bytes: NAME_MAX on ext4, xfs, btrfs and tmpfs.
+NAME_MAX_BYTES = 255
+
+
 def _some_path(text: str, names: str) -> str:
+    """`text` when it can name a path: not blank, no NUL byte, no part past `NAME_MAX_BYTES` (the last two were a
+    ValueError and an OSError traceback where the path was first used, e.g. `lab start --dir`, 2026-12-08)."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is no path; name {names}")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{shown(text)} holds a NUL byte, which no path can; name {names}")
+    longest = max(text.split("/"), key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(longest)) > NAME_MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"{shown(longest)} is {len(os.fsencode(longest))} bytes, and a file or folder name is at "
+                                         f"most {NAME_MAX_BYTES}; name {names}")
     return text
 
 

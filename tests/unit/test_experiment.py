@@ -48,6 +48,15 @@ def test_spec_reads_arms_seeds_and_pairs_and_names_bad_fields():
             parse_spec({**SPEC, **bad}, "s.yaml")
 
 
+@pytest.mark.parametrize("scenario", ["", [1, 2], 5, True])
+def test_a_spec_scenario_that_is_no_name_is_refused_naming_the_field(scenario):
+    """`scenario` was read with `str`: '' became the spec's folder ("cannot read (Is a directory)", neither the spec nor
+    the field named) and [1, 2] the scenario "[1, 2]" (fuzzing pass 5, 2026-12-08)."""
+    with pytest.raises(UserError) as exc:
+        parse_spec({**SPEC, "scenario": scenario}, "s.yaml", Path("/tmp"))
+    assert str(exc.value) == f"s.yaml: scenario: {scenario!r} is not a non-empty string"
+
+
 def test_a_metric_that_is_no_summary_figure_is_refused_naming_the_figure_it_resembles():
     """`ttft_p90` was accepted and left out of comparison.json without a word, after every run had run."""
     with pytest.raises(UserError) as exc:

@@ -324,6 +324,19 @@ def test_run_directories_may_follow_the_answers_option(tmp_path: Path, capsys: p
     assert cli.main(["lab", "check", "5", runs[0], "--answers", str(tmp_path / "answers.yaml"), *runs[1:]]) == 1
 
 
+def test_a_name_no_file_can_have_is_no_answers_file_or_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A 5000-character --answers or run folder was an OSError traceback (File name too long) from `Path.is_file` and
+    `Path.is_dir` (fuzzing pass 5, 2026-12-08)."""
+    from testbed import cli
+
+    long = "x" * 5000
+    assert cli.main(["lab", "check", "5", "--answers", long]) == 2
+    assert capsys.readouterr().err == f"prfaas: error: {long}: no answers file (`prfaas lab start N` writes the template; fill it in)\n"
+    (tmp_path / "answers.yaml").write_text("{}\n")
+    assert cli.main(["lab", "check", "5", "--answers", str(tmp_path / "answers.yaml"), long]) == 2
+    assert capsys.readouterr().err == f"prfaas: error: lab 5: run directory not found: {long}\n"
+
+
 @pytest.mark.parametrize("change,match", [
     ({"seed": "one"}, r"p1/scenario.yaml: seed: 'one' is not a seed"),
     ({"policy": "prfaas"}, r"p1/scenario.yaml: policy: must be a mapping of keys to values, got str"),

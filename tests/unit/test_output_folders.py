@@ -374,3 +374,18 @@ def test_a_schedule_step_whose_queue_tc_cannot_hold_is_refused_before_any_run_as
                                         r"trip\), .* \(at 5s of wan.schedule: change prfaas_to_pd\+pd_to_prfaas delay 200 ms, "
                                         r"prfaas_to_pd\)$"):
         check_run("quick", ["scale=auto", *step])
+
+
+@pytest.mark.parametrize("argv", [["lab", "start", "1", "--dir"], ["traffic", "generate", "quick", "--out"],
+                                  ["sweep", "quick", "--grid", "seed=1", "--out"]])
+def test_a_path_with_a_nul_byte_or_a_name_past_255_bytes_is_refused_before_it_is_used(nothing_runs, capsys, argv):
+    """`lab start --dir` made its folders with a ValueError (a NUL byte) or an OSError (File name too long) traceback;
+    `traffic generate --out 'a<NUL>b'` drew the whole trace, then was a ValueError traceback (fuzzing pass 5, 2026-12-08)."""
+    cmd = " ".join(argv[:2] if argv[0] in ("lab", "traffic") else argv[:1])
+    assert refused([*argv, "a\0b"], capsys) == (f"prfaas {cmd}: error: argument {argv[-1]}: 'a\\x00b' holds a NUL byte, which "
+                                                f"no path can; name a file{'' if argv[0] == 'traffic' else ' or folder'}")
+    long = "new/" + "y" * 256
+    assert refused([*argv, long], capsys) == (f"prfaas {cmd}: error: argument {argv[-1]}: {'y' * 60!r}... (256 characters) is "
+                                              f"256 bytes, and a file or folder name is at most 255; name a file"
+                                              f"{'' if argv[0] == 'traffic' else ' or folder'}")
+    assert list(nothing_runs.iterdir()) == []

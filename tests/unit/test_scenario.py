@@ -174,6 +174,41 @@ def test_a_bad_override_is_one_user_error_naming_it(item, words):
     assert f"--set {item!r}" in str(err.value)
 
 
+@pytest.mark.parametrize("item", ["name=\0", "name=a\x01b"])
+def test_an_override_with_a_control_character_is_refused_in_one_line(item):
+    """PyYAML's ReaderError runs over two lines ("... not allowed" / "in <unicode string>, position 0"): both were
+    printed (fuzzing pass 5, 2026-12-08)."""
+    with pytest.raises(UserError) as err:
+        apply_overrides({"name": "x"}, [item])
+    assert "\n" not in str(err.value)
+    assert "not valid YAML (unacceptable character #x000" in str(err.value) and "special characters are not allowed)" in str(err.value)
+
+
+@pytest.mark.parametrize("section, value, field, words", [
+    # infinitely many tokens or bytes as a float: `round` raised OverflowError, a traceback in `prfaas check`
+    ("policy", {"threshold": "1e308K"}, "policy.threshold", "more than 16M tokens"),
+    ("workload", {"output": "1e308M"}, "workload.output", "more than 16M tokens"),
+    ("policy", {"kv_state_bytes": "1e308TB"}, "policy.kv_state_bytes", "more than 8EiB"),
+    ("wan", {"rate": "1Gbps", "queue": "1e308TB"}, "wan.queue", "more than 4294967295 bytes (4 GiB - 1)"),
+    ("wan", {"rate": "1Gbps", "queue": "1e308p"}, "wan.queue", "more than 4294967295 bytes (4 GiB - 1)"),
+    # passed as a 307-digit byte count
+    ("serving", {"prefix_pool": "1e300MB"}, "serving.prefix_pool", "more than 8EiB"),
+])
+def test_a_size_or_token_count_past_its_bound_is_refused_not_an_overflow(section, value, field, words):
+    with pytest.raises(FieldError) as exc:
+        parse_scenario({**wan(), section: value})
+    assert exc.value.field == field and words in str(exc.value)
+    assert units.parse_size_bytes("8e18B") == 8 * 10**18 and units.MAX_SIZE_BYTES == 2**63 - 1
+    with pytest.raises(ValueError, match="more than 8EiB"):
+        units.parse_size_bytes("1e19B")
+
+
+def test_no_name_is_no_scenario():
+    """'' is the folder '.': ".: cannot read (Is a directory)"."""
+    with pytest.raises(UserError, match="^scenario '': no name; name a scenario file"):
+        load_scenario("")
+
+
 def test_overrides_on_a_file_that_is_not_a_mapping_are_refused_naming_the_file(tmp_path):
     """A list file with --set was an AttributeError traceback ('list' object has no attribute 'setdefault')."""
     path = tmp_path / "s.yaml"
