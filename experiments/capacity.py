@@ -51,6 +51,10 @@ ROUNDING = 1e-2
 # bisected 3.0 .. 3.001 by trying 3.0 again, forever, with no run (2026-12-07). From 0.1% up, a bracket still open
 # (wider than the tolerance plus `ROUNDING`) always has a 4-digit rate inside.
 MIN_TOLERANCE = 1e-3
+# The coarsest tolerance: 1 (100%), a bracket whose ends are a factor of 2 apart; a wider one places Lambda_max nowhere
+# in particular, and the search's steps, (1 + tol)^2k, overflowed a float past ~1e154 (`--tolerance 1e308`: an
+# OverflowError traceback once the output folder was made, 2026-12-08).
+MAX_TOLERANCE = 1.0
 
 
 @dataclass(frozen=True)
@@ -257,13 +261,16 @@ INTERVAL_STEPS = 3  # rates a side to find the interval's end (steps (1 + tol)^4
 
 
 def tolerance(v: Any) -> float:
-    """A search's relative tolerance (``--tolerance``): a number of at least `MIN_TOLERANCE`."""
+    """A search's relative tolerance (``--tolerance``): a number from `MIN_TOLERANCE` to `MAX_TOLERANCE`."""
     from testbed.validation import positive_number
 
     x = positive_number(v)
     if x < MIN_TOLERANCE:
         raise ValueError(f"{v!r} is below {MIN_TOLERANCE:g}: rates are tried to 4 significant digits, 0.01-0.1% apart, so "
                          f"no rate may be left between a narrower bracket's ends; use {MIN_TOLERANCE:g} or more")
+    if x > MAX_TOLERANCE:
+        raise ValueError(f"{v!r} is more than {MAX_TOLERANCE:g}: a bracket's ends a factor of 2 apart is the widest that "
+                         f"places Lambda_max; use {MIN_TOLERANCE:g} to {MAX_TOLERANCE:g}")
     return x
 
 

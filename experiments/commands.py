@@ -58,7 +58,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     c.add_argument("--repetitions", type=option(run_count, whole=True), default=3,
                    help="runs (seeds 1..N) that decide a marginal rate at the edge by majority (default 3)")
     c.add_argument("--tolerance", type=option(tolerance), default=0.1,
-                   help="stop when (hi - lo) / lo is below this (default 0.1; at least 0.001)")
+                   help="stop when (hi - lo) / lo is below this (default 0.1; 0.001 to 1)")
     c.add_argument("--max-probes", type=option(run_count, whole=True), default=8, help="most rates tried (default 8)")
     c.add_argument("--start", type=option(positive_number), metavar="RPS", help="first rate (default: the throughput model's Lambda_max)")
     c.add_argument("--no-early-stop", action="store_true", help="run every probe to its end, even once it cannot pass")

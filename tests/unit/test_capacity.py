@@ -271,7 +271,10 @@ def test_the_capacity_command_refuses_a_non_finite_or_non_positive_option_before
     for opt, bad, why in (("--tolerance", "nan", "is not a number"), ("--tolerance", "inf", "is not a number"),
                           ("--start", "-5", "must be > 0"), ("--start", "inf", "is not a number"),
                           ("--start", "0", "must be > 0"), ("--repetitions", "0", "is not a whole number >= 1"),
-                          ("--max-probes", "1.5", "is not a whole number")):
+                          ("--max-probes", "1.5", "is not a whole number"),
+                          # (1 + tol)^2k overflowed a float: an OverflowError traceback once the folder was made
+                          ("--tolerance", "1e308", "is more than 1: a bracket's ends a factor of 2 apart is the widest "
+                                                   "that places Lambda_max; use 0.001 to 1")):
         with pytest.raises(SystemExit) as exit_:
             main(["capacity", "quick", opt, bad, "--out", str(tmp_path / "c")])
         assert exit_.value.code == 2
