@@ -331,10 +331,10 @@ def test_a_name_no_file_can_have_is_no_answers_file_or_run_folder(tmp_path: Path
 
     long = "x" * 5000
     assert cli.main(["lab", "check", "5", "--answers", long]) == 2
-    assert capsys.readouterr().err == f"prfaas: error: {long}: no answers file (`prfaas lab start N` writes the template; fill it in)\n"
+    assert capsys.readouterr().err == f"prfaas lab check: error: {long}: no answers file (`prfaas lab start N` writes the template; fill it in)\n"
     (tmp_path / "answers.yaml").write_text("{}\n")
     assert cli.main(["lab", "check", "5", "--answers", str(tmp_path / "answers.yaml"), long]) == 2
-    assert capsys.readouterr().err == f"prfaas: error: lab 5: run directory not found: {long}\n"
+    assert capsys.readouterr().err == f"prfaas lab check: error: lab 5: run directory not found: {long}\n"
 
 
 @pytest.mark.parametrize("change,match", [
