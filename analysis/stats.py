@@ -59,11 +59,24 @@ def _same(u: np.ndarray, v: np.ndarray) -> bool:
     return bool(np.allclose(u, v, rtol=1e-12, atol=0.0))
 
 
+def expanded_confidence(confidence: float, n: int) -> float:
+    """The level at which to read a bootstrap interval of `n` values so that it is as wide as a t interval of level
+    `confidence` would be: the bootstrap's resamples spread like the values' plug-in deviation, sqrt((n-1)/n) of the
+    sample standard deviation, with normal, not Student's t, tails, so it is too narrow with few values (Hesterberg's
+    "expanded percentile interval", The American Statistician 69(4), 2015: z' = sqrt(n/(n-1)) t_{n-1}). At 5 values
+    the 95% interval is read at 99.8%, at 10 at 98.3%, at 30 at 96.2%."""
+    if n < 2:
+        return confidence
+    t = float(sps.t.ppf(0.5 + confidence / 2, n - 1))
+    return float(1.0 - 2.0 * sps.norm.sf(math.sqrt(n / (n - 1)) * t))
+
+
 def _bootstrap(data: tuple[np.ndarray, ...], statistic: Any, *, paired: bool, confidence: float, resamples: int,
                seed: int) -> tuple[float, float, str]:
     """(low, high, method) of `scipy.stats.bootstrap`: BCa, or the percentile interval where BCa is undefined
     (very few values); NaNs and "failed" when neither gives a finite interval."""
     rng = np.random.default_rng(seed)
+    confidence = expanded_confidence(confidence, len(data[0]))
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # scipy warns on degenerate resamples; we check the interval instead
