@@ -139,8 +139,18 @@ def compare(metric: str, arm_a: str, arm_b: str, a: Sequence[float], b: Sequence
                           "too few pairs" if n < MIN_PAIRS else "B's mean is 0")
     ratio, lo, hi, method = paired_ratio_ci(x, y, seed=seed)
     ok = math.isfinite(lo) and math.isfinite(hi)
-    return Comparison(metric, arm_a, arm_b, mean_a, mean_b, ratio, lo if ok else None, hi if ok else None, n,
-                      bool(ok and (lo > 1.0 or hi < 1.0)), method)
+    significant = bool(ok and (lo > 1.0 or hi < 1.0))
+    if method == "degenerate":  # every pair the same ratio: nothing to resample, so judge the n pairs by the sign test
+        significant = significant and sign_test_p(n) < 1.0 - CONFIDENCE
+    return Comparison(metric, arm_a, arm_b, mean_a, mean_b, ratio, lo if ok else None, hi if ok else None, n, significant,
+                      method)
+
+
+def sign_test_p(n: int) -> float:
+    """Two-sided p of n pairs that all point the same way under no effect (scipy's exact binomial test): 2 / 2^n. A
+    "degenerate" comparison (every pair the same ratio, e.g. an arm whose value is 0 in every run) was significant from
+    4 pairs, its interval [r, r]; the sign test needs 6 (p = 0.031)."""
+    return float(sps.binomtest(n, n, 0.5).pvalue)
 
 
 def sentence(c: Comparison, higher_is_better: bool | None) -> str:

@@ -67,8 +67,17 @@ def test_compare_says_better_worse_or_no_significant_difference():
 def test_too_few_pairs_and_identical_ratios_are_handled_without_an_exception():
     c = stats.compare("m", "A", "B", [1.0, np.nan], [2.0, 1.0])
     assert c.n == 1 and c.ci_low is None and not c.significant and c.method == "too few pairs"
-    d = stats.compare("m", "A", "B", [2.0, 4.0, 6.0, 8.0], [1.0, 2.0, 3.0, 4.0])
+    d = stats.compare("m", "A", "B", [2.0, 4.0, 6.0, 8.0, 10.0, 12.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
     assert (d.ratio, d.ci_low, d.ci_high, d.method, d.significant) == (2.0, 2.0, 2.0, "degenerate", True)
+
+
+def test_a_degenerate_comparison_is_significant_only_when_the_sign_test_of_its_pairs_is():
+    """Every pair the same ratio (an arm at 0 in every run: `requests_failed`) was significant from 4 pairs; 4 or 5 pairs
+    that all point one way happen under no effect 12.5% and 6.25% of the time (two-sided), so it takes 6."""
+    for n, significant in ((4, False), (5, False), (6, True)):
+        c = stats.compare("requests_failed", "A", "B", [0.0] * n, [1.0 + i for i in range(n)])
+        assert (c.method, c.ratio, c.significant) == ("degenerate", 0.0, significant), n
+    assert stats.sign_test_p(6) == pytest.approx(0.03125)
     with pytest.raises(ValueError):
         stats.paired_ratio_ci([1.0, 2.0], [1.0])
 
