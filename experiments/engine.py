@@ -154,6 +154,16 @@ def resolve_scenario_ref(ref: str) -> str:
     return str(p.resolve()) if p.suffix in (".yaml", ".yml") or p.exists() else ref
 
 
+def check_labelled(label: str, scenario: str, overrides: Sequence[str], out_dir: Path | None = None,
+                   executor: Executor | None = None) -> "Scenario":
+    """`check_run` of one run of a multi-run command, whose refusal begins with `label` (``arm prfaas, seed 1``, ``grid
+    point wan.rate=nan``): the field alone named the scenario file, not which arm or grid point set the value."""
+    try:
+        return check_run(scenario, overrides, out_dir, executor)
+    except UserError as exc:
+        raise UserError(f"{label}: {exc}") from None
+
+
 def check_run(scenario: str, overrides: Sequence[str], out_dir: Path | None = None, executor: Executor | None = None) -> "Scenario":
     """The scenario with `overrides`, checked as `prfaas run` checks it before anything starts (the file, then
     `plan_serving`: the sections together; then each congestion control the kernel must set,

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from analysis import stats
-from experiments.engine import SKIPPED, check_run, run_tasks
+from experiments.engine import SKIPPED, check_labelled, run_tasks
 from experiments.executor import Executor, RunOutcome, RunTask
 from experiments.spec import METRICS, ExperimentSpec
 from testbed import rundir
@@ -68,7 +68,7 @@ def run_row(outcome: RunOutcome, out: Path, **labels: Any) -> dict[str, Any]:
 
 def tasks_of(spec: ExperimentSpec, out: Path, executor: Executor | None = None) -> list[tuple[RunTask, dict[str, Any]]]:
     """Every run of the experiment with its labels, in the order they run; every scenario is checked here
-    (`check_run`, as it will run on `executor`), before anything runs.
+    (`engine.check_labelled`, as it will run on `executor`), before anything runs.
 
     The order is blocked and counterbalanced: one block per (seed, repetition), every arm once in each, in the
     spec's order in the 1st, 3rd, ... block and reversed in the 2nd, 4th, ... So the runs that a comparison
@@ -81,7 +81,7 @@ def tasks_of(spec: ExperimentSpec, out: Path, executor: Executor | None = None) 
         for arm in (spec.arms if i % 2 == 0 else tuple(reversed(spec.arms))):
             overrides = spec.overrides + arm.overrides + (f"seed={seed}",)
             key = f"{arm.name}/seed{seed}-rep{rep}"
-            check_run(spec.scenario, overrides, out / "runs" / key, executor)
+            check_labelled(f"arm {arm.name}, seed {seed}", spec.scenario, overrides, out / "runs" / key, executor)
             tasks.append((RunTask(key, spec.scenario, overrides, out / "runs" / key),
                           {"experiment": spec.name, "arm": arm.name, "seed": seed, "repetition": rep,
                            "order": len(tasks) + 1}))

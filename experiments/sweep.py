@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.engine import SKIPPED, check_run, resolve_scenario_ref, run_tasks
+from experiments.engine import SKIPPED, check_labelled, resolve_scenario_ref, run_tasks
 from experiments.executor import Executor, RunTask
 from testbed.atomic import make_output_dir, write_json, write_parquet
 from testbed.errors import UserError
@@ -89,8 +89,8 @@ def run_sweep(scenario: str, grid_items: list[str], out_dir: str | Path, base_ov
     grid = parse_grid(grid_items)
     points = expand(grid)
     out = Path(out_dir)
-    checked = make_output_dir(out, lambda: [check_run(scenario, list(base_overrides or []) + list(p.overrides), out / "points" / p.name,
-                                                      executor) for p in points])  # every point is checked before anything runs, or its folder is made
+    checked = make_output_dir(out, lambda: [check_labelled(f"grid point {','.join(p.overrides)}", scenario, list(base_overrides or []) + list(p.overrides),
+                                                           out / "points" / p.name, executor) for p in points])  # every point is checked before anything runs, or its folder is made
     ref = resolve_scenario_ref(scenario)
     tasks = [RunTask(p.name, ref, tuple(base_overrides or []) + p.overrides, out / "points" / p.name) for p in points]
     outcomes = run_tasks(tasks, executor, label="sweep")

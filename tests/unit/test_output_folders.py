@@ -355,13 +355,15 @@ def test_a_schedule_step_whose_queue_tc_cannot_hold_is_refused_before_any_run_as
     assert refused(["capacity", "quick", *sets, "--out", "named"], capsys) == f"prfaas capacity: error: {says}"
     spec = nothing_runs / "spec.yaml"
     spec.write_text("scenario: quick\nset: {wan.queue: 100bdp}\narms: {a: {}, b: {'wan.schedule': [{at: 5s, delay: 2s, for: 5s}]}}\n")
-    assert refused(["experiment", str(spec), "--out", "named"], capsys) == f"prfaas experiment: error: {says}"
+    # the run that sets it is named: arm b (its schedule) of seed 1, the first run checked
+    assert refused(["experiment", str(spec), "--out", "named"], capsys) == f"prfaas experiment: error: arm b, seed 1: {says}"
     base = ("wan.queue: 11.64 GiB on the wire (100 bdp at 0.5 Gbps on the wire and a 2000 ms round trip), more "
             "than 4294967295 bytes (4 GiB - 1)")  # no schedule: the start, as prfaas check plans it (the run's network refused it)
     assert refused(["check", "quick", "--set", "wan.schedule=[]", "--set", "wan.queue=100bdp", "--set", "wan.delay=1s"],
                    capsys).startswith("prfaas check: error: " + base)
     assert refused(["sweep", "quick", "--grid", "wan.schedule=[]", "--grid", "wan.queue=100bdp", "--grid", "wan.delay=5ms,1s",
-                    "--out", "named"], capsys).startswith("prfaas sweep: error: " + base)
+                    "--out", "named"], capsys).startswith(
+        "prfaas sweep: error: grid point wan.schedule=[],wan.queue=100bdp,wan.delay=1s: " + base)
     assert sorted(p.name for p in nothing_runs.iterdir()) == ["spec.yaml"]  # no run, no folder
     # scale: auto is checked at the scale each host resolves: a 200-ms step fits at scale 10, not at 1 (a 5 Gbps host)
     monkeypatch.setattr("testbed.net.emulation.host_capacity_bps", lambda: (5e9, "a stub"))
