@@ -25,6 +25,7 @@ is acted on. With `--all`, a live owner is stopped only when its pid and start t
 
 from __future__ import annotations
 
+import errno
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,23 +58,38 @@ class CleanReport:
         return not (self.networks or self.processes or self.bridges or self.sysctls or self.delayline_leftovers)
 
 
-def _delete_bridges(names: list[str]) -> list[str]:
+def delete_bridges(names: list[str]) -> list[str]:
+    """Delete the bridges `names` and their ports (`state.BRIDGE_LINK_RE`) in the root namespace; returns the bridges
+    of which a link was deleted. A port is deleted by its name, not only unplugged with its bridge: a host's namespace
+    can outlive its processes -- the kernel keeps it while a socket they left still closes (measured: after `prfaas run`
+    was SIGKILLed mid-workload, ports of the hosts with KV and router connections stayed for minutes) -- and the veth
+    pair with it."""
     from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
 
-    removed = []
+    removed: list[str] = []
     with IPRoute() as ipr:
-        for name in names:
-            if ipr.link_lookup(ifname=name):
-                ipr.link("del", ifname=name)
-                removed.append(name)
+        for link in ipr.get_links():
+            m = state.BRIDGE_LINK_RE.match(link.get_attr("IFLA_IFNAME") or "")
+            if m is None or m[1] not in names:
+                continue
+            try:
+                ipr.link("del", index=link["index"])
+            except NetlinkError as exc:
+                if exc.code != errno.ENODEV:  # gone meanwhile (its namespace went)
+                    raise
+            if m[1] not in removed:
+                removed.append(m[1])
     return removed
 
 
 def _our_bridges() -> list[str]:
+    """Every bridge of ours that has a link in the root namespace: itself or a port (`state.BRIDGE_LINK_RE`)."""
     from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
-        return [l.get_attr("IFLA_IFNAME") for l in ipr.get_links() if state.BRIDGE_RE.match(l.get_attr("IFLA_IFNAME") or "")]
+        found = (state.BRIDGE_LINK_RE.match(link.get_attr("IFLA_IFNAME") or "") for link in ipr.get_links())
+        return sorted({m[1] for m in found if m})
 
 
 def remove_network(path: Path, data: dict[str, Any], report: CleanReport, live_inodes: frozenset[int]) -> None:
@@ -97,7 +113,7 @@ def remove_network(path: Path, data: dict[str, Any], report: CleanReport, live_i
             "not signalled: the kernel reuses a freed namespace's inode, and nothing proves these are still its own (it "
             "records no namespace cookie -- a file written before they were, or on a kernel older than 5.14 -- or their "
             "cookie could not be read); check them with `ps -o pid,netns,args -p PID` and kill those that are its")
-    report.bridges += _delete_bridges(list(data.get("bridges", [])))
+    report.bridges += delete_bridges(list(data.get("bridges", [])))
     for d in data.get("delayline_dirs", []):
         if Path(d).name.startswith(state.DELAYLINE_DIR_PREFIX) and Path(d).is_dir():
             shutil.rmtree(d, ignore_errors=True)
@@ -179,7 +195,7 @@ def clean(*, include_live: bool = False, run: str | None = None) -> CleanReport:
         live, damaged = state.scan_states()
         claimed = {b for _, d in live if state.owner_alive(d) for b in d["bridges"]}
         claimed |= {b for d in damaged if d.maybe_live() and d.tag for b in state.bridge_names(d.tag)}
-        report.bridges += _delete_bridges([b for b in _our_bridges() if b not in claimed])
+        report.bridges += delete_bridges([b for b in _our_bridges() if b not in claimed])
         report.sysctls = state.restore_sysctls_if_last(exclude=None, problems=report.not_cleaned)
     from testbed.net.delayline import cleanup_rules, remove_stale_control_dirs
 

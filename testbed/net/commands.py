@@ -267,8 +267,9 @@ def cmd_clean(args: argparse.Namespace) -> int:
         print("nothing to clean" + (f" for run {args.run}" if args.run else "")
               + (f"; still running: {'; '.join(rep.skipped_live)} (use --all to stop them)" if rep.skipped_live and not args.all else ""))
     else:
-        print(f"removed: {len(rep.networks)} network(s), {len(rep.processes)} process(es), bridges {rep.bridges or '-'}, "
-              f"restored sysctls {rep.sysctls or '-'}")
+        leftovers = f", delay-line leftovers {rep.delayline_leftovers}" if rep.delayline_leftovers else ""  # dirs, rules
+        print(f"removed: {len(rep.networks)} network(s), {len(rep.processes)} process(es), bridges {rep.bridges or '-'}"
+              f"{leftovers}, restored sysctls {rep.sysctls or '-'}")
     if not args.json:
         _print_clean_notes(rep)
     return 1 if rep.not_cleaned else 0

@@ -191,9 +191,8 @@ class Network:
         self.wan = Wan(self.scenario.wan, ports, scale=self.scale, backend=self.backend, seed=self.scenario.seed)
         try:
             self.wan.start()
-        finally:  # where its delay lines keep their control files: `clean` removes them after a SIGKILL
-            self._state["delayline_dirs"] = self.wan.control_dirs()
-            state.write_state(self._state_file, self._state)
+        finally:
+            self._record_delayline_dirs()
         self.t0_s = clock.now_s()
         control = WanControl(self.wan, t0_s=self.t0_s, period_s=self.telemetry_period_s)
         for fn in self._listeners:
@@ -238,11 +237,22 @@ class Network:
 
     def _gateway_popen(self, gw: Any) -> Callable[[list[str]], subprocess.Popen]:
         def popen(argv: list[str]) -> subprocess.Popen:
+            self._record_delayline_dirs()  # a delay line makes its control directory, then starts its process here
             p = gw.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             self._procs.append(p)
             return p
 
         return popen
+
+    def _record_delayline_dirs(self) -> None:
+        """Write the delay lines' control directories to the state file when they changed, so that `prfaas clean`
+        removes them after a SIGKILL. Recorded before a gateway starts a process: a run SIGKILLed while its WAN started
+        left a directory the file did not name (the file was written once the WAN was up), which `prfaas clean RUN_ID`
+        never removed."""
+        dirs = self.wan.control_dirs() if self.wan is not None else []
+        if self._state_file is not None and dirs != self._state["delayline_dirs"]:
+            self._state["delayline_dirs"] = dirs
+            state.write_state(self._state_file, self._state)
 
     def stop(self) -> None:
         """Tear everything down; safe to call twice and after a failed start."""
@@ -309,12 +319,9 @@ class Network:
         kill_pids(p for p in state.pids_in_netns(self._netns_inodes) if p not in shells)
 
     def _delete_bridges(self) -> None:
-        from pyroute2 import IPRoute
+        from testbed.net.cleanup import delete_bridges
 
-        with IPRoute() as ipr:
-            for name in self._state.get("bridges", []) if hasattr(self, "_state") else []:
-                if ipr.link_lookup(ifname=name):
-                    ipr.link("del", ifname=name)
+        delete_bridges(self._state.get("bridges", []) if hasattr(self, "_state") else [])
 
     def _install_signal_handlers(self) -> None:
         self._old_handlers.update(raise_keyboard_interrupt())

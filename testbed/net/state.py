@@ -62,7 +62,11 @@ TAG_RE = re.compile(r"[0-9a-f]{5}")  # a network's tag (`claim_tag`): it names t
 # (`bridge_name`; `topologies.two_dc` names its switches with it). BRIDGE_RE tells them from every other link: a state
 # file never names another link to delete, and `prfaas clean` deletes no other.
 BRIDGE_LETTERS = {"prfaas": "f", "pd": "d"}
-BRIDGE_RE = re.compile(rf"^br[{''.join(BRIDGE_LETTERS.values())}]{TAG_RE.pattern}$")
+_BRIDGE = rf"br[{''.join(BRIDGE_LETTERS.values())}]{TAG_RE.pattern}"
+BRIDGE_RE = re.compile(rf"^{_BRIDGE}$")
+# A bridge or one of its ports (Mininet names a switch's ports SWITCH-ethN: veths whose other end is in a host's
+# namespace); group 1 is the bridge. `prfaas clean` deletes a bridge's ports with it (`testbed.net.cleanup`).
+BRIDGE_LINK_RE = re.compile(rf"^({_BRIDGE})(?:-eth[0-9]{{1,5}})?$")
 STATE_NAME_RE = re.compile(rf"net-([0-9]{{1,10}})-({TAG_RE.pattern})\.json")  # `state_path`'s names
 NET_UP = "net up"  # ``held_by`` of a network `prfaas net up` holds, the only kind `prfaas net down` stops unnamed
 DELAYLINE_DIR_PREFIX = "prfaas-delayline-"  # a delay line's control directory (`testbed.net.delayline`)

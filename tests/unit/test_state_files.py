@@ -56,7 +56,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(emulation, "kill_pids", kill_pids)
     monkeypatch.setattr(state, "pids_by_netns", pids_by_netns)
     monkeypatch.setattr(state, "netns_cookie", lambda pid: rec["cookies"].get(pid))
-    monkeypatch.setattr(cleanup, "_delete_bridges", delete_bridges)
+    monkeypatch.setattr(cleanup, "delete_bridges", delete_bridges)
     monkeypatch.setattr(cleanup, "_our_bridges", lambda: list(rec["bridges"]))
     monkeypatch.setattr(delayline, "remove_stale_control_dirs", lambda *a, **kw: 0)
     monkeypatch.setattr(delayline, "cleanup_rules", lambda *a, **kw: 0)
@@ -347,6 +347,45 @@ def test_prfaas_clean_prints_what_it_could_not_clean_and_exits_1(host: dict[str,
     assert main(["clean", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["networks"] == [] and len(doc["not_cleaned"]) == 1
+
+
+def test_prfaas_clean_says_the_delay_line_leftovers_it_removed(host: dict[str, Any], capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch):
+    """A stale control directory and a root-namespace NFQUEUE rule removed were "removed: 0 network(s), 0 process(es),
+    bridges -, restored sysctls -", which reads as nothing removed."""
+    import testbed.net.delayline as delayline
+
+    monkeypatch.setattr(delayline, "remove_stale_control_dirs", lambda *a, **kw: 2)
+    monkeypatch.setattr(delayline, "cleanup_rules", lambda *a, **kw: 1)
+    assert main(["clean"]) == 0
+    assert capsys.readouterr().out == "removed: 0 network(s), 0 process(es), bridges -, delay-line leftovers 3, restored sysctls -\n"
+
+
+def test_a_delay_lines_control_directory_is_recorded_before_its_process_starts(host: dict[str, Any], tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch):
+    """A run SIGKILLed while its WAN started left the delay line's directory unnamed in its state file (written once the
+    WAN was up), and `prfaas clean RUN_ID` left it. The gateway's popen now records it before the process starts."""
+    import testbed.net.delayline as delayline
+    from testbed.errors import HostError
+    from testbed.sections import load_scenario
+
+    monkeypatch.setattr(delayline, "delayline_dir_base", lambda: str(tmp_path))
+    net = emulation.Network(load_scenario("quick", []))
+    net._state_file, net._state = state.state_path(DEAD, "0abcd"), good_state(delayline_dirs=[])
+    state.write_state(net._state_file, net._state)
+    recorded: list[list[str]] = []
+
+    class Gateway:
+        def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen:
+            recorded.append(state.read_state(net._state_file)["delayline_dirs"])
+            raise OSError("no process in a unit test")
+
+    line = delayline.DelayLineProcess(net._gateway_popen(Gateway()), "prfaas-gw-wan", 1, delayline.DelayLineConfig(delay_s=0.005))
+    net.wan = type("Wan", (), {"control_dirs": lambda self: [str(line.control_dir)] if line.control_dir else []})()
+    with pytest.raises(HostError, match="could not run"):
+        line.start()
+    assert len(recorded) == 1 and len(recorded[0]) == 1 and Path(recorded[0][0]).parent == tmp_path
+    assert Path(recorded[0][0]).name.startswith(f"{state.DELAYLINE_DIR_PREFIX}q1-") and not Path(recorded[0][0]).exists()
 
 
 def test_net_exec_and_down_pass_over_a_damaged_file_in_one_warning(host: dict[str, Any], capsys: pytest.CaptureFixture[str]):
