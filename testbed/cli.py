@@ -28,6 +28,7 @@ COMMAND_MODULES = (
 )
 
 
+INTERRUPTED_EXIT = 130  # a command ended by Ctrl-C, SIGTERM or SIGHUP after its cleanup ran (`guarded`)
 PROG_ATTR = "_prog"  # where a parsed namespace keeps the name of the command that parsed it
 
 
@@ -108,7 +109,7 @@ def guarded(prog: str, body: Callable[[], int | None]) -> int:
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; cleaned up", file=sys.stderr)
-        return 130
+        return INTERRUPTED_EXIT
 
 
 def _reader_gone() -> int:

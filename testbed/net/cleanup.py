@@ -118,6 +118,8 @@ def remove_network(path: Path, data: dict[str, Any], report: CleanReport, live_i
         if Path(d).name.startswith(state.DELAYLINE_DIR_PREFIX) and Path(d).is_dir():
             shutil.rmtree(d, ignore_errors=True)
             report.delayline_leftovers += 1
+    if data.get("held_by") == state.NET_UP:  # a detached `net up`'s log, which its clean stop would have removed
+        state.net_up_log(data["owner_pid"]).unlink(missing_ok=True)
     path.unlink(missing_ok=True)
     report.networks.append(path.name)
 

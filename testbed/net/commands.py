@@ -19,6 +19,10 @@ from testbed.net.calibrate import RATE_OMIT_S
 from testbed.validation import at_most, option, output_file_option, positive_number
 from traffic.cross import IPERF3_MAX_T_S, stream_count
 
+DETACHED_ENV = "PRFAAS_NET_DETACHED"  # set for the process `prfaas net up --detach` starts: its log is `state.net_up_log`
+DETACH_START_TIMEOUT_S = 120.0  # for a detached network to come up
+DETACH_STOP_TIMEOUT_S = 60.0  # for an unwanted detached network's teardown (`_stop_detached`)
+
 
 def register(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("doctor", help="what this host supports and which WAN backend a run would use")
@@ -141,13 +145,15 @@ def cmd_net_up(args: argparse.Namespace) -> int:
         pass
     finally:
         net.stop()
-        log = os.environ.pop("PRFAAS_NET_LOG", None)  # set by --detach: a clean stop leaves no log behind
-        if log and not net.teardown_errors:
-            Path(log).unlink(missing_ok=True)
+        if os.environ.pop(DETACHED_ENV, None) and not net.teardown_errors:  # a clean stop leaves no log behind
+            state.net_up_log(os.getpid()).unlink(missing_ok=True)
     return 0
 
 
 def _detach(args: argparse.Namespace) -> int:
+    """Start `prfaas net up` in a process of its own session and return once its network is up. Stopped here (SIGTERM,
+    its teardown waited for) when this command ends first: Ctrl-C while it came up said "interrupted; cleaned up" and
+    left the network running, held by the detached process."""
     from testbed.net import state
 
     argv = [sys.executable, "-m", "testbed.cli", "net", "up", str(args.scenario)]
@@ -156,23 +162,44 @@ def _detach(args: argparse.Namespace) -> int:
     if args.telemetry:
         argv += ["--telemetry", str(args.telemetry.resolve())]
     state.STATE_DIR.mkdir(parents=True, exist_ok=True)
-    log = state.STATE_DIR / f"net-up-{os.getpid()}.log"
+    starting = state.STATE_DIR / f"net-up-{os.getpid()}.log"  # named after the detached process once it runs
     root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PRFAAS_NET_LOG=str(log), PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
-    with open(log, "w") as fh:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+    env[DETACHED_ENV] = "1"
+    with open(starting, "w") as fh:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        for _, d in state.list_states():
-            if d.get("owner_pid") == child.pid and d.get("ready"):
-                print(f"network {d['tag']} up (pid {child.pid}; log {log}); `prfaas net down` ends it")
-                return 0
-        if child.poll() is not None:
-            lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-            raise UserError(lines[-1].removeprefix("prfaas net up: error: ") if lines else f"net up exited with status {child.returncode}")
-        time.sleep(0.1)
-    child.terminate()
-    raise HostError(f"the network did not come up within 120 s (log {log})")
+    log = state.net_up_log(child.pid)
+    os.replace(starting, log)
+    try:
+        deadline = time.monotonic() + DETACH_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for _, d in state.list_states():
+                if d.get("owner_pid") == child.pid and d.get("ready"):
+                    print(f"network {d['tag']} up (pid {child.pid}; log {log}); `prfaas net down` ends it")
+                    return 0
+            if child.poll() is not None:
+                lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
+                raise UserError(lines[-1].removeprefix("prfaas net up: error: ") if lines else f"net up exited with status {child.returncode}")
+            time.sleep(0.1)
+        raise HostError(f"the network did not come up within {DETACH_START_TIMEOUT_S:g} s (log {log})")
+    except BaseException:
+        _stop_detached(child, log)
+        raise
+
+
+def _stop_detached(child: subprocess.Popen, log: Path) -> None:
+    """SIGTERM to a detached `net up` that is not wanted (still starting, or failed), and wait for its teardown; its log
+    goes when it ended as asked (interrupted, cleaned up)."""
+    if child.poll() is None:
+        child.terminate()
+    try:
+        child.wait(timeout=DETACH_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return  # still tearing down: `prfaas net down --id TAG` or `prfaas clean` ends it
+    from testbed.cli import INTERRUPTED_EXIT
+
+    if child.returncode == INTERRUPTED_EXIT:
+        log.unlink(missing_ok=True)
 
 
 def _find_network(net_id: str | None, *, net_up_only: bool = False) -> dict[str, Any]:

@@ -155,6 +155,12 @@ def state_path(owner_pid: int, tag: str) -> Path:
     return STATE_DIR / f"net-{owner_pid}-{tag}.json"
 
 
+def net_up_log(owner_pid: int) -> Path:
+    """The log of the network `prfaas net up --detach` started, named after its owner (the detached process, the
+    state file's ``owner_pid``): its clean stop removes it, and `prfaas clean` after a SIGKILL."""
+    return STATE_DIR / f"net-up-{owner_pid}.log"
+
+
 def write_state(path: Path, data: dict[str, Any]) -> None:
     write_json(path, data, indent=1)
 

@@ -58,12 +58,42 @@ def test_net_up_detach_exec_down_leaves_nothing():
         assert bad.returncode == 2 and "no host 'nohost'" in bad.stderr and "Traceback" not in bad.stderr
         inodes = {h["netns_inode"] for h in mine[0]["hosts"].values()}
         bridges = set(mine[0]["bridges"])
+        log = state.net_up_log(mine[0]["owner_pid"])
+        assert str(log) in r.stdout and log.is_file()  # named after the detached owner, as `prfaas clean` finds it
     finally:
         down = prfaas("net", "down", "--id", mine[0]["tag"]) if r.returncode == 0 and mine else None
     assert down is not None and down.returncode == 0, down and down.stderr
+    assert not log.exists()
     assert not state.pids_in_netns(inodes)
     assert not (bridges & our_bridges())
     assert not ({p.name for p, _ in state.list_states()} - before)  # ours is gone (others may have ended meanwhile)
+
+
+def test_ctrl_c_while_net_up_detach_waits_stops_the_network_it_started():
+    """It said "interrupted; cleaned up" and left the network up, held by the detached process."""
+    before = {p.name for p, _ in state.list_states()}
+    logs = set(state.STATE_DIR.glob("net-up-*.log"))
+    parent = subprocess.Popen([sys.executable, "-m", "testbed.cli", "net", "up", "net-default", "--detach", *SETS], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    mine: list[dict] = []
+    while not mine and time.monotonic() < deadline and parent.poll() is None:
+        mine = [d for p, d in state.list_states() if p.name not in before]
+        time.sleep(0.05)
+    try:
+        os.killpg(parent.pid, signal.SIGINT)  # Ctrl-C reaches the command's group, not the detached process's session
+        _, err = parent.communicate(timeout=90)
+        assert mine and parent.returncode == 130 and err == "prfaas net up: interrupted; cleaned up\n", err
+        assert not ({p.name for p, _ in state.list_states()} - before)
+        assert not state.is_alive(mine[0]["owner_pid"], None)
+        assert bridge_links(mine[0]["tag"]) == [] and set(state.STATE_DIR.glob("net-up-*.log")) == logs
+    finally:  # (`net down --id` finds only a network that is up)
+        if mine and state.owner_identified(mine[0]):
+            os.kill(mine[0]["owner_pid"], signal.SIGTERM)
+            while state.owner_alive(mine[0]):
+                time.sleep(0.1)
+        for log in set(state.STATE_DIR.glob("net-up-*.log")) - logs:
+            log.unlink()
 
 
 @pytest.mark.parametrize("override, field", [

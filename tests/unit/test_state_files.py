@@ -349,6 +349,18 @@ def test_prfaas_clean_prints_what_it_could_not_clean_and_exits_1(host: dict[str,
     assert doc["networks"] == [] and len(doc["not_cleaned"]) == 1
 
 
+def test_clean_removes_the_log_of_a_sigkilled_detached_net_up_and_no_other(host: dict[str, Any]):
+    """`prfaas net up --detach` logs to net-up-<owner pid>.log, which its clean stop removes; after a SIGKILL the state
+    file's owner names it. It stayed after `prfaas clean` (then named after the pid of the command that detached)."""
+    put(json.dumps(good_state(held_by=state.NET_UP)))
+    put(json.dumps(good_state(pid=DEAD + 1, tag="00002")), pid=DEAD + 1, tag="00002")  # a run's network: it has no log
+    logs = [state.net_up_log(DEAD), state.net_up_log(DEAD + 1), state.net_up_log(DEAD + 2)]
+    for log in logs:
+        log.write_text("network 0abcd up\n")
+    rep = cleanup.clean()
+    assert len(rep.networks) == 2 and [log.exists() for log in logs] == [False, True, True]
+
+
 def test_prfaas_clean_says_the_delay_line_leftovers_it_removed(host: dict[str, Any], capsys: pytest.CaptureFixture[str],
                                                                monkeypatch: pytest.MonkeyPatch):
     """A stale control directory and a root-namespace NFQUEUE rule removed were "removed: 0 network(s), 0 process(es),
