@@ -11,7 +11,8 @@ Processes in a namespace that has another cookie now are someone else's and left
 file that records no cookie (written before cookies were, or on a kernel older than 5.14) cannot
 prove its namespaces: the processes found in them are not signalled but listed, one line, for the
 user to check (`ps -o pid,netns,args`) and kill by hand. Bridges named like ours (``br[fd]XXXXX``)
-that no live network claims are removed too.
+that no live network claims are removed too, and with every bridge its ports (``br[fd]XXXXX-ethN``), which a
+namespace the kernel keeps after its processes would keep (`delete_bridges`).
 
 `clean(run=RUN_ID)` (``prfaas clean RUN_ID``) removes only the network(s) of one run -- its run id or
 its run directory, as recorded in the state file -- and leaves every other network, live or dead, and
@@ -61,9 +62,9 @@ class CleanReport:
 def delete_bridges(names: list[str]) -> list[str]:
     """Delete the bridges `names` and their ports (`state.BRIDGE_LINK_RE`) in the root namespace; returns the bridges
     of which a link was deleted. A port is deleted by its name, not only unplugged with its bridge: a host's namespace
-    can outlive its processes -- the kernel keeps it while a socket they left still closes (measured: after `prfaas run`
-    was SIGKILLed mid-workload, ports of the hosts with KV and router connections stayed for minutes) -- and the veth
-    pair with it."""
+    can outlive its processes (the kernel keeps it while an orphaned socket still closes), and its veth pair with it:
+    after `prfaas run` was SIGKILLed mid-workload, three ports were still there 2 minutes after `prfaas clean`
+    (docs/network.md, "What a kill leaves")."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 

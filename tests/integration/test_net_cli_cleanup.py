@@ -121,7 +121,7 @@ def bridge_links(tag: str) -> list[str]:
 def test_clean_removes_what_a_sigkilled_run_left():
     """Its processes, bridges and state file; and the bridges' ports although a host's namespace outlives its
     processes (held here by an open descriptor, as the kernel holds it while a socket a killed worker left still
-    closes: such ports stayed minutes after `prfaas clean` when `prfaas run` was SIGKILLed mid-workload)."""
+    closes: such ports were still there 2 minutes after `prfaas clean` when `prfaas run` was SIGKILLed mid-workload)."""
     child = start_owner()
     held = -1
     try:
