@@ -685,6 +685,8 @@ class Router:
                 v = f.get(name, reading, None)
                 if v is not None:
                     vals[name] = convert(v)
+                    if not math.isfinite(vals[name]):  # 1e308 wire bit/s times the scale was inf, which the policy read
+                        raise f.error(name, f"{v!r} is past any rate or size in emulated units (x the scale {to_em.factor:g})")
             t = f.get("t_s", time_s, None)
             f.done()
         except FieldError as exc:

@@ -528,6 +528,10 @@ def test_a_telemetry_sample_with_an_unknown_key_gets_400_naming_it_and_the_allow
     code, out = post(r, "/v1/telemetry", {"units": "emulated", "t_s": clock.now_s(), "egress_bps": 1.0, "capacity_bps": 2.0,
                                           "backlog_bytes": 3.0, "drops": 4.0})
     assert code == 200 and r.state()["wan"]["capacity_bps"] == 2.0
+    # 1e308 wire bit/s at scale 10 was taken as inf emulated bit/s, which the policy and the estimator's truth read
+    code, out = post(r, "/v1/telemetry", {"egress_bps": 1e308})
+    assert (code, out["error"]["param"]) == (400, "egress_bps") and "x the scale 10" in out["error"]["message"]
+    assert r.state()["wan"]["egress_bps"] == 1.0  # not taken
 
 
 def test_every_key_the_runs_telemetry_relay_sends_is_one_the_router_takes(router) -> None:
