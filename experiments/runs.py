@@ -65,8 +65,14 @@ def run_once(scenario: Scenario, out_dir: str | Path, *, progress: bool = True) 
     """Run `scenario` into `out_dir` and summarise it: the complete run directory."""
     from testbed.runner.run import run_scenario
 
-    out = run_scenario(scenario, Path(out_dir), progress=progress)
-    summarize_run_dir(out)
+    try:
+        out = run_scenario(scenario, Path(out_dir), progress=progress)
+        summarize_run_dir(out)
+    except KeyboardInterrupt as exc:  # said by the command's last line (`cli.guarded`): the folder is no run yet
+        if Path(out_dir).is_dir() and not (Path(out_dir) / rundir.SUMMARY_FILE).exists():
+            exc.add_note(f"{out_dir} is incomplete (no {rundir.SUMMARY_FILE}); `prfaas report` refuses it, and the same "
+                         "command with --out runs it again")
+        raise
     return out
 
 

@@ -107,8 +107,10 @@ def guarded(prog: str, body: Callable[[], int | None]) -> int:
     except UserError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(f"{prog}: interrupted; cleaned up", file=sys.stderr)
+        for note in getattr(exc, "__notes__", ()):  # what the interrupt left, e.g. an incomplete run folder (`runs.run_once`)
+            print(f"{prog}: {note}", file=sys.stderr)
         return INTERRUPTED_EXIT
 
 

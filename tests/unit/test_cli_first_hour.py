@@ -194,3 +194,27 @@ def test_every_option_and_argument_of_every_command_says_what_it_is_for():
         return out
 
     assert silent(build_parser(), ()) == []
+
+
+def test_an_interrupted_run_names_the_folder_it_left_incomplete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C of `prfaas run` said "interrupted; cleaned up" and not that its run folder was left without a summary
+    (session 68's kill campaign); the folder is named in a second line, and only while it is incomplete."""
+    import testbed.runner.run as runner
+    from experiments.runs import run_once
+    from testbed.cli import guarded
+
+    def interrupted(scenario, out_dir, **kw):
+        out_dir.mkdir()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_scenario", interrupted)
+    out = tmp_path / "r"
+    assert guarded("prfaas run", lambda: run_once(None, out)) == 130  # type: ignore[arg-type]
+    assert capsys.readouterr().err.splitlines() == [
+        "prfaas run: interrupted; cleaned up",
+        f"prfaas run: {out} is incomplete (no summary.json); `prfaas report` refuses it, and the same command with --out "
+        "runs it again"]
+    monkeypatch.setattr(runner, "run_scenario", lambda scenario, out_dir, **kw: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert guarded("prfaas run", lambda: run_once(None, tmp_path / "never")) == 130  # type: ignore[arg-type]
+    assert capsys.readouterr().err == "prfaas run: interrupted; cleaned up\n"  # no folder made: nothing to name
