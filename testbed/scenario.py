@@ -21,7 +21,7 @@ import yaml
 from testbed import units
 from testbed.errors import FieldError, UserError
 from testbed.scale import Scale
-from testbed.validation import (REQUIRED, Fields, at_most, boolean, load_yaml, name_or_stem, number, path_exists, whole_number, random_seed,
+from testbed.validation import (REQUIRED, Fields, at_most, boolean, load_yaml, name_or_stem, number, path_exists, shown, whole_number, random_seed,
                                 read_yaml, shown, yaml_problem)
 
 # --------------------------------------------------------------------------------------------- network
@@ -388,7 +388,9 @@ def parse_topology(f: Fields) -> TopologySpec:
         if name == "prfaas" and dcs[name].decode_hosts:
             raise FieldError(s.name("decode"), "the PrfaaS datacenter only prefills; use 0", f.source)
         if sum((dcs[name].prefill_hosts, dcs[name].decode_hosts)) > MAX_HOSTS_PER_DC:
-            raise FieldError(s.path, f"at most {MAX_HOSTS_PER_DC} worker hosts per datacenter", f.source)
+            d = dcs[name]
+            raise FieldError(s.path, f"prefill {shown(d.prefill_hosts)} + decode {shown(d.decode_hosts)} worker hosts; at most "
+                             f"{MAX_HOSTS_PER_DC} per datacenter (each is a network namespace with its own link)", f.source)
     if dcs["pd"].decode_hosts < 1:
         raise FieldError("topology.pd.decode", "needs at least 1 decode host", f.source)
     lan = f.get("lan_rate", units.parse_rate_bps, None)

@@ -600,3 +600,12 @@ def test_an_unknown_top_level_key_lists_every_section_and_names_the_near_one():
     with pytest.raises(FieldError) as exc:
         parse_scenario({"wan": {"rate": "10Gbps", "zzz": 1}})
     assert "did you mean" not in str(exc.value) and exc.value.field == "wan.zzz"
+
+
+def test_too_many_worker_hosts_in_a_datacenter_says_the_counts_it_summed():
+    with pytest.raises(FieldError) as exc:
+        parse_scenario({"wan": {"rate": "10Gbps"}, "topology": {"pd": {"prefill": 60, "decode": 5}}})
+    assert exc.value.field == "topology.pd" and "prefill 60 + decode 5 worker hosts; at most 64 per datacenter" in str(exc.value)
+    with pytest.raises(FieldError) as exc:  # "at most 64 worker hosts per datacenter" named neither count
+        parse_scenario({"wan": {"rate": "10Gbps"}, "topology": {"pd": {"prefill": 10**30}}})
+    assert "prefill a 31-digit number + decode 1" in str(exc.value)
