@@ -591,29 +591,12 @@ def test_a_request_trickled_a_byte_at_a_time_is_cut_off_at_the_timeout_and_a_key
     """Slowloris: `request_timeout_s` bounded each read, so headers or a body sent a byte every 0.2 s held a router
     thread as long as the client liked (2026-12-07); the request's line, headers and body now share it. And
     ``{"max_tokens": 1, "max_tokens": 99}`` was served with 99, the first value dropped without a word."""
-    import select
-
     r = router(request_timeout_s=1.0)
 
+    from tests.unit.test_worker import trickle as drip_to
+
     def trickle(head: bytes, drip: bytes) -> tuple[float, bytes]:
-        t0 = time.monotonic()
-        with socket.create_connection(("127.0.0.1", r.address[1]), timeout=10) as s:
-            s.sendall(head)
-            for b in drip:
-                if select.select([s], [], [], 0)[0]:  # the router answered or hung up
-                    break
-                try:
-                    s.sendall(bytes([b]))
-                except OSError:
-                    break
-                time.sleep(0.2)
-            out = b""
-            try:
-                while chunk := s.recv(65536):
-                    out += chunk
-            except OSError:
-                pass
-        return time.monotonic() - t0, out
+        return drip_to(r.address[1], head, drip)
 
     took, out = trickle(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", b"X-Drip: " + b"a" * 40)
     assert took < 3 and out == b"", (took, out)
