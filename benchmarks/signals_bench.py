@@ -114,6 +114,9 @@ DEFAULT_NO_EVENT = ["wan.schedule=[]"]
 EVENT_S = {"case-study": (50.0, 80.0)}  # on the schedule clock; every val-* shape: DEFAULT_EVENT_S
 DEFAULT_EVENT_S = (25.0, 50.0)
 TARGETS = {"long_p90": 0.7, "xfer_p90": 0.7, "short_p90": 1.3, "slo_pp": 10.0, "est_mae": 0.20, "detect_s": 2.0}
+# The figures compared per seed as ratios, arm / fixed-threshold: (label, measure's key, target)
+RATIO_METRICS = (("long P90 TTFT", "long_p90_s", TARGETS["long_p90"]), ("KV transfer P90", "xfer_p90_s", TARGETS["xfer_p90"]),
+                 ("short P90 TTFT", "short_p90_s", TARGETS["short_p90"]))
 
 
 def p90(x: pd.Series) -> float | None:
@@ -246,6 +249,11 @@ def seed_ratios(arm: pd.DataFrame, fixed: pd.DataFrame, key: str) -> list[float]
             if usable(arm.at[s, key]) and usable(fixed.at[s, key])]
 
 
+def slo_differences(arm: pd.DataFrame, other: pd.DataFrame) -> list[float]:
+    """`arm`'s TTFT-SLO attainment less `other`'s, in percentage points, per seed both ran (both frames indexed by seed)."""
+    return [100 * (arm.at[s, "slo"] - other.at[s, "slo"]) for s in sorted(set(arm.index) & set(other.index))]
+
+
 def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
     """(every judged target met, how many targets were judged): only the prfaas-observed arm is judged,
     against fixed-threshold (and all-local) of the same seeds; the oracle and no-event arms are reported
@@ -267,9 +275,7 @@ def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
             seeds = sorted(set(a.index) & set(fixed.index))
             if not seeds:
                 continue
-            for metric, key, target in (("long P90 TTFT", "long_p90_s", TARGETS["long_p90"]),
-                                        ("KV transfer P90", "xfer_p90_s", TARGETS["xfer_p90"]),
-                                        ("short P90 TTFT", "short_p90_s", TARGETS["short_p90"])):
+            for metric, key, target in RATIO_METRICS:
                 r = seed_ratios(a, fixed, key)
                 if not r:
                     continue
@@ -278,16 +284,15 @@ def compare(rows: list[dict[str, Any]], console: Console) -> tuple[bool, int]:
                 ok &= met or not judge
                 judged += judge
                 t.add_row(arm, metric, str(len(r)), f"{m:.2f}", f"[{lo:.2f}, {hi:.2f}]", f"<= {target}", "yes" if met else "NO")
-            d = [100 * (a.at[s, "slo"] - fixed.at[s, "slo"]) for s in seeds]
+            d = slo_differences(a, fixed)
             m, lo, hi = bootstrap_ci(d)
             need = TARGETS["slo_pp"] if shape in DIP_SHAPES else 0.0
             met = m >= need
             ok &= met or not judge
             judged += judge
             t.add_row(arm, "SLO - fixed (pp)", str(len(d)), f"{m:+.1f}", f"[{lo:+.1f}, {hi:+.1f}]", f">= {need:+g}", "yes" if met else "NO")
-            ls = sorted(set(a.index) & set(local.index)) if arm != "fixed-no-event" else []
-            if ls:
-                d = [100 * (a.at[s, "slo"] - local.at[s, "slo"]) for s in ls]
+            d = slo_differences(a, local) if arm != "fixed-no-event" else []
+            if d:
                 m, lo, hi = bootstrap_ci(d)
                 ok &= m >= 0 or not judge
                 t.add_row(arm, "SLO - all-local (pp)", str(len(d)), f"{m:+.1f}", f"[{lo:+.1f}, {hi:+.1f}]", ">= +0", "yes" if m >= 0 else "NO")
