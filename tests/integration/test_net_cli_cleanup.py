@@ -70,30 +70,40 @@ def test_net_up_detach_exec_down_leaves_nothing():
 
 
 def test_ctrl_c_while_net_up_detach_waits_stops_the_network_it_started():
-    """It said "interrupted; cleaned up" and left the network up, held by the detached process."""
+    """It said "interrupted; cleaned up" and left the network up, held by the detached process. Ctrl-C must reach
+    `net up` while its network is still coming up: a network seen up already, or one that came up before the signal
+    arrived (exit 0: once in CI, 2026-12-07), is stopped and the race tried again, at most 3 times."""
     before = {p.name for p, _ in state.list_states()}
     logs = set(state.STATE_DIR.glob("net-up-*.log"))
-    parent = subprocess.Popen([sys.executable, "-m", "testbed.cli", "net", "up", "net-default", "--detach", *SETS], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
-    mine: list[dict] = []
-    while not mine and time.monotonic() < deadline and parent.poll() is None:
-        mine = [d for p, d in state.list_states() if p.name not in before]
-        time.sleep(0.05)
-    try:
-        os.killpg(parent.pid, signal.SIGINT)  # Ctrl-C reaches the command's group, not the detached process's session
-        _, err = parent.communicate(timeout=90)
-        assert mine and parent.returncode == 130 and err == "prfaas net up: interrupted; cleaned up\n", err
-        assert not ({p.name for p, _ in state.list_states()} - before)
-        assert not state.is_alive(mine[0]["owner_pid"], None)
-        assert bridge_links(mine[0]["tag"]) == [] and set(state.STATE_DIR.glob("net-up-*.log")) == logs
-    finally:  # (`net down --id` finds only a network that is up)
-        if mine and state.owner_identified(mine[0]):
-            os.kill(mine[0]["owner_pid"], signal.SIGTERM)
-            while state.owner_alive(mine[0]):
-                time.sleep(0.1)
-        for log in set(state.STATE_DIR.glob("net-up-*.log")) - logs:
-            log.unlink()
+    for _ in range(3):
+        parent = subprocess.Popen([sys.executable, "-m", "testbed.cli", "net", "up", "net-default", "--detach", *SETS],
+                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.monotonic() + 60
+        mine: list[dict] = []
+        while not mine and time.monotonic() < deadline and parent.poll() is None:
+            mine = [d for p, d in state.list_states() if p.name not in before]
+            time.sleep(0.01)
+        try:
+            if not mine or mine[0].get("ready"):
+                parent.communicate(timeout=90)
+                continue  # seen only once up: no Ctrl-C while it came up
+            os.killpg(parent.pid, signal.SIGINT)  # Ctrl-C reaches the command's group, not the detached process's session
+            _, err = parent.communicate(timeout=90)
+            if parent.returncode == 0:
+                continue  # up before the signal arrived
+            assert parent.returncode == 130 and err == "prfaas net up: interrupted; cleaned up\n", err
+            assert not ({p.name for p, _ in state.list_states()} - before)
+            assert not state.is_alive(mine[0]["owner_pid"], None)
+            assert bridge_links(mine[0]["tag"]) == [] and set(state.STATE_DIR.glob("net-up-*.log")) == logs
+            return
+        finally:  # (`net down --id` finds only a network that is up)
+            if mine and state.owner_identified(mine[0]):
+                os.kill(mine[0]["owner_pid"], signal.SIGTERM)
+                while state.owner_alive(mine[0]):
+                    time.sleep(0.1)
+            for log in set(state.STATE_DIR.glob("net-up-*.log")) - logs:
+                log.unlink()
+    pytest.fail("the network came up before Ctrl-C reached `net up --detach` in 3 tries")
 
 
 @pytest.mark.parametrize("override, field", [

@@ -693,7 +693,8 @@ def test_prefill_times_learn_seconds_per_token_and_per_prefill_by_cluster() -> N
     ("full_path_ratio", -1, r"-1 must be > 0"),
     ("probe_headroom", 1e10, r"10000000000.0 is more than 100 times the estimate, past the nominal rate"),
     ("probe_headroom", 0, r"0 must be >= 1 \(a probe sized below the estimate cannot read it\)"),  # was "0 must be > 0"
-    ("probe_max", "1e30B", r"'1e30B' is more than 4294967295 B \(2\*\*32 - 1\), the most one probe may carry on the wire"),
+    ("probe_max", "1e12B", r"'1e12B' is more than 4294967295 B \(2\*\*32 - 1\), the most one probe may carry on the wire"),
+    ("probe_max", "1e30B", r"'1e30B' is more than 8EiB \(2\*\*63 - 1 bytes\), past any memory or disk"),  # any size's bound first
     ("probe_max", "0B", r"'0B' is less than 1B, and a probe carries at least one byte \(probe_after: 0s sends no probes\)"),
     ("probe_max", "0.4B", r"'0.4B' is less than 1B"),
     ("probe_max", -1, r"-1 must not be negative; use a number with a unit"),  # was "-1 has no size unit"
