@@ -153,6 +153,25 @@ def sign_test_p(n: int) -> float:
     return float(sps.binomtest(n, n, 0.5).pvalue)
 
 
+def synthetic_pairs(rng: np.random.Generator, n: int, effect: float) -> tuple[np.ndarray, np.ndarray]:
+    """n paired runs with a known ratio of means: a shared run-to-run factor (a seed's workload, log-normal 0.3) and
+    independent noise per arm (log-normal 0.15); E[a] / E[b] == `effect` exactly. The generator of every coverage
+    figure in docs/experiments.md ("Statistics"), of `tests/unit/test_stats.py` and `experiments_bench.py --stats-only`."""
+    x = rng.lognormal(0.0, 0.3, n) * 2.0
+    return effect * x * rng.lognormal(0.0, 0.15, n), x * rng.lognormal(0.0, 0.15, n)
+
+
+def coverage(pairs: int, trials: int = 200, effect: float = 1.25) -> float:
+    """The share of `trials` seeded experiments of `pairs` synthetic pairs (`synthetic_pairs`, trial t drawn from seed
+    1000 + t) whose `paired_ratio_ci` covers the true ratio `effect`."""
+    hit = 0
+    for t in range(trials):
+        a, b = synthetic_pairs(np.random.default_rng(1000 + t), pairs, effect)
+        _, lo, hi, _ = paired_ratio_ci(a, b, seed=t)
+        hit += lo <= effect <= hi
+    return hit / trials
+
+
 def sentence(c: Comparison, higher_is_better: bool | None) -> str:
     """"A is better than B on M (ratio r, 95% CI [lo, hi])" or "no significant difference"; for a metric
     without a direction, "A is higher/lower than B"."""

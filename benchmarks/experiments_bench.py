@@ -26,25 +26,10 @@ from typing import Iterable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-
 QUICK_LIMIT_S = 20 * 60
 FULL_LIMIT_S = 60 * 60
 RATIO_TOLERANCE = 0.15
 COVERAGE_MIN = 0.93
-
-
-def coverage(pairs: int, trials: int = 200, effect: float = 1.25) -> float:
-    from analysis.stats import paired_ratio_ci
-
-    hit = 0
-    for t in range(trials):
-        rng = np.random.default_rng(1000 + t)
-        x = rng.lognormal(0.0, 0.3, pairs) * 2.0
-        a, b = effect * x * rng.lognormal(0.0, 0.15, pairs), x * rng.lognormal(0.0, 0.15, pairs)
-        _, lo, hi, _ = paired_ratio_ci(a, b, seed=t)
-        hit += lo <= effect <= hi
-    return hit / trials
 
 
 def sorted_apart(intervals: Iterable[Sequence[float | None]]) -> tuple[list[tuple[float, float]], bool]:
@@ -75,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"{'--quick' if args.quick else 'the full variant'} --paired {args.paired}: {e}")
     ok = True
 
-    cov = {n: coverage(n) for n in (10, 20, 30)}
+    from analysis import stats
+
+    cov = {n: stats.coverage(n) for n in (10, 20, 30)}
     print("bootstrap coverage of a known ratio (200 trials): " + ", ".join(f"{n} pairs {c:.1%}" for n, c in cov.items()))
     met = cov[30] >= COVERAGE_MIN
     ok &= met

@@ -9,17 +9,10 @@ import pytest
 from analysis import stats
 
 
-def _pair(rng: np.random.Generator, n: int, effect: float) -> tuple[np.ndarray, np.ndarray]:
-    """n paired runs: a shared run-to-run factor (the seed's workload) and independent noise per arm;
-    E[a] / E[b] == effect exactly."""
-    x = rng.lognormal(0.0, 0.3, n) * 2.0
-    return effect * x * rng.lognormal(0.0, 0.15, n), x * rng.lognormal(0.0, 0.15, n)
-
-
 def test_paired_bootstrap_interval_covers_a_known_ratio_at_least_93_percent_of_200_trials():
     covered = 0
     for trial in range(200):
-        a, b = _pair(np.random.default_rng(1000 + trial), 30, 1.25)
+        a, b = stats.synthetic_pairs(np.random.default_rng(1000 + trial), 30, 1.25)
         _, lo, hi, method = stats.paired_ratio_ci(a, b, seed=trial)
         assert method == "bca"
         covered += lo <= 1.25 <= hi
@@ -31,10 +24,10 @@ def test_with_five_pairs_the_expanded_interval_covers_near_its_level_and_rarely_
     (session 68, these trials); read at `expanded_confidence` it is as wide as a t interval would be."""
     covered = false_alarms = 0
     for trial in range(200):
-        a, b = _pair(np.random.default_rng(1000 + trial), 5, 1.25)
+        a, b = stats.synthetic_pairs(np.random.default_rng(1000 + trial), 5, 1.25)
         _, lo, hi, _ = stats.paired_ratio_ci(a, b, seed=trial)
         covered += lo <= 1.25 <= hi
-        false_alarms += stats.compare("m", "A", "B", *_pair(np.random.default_rng(90000 + trial), 5, 1.0), seed=trial).significant
+        false_alarms += stats.compare("m", "A", "B", *stats.synthetic_pairs(np.random.default_rng(90000 + trial), 5, 1.0), seed=trial).significant
     assert covered / 200 >= 0.87 and false_alarms / 200 <= 0.10, (covered, false_alarms)  # 89.5% and 6.5% measured
 
 
@@ -46,7 +39,7 @@ def test_the_expanded_level_is_a_t_intervals_width_and_tends_to_the_nominal_one(
 
 
 def test_pairing_narrows_the_interval_against_treating_runs_as_independent():
-    a, b = _pair(np.random.default_rng(7), 12, 1.1)
+    a, b = stats.synthetic_pairs(np.random.default_rng(7), 12, 1.1)
     _, lo, hi, _ = stats.paired_ratio_ci(a, b)
     _, ulo, uhi, _ = stats.paired_ratio_ci(a, np.random.default_rng(3).permutation(b))  # pairs broken
     assert hi - lo < 0.75 * (uhi - ulo)
@@ -54,7 +47,7 @@ def test_pairing_narrows_the_interval_against_treating_runs_as_independent():
 
 def test_compare_says_better_worse_or_no_significant_difference():
     rng = np.random.default_rng(5)
-    a, b = _pair(rng, 20, 1.5)
+    a, b = stats.synthetic_pairs(rng, 20, 1.5)
     c = stats.compare("throughput_rps", "A", "B", a, b)
     assert c.significant and c.ci_low > 1 and c.n == 20
     assert stats.sentence(c, True).startswith("A is better than B on throughput_rps (ratio 1.")
@@ -88,7 +81,7 @@ def test_two_or_three_pairs_get_no_interval_as_it_would_be_their_range_and_call_
     false_positives = {2: 0, 3: 0}
     for n in false_positives:
         for trial in range(100):
-            a, b = _pair(np.random.default_rng(90_000 + trial), n, 1.0)  # no effect
+            a, b = stats.synthetic_pairs(np.random.default_rng(90_000 + trial), n, 1.0)  # no effect
             c = stats.compare("m", "A", "B", a, b, seed=trial)
             false_positives[n] += c.significant
             assert (c.ci_low, c.ci_high, c.method) == (None, None, "too few pairs") and c.ratio == pytest.approx(a.mean() / b.mean())
@@ -96,13 +89,13 @@ def test_two_or_three_pairs_get_no_interval_as_it_would_be_their_range_and_call_
     same = stats.compare("m", "A", "B", [2.0, 4.0, 6.0], [1.0, 2.0, 3.0])  # three identical ratios: no certainty either
     assert not same.significant and same.method == "too few pairs"
     assert stats.sentence(same, True) == "A vs B on m: no interval (too few pairs, n = 3)"
-    four = stats.compare("m", "A", "B", *_pair(np.random.default_rng(7), 4, 1.25))
+    four = stats.compare("m", "A", "B", *stats.synthetic_pairs(np.random.default_rng(7), 4, 1.25))
     assert four.method == "bca" and four.ci_low is not None  # from 4 pairs: an interval
 
 
 def test_an_interval_does_not_depend_on_the_metrics_unit():
     """A metric below ~1e-4 (a p-value, a lateness in seconds) was called "degenerate": a zero-width interval, significant."""
-    a, b = _pair(np.random.default_rng(4), 12, 1.0)
+    a, b = stats.synthetic_pairs(np.random.default_rng(4), 12, 1.0)
     ref = stats.compare("m", "A", "B", a, b)
     assert ref.method == "bca" and not ref.significant
     for unit in (1e-4, 1e-6, 1e6):
