@@ -208,9 +208,13 @@ def _find_network(net_id: str | None, *, net_up_only: bool = False) -> dict[str,
     a SIGTERM would end (`prfaas net down` ended a test suite's run, 2026-12-07)."""
     from testbed.net import state
 
-    live = [d for _, d in state.live_states() if d.get("ready")]
+    alive = [d for _, d in state.live_states()]
     if net_id:
-        live = [d for d in live if net_id in (str(d.get("tag")), str(d.get("owner_pid")))]
+        alive = [d for d in alive if net_id in (str(d.get("tag")), str(d.get("owner_pid")))]
+    live = [d for d in alive if d.get("ready")]
+    if net_id and alive and not live:  # it said "no network is running with id X" of one coming up
+        raise UserError(f"network {_describe_network(alive[0])} is still coming up; run this again once `prfaas net up` "
+                        "says it is up (or stop that command: its Ctrl-C stops what it started)")
     others = []
     if net_up_only and not net_id:
         others = [d for d in live if d.get("held_by") != state.NET_UP]

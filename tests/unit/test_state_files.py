@@ -443,6 +443,26 @@ def test_net_down_stops_only_a_net_up_network_unless_another_is_named(host: dict
     assert signalled[1:] == [(run_pid, commands.signal.SIGTERM)]
 
 
+def test_net_down_of_a_network_still_coming_up_says_so(host: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]):
+    """`net down --id TAG` of a network whose `net up` has not yet said it is up said "no network is running with id
+    TAG" (session 68's kill campaign); it is named as coming up, and nothing is signalled."""
+    import testbed.net.commands as commands
+
+    signalled: list[tuple[int, int]] = []
+    monkeypatch.setattr(state, "is_alive", lambda pid, start: True)
+    monkeypatch.setattr(commands.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
+    put(json.dumps(good_state(pid=DEAD + 3, tag="0cccc", ready=False, held_by=state.NET_UP)), pid=DEAD + 3, tag="0cccc")
+    for argv in (["net", "down", "--id", "0cccc"], ["net", "exec", "--id", "0cccc", "pd-d0", "--", "true"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"prfaas {argv[0]} {argv[1]}: error: network 0cccc (quick, run r1, pid {DEAD + 3}) is still "
+                              "coming up;") and err.count("\n") == 1, err
+    assert main(["net", "down", "--id", "0dddd"]) == 2
+    assert "no network is running with id 0dddd" in capsys.readouterr().err
+    assert signalled == []
+
+
 def test_net_down_names_an_older_net_up_among_the_networks_it_will_not_stop_unnamed(
         host: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """A `prfaas net up` older than 2026-12-07 wrote no held_by: refused as another command's (its file cannot tell),
