@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from testbed.clock import now_s
 from testbed.atomic import write_json
 from testbed.errors import FieldError
+from testbed.validation import shown
 from testbed.blocks import BLOCK_TOKENS
 from testbed.kv.transport import PROBE_PREFIX
 from testbed.serving.httpio import BodyError, RequestHandler, Server, read_json_body
@@ -588,6 +589,7 @@ class DecodeSlot:
     decode_prefix_len: int | None = None  # positions of that hit, told to the router (None: no block hashes given)
     due_at_first_s: float | None = None  # profile mode: the decode's profile time so far (`decode_due_s`) at this request's first token
     decode_late_s: float | None = None  # profile mode: its first-to-last token time past the profile's steps between them
+    on_final: Callable[[], None] | None = None  # the worker's: its id is no longer in flight
 
     @property
     def request_id(self) -> str:
@@ -601,6 +603,8 @@ class DecodeSlot:
         return (self.req.arrival_s if self.req.arrival_s is not None else self.registered_s) + self.timeout_s(default_s)
 
     def final(self, status: str, reason: str | None) -> FinalEvent:
+        if self.on_final is not None:
+            self.on_final()
         queue_s = (self.joined_s or now_s()) - self.admitted_s if self.admitted_s is not None else None
         return FinalEvent(status, reason, self.kv_bytes, self.transfer_start_s, self.transfer_end_s, self.first_token_s,
                           now_s(), self.emitted, queue_s, self.decode_late_s)
@@ -616,6 +620,7 @@ class DecodeWorker:
         self.pool = make_pool(cfg, self.compute.section.spec)
         self.lock = threading.Lock()
         self.pending: dict[str, DecodeSlot] = {}
+        self.ids_in_flight: set[str] = set()  # registered and not yet given their final event
         self.arrived: dict[str, tuple[float, Any]] = {}  # KV that came before its request
         self.admit_cond = threading.Condition()
         self.ready: deque[DecodeSlot] = deque()  # KV verified, waiting for a place in the batch
@@ -672,6 +677,12 @@ class DecodeWorker:
         """Take a request: hold this pool's prefix of its prompt (`slot.prefix.tokens` is the
         ``decode_prefix_len`` the prefill is told) and wait for the rest of its KV."""
         slot = DecodeSlot(req)
+        with self.lock:  # a second request of an id in flight took the first one's KV, or left it waiting to its timeout
+            if slot.request_id in self.ids_in_flight:
+                raise FieldError("request_id", f"{shown(slot.request_id)} is already in flight on this worker; give each "
+                                 "request its own id")
+            self.ids_in_flight.add(slot.request_id)
+        slot.on_final = lambda: self._forget(slot.request_id)
         if req.block_hashes and req.input_len > 1:
             slot.prefix = self.pool.match(list(req.block_hashes), max_tokens=req.input_len - 1, acquire=True)
             slot.decode_prefix_len = slot.prefix.tokens
@@ -683,6 +694,10 @@ class DecodeWorker:
             self._fill(slot, early[1])
         threading.Thread(target=self._await_kv, args=(slot,), daemon=True).start()
         return slot
+
+    def _forget(self, request_id: str) -> None:
+        with self.lock:
+            self.ids_in_flight.discard(request_id)
 
     def _await_kv(self, slot: DecodeSlot) -> None:
         """Wait for the KV until the request's deadline: the prefill's queue bound and the KV timeout (both on
@@ -748,6 +763,7 @@ class DecodeWorker:
                 self.placing.append(self.ready.popleft())
         for slot in gone:
             slot.kv = None  # its device memory goes now (before others are placed), not when the client lets go
+            self._forget(slot.request_id)  # its client has gone: no final event is sent
         for slot in list(self.placing):  # outside the lock: a copy to the device takes a while
             why = self._place_kv(slot)
             self.placing.remove(slot)

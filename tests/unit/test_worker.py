@@ -175,6 +175,25 @@ def test_a_decode_whose_kv_never_arrives_fails_with_the_reason(workers):
     assert 2.0 <= time.monotonic() - t0 < 2.0 + 5.0  # bounded by the request's timeout, not the KV timeout (6 s)
 
 
+def test_a_second_request_of_an_id_in_flight_is_refused_and_the_id_is_free_again_once_it_ended(workers):
+    """A decode worker took a second request of an id still in flight: the second's slot replaced the first's, whose
+    stream then waited to its timeout with its KV given to the other (the router refuses it; a direct client did not)."""
+    dec, _ = workers
+    events: list[dict[str, Any]] = []
+    body = {"request_id": "twice", "input_len": 100, "output_len": 3, "request_timeout_s": 2.0}
+    first = threading.Thread(target=sse, args=(dec.port, body, events))
+    first.start()
+    time.sleep(0.5)  # registered (on loopback, within milliseconds), waiting for KV that never comes
+    status, raw = request(dec.port, "POST", "/v1/decode", {**body, "request_timeout_s": 0.2})
+    first.join(10)
+    assert status == 400 and json.loads(raw)["error"] == ("request_id: 'twice' is already in flight on this worker; give "
+                                                          "each request its own id"), raw
+    assert [e["status"] for e in events] == ["failed"] and "within the request timeout (2 s)" in events[0]["reason"]
+    again: list[dict[str, Any]] = []
+    sse(dec.port, {**body, "request_timeout_s": 0.2}, again)  # ended (its final event sent): the id may come again
+    assert [e["status"] for e in again] == ["failed"]
+
+
 def test_a_corrupted_kv_transfer_is_rejected_and_never_decoded(workers):
     dec, _ = workers
     events: list[dict[str, Any]] = []
