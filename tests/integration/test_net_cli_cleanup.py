@@ -69,15 +69,23 @@ def test_net_up_detach_exec_down_leaves_nothing():
     assert not ({p.name for p, _ in state.list_states()} - before)  # ours is gone (others may have ended meanwhile)
 
 
+def interactive_sigint() -> None:
+    """SIGINT as a terminal's foreground command has it. A suite started in the background by a non-interactive shell
+    (`nohup ... &`, a CI runner's script) inherits SIGINT ignored (POSIX: asynchronous commands ignore it), and Python
+    then installs no KeyboardInterrupt handler: the command never saw this test's Ctrl-C (exit 0 in CI, 2026-12-07)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_net_up_detach_waits_stops_the_network_it_started():
     """It said "interrupted; cleaned up" and left the network up, held by the detached process. Ctrl-C must reach
     `net up` while its network is still coming up: a network seen up already, or one that came up before the signal
-    arrived (exit 0: once in CI, 2026-12-07), is stopped and the race tried again, at most 3 times."""
+    arrived (exit 0), is stopped and the race tried again, at most 3 times."""
     before = {p.name for p, _ in state.list_states()}
     logs = set(state.STATE_DIR.glob("net-up-*.log"))
     for _ in range(3):
         parent = subprocess.Popen([sys.executable, "-m", "testbed.cli", "net", "up", "net-default", "--detach", *SETS],
-                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                  preexec_fn=interactive_sigint)
         deadline = time.monotonic() + 60
         mine: list[dict] = []
         while not mine and time.monotonic() < deadline and parent.poll() is None:
