@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import socket
 import struct
 import sys
@@ -33,6 +34,8 @@ def decode_probe(data: bytes) -> tuple[int, float]:
     if len(data) < _FMT.size or data[:4] != MAGIC:
         raise ValueError("not a probe datagram")
     _, seq, sent = _FMT.unpack_from(data)
+    if not math.isfinite(sent) or sent < 0:  # a NaN send time made a NaN one-way delay in the samples
+        raise ValueError("not a probe datagram: its send time is not a clock reading")
     return seq, sent
 
 

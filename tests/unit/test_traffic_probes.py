@@ -17,6 +17,9 @@ def test_probe_encoding_round_trip_and_rejects_other_datagrams() -> None:
     assert decode_probe(encode_probe(7, 123.25, pad_bytes=100)) == (7, 123.25)
     with pytest.raises(ValueError):
         decode_probe(b"hello, not a probe")
+    for sent in (float("nan"), float("inf"), -1.0):  # a NaN send time was a NaN one-way delay in the samples
+        with pytest.raises(ValueError, match="its send time is not a clock reading"):
+            decode_probe(encode_probe(1, sent))
 
 
 def test_loopback_probes_measure_a_small_one_way_delay() -> None:
