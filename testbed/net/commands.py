@@ -179,7 +179,10 @@ def _detach(args: argparse.Namespace) -> int:
                     return 0
             if child.poll() is not None:
                 lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-                raise UserError(lines[-1].removeprefix("prfaas net up: error: ") if lines else f"net up exited with status {child.returncode}")
+                said = lines[-1].removeprefix("prfaas net up: error: ") if lines else f"net up exited with status {child.returncode}"
+                if child.returncode == 2:  # its one line says it all; the log goes (`_stop_detached`)
+                    raise UserError(said)
+                raise HostError(f"{said} (the detached net up's whole output: {log})")  # kept: it was left unnamed
             time.sleep(0.1)
         raise HostError(f"the network did not come up within {DETACH_START_TIMEOUT_S:g} s (log {log})")
     except BaseException:
@@ -189,7 +192,8 @@ def _detach(args: argparse.Namespace) -> int:
 
 def _stop_detached(child: subprocess.Popen, log: Path) -> None:
     """SIGTERM to a detached `net up` that is not wanted (still starting, or failed), and wait for its teardown; its log
-    goes when it ended as asked (interrupted, cleaned up)."""
+    goes when it ended as asked (interrupted, cleaned up) or on a user error (exit 2, its line already said); after any
+    other failure it stays, named in the refusal."""
     if child.poll() is None:
         child.terminate()
     try:
@@ -198,7 +202,7 @@ def _stop_detached(child: subprocess.Popen, log: Path) -> None:
         return  # still tearing down: `prfaas net down --id TAG` or `prfaas clean` ends it
     from testbed.cli import INTERRUPTED_EXIT
 
-    if child.returncode == INTERRUPTED_EXIT:
+    if child.returncode in (INTERRUPTED_EXIT, 2):  # it ended as asked, or on a user error whose one line was passed on
         log.unlink(missing_ok=True)
 
 

@@ -129,6 +129,16 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(override, field):
     assert our_bridges() == before
 
 
+def test_a_detached_net_up_that_fails_on_its_network_says_why_in_one_line_and_leaves_no_log():
+    """A queue tc cannot hold is refused when the detached process builds the WAN (the scenario itself parses): its
+    one line is passed on, exit 2, and its log goes with it (it stayed in /run/prfaas, unnamed)."""
+    logs, before = set(state.STATE_DIR.glob("net-up-*.log")), our_bridges()
+    r = prfaas("net", "up", "net-default", "--detach", "--set", "wan.queue=100bdp", "--set", "wan.delay=1s", "--set", "scale=10")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("prfaas net up: error: wan.queue: 232.83 GiB on the wire"), r.stderr
+    assert set(state.STATE_DIR.glob("net-up-*.log")) == logs and our_bridges() == before
+
+
 def bridge_links(tag: str) -> list[str]:
     """The root namespace's links of network `tag`: its bridges and their ports."""
     out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
