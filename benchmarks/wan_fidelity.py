@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.table import Table  # noqa: E402
 
 from testbed.atomic import write_json  # noqa: E402
-from testbed.net.calibrate import IperfServer, ReceivedFrames, measure_rate_bps, measure_rtt, measure_udp_loss, steady_rate_bps  # noqa: E402
+from testbed.net.calibrate import IperfServer, measure_rates_bps, measure_rtt, measure_udp_loss  # noqa: E402
 from testbed.net.emulation import Network  # noqa: E402
 from testbed.packet import GOODPUT_MAX  # noqa: E402
 from testbed.scenario import DIRECTIONS, LossSpec  # noqa: E402
@@ -62,20 +62,17 @@ def set_one(net: Network, direction: str, **changes: object) -> None:
     net.wan.set_direction(direction, replace(net.wan.current[direction], **changes))
 
 
-
-
 def timed_rate(net: Network, g: float, duration_s: float, port: int = 5201) -> tuple[float, float, float]:
     """(TCP goodput, link rate at the receiver, link rate at the shaper) in bps, over the iperf3 run after
     its 1 s omit. The judged link rate is counted by the receiver's interface (frames incl. Ethernet
-    headers, the unit the configured rate is in), its window picked as goodput's (`steady_rate_bps`); the
-    shaper's own tx counter (telemetry rows) is printed beside it."""
-    with ReceivedFrames(net, DST, period_s=0.05) as rx:
-        t_a = net.since_start_s()
-        good = measure_rate_bps(net, SRC, DST, streams=4, duration_s=duration_s, omit_s=1, port=port)
-        t_b = net.since_start_s()
+    headers, the unit the configured rate is in), from the same samples and window as the goodput
+    (`calibrate.measure_rates_bps`; it ran a second sampler of its own until session 68); the shaper's own tx counter
+    (telemetry rows) is printed beside it."""
+    t_a = net.since_start_s()
+    good, link = measure_rates_bps(net, SRC, DST, streams=4, duration_s=duration_s, omit_s=1, port=port)
+    t_b = net.since_start_s()
     window = [r["achieved_bps"] for r in net.telemetry.rows
               if r["direction"] == "prfaas_to_pd" and t_a + 1.3 <= r["t_s"] <= t_b - 0.3]
-    link = steady_rate_bps(rx.samples, omit_s=1, duration_s=duration_s)
     return good, link, (sum(window) / len(window) if window else float("nan"))
 
 

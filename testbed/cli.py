@@ -28,6 +28,7 @@ COMMAND_MODULES = (
 )
 
 
+USER_ERROR_EXIT = 2  # a command refused a user mistake in one line (`guarded`), as argparse exits on its own errors
 INTERRUPTED_EXIT = 130  # a command ended by Ctrl-C, SIGTERM or SIGHUP after its cleanup ran (`guarded`)
 PROG_ATTR = "_prog"  # where a parsed namespace keeps the name of the command that parsed it
 
@@ -106,7 +107,7 @@ def guarded(prog: str, body: Callable[[], int | None]) -> int:
         return int(body() or 0)
     except UserError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
+        return USER_ERROR_EXIT
     except KeyboardInterrupt as exc:
         print(f"{prog}: interrupted; cleaned up", file=sys.stderr)
         for note in getattr(exc, "__notes__", ()):  # what the interrupt left, e.g. an incomplete run folder (`runs.run_once`)

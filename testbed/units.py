@@ -53,7 +53,6 @@ MAX_TOKENS = 16 * 1024 * 1024
 # in it (2026-12-07). A BDP queue's bytes on the wire (rate / scale x RTT) are not bounded here.
 MAX_QUEUE_BYTES = 2**32 - 1
 MAX_QUEUE_BDP = 1000.0
-QUEUE_PACKET_BYTES = MTU_BYTES  # the bytes a packet of a queue limit counts for (one MTU), and the least a limit resolves to
 # The largest size: 2**63 - 1 bytes (8 EiB), the most a signed 64-bit count holds (a numpy or parquet column, a C
 # struct), past any memory or disk. `kv_state_bytes: 1e308TB` was an OverflowError traceback (the bytes are infinite as a
 # float), and `1e300MB` passed as a 307-digit count (2026-12-08).
@@ -219,7 +218,7 @@ def parse_queue(text: object) -> QueueLimit:
         raise ValueError(f"{text!r} is not {QUEUE_HELP}")
     # its bytes bounded before any is made whole: 1e308p and 1e308TB are infinitely many as a float, which `int` cannot
     # take (an OverflowError traceback, 2026-12-08)
-    if value * (QUEUE_PACKET_BYTES if packets else SIZE_UNITS[unit]) > MAX_QUEUE_BYTES:
+    if value * (MTU_BYTES if packets else SIZE_UNITS[unit]) > MAX_QUEUE_BYTES:  # a packet counts one MTU
         raise ValueError(f"{text!r} is more than {MAX_QUEUE_BYTES} bytes (4 GiB - 1), the most a queue's byte limit holds (tc's is 32-bit); use {QUEUE_HELP}")
     if packets and value != int(value):
         raise ValueError(f"{text!r}: a packet count must be whole; use {QUEUE_HELP}")

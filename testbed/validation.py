@@ -31,6 +31,7 @@ REQUIRED: Any = object()  # `Fields.get(..., default=REQUIRED)`: the key must be
 # ".<period>.server.json" to a flow's (its iperf3 logs), so 200 leaves room for both and a later suffix. A
 # 300-character scenario name passed `prfaas check`, then `prfaas run` died on OSError "File name too long" (2026-12-07).
 MAX_NAME_BYTES = 200
+NAME_MAX_BYTES = 255  # a file or folder name's most bytes (NAME_MAX on ext4, xfs, btrfs, tmpfs): what `_some_path` checks
 # The largest random seed: 2**32 - 1, a range every consumer of a seed takes with the offsets the testbed adds (a WAN
 # direction's delay line seed + 1 and + 2, a profiling batch's seed + i): random.Random and numpy's SeedSequence take any
 # whole number >= 0, torch.manual_seed one below 2**64 (past it "Overflow when unpacking long long": `seed: 10**400`
@@ -205,7 +206,7 @@ def path_name(name: str, names: str) -> str:
         raise ValueError(f"{name!r} is not valid Unicode text (a lone surrogate); it names {names}") from None
     if size > MAX_NAME_BYTES:
         raise ValueError(f"{name[:24]!r}... is {size} bytes long; a name is at most {MAX_NAME_BYTES} bytes (it names {names}, "
-                         "and a file or directory name is at most 255)")
+                         f"and a file or directory name is at most {NAME_MAX_BYTES})")
     return name
 
 
@@ -455,10 +456,6 @@ def path_option(text: str) -> str:
     started its runs in the default folder, `experiment` wrote into the current one. An option that names a file the
     command writes is `output_file_option`."""
     return _some_path(text, "a file or folder")
-
-
-# A file or folder name's most bytes: NAME_MAX on ext4, xfs, btrfs and tmpfs.
-NAME_MAX_BYTES = 255
 
 
 def _some_path(text: str, names: str) -> str:

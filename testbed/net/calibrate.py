@@ -143,6 +143,7 @@ class ReceivedFrames:
         if self.error is not None and exc[0] is None:
             raise HostError(f"reading {self.host}'s interface counters: {self.error}")
 
+
 def steady_rate_bps(samples: list[FrameSample], *, omit_s: float, duration_s: float, header_bytes: int = 0) -> float:
     """Bit rate received from `omit_s` after the flow's first data to `duration_s` later, cut short at the last
     sample before the flow stopped arriving (never an idle tail, not even one sampling period of it). Whole frames
@@ -164,7 +165,14 @@ def steady_rate_bps(samples: list[FrameSample], *, omit_s: float, duration_s: fl
 
 def measure_rate_bps(net: Any, src: str, dst: str, *, streams: int = 4, duration_s: float = 5, omit_s: float = RATE_OMIT_S,
                      reverse: bool = False, port: int = IPERF_PORT) -> float:
-    """Achieved TCP goodput on the wire (receiver side), `omit_s` of slow start left out.
+    """Achieved TCP goodput on the wire (receiver side), `omit_s` of slow start left out (`measure_rates_bps`'s first)."""
+    return measure_rates_bps(net, src, dst, streams=streams, duration_s=duration_s, omit_s=omit_s, reverse=reverse, port=port)[0]
+
+
+def measure_rates_bps(net: Any, src: str, dst: str, *, streams: int = 4, duration_s: float = 5, omit_s: float = RATE_OMIT_S,
+                      reverse: bool = False, port: int = IPERF_PORT) -> tuple[float, float]:
+    """(TCP goodput, link rate) on the wire at the receiver, over one iperf3 run and one window, `omit_s` of slow start
+    left out: the link rate counts whole frames (the unit of the configured rate), the goodput their TCP payload.
 
     Counted from the receiving interface's frames in wire time (`ReceivedFrames`), not from iperf3's reads: on a
     loaded host the receiver's reads (and its kernel's TCP counters) lag the wire by up to tens of MB, and iperf3
@@ -179,7 +187,8 @@ def measure_rate_bps(net: Any, src: str, dst: str, *, streams: int = 4, duration
         data = _iperf(net, src, dst, ["-P", str(streams), "-t", str(run_s)] + (["-R"] if reverse else []), run_s + 30, port)
         time.sleep(0.1)
     header_bytes = ETHERNET_HEADER_BYTES + mtu_bytes - int(data["start"]["tcp_mss_default"])
-    return steady_rate_bps(rx.samples, omit_s=omit_s, duration_s=duration_s, header_bytes=header_bytes)
+    return (steady_rate_bps(rx.samples, omit_s=omit_s, duration_s=duration_s, header_bytes=header_bytes),
+            steady_rate_bps(rx.samples, omit_s=omit_s, duration_s=duration_s))
 
 
 def measure_udp_loss(net: Any, src: str, dst: str, *, datagrams: int = 20000, rate_bps: float = 200e6,

@@ -154,6 +154,7 @@ def _detach(args: argparse.Namespace) -> int:
     """Start `prfaas net up` in a process of its own session and return once its network is up. Stopped here (SIGTERM,
     its teardown waited for) when this command ends first: Ctrl-C while it came up said "interrupted; cleaned up" and
     left the network running, held by the detached process."""
+    from testbed.cli import USER_ERROR_EXIT
     from testbed.net import state
 
     argv = [sys.executable, "-m", "testbed.cli", "net", "up", str(args.scenario)]
@@ -162,7 +163,7 @@ def _detach(args: argparse.Namespace) -> int:
     if args.telemetry:
         argv += ["--telemetry", str(args.telemetry.resolve())]
     state.STATE_DIR.mkdir(parents=True, exist_ok=True)
-    starting = state.STATE_DIR / f"net-up-{os.getpid()}.log"  # named after the detached process once it runs
+    starting = state.net_up_log(os.getpid())  # this process's name for it until the detached process runs
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
     env[DETACHED_ENV] = "1"
@@ -180,7 +181,7 @@ def _detach(args: argparse.Namespace) -> int:
             if child.poll() is not None:
                 lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
                 said = lines[-1].removeprefix("prfaas net up: error: ") if lines else f"net up exited with status {child.returncode}"
-                if child.returncode == 2:  # its one line says it all; the log goes (`_stop_detached`)
+                if child.returncode == USER_ERROR_EXIT:  # its one line says it all; the log goes (`_stop_detached`)
                     raise UserError(said)
                 raise HostError(f"{said} (the detached net up's whole output: {log})")  # kept: it was left unnamed
             time.sleep(0.1)
@@ -200,9 +201,9 @@ def _stop_detached(child: subprocess.Popen, log: Path) -> None:
         child.wait(timeout=DETACH_STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return  # still tearing down: `prfaas net down --id TAG` or `prfaas clean` ends it
-    from testbed.cli import INTERRUPTED_EXIT
+    from testbed.cli import INTERRUPTED_EXIT, USER_ERROR_EXIT
 
-    if child.returncode in (INTERRUPTED_EXIT, 2):  # it ended as asked, or on a user error whose one line was passed on
+    if child.returncode in (INTERRUPTED_EXIT, USER_ERROR_EXIT):  # it ended as asked, or on a user error whose one line was passed on
         log.unlink(missing_ok=True)
 
 

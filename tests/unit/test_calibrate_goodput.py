@@ -165,6 +165,17 @@ def test_measure_rate_reads_the_receiver_runs_iperf3_whole_seconds_and_stops_rea
         assert ("-R" in argv) == reverse
 
 
+def test_measure_rates_gives_the_goodput_and_the_link_rate_of_one_sampler_and_window() -> None:
+    """wan_fidelity ran a second sampler beside calibrate's for its link rate (until session 68)."""
+    from testbed.net.calibrate import measure_rates_bps
+    from testbed.packet import FRAME_BYTES, TCP_MSS_BYTES
+
+    net = CannedNet(4.78e9)
+    good, link = measure_rates_bps(net, "prfaas-p0", "pd-d0", streams=4, duration_s=0.5, omit_s=0.5)
+    assert good == pytest.approx(4.78e9, rel=0.01) and link / good == pytest.approx(FRAME_BYTES / TCP_MSS_BYTES, rel=1e-3)
+    assert len(net.iperf_argv) == 1 and rx_threads() == []  # one run, one sampler, none left running
+
+
 def test_a_failing_or_hung_iperf3_or_unreadable_counters_are_one_line_and_leave_nothing_running() -> None:
     """A hung iperf3 (past its -t + 30 s) ended calibrate in a TimeoutExpired traceback (2026-12-07)."""
     from testbed.net.calibrate import measure_rate_bps
