@@ -17,6 +17,7 @@ namespace the kernel keeps after its processes would keep (`delete_bridges`).
 `clean(run=RUN_ID)` (``prfaas clean RUN_ID``) removes only the network(s) of one run -- its run id or
 its run directory, as recorded in the state file -- and leaves every other network, live or dead, and
 the host-wide leftovers (unclaimed bridges, stale delay-line directories) to a plain `prfaas clean`.
+`clean(network=PATH)` (`prfaas net down`) removes only the network of that state file, in the same way.
 
 A damaged state file (`state.read_state` refuses it) is acted on by its name only: a plain `prfaas clean` removes
 it unless the pid in its name runs (it may be a live network's: kept, and its bridges claimed), and says what it
@@ -160,18 +161,23 @@ def _check_run(run: str, good: list[tuple[Path, dict[str, Any]]], damaged: list[
                     f"{left} (a plain `prfaas clean` removes every network whose owner is gone)")
 
 
-def clean(*, include_live: bool = False, run: str | None = None) -> CleanReport:
+def clean(*, include_live: bool = False, run: str | None = None, network: Path | None = None) -> CleanReport:
     """Remove networks whose owner is gone (all of ours with `include_live`), then restore sysctls if
     none is left. With `run`, only that run's networks (see the module's docstring); a `run` no network names that is
-    no run directory either is a `UserError` (`_check_run`), before anything is done."""
+    no run directory either is a `UserError` (`_check_run`), before anything is done. With `network` (a state file's
+    path, `state.state_path`), only that network, and no other's file or resources: `prfaas net down` cleaned every
+    dead network's leftovers after stopping its own."""
     from testbed.net.emulation import kill_pids
+
+    def chosen(path: Path, data: dict[str, Any]) -> bool:
+        return (run is None or state.matches_run(data, run)) and (network is None or path == network)
 
     report = CleanReport()
     if run is not None:
         _check_run(run, *state.scan_states())
     if include_live:  # outside the lock: a SIGTERMed owner tears itself down, which takes the lock
         good, _ = state.scan_states()
-        kill_pids([d["owner_pid"] for _, d in good if (run is None or state.matches_run(d, run)) and state.owner_identified(d)],
+        kill_pids([d["owner_pid"] for p, d in good if chosen(p, d) and state.owner_identified(d)],
                   grace_s=15)
     with state.locked():
         good, damaged = state.scan_states()
@@ -180,7 +186,7 @@ def clean(*, include_live: bool = False, run: str | None = None) -> CleanReport:
         live_inodes = frozenset(h["netns_inode"] for path, data in good if alive[path] for h in data["hosts"].values()
                                 if h["netns_inode"])
         for path, data in good:
-            if run is not None and not state.matches_run(data, run):
+            if not chosen(path, data):
                 continue
             if alive[path]:
                 report.skipped_live.append(f"{data.get('scenario')} (pid {data.get('owner_pid')}, tag {data.get('tag')})")
@@ -191,8 +197,9 @@ def clean(*, include_live: bool = False, run: str | None = None) -> CleanReport:
                 continue
             remove_network(path, data, report, live_inodes)
         for d in damaged:
-            _remove_damaged(d, run, report)
-        if run is not None:
+            if network is None or d.path == network:
+                _remove_damaged(d, run, report)
+        if run is not None or network is not None:
             report.sysctls = state.restore_sysctls_if_last(exclude=None, problems=report.not_cleaned)
             return report
         live, damaged = state.scan_states()

@@ -285,7 +285,7 @@ def cmd_net_down(args: argparse.Namespace) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
-    _print_clean_notes(cleanup.clean())
+    _print_clean_notes(cleanup.clean(network=state.state_path(pid, d["tag"])))  # its own leftovers only
     print(f"network {d['tag']} down")
     return 0
 

@@ -443,6 +443,50 @@ def test_net_down_stops_only_a_net_up_network_unless_another_is_named(host: dict
     assert signalled[1:] == [(run_pid, commands.signal.SIGTERM)]
 
 
+def test_net_down_cleans_its_own_network_and_leaves_every_other_networks_leftovers(
+        host: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """`prfaas net down --id X` ended with a plain clean: another dead network's processes, bridges, delay-line
+    directory and state file went too, a damaged file and unclaimed bridges with them. It cleans network X only, as
+    `clean` would that one; `prfaas clean` is the command that clears everything dead."""
+    import tempfile
+
+    import testbed.net.commands as commands
+    import testbed.net.delayline as delayline
+
+    signalled: list[int] = []
+    host_wide: list[str] = []
+    monkeypatch.setattr(state, "is_alive", lambda pid, start: pid == up_pid and pid not in signalled)
+    monkeypatch.setattr(commands.os, "kill", lambda pid, sig: signalled.append(pid))
+    monkeypatch.setattr(delayline, "remove_stale_control_dirs", lambda *a, **kw: host_wide.append("dirs") or 0)
+    monkeypatch.setattr(delayline, "cleanup_rules", lambda *a, **kw: host_wide.append("rules") or 0)
+    up_pid, dead_pid = DEAD + 2, DEAD + 1
+    dirs = [tempfile.mkdtemp(prefix=f"{state.DELAYLINE_DIR_PREFIX}q{i}-", dir=tempfile.gettempdir()) for i in (1, 2)]
+    try:
+        ours = put(json.dumps(good_state(pid=up_pid, tag="0bbbb", run_id=None, held_by=state.NET_UP, bridges=["brf0bbbb", "brd0bbbb"],
+                                         hosts={"pd-d0": {"pid": 1234, "netns_inode": 11, "netns_cookie": 4101, "ip": "10.2.0.11"}},
+                                         delayline_dirs=[dirs[0]])), pid=up_pid, tag="0bbbb")
+        other = put(json.dumps(good_state(pid=dead_pid, tag="0aaaa", bridges=["brf0aaaa", "brd0aaaa"],
+                                          hosts={"pd-d0": {"pid": 2234, "netns_inode": 22, "netns_cookie": 4202, "ip": "10.2.0.11"}},
+                                          delayline_dirs=[dirs[1]])), pid=dead_pid, tag="0aaaa")
+        damaged = put("", pid=DEAD + 5, tag="0eeee")
+        state.net_up_log(up_pid).write_text("network 0bbbb up\n")
+        host["ns"] = {11: [500], 22: [600]}
+        host["cookies"] = {500: 4101, 600: 4202}
+        host["bridges"] = ["brf0bbbb", "brd0bbbb", "brf0aaaa", "brd0aaaa", "brf0ffff"]  # 0ffff: claimed by no file
+        assert main(["net", "down", "--id", "0bbbb"]) == 0
+        assert signalled == [up_pid] and host["killed"] == [500] and host["netns"] == [{11}]
+        assert host["deleted"] == ["brf0bbbb", "brd0bbbb"] and host_wide == []
+        assert not ours.exists() and not state.net_up_log(up_pid).exists() and not Path(dirs[0]).exists()
+        assert other.exists() and damaged.exists() and Path(dirs[1]).is_dir()
+        rep = cleanup.clean()  # the plain clean still removes the rest
+        assert not other.exists() and not damaged.exists() and not Path(dirs[1]).exists() and host["killed"] == [500, 600]
+        assert rep.bridges[:2] == ["brf0aaaa", "brd0aaaa"] and "brf0ffff" in rep.bridges and host_wide == ["dirs", "rules"]
+    finally:
+        for d in dirs:
+            if Path(d).is_dir():
+                os.rmdir(d)
+
+
 def test_net_down_of_a_network_still_coming_up_says_so(host: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]):
     """`net down --id TAG` of a network whose `net up` has not yet said it is up said "no network is running with id
