@@ -131,6 +131,12 @@ class Deadline:
 _REQUEST_TIMEOUT = at_most(positive_number, MAX_DURATION_S, "s", "a week, the longest a request may take")
 
 
+# A prefill request's priority: 0 to `PRIORITY_MAX` (vLLM's is any Python int; the router sends 0 or 1). 10**400 was
+# taken: it only ordered the queue, but no JSON peer that reads integers as 64-bit or floats round-trips it.
+PRIORITY_MAX = 2**31 - 1
+_PRIORITY = at_most(whole_number, PRIORITY_MAX, why="the largest priority (2**31 - 1)")
+
+
 def _arrival_s(v: Any) -> float:
     """A `now_s()` reading of the router's (the host's monotonic clock, this process's too): at most a week past now."""
     x, now = non_negative(v), now_s()
@@ -176,7 +182,7 @@ class PrefillRequest:
                    "cached_len": f.get("cached_len", whole_number, 0), "decode_prefix_len": f.get("decode_prefix_len", whole_number, 0),
                    "block_hashes": f.get("block_hashes", _block_hashes, ()),
                    "prompt_token_ids": f.get("prompt_token_ids", _token_ids, None), "route": f.choice("route", ROUTES, "prfaas"),
-                   "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), "priority": f.get("priority", whole_number, 0),
+                   "shed_ttft_s": f.get("shed_ttft_s", positive_number, None), "priority": f.get("priority", _PRIORITY, 0),
                    "slo_ttft_s": f.get("slo_ttft_s", positive_number, None),
                    "kv_dtype": f.get("kv_dtype", parse_dtype, None),
                    **_deadline(f, None)}

@@ -124,6 +124,20 @@ def test_a_worker_request_is_bounded_as_the_router_bounds_it(message, field: str
     assert str(exc.value).endswith(says)
 
 
+def test_a_prefill_request_s_priority_is_bounded() -> None:
+    """Any whole number was taken (10**400 too): it only orders the queue, but no JSON peer round-trips it."""
+    from testbed.serving.protocol import PRIORITY_MAX
+
+    good = PrefillRequest("r1", 2048, KVDestination("h", 1, 0)).to_json()
+    assert PRIORITY_MAX == 2**31 - 1 and PrefillRequest.from_json({**good, "priority": PRIORITY_MAX}).priority == PRIORITY_MAX
+    for value, shown in ((2**31, "2147483648"), (10**400, "a 401-digit number")):
+        with pytest.raises(FieldError) as exc:
+            PrefillRequest.from_json({**good, "priority": value})
+        assert str(exc.value) == f"POST /v1/prefill: priority: {shown} is more than 2147483647, the largest priority (2**31 - 1)"
+    with pytest.raises(FieldError, match=r"^POST /v1/prefill: priority: -1 is not a whole number >= 0$"):
+        PrefillRequest.from_json({**good, "priority": -1})
+
+
 @pytest.mark.parametrize("message,field,value,says", [
     # a decode request of 1e10 s (or one that arrived at 1e300) made the decode worker's wait for its KV an
     # OverflowError in a thread of its own, and its stream never ended (2026-12-07)
