@@ -158,3 +158,67 @@ class Server(ThreadingHTTPServer):
         if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipe, ConnectionReset, ConnectionAborted
             return
         super().handle_error(request, client_address)
+
+
+class HangupWatch:
+    """Notices a client that hangs up while its answer is still being prepared, as an ASGI server tells vLLM's
+    API server that a request is disconnected: one thread polls every watched connection (`selectors`) and
+    calls its `on_hangup` once the client has closed or reset it. A client that sends anything instead (HTTP
+    pipelining) is left alone from then on: only an end of stream says it went away. The router watches a
+    streaming completion's connection until its first token (docs/router.md, "A client that goes away")."""
+
+    POLL_S = 0.05  # how often the watch re-reads what it watches (a connection added meanwhile waits at most this)
+
+    def __init__(self) -> None:
+        import selectors
+        import threading
+
+        self._sel = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="hangup-watch", daemon=True)
+        self._thread.start()
+
+    def watch(self, sock: socket.socket, on_hangup: Any) -> None:
+        import selectors
+
+        with self._lock:
+            try:
+                self._sel.register(sock, selectors.EVENT_READ, on_hangup)
+            except (KeyError, ValueError, OSError):  # already watched, or closed meanwhile
+                pass
+
+    def unwatch(self, sock: socket.socket) -> None:
+        with self._lock:
+            try:
+                self._sel.unregister(sock)
+            except (KeyError, ValueError, OSError):
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+        with self._lock:
+            self._sel.close()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                if not self._sel.get_map():
+                    ready = []
+                else:
+                    ready = self._sel.select(0)
+            if not ready:
+                self._stop.wait(self.POLL_S)
+                continue
+            for key, _ in ready:
+                sock = key.fileobj
+                try:
+                    gone = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                except BlockingIOError:
+                    continue
+                except OSError:  # reset
+                    gone = True
+                self.unwatch(sock)
+                if gone:
+                    key.data()

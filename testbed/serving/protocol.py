@@ -6,6 +6,8 @@ Who sends what:
   the request's KV transfer has ended (or the prefill failed, was shed or waited too long in the queue);
 - router -> decode worker: `DecodeRequest` (``POST /v1/decode``), answered by a server-sent event
   stream of `TokenEvent` and one last `FinalEvent`;
+- router -> prefill worker: `PrefillCancel` (``POST /v1/prefill/cancel``) when a request's client went away
+  before its first token, answered by `PrefillCancelled` (the prefill's times so far);
 - router <- any worker: `WorkerState` (``GET /v1/state``), `Health` (``GET /healthz``).
 
 Each message has ``to_json()`` (a JSON-ready dict) and ``from_json(data, source)``, which reads the
@@ -278,6 +280,22 @@ class ProbeRequest:
         return FillStop(self.stop_queue_ms, self.stop_queue_fraction, self.stop_path_ratio)
 
 
+@dataclass(frozen=True)
+class PrefillCancel:
+    """Router -> prefill worker, ``POST /v1/prefill/cancel``: the client of `request_id` went away before its
+    first token (vLLM aborts such a request). A prefill still queued is taken out of the queue (its
+    `PrefillRequest` is answered as failed); one already running runs on. Answered by `PrefillCancelled`."""
+
+    request_id: str
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "POST /v1/prefill/cancel") -> "PrefillCancel":
+        return _read(cls, data, source, "", lambda f: {"request_id": f.get("request_id", request_id)})
+
+
 # ---------------------------------------------------------------------------------------- answers
 
 
@@ -326,6 +344,30 @@ class PrefillResult:
             **{k: f.get(k, non_negative, None) for k in ("prefill_start_s", "prefill_end_s", "transfer_start_s",
                                                           "transfer_end_s", "queue_s", "prefill_late_s", "prefill_paused_s")},
             **{k: f.get(k, whole_number, None) for k in ("kv_bytes", "wire_bytes", "prefill_cached_len", "decode_prefix_len")}})
+
+
+@dataclass(frozen=True)
+class PrefillCancelled:
+    """The answer to a `PrefillCancel`: whether the worker holds that request (`found`), whether it was taken
+    out of the queue (`dequeued`), and the prefill's start and end so far (None: not yet). The router puts
+    the times into the request's record, so the queue it counts is the one the request stood in
+    (`analysis.metrics.queued_series`; docs/experiments.md, "The drain cut")."""
+
+    request_id: str
+    found: bool
+    dequeued: bool = False
+    prefill_start_s: float | None = None
+    prefill_end_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "prefill cancel answer") -> "PrefillCancelled":
+        return _read(cls, data, source, "", lambda f: {
+            "request_id": f.get("request_id", text), "found": f.get("found", boolean),
+            "dequeued": f.get("dequeued", boolean, False),
+            **{k: f.get(k, non_negative, None) for k in ("prefill_start_s", "prefill_end_s")}})
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from testbed import blocks, clock, units
 from testbed.blocks import BLOCK_TOKENS, prompt_token_ids
@@ -41,15 +41,13 @@ from testbed.models.spec import DTYPE_BYTES, parse_dtype
 from testbed.scale import Scale
 from testbed.validation import Fields, boolean, non_negative, shown, whole_number, positive_number
 from testbed.kv.connector import KVConnectorScheduler, KVEndpoint
-from testbed.serving.httpio import BodyError, RequestHandler, Server, json_value, read_json_body
+from testbed.serving.httpio import BodyError, HangupWatch, RequestHandler, Server, json_value, read_json_body
 from testbed.serving.kvmanager import KVManager
 from testbed.serving.prometheus import CONTENT_TYPE, RequestHistograms, RouterCollector, exposition, new_registry
 from testbed.serving.policy.signals import GroundTruth, admit
 from testbed.serving.protocol import (
-    DECODE_PREFIX_HEADER, DecodeRequest, FinalEvent, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
-    TokenEvent,
-    WorkerState,
-    decode_event, request_id,
+    DECODE_PREFIX_HEADER, DecodeRequest, FinalEvent, KVDestination, PrefillCancel, PrefillCancelled, PrefillRequest, PrefillResult,
+    ProbeRequest, TokenEvent, WorkerState, decode_event, request_id,
 )
 from testbed.serving.policy import (
     ClusterState, Decision, InstanceState, NoInstanceError, PolicySpec, RequestView, SchedulerLog,
@@ -324,6 +322,38 @@ class WorkerFailed(Exception):
     """A worker failed the request or could not be reached; the message is the record's reason."""
 
 
+class ClientGone(Exception):
+    """The client hung up before its first token (`Hangup`): not a worker's fault."""
+
+
+class Hangup:
+    """A streaming client's hang-up before its first token, as `HangupWatch` notices it (from its own thread):
+    it aborts the request's decode connection, so the read the request is blocked in returns at once, and
+    the request ends as a client that went away (`ClientGone`), its queued prefill cancelled."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = False
+        self._aborts: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        with self._lock:
+            self._set, aborts = True, list(self._aborts)
+        for abort in aborts:
+            abort()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def on_set(self, abort: Callable[[], None]) -> None:
+        """Call `abort` when the client hangs up (at once if it already has)."""
+        with self._lock:
+            if not self._set:
+                self._aborts.append(abort)
+                return
+        abort()
+
+
 PROBE_RETRY_S = 2.0  # after a probe failed or was refused, the next waits this long
 
 
@@ -380,6 +410,7 @@ class Router:
         self.registry.register(RouterCollector(self.metric_state))
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
+        self.hangups: HangupWatch | None = None  # started with the HTTP server
 
     # -- lifecycle
     def start(self) -> tuple[str, int]:
@@ -391,6 +422,7 @@ class Router:
             self._server.server_close()
             raise
         server = self._server
+        self.hangups = HangupWatch()
         for target, name in ((lambda: server.serve_forever(0.1), "router-http"), (self._poll_loop, "router-poll"),
                              (self._control_loop, "router-control"), (self._probe_loop, "router-probe")):
             t = threading.Thread(target=target, name=name, daemon=True)
@@ -408,6 +440,8 @@ class Router:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        if self.hangups is not None:
+            self.hangups.close()
 
     # -- state for the policy
     @staticmethod
@@ -441,9 +475,10 @@ class Router:
         match = self.kv.match(c.block_hashes, c.input_len)
         return self.policy.decide(RequestView(c.request_id, c.input_len, c.output_len, arrival_s), self._cluster_state(match))
 
-    def serve(self, c: Completion) -> Iterator[TokenEvent | dict[str, Any]]:
+    def serve(self, c: Completion, hangup: Hangup | None = None) -> Iterator[TokenEvent | dict[str, Any]]:
         """Run one request; yields `TokenEvent`s, and last the record (``{"record": ...}``). Never raises
-        for a worker fault: the record says failed, with the reason."""
+        for a worker fault: the record says failed, with the reason. `hangup`: set when the client hangs up
+        before its first token (the record then says so, as when it goes away later)."""
         arrival = clock.now_s()
         rec: dict[str, Any] = dict.fromkeys(ROUTER_RECORD_COLUMNS)
         rec.update(request_id=c.request_id, arrival_s=arrival, input_len=c.input_len, output_len=c.output_len, status="failed")
@@ -460,9 +495,11 @@ class Router:
                        prefill_instance=dec.prefill_instance, decode_instance=dec.decode_instance, route_reason=dec.reason,
                        cache_transfer_tokens=dec.cache_transfer_tokens,
                        kv_dtype=dec.kv_dtype or self.cfg.kv_dtype)
-            yield from self._run(c, dec, rec, arrival)
+            yield from self._run(c, dec, rec, arrival, hangup or Hangup())
         except WorkerFailed as exc:
             rec["reason"] = str(exc)
+        except ClientGone:
+            rec.update(status="failed", reason=CLIENT_DISCONNECTED)
         except GeneratorExit:  # the client went away mid-stream (or cut the run's drain: early_stop.drain_settled)
             rec.update(status="failed", reason=CLIENT_DISCONNECTED)
             self._store(rec)
@@ -490,7 +527,7 @@ class Router:
         if rec["prefill_instance"] is not None and rec["prefill_instance"] in self.prefill:
             self.histograms.observe(rec, self.prefill[rec["prefill_instance"]].cluster)
 
-    def _run(self, c: Completion, dec: Decision, rec: dict[str, Any], arrival_s: float) -> Iterator[TokenEvent]:
+    def _run(self, c: Completion, dec: Decision, rec: dict[str, Any], arrival_s: float, hangup: Hangup) -> Iterator[TokenEvent]:
         p, d = self.prefill[dec.prefill_instance], self.decode[dec.decode_instance]
         with self._lock:
             self._changed(p, +1, tokens=dec.uncached_len)
@@ -508,6 +545,13 @@ class Router:
             res = prefill_result[0] if prefill_result else None
             return None if res is not None and res.ok else ((res.reason if res else None) or "prefill failed")
 
+        def decode_broken(why: str) -> Exception:
+            """A decode connection that broke or ended early: the client's hang-up that aborted it, or the decode's fault."""
+            if hangup.is_set():
+                return ClientGone()
+            self._mark_unhealthy(d)
+            return WorkerFailed(why)
+
         try:
             token_ids = tuple(c.token_ids) if self.cfg.compute == "torch" and c.token_ids is not None else None
             dreq = DecodeRequest(c.request_id, c.input_len, c.output_len, token_ids, block_hashes=tuple(c.block_hashes),
@@ -515,12 +559,12 @@ class Router:
                                  kv_dtype=dec.kv_dtype)
             conn = self._open(d, "/v1/decode", dreq.to_json())
             dsock = conn.sock
+            hangup.on_set(lambda: _abort(conn, dsock))
             try:  # the decode answers at once, saying how much of the prompt's KV it already holds
                 resp = conn.getresponse()
                 decode_prefix_len = int(resp.getheader(DECODE_PREFIX_HEADER) or 0)
             except (OSError, http.client.HTTPException, ValueError) as exc:
-                self._mark_unhealthy(d)
-                raise WorkerFailed(f"decode instance {d.cfg.instance} ({d.cfg.host}:{d.cfg.port}): {_why(exc)}") from None
+                raise decode_broken(f"decode instance {d.cfg.instance} ({d.cfg.host}:{d.cfg.port}): {_why(exc)}") from None
 
             def run_prefill() -> None:
                 try:
@@ -552,15 +596,13 @@ class Router:
             except FieldError as exc:  # a worker that breaks the protocol fails the request, with the field
                 raise WorkerFailed(str(exc)) from None
             except (OSError, http.client.HTTPException, ValueError) as exc:
-                if prefill_failed():
+                if prefill_failed() and not hangup.is_set():
                     raise WorkerFailed(prefill_failed()) from None
-                self._mark_unhealthy(d)
-                raise WorkerFailed(f"{source} ({d.cfg.host}:{d.cfg.port}): {_why(exc)}") from None
+                raise decode_broken(f"{source} ({d.cfg.host}:{d.cfg.port}): {_why(exc)}") from None
             if final is None:
-                if prefill_failed():
+                if prefill_failed() and not hangup.is_set():
                     raise WorkerFailed(prefill_failed())
-                self._mark_unhealthy(d)
-                raise WorkerFailed(f"{source}: stream ended before its final event")
+                raise decode_broken(f"{source}: stream ended before its final event")
             if final.ok:  # the KV arrived, so the prefill's answer is (nearly) there
                 prefill_done.wait(timeout=min(PREFILL_ANSWER_WAIT_S, self.cfg.request_timeout_s))
             _take_prefill(rec, prefill_result if prefill_done.is_set() else [])
@@ -575,14 +617,19 @@ class Router:
             if prefill_failed():
                 raise WorkerFailed(prefill_failed())
             rec["status"] = "ok"
-        except GeneratorExit:
+        except (GeneratorExit, ClientGone):  # the client went away: mid-stream, or before its first token (`Hangup`)
             _abort(conn, dsock)  # the decode stops at once; the wait below is for the prefill's answer only
             if rec["first_token_s"] is not None:
                 # the client went away after its first token (the drain cut): the KV arrived, so the prefill's
                 # answer is (nearly) there, as on the final event. Its times keep the request out of the queue
                 # between prefill start and end (analysis.metrics.queued_series), as when it finishes.
                 prefill_done.wait(timeout=min(PREFILL_ANSWER_WAIT_S, self.cfg.request_timeout_s))
-                _take_prefill(rec, prefill_result if prefill_done.is_set() else [])
+            elif prefill_started and not prefill_done.is_set():
+                # it went away before its first token (an early stop, or the drain cut once the requests still
+                # waiting cannot move the queue trend's step): a queued prefill leaves its queue, and the record
+                # gets the prefill's times so far, which `queued_series` reads as it would the finished request's
+                self._cancel_prefill(p, c.request_id, rec)
+            _take_prefill(rec, prefill_result if prefill_done.is_set() else [])
             raise
         finally:
             _abort(conn, dsock)
@@ -644,6 +691,25 @@ class Router:
             self._mark_unhealthy(inst)
             raise WorkerFailed(f"{inst.role} instance {inst.cfg.instance} ({inst.cfg.host}:{inst.cfg.port}): {_why(exc)}") from None
         return conn
+
+    def _cancel_prefill(self, p: _Instance, rid: str, rec: dict[str, Any]) -> None:
+        """``POST /v1/prefill/cancel`` to `p` (within `CANCEL_TIMEOUT_S`); its times go into `rec`. A worker that does
+        not answer leaves the record without them (the request then counts as queued from its arrival on)."""
+        conn = http.client.HTTPConnection(p.cfg.host, p.cfg.port, timeout=CANCEL_TIMEOUT_S)
+        try:
+            conn.request("POST", "/v1/prefill/cancel", json.dumps(PrefillCancel(rid).to_json()), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read()
+            if resp.status != 200:
+                return
+            out = PrefillCancelled.from_json(json_value(raw), f"prefill instance {p.cfg.instance}")
+        except (OSError, http.client.HTTPException, ValueError, FieldError):
+            return
+        finally:
+            conn.close()
+        for k in ("prefill_start_s", "prefill_end_s"):
+            if getattr(out, k) is not None:
+                rec[k] = getattr(out, k)
 
     def _mark_unhealthy(self, inst: _Instance) -> None:
         with self._lock:
@@ -900,6 +966,7 @@ def _why(exc: BaseException) -> str:
 
 
 PREFILL_ANSWER_WAIT_S = 5.0  # a request whose KV arrived waits at most this for the prefill's answer (it follows within ms)
+CANCEL_TIMEOUT_S = 1.0  # a prefill cancel's answer (`Router._cancel_prefill`): an intra-datacenter hop and a lookup
 
 
 def _take_prefill(rec: dict[str, Any], result: list[PrefillResult]) -> None:
@@ -1037,7 +1104,17 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
 
         def _completion(self, c: Completion) -> None:
             created = int(time.time())
-            events = router.serve(c)
+            hangup = Hangup()
+            watch = router.hangups if c.stream else None  # until its first token: a write notices a hang-up after it
+            if watch is not None:
+                watch.watch(self.connection, hangup.set)
+            try:
+                self._answer(c, created, router.serve(c, hangup))
+            finally:
+                if watch is not None:
+                    watch.unwatch(self.connection)
+
+        def _answer(self, c: Completion, created: int, events: Iterator[TokenEvent | dict[str, Any]]) -> None:
             if not c.stream:
                 tokens, rec = [], None
                 for ev in events:
@@ -1074,6 +1151,8 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
                         self.wfile.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
                     else:
                         self.wfile.write(f"data: {json.dumps(_chunk(c, created, detokenize(ev.token_id), None))}\n\n".encode())
+                        if sent == 0 and router.hangups is not None:
+                            router.hangups.unwatch(self.connection)
                         sent += 1
                     self.wfile.flush()
             except OSError:  # the client went away: closing the generator aborts the worker streams

@@ -34,8 +34,8 @@ from testbed.kv.transport import PROBE_PREFIX
 from testbed.serving.httpio import BodyError, RequestHandler, Server, read_json_body
 from testbed.serving.kvmanager import prefilled_blocks
 from testbed.serving.protocol import (
-    DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillRequest, PrefillResult, ProbeRequest,
-    TokenEvent, WorkerState, own_prefill_s,
+    DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillCancel, PrefillCancelled, PrefillRequest,
+    PrefillResult, ProbeRequest, TokenEvent, WorkerState, own_prefill_s,
 )
 
 if TYPE_CHECKING:
@@ -341,6 +341,7 @@ class PrefillWorker:
         self.busy = False
         self.dests: dict[tuple[str, int], Destination] = {}
         self.lock = threading.Lock()
+        self.by_id: dict[str, PrefillJob] = {}  # the jobs submitted and not yet answered, for `cancel` (guarded by lock)
         self.tcp_log: TcpLog | None = None
         if cfg.tcp_log:
             from testbed.kv.tcplog import TcpLog
@@ -358,7 +359,18 @@ class PrefillWorker:
         request timeout, less its own expected prefill time, has run out fails with a reason naming this
         queue: past that point its prefill could not end within the request's budget."""
         job = PrefillJob(req)
-        self.jobs.put((req.priority, next(self._seq), job))
+        with self.lock:
+            self.by_id[req.request_id] = job
+        try:
+            self.jobs.put((req.priority, next(self._seq), job))
+            return self._await(job)
+        finally:
+            with self.lock:
+                if self.by_id.get(req.request_id) is job:
+                    del self.by_id[req.request_id]
+
+    def _await(self, job: PrefillJob) -> PrefillResult:
+        req = job.req
         timeout_s = req.request_timeout_s or self.cfg.request_timeout_s
         deadline_s = job.arrival_s + timeout_s
         while True:  # the expected prefill time is re-read: in torch mode it is measured as prefills finish
@@ -378,6 +390,19 @@ class PrefillWorker:
             break
         job.done.wait()
         return job.answer()
+
+    def cancel(self, request_id: str) -> PrefillCancelled:
+        """The router's client of `request_id` went away before its first token: a prefill still queued leaves
+        the queue (answered as failed), one already running runs on. Says the prefill's times so far."""
+        with self.lock:
+            job = self.by_id.get(request_id)
+            if job is None:
+                return PrefillCancelled(request_id, found=False)
+            dequeued = not job.started
+            job.started = True  # the loop skips a job that has left the queue this way
+        if dequeued:
+            job.fail("cancelled in the queue: the request's client went away before its first token")
+        return PrefillCancelled(request_id, True, dequeued, job.result.get("prefill_start_s"), job.result.get("prefill_end_s"))
 
     def _shed(self, job: PrefillJob) -> str | None:
         """Early shedding (`PrefillRequest.shed_ttft_s`): the reason when the time already waited plus the
@@ -863,6 +888,8 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
                     self._json(400, {"error": "body must be a JSON object"})
                 elif self.path == "/v1/prefill" and isinstance(worker, PrefillWorker):
                     self._json(200, worker.submit(PrefillRequest.from_json(body)).to_json())
+                elif self.path == "/v1/prefill/cancel" and isinstance(worker, PrefillWorker):
+                    self._json(200, worker.cancel(PrefillCancel.from_json(body).request_id).to_json())
                 elif self.path == "/v1/probe" and isinstance(worker, PrefillWorker):
                     self._json(200, worker.probe(ProbeRequest.from_json(body)))
                 elif self.path == "/v1/decode" and isinstance(worker, DecodeWorker):

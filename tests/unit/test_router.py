@@ -23,7 +23,9 @@ from testbed.errors import FieldError
 from testbed.kv.pool import chain_block_hashes
 from testbed.serving.policy import TelemetrySample, parse_policy_section
 from testbed.serving.policy.signals import ORACLE_FIELDS
-from testbed.serving.protocol import Congestion, DecodeRequest, FinalEvent, PrefillRequest, PrefillResult, TokenEvent, WorkerState
+from testbed.serving.protocol import (
+    Congestion, DecodeRequest, FinalEvent, PrefillCancel, PrefillCancelled, PrefillRequest, PrefillResult, TokenEvent, WorkerState,
+)
 from testbed.validation import Fields
 from testbed.serving.router import (
     DecodeInstanceConfig, PrefillInstanceConfig, Router, RouterConfig, block_hashes_of, tokenize,
@@ -51,6 +53,8 @@ class FakeWorkers:
         self.event_raw: bytes | None = None  # when set, a decode's first event is this data: line's payload
         self.servers: list[ThreadingHTTPServer] = []
         self.lock = threading.Lock()
+        self.prefill_started: dict[str, float] = {}  # request id -> when its prefill began
+        self.cancels: list[str] = []  # POST /v1/prefill/cancel request ids
 
     def event(self, rid: str) -> threading.Event:
         with self.lock:
@@ -74,9 +78,16 @@ class FakeWorkers:
                     ans = fw.probe_answer
                     self.json(ans(body) if callable(ans) else ans)
                     return
+                if self.path == "/v1/prefill/cancel":  # a running prefill runs on; says its start
+                    rid = PrefillCancel.from_json(body).request_id
+                    fw.cancels.append(rid)
+                    start = fw.prefill_started.get(rid)
+                    self.json(PrefillCancelled(rid, start is not None, False, start).to_json())
+                    return
                 fw.prefill_bodies.append(body)
                 req = PrefillRequest.from_json(body)
                 start = clock.now_s()
+                fw.prefill_started[req.request_id] = start
                 time.sleep(0.01)
                 if fw.prefill_gate is not None:
                     fw.prefill_gate.wait(10)
@@ -998,3 +1009,59 @@ def test_the_prefill_histogram_observes_a_preempted_prefills_own_time_not_its_pa
     assert metric(text, "prfaas_router_prefill_seconds_count", labels) == 2
     assert metric(text, "prfaas_router_prefill_seconds_sum", labels) == pytest.approx(1.0 + 3.0)
     assert metric(text, "prfaas_router_queue_wait_seconds_sum", labels) == pytest.approx(2.0)
+
+
+def test_a_client_that_hangs_up_before_its_first_token_ends_the_request_with_its_prefill_times(router, fw) -> None:
+    """A streaming client that goes away while its prefill runs (the drain cut, an early stop) is noticed at once
+    (`HangupWatch`), not at the first token: its record says the client went away, carries the prefill's start
+    (so `queued_series` does not count the prefill as queueing), the prefill is told (cancelled if still queued),
+    and the decode instance whose stream the router aborted is not marked unhealthy."""
+    r = router()
+    fw.prefill_gate = threading.Event()  # the prefill runs until the test lets it end
+    try:
+        body = json.dumps({"prompt": "a b", "max_tokens": 4, "stream": True}).encode()
+        s = socket.create_connection(("127.0.0.1", r.address[1]), timeout=10)
+        s.sendall(post_head("/v1/completions", f"Content-Length: {len(body)}") + body)
+        deadline = time.monotonic() + 10
+        while not fw.prefill_started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fw.prefill_started, "the prefill never began"
+        t_hangup = clock.now_s()
+        s.shutdown(socket.SHUT_RDWR)  # as the client agent cancels a request (loadgen._abort)
+        s.close()
+        while not r.records() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.records(), "no record while the prefill still ran: the hang-up was not noticed"
+        assert clock.now_s() - t_hangup < 2.0
+    finally:
+        fw.prefill_gate.set()
+    rec = r.records()[0]
+    rid = rec["request_id"]
+    assert (rec["status"], rec["reason"], rec["first_token_s"]) == ("failed", "client disconnected", None)
+    assert fw.cancels == [rid]
+    assert rec["prefill_start_s"] == pytest.approx(fw.prefill_started[rid] - clock.run_t0())
+    assert all(x["healthy"] for x in r.state()["instances"])
+    assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200  # and the router serves on
+
+
+def test_a_hangup_before_the_first_token_ends_the_request_the_router_is_blocked_in() -> None:
+    """`Hangup` from another thread aborts the decode read the request waits in; without it the request waits."""
+    from testbed.serving.router import Completion, Hangup
+
+    w = FakeWorkers()
+    r = Router(make_config(w))
+    w.prefill_gate = threading.Event()
+    try:
+        hangup = Hangup()
+        gen = r.serve(Completion("h1", 100, 8, [], None, True, "prfaas"), hangup)
+        got: list[Any] = []
+        t = threading.Thread(target=lambda: got.append(next(gen)), daemon=True)
+        t.start()
+        t.join(0.5)
+        assert t.is_alive() and not got  # no first token while the prefill is held
+        hangup.set()
+        t.join(5)
+        assert got and got[0]["record"]["reason"] == "client disconnected"
+    finally:
+        w.prefill_gate.set()
+        w.close()

@@ -829,3 +829,35 @@ def test_under_a_congestion_control_that_paces_itself_a_probe_goes_unpaced_over_
     ans = dest.probe(ProbeRequest(KVDestination("127.0.0.1", 1, 0), bytes=10, pace_bps=3e9, pace_self_paced=self_paced))
     assert ans["paced"] is paced and used == ["probe" if paced else "kv"]
     assert transport.paces_itself("bbr") and not transport.paces_itself("cubic") and not transport.paces_itself(None)
+
+
+def test_a_cancelled_prefill_leaves_the_queue_and_a_running_one_says_its_start(workers):
+    """``POST /v1/prefill/cancel`` (the router's client went away before its first token): a queued prefill is
+    answered as failed without running; a running one runs on and the answer gives its start; an id the worker
+    does not hold is not found."""
+    dec, pre = workers
+    dest = {"host": "127.0.0.1", "kv_port": dec.kv_port, "instance": 0}
+    out: dict[str, dict[str, Any]] = {}
+
+    def post(rid: str) -> None:
+        out[rid] = json.loads(request(pre.port, "POST", "/v1/prefill", {"request_id": rid, "input_len": 4096, "decode": dest})[1])
+
+    threads = [threading.Thread(target=post, args=(rid,)) for rid in ("c-running", "c-queued")]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)  # the second queues behind the first (~0.4 s of prefill)
+    answers = {rid: json.loads(request(pre.port, "POST", "/v1/prefill/cancel", {"request_id": rid})[1])
+               for rid in ("c-queued", "c-running", "c-unknown")}
+    for t in threads:
+        t.join(60)
+    assert answers["c-queued"] == {"request_id": "c-queued", "found": True, "dequeued": True, "prefill_start_s": None,
+                                   "prefill_end_s": None}
+    assert out["c-queued"]["status"] == "failed" and "cancelled in the queue" in out["c-queued"]["reason"]
+    assert out["c-queued"].get("prefill_start_s") is None  # it never ran
+    running = answers["c-running"]
+    assert running["found"] and not running["dequeued"] and running["prefill_end_s"] is None
+    assert running["prefill_start_s"] == pytest.approx(out["c-running"]["prefill_start_s"])
+    assert out["c-running"]["status"] == "ok"  # it ran on
+    assert answers["c-unknown"]["found"] is False
+    status, raw = request(pre.port, "POST", "/v1/prefill/cancel", {"request_id": ""})
+    assert status == 400 and b"request_id" in raw
