@@ -194,7 +194,8 @@ def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = T
     flight* would also count decodes, whose fixed length (a 1024-token answer is ~27 s) says nothing
     about a queue and stretched the sample step; requests *in service* rise with a stretch of long
     prompts in a stable deployment (docs/experiments.md, "Capacity", rule 2). The queue is sampled every
-    max(1 s, median TTFT) -- consecutive samples closer than a request's wait share most requests, and
+    max(1 s, median TTFT; a request the drain cut ended before its first token counts as longer than every
+    known TTFT, as the cut guarantees: `testbed.serving.early_stop.EarlyStop.step_settled`) -- consecutive samples closer than a request's wait share most requests, and
     that autocorrelation would make any test over-confident -- over the arrivals after a warm-up
     (`warmup_fraction` of the span). It grows when Kendall's tau is positive with one-sided p < `alpha`, the Theil-Sen slope's 95% interval
     lies above zero and its growth over the window is at least one request.
@@ -205,8 +206,16 @@ def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = T
              "kendall_tau": None, "p_value": None, "growing": None}
     if not len(df):
         return empty
-    ttft = ttft_s(df).dropna() if "first_token_s" in df else pd.Series([], dtype=float)
-    step = max(1.0, float(ttft.median()) if len(ttft) else 1.0)
+    from testbed.serving.early_stop import STEP_FLOOR_S
+
+    ttft = ttft_s(df) if "first_token_s" in df else pd.Series([], dtype=float)
+    if len(ttft) and "status" in df:  # cut before its first token: its TTFT lies beyond every known one (`step_settled`)
+        ttft = ttft.mask(cut_mask(df) & ttft.isna(), np.inf)
+    ttft = ttft.dropna()
+    median = float(ttft.median()) if len(ttft) else STEP_FLOOR_S
+    if not np.isfinite(median):  # more cut before a first token than answered: not a cut the client makes
+        median = float(ttft[np.isfinite(ttft)].median()) if np.isfinite(ttft).any() else STEP_FLOOR_S
+    step = max(STEP_FLOOR_S, median)
     t, n = queued_series(df, step)
     if t.size:
         keep = t >= t.min() + warmup_fraction * (t.max() - t.min())

@@ -13,22 +13,25 @@ stop never rests on a request the run's own figures would have called good. Noth
 or an estimate; a run that is not certain to fail runs to its end. docs/experiments.md, "Early stopping".
 
 The drain cut (`EarlyStop.drain_settled`) ends a run in its drain, after the last arrival, once the
-capacity verdict it feeds (`experiments.capacity.judge`) can no longer change: every request has its
-first token (so the queue trend, which looks only before first tokens, is final), and the good
-fraction's three tests -- at least `stop_below`, its binomial interval wholly above, wholly below
-(`good_tests`) -- come out the same whether the requests still decoding all end good or all end not good.
-The requests still decoding are then cancelled and recorded as ``cut``, not failed. docs/experiments.md,
-"The drain cut".
+capacity verdict it feeds (`experiments.capacity.judge`) can no longer change: the queue trend is final
+(it samples the requests waiting before their first token only up to the last arrival, so it is final
+once the requests still without a first token cannot move its sample step, the median TTFT:
+`step_settled`), and the good fraction's three tests -- at least `stop_below`, its binomial interval
+wholly above, wholly below (`good_tests`) -- come out the same whether the requests left all end good or
+all end not good. The requests left are then cancelled and recorded as ``cut``, not failed.
+docs/experiments.md, "The drain cut".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 MARGIN_S = 0.5  # client-vs-router clock slack per request (intra-DC hops are ~1 ms; 0.5 s covers a loaded host)
 EARLY_STOP_PREFIX = "stopped early"
 DRAIN_CUT_PREFIX = "drain cut"
 CUT = "cut"  # the status of a request cancelled by the drain cut (client_status, then status in requests.parquet)
+STEP_FLOOR_S = 1.0  # the queue trend's shortest sample step (`analysis.metrics.queue_trend`: max(1 s, median TTFT))
 CONFIDENCE = 0.95  # the good fraction's binomial interval (Clopper-Pearson), as `experiments.capacity` judges it
 
 
@@ -57,6 +60,8 @@ class EarlyStop:
     margin_s: float = MARGIN_S
     missed: int = 0  # finished requests that certainly missed an SLO
     good: int = 0  # finished requests certainly within every SLO (`request_good`)
+    ttfts_s: list[float] = field(default_factory=list)  # client TTFTs of the finished requests that had a first token
+    last_arrival_s: float = -math.inf  # the latest arrival counted (`finish`) or seen in flight (`drain_settled`)
 
     def request_missed(self, arrival_s: float, first_token_s: float | None, output_len: int, now_s: float,
                        failed: bool = False) -> bool:
@@ -80,6 +85,9 @@ class EarlyStop:
         """Count a finished request."""
         self.missed += self.request_missed(arrival_s, first_token_s, output_len, finish_s, failed=not ok)
         self.good += ok and self.request_good(arrival_s, first_token_s, output_len, finish_s)
+        self.last_arrival_s = max(self.last_arrival_s, arrival_s)
+        if first_token_s is not None:
+            self.ttfts_s.append(first_token_s - arrival_s)
 
     def decide(self, in_flight: list[tuple[float, float | None, int]], now_s: float) -> str | None:
         """The reason to stop now, or None: `in_flight` holds (arrival, first token or None, output_len)."""
@@ -90,14 +98,37 @@ class EarlyStop:
                     f"{self.stop_below:.0%} can be good")
         return None
 
+    def step_settled(self, in_flight: list[tuple[float, float | None, int]], now_s: float) -> bool:
+        """Can the requests in flight that still wait for a first token no longer change the queue trend's series
+        (`analysis.metrics.queue_trend`)? It counts the requests waiting before their first token only up to the
+        last arrival, every max(1 s, median TTFT). So it is final once (1) every such request's first token comes
+        after the router's last arrival, which the margins bound: now is more than 2 margins past the last
+        arrival; and (2) the median is the same wherever their TTFTs end: they are already longer (their waits,
+        less 2 margins, bound the router's TTFT from below) than the TTFT at the upper median rank of all, which
+        therefore falls among the known ones (whose client TTFTs bound the router's from above), or that TTFT is
+        at most 1 s, the step's floor. The run's summary then reads their TTFT as beyond every known one (a cut
+        request without a first token, `queue_trend`), as every later first token would."""
+        waits = [now_s - a - 2 * self.margin_s for a, f, _ in in_flight if f is None]
+        if not waits:
+            return True
+        last = max(self.last_arrival_s, max(a for a, _, _ in in_flight))
+        if now_s <= last + 2 * self.margin_s:
+            return False
+        known = sorted(self.ttfts_s + [f - a for a, f, _ in in_flight if f is not None])
+        upper = (len(known) + len(waits)) // 2  # pandas' median reads ranks (n - 1) // 2 and n // 2 (from 0)
+        return upper < len(known) and (min(waits) > known[upper] or known[upper] <= STEP_FLOOR_S)
+
     def drain_settled(self, in_flight: list[tuple[float, float | None, int]], now_s: float) -> str | None:
         """The reason to cut the drain now, or None. Call only once every request has been sent: `in_flight`
         holds the unfinished ones (arrival, first token or None, output_len)."""
-        if not in_flight or any(f is None for _, f, _ in in_flight):
-            return None  # nothing left to cut; or a request without a first token still counts in the queue trend
+        if not in_flight or not self.step_settled(in_flight, now_s):
+            return None  # nothing left to cut; or a request without a first token can still move the queue trend
         late = sum(self.request_missed(a, f, n, now_s) for a, f, n in in_flight)
         lo, hi = self.good, self.total - self.missed - late
         if good_tests(lo, self.total, self.stop_below) != good_tests(hi, self.total, self.stop_below):
             return None
-        return (f"{DRAIN_CUT_PREFIX}: every request has its first token and {lo} of {self.total} are certainly good, "
-                f"{self.total - hi} certainly not, so the {len(in_flight)} still decoding cannot change the verdict")
+        waiting = sum(f is None for _, f, _ in in_flight)
+        first = ("every request has its first token" if not waiting else
+                 f"the {waiting} still without a first token have waited past the median TTFT, which fixes the queue trend,")
+        return (f"{DRAIN_CUT_PREFIX}: {first} and {lo} of {self.total} are certainly good, {self.total - hi} certainly not, "
+                f"so the {len(in_flight)} {'left' if waiting else 'still decoding'} cannot change the verdict")

@@ -47,6 +47,24 @@ def test_the_drain_is_cut_only_when_every_request_has_its_first_token_and_the_go
     assert e.drain_settled(flight + [(5.2, 5.4, 100)], now_s=6.0) is None
 
 
+def test_requests_without_a_first_token_are_cut_only_once_they_cannot_move_the_median_ttft():
+    """`step_settled`: the queue trend's step is max(1 s, median TTFT); a request still waiting may be cut once its
+    wait, less two margins, is past the TTFT at the upper median rank of all, which a known TTFT must hold."""
+    e = EarlyStop(total=6, ttft_s=4.0, tpot_s=1.0, stop_below=0.9)  # the three in flight are already past the TTFT SLO
+    for ttft in (2.0, 3.0, 4.0):
+        e.finish(0.0, ttft, 100, 50.0, ok=True)
+    flight = [(10.0, 15.0, 100), (20.0, None, 100), (21.0, None, 100)]  # last arrival 21 s
+    # n = 6 TTFTs, the upper median rank 3: the known ones are 2, 3, 4, 5, so it is 5 s
+    assert not e.step_settled(flight, now_s=21.0 + 2 * MARGIN_S)  # within two margins of the last arrival
+    assert not e.step_settled(flight, now_s=21.0 + 5.0 + 2 * MARGIN_S)  # the last one's wait, less the margins, is 5 s
+    assert e.step_settled(flight, now_s=21.0 + 5.01 + 2 * MARGIN_S)
+    assert e.drain_settled(flight, now_s=30.0).startswith(
+        "drain cut: the 2 still without a first token have waited past the median TTFT, which fixes the queue trend, and 3 of 6")
+    assert not e.step_settled(flight + [(21.0, None, 100)] * 2, now_s=100.0)  # most still wait: the median is unknown
+    fast = EarlyStop(total=4, ttft_s=30.0, tpot_s=1.0, stop_below=0.9, ttfts_s=[0.2, 0.3, 0.4])
+    assert fast.step_settled([(21.0, None, 100)], now_s=21.0 + 2 * MARGIN_S + 0.01)  # median <= 1 s: the step is 1 s
+
+
 def test_a_cut_drain_never_changes_the_capacity_verdict():
     """Whenever the cut fires, `experiments.capacity.judge` gives the same verdict (pass, decisive) on the
     run's recorded summary (the cut requests not good) as on any way the cut requests could have ended."""

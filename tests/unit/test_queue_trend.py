@@ -106,3 +106,57 @@ def test_a_drain_cut_leaves_the_queue_trend_as_it_was() -> None:
         lost = cut.assign(prefill_start_s=np.where(decoding, np.nan, cut["prefill_start_s"]),
                           prefill_end_s=np.where(decoding, np.nan, cut["prefill_end_s"]))
         assert queued_series(lost, 1.0)[1].sum() > queued_series(cut, 1.0)[1].sum()
+
+
+def _cut_at(df: pd.DataFrame, t_s: float) -> pd.DataFrame:
+    """`df` as the drain cut at `t_s` records it: requests unfinished then are ``cut`` and end then; those without
+    a first token by then have none, and keep only the prefill times already past (the router's cancel)."""
+    open_ = df["finish_s"] > t_s
+    waiting = df["first_token_s"] > t_s
+    return df.assign(status=np.where(open_, "cut", "ok"), finish_s=np.where(open_, t_s, df["finish_s"]),
+                     first_token_s=df["first_token_s"].where(~waiting),
+                     prefill_start_s=df["prefill_start_s"].where(df["prefill_start_s"] <= t_s),
+                     prefill_end_s=df["prefill_end_s"].where(df["prefill_end_s"] <= t_s))
+
+
+def _client_settles_at(df: pd.DataFrame, seed: int, step_s: float = 0.1) -> float | None:
+    """The first time after the last arrival at which the client agent's rule (`EarlyStop.step_settled`) holds,
+    on client-side times that lie outside the router's by up to 0.4 s (within `MARGIN_S`)."""
+    from testbed.serving.early_stop import EarlyStop
+
+    rng = np.random.default_rng(seed)
+    arr = df["arrival_s"].to_numpy() - rng.uniform(0, 0.4, len(df))  # the client sends before the router sees it
+    first = df["first_token_s"].to_numpy() + rng.uniform(0, 0.4, len(df))  # and sees the first token after
+    finish = df["finish_s"].to_numpy() + 0.01
+    for t in np.arange(float(arr.max()), float(finish.max()), step_s):
+        e = EarlyStop(total=len(df), ttft_s=1e6, tpot_s=1e6, stop_below=0.9)
+        for i in np.flatnonzero(finish <= t):
+            e.finish(arr[i], first[i], 1024, finish[i], ok=True)
+        flight = [(arr[i], first[i] if first[i] <= t else None, 1024) for i in np.flatnonzero(finish > t)]
+        if flight and e.step_settled(flight, float(t)):
+            return float(t)
+    return None
+
+
+def test_a_drain_cut_before_the_last_first_tokens_leaves_the_queue_trend_as_it_was() -> None:
+    """The drain cut may end requests still waiting for their first token once they cannot move the trend's
+    step (`EarlyStop.step_settled`); with the prefill times the router's cancel returns, the trend is the
+    uncut run's -- stable, near the edge and overloaded -- and the cut comes before the last first token where
+    the queue grew. Cut sooner (only past the last arrival), the median step, and so the trend, would move."""
+    saved, waiting = [], 0
+    for seed, rate, servers in ((1, 2.0, 1), (2, 4.5, 1), (3, 5.5, 1), (4, 11.0, 2), (6, 6.0, 1)):
+        df = fifo_run(rate, 0.2, 26.0, 150.0, seed, servers=servers).assign(status="ok")
+        t = _client_settles_at(df, seed)
+        assert t is not None
+        cut = _cut_at(df, t)
+        assert queue_trend(cut) == queue_trend(df), (seed, rate)
+        saved.append(float(df["first_token_s"].max()) - t)
+        waiting += int(cut["first_token_s"].isna().sum() > 5)  # it cut requests still waiting
+    assert waiting >= 3 and max(saved) > 5.0, (waiting, saved)
+    # a stable run whose last requests wait less than its median TTFT (> 1 s): cut at once, the step would move
+    slow = fifo_run(rate_rps=0.5, service_s=1.6, decode_s=26.0, duration_s=150.0, seed=4).assign(status="ok")
+    last = float(slow["arrival_s"].max())
+    assert queue_trend(_cut_at(slow, last + 0.05))["step_s"] != queue_trend(slow)["step_s"]
+    t = _client_settles_at(slow, 4)
+    assert t is not None and t > float(slow["first_token_s"].max())  # the rule waited for every first token
+    assert queue_trend(_cut_at(slow, t)) == queue_trend(slow)
