@@ -31,7 +31,7 @@ from testbed.errors import FieldError
 from testbed.validation import shown
 from testbed.blocks import BLOCK_TOKENS
 from testbed.kv.transport import PROBE_PREFIX
-from testbed.serving.httpio import BodyError, RequestHandler, Server, read_json_body
+from testbed.serving.httpio import BodyError, HangupWatch, RequestHandler, Server, read_json_body
 from testbed.serving.kvmanager import prefilled_blocks
 from testbed.serving.protocol import (
     DECODE_PREFIX_HEADER, Congestion, DecodeRequest, FinalEvent, Health, KVDestination, PrefillCancel, PrefillCancelled, PrefillRequest,
@@ -724,6 +724,16 @@ class DecodeWorker:
         with self.lock:
             self.ids_in_flight.discard(request_id)
 
+    def abandon(self, slot: DecodeSlot) -> None:
+        """The router hung up on this request (`httpio.HangupWatch`): one still waiting for its KV ends now, failed
+        (its prefix pin and its id in flight go with it, not at its request timeout: its prefill may have been
+        cancelled in the queue and no KV will come); one in the batch leaves it at the next step, as when a token's
+        write finds the connection closed."""
+        slot.aborted = True
+        if not slot.kv_ready.is_set():
+            slot.kv_error = slot.kv_error or "the router went away before the KV arrived"
+            slot.kv_ready.set()
+
     def _await_kv(self, slot: DecodeSlot) -> None:
         """Wait for the KV until the request's deadline: the prefill's queue bound and the KV timeout (both on
         the prefill side) end a request earlier, with their own reasons."""
@@ -848,6 +858,8 @@ class DecodeWorker:
 
 
 def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
+    hangups = HangupWatch() if isinstance(worker, DecodeWorker) else None  # a decode stream's router that went away
+
     class Handler(RequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = worker.cfg.request_timeout_s  # for the request line, headers and body (`read_json_body` lifts it)
@@ -908,6 +920,8 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
             self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
+            if hangups is not None:
+                hangups.watch(self.connection, lambda: worker.abandon(slot))
             try:
                 while True:
                     ev = slot.events.get()
@@ -917,6 +931,9 @@ def make_handler(worker: Any) -> type[BaseHTTPRequestHandler]:
                         return
             except (BrokenPipeError, ConnectionResetError):
                 slot.aborted = True
+            finally:
+                if hangups is not None:
+                    hangups.unwatch(self.connection)
 
     return Handler
 

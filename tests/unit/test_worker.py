@@ -861,3 +861,26 @@ def test_a_cancelled_prefill_leaves_the_queue_and_a_running_one_says_its_start(w
     assert answers["c-unknown"]["found"] is False
     status, raw = request(pre.port, "POST", "/v1/prefill/cancel", {"request_id": ""})
     assert status == 400 and b"request_id" in raw
+
+
+def test_a_decode_whose_router_hangs_up_before_the_kv_lets_the_request_go_at_once(workers):
+    """The router aborts a decode stream when its client went away before the first token (and cancels the
+    prefill, so no KV comes): the decode ends that request now, not at its request timeout, so its id is free."""
+    dec, _ = workers
+    body = json.dumps({"request_id": "gone", "input_len": 100, "output_len": 3, "request_timeout_s": 30.0}).encode()
+    s = socket.create_connection(("127.0.0.1", dec.port), timeout=10)
+    s.sendall(f"POST /v1/decode HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")  # registered, waiting for KV that never comes
+    s.shutdown(socket.SHUT_RDWR)
+    s.close()
+    deadline = time.monotonic() + 5
+    again: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        status, raw = request(dec.port, "POST", "/v1/decode", {"request_id": "gone", "input_len": 100, "output_len": 3,
+                                                                 "request_timeout_s": 0.2})
+        if status == 200:
+            again = [json.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: ")]
+            break
+        time.sleep(0.05)
+    assert [e["status"] for e in again] == ["failed"], "the id stayed in flight after its router hung up"
+    assert time.monotonic() < deadline
