@@ -81,9 +81,12 @@ class EarlyStop:
             return False
         return output_len <= 1 or (finish_s - first_token_s + self.margin_s) / (output_len - 1) <= self.tpot_s
 
-    def finish(self, arrival_s: float, first_token_s: float | None, output_len: int, finish_s: float, ok: bool) -> None:
-        """Count a finished request."""
-        self.missed += self.request_missed(arrival_s, first_token_s, output_len, finish_s, failed=not ok)
+    def finish(self, arrival_s: float, first_token_s: float | None, output_len: int, finish_s: float, ok: bool,
+               failed: bool | None = None) -> None:
+        """Count a finished request. `failed`: whether it certainly failed (default: not `ok`). A stream that broke
+        after the router took the request, with no error event, did not: the router's record, which the run's
+        figures read, may call it ok, so it counts as missed only by its times."""
+        self.missed += self.request_missed(arrival_s, first_token_s, output_len, finish_s, failed=not ok if failed is None else failed)
         self.good += ok and self.request_good(arrival_s, first_token_s, output_len, finish_s)
         self.last_arrival_s = max(self.last_arrival_s, arrival_s)
         if first_token_s is not None:

@@ -117,6 +117,7 @@ class Client:
         deadline = now_s() + self.cfg.request_timeout_s
         parts: list[str] = []
         errored = False  # the router answered with an error event: a failure, whatever stops the run
+        taken = False  # the router answered 200: it records the request, whatever this end then sees
         try:
             if self.stop.is_set():  # the run was stopped early while this request was starting
                 raise ConnectionAbortedError("cancelled before it was sent")
@@ -129,6 +130,7 @@ class Client:
             if resp.status != 200:
                 row["client_reason"] = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace')}"
             else:
+                taken = True
                 with self.lock:
                     self.accepted += 1
                 for line in resp:
@@ -170,8 +172,9 @@ class Client:
             elif rid in self.cut_ids and row["client_status"] != "ok" and not errored:  # its stream was cut, nothing else
                 row["client_status"], row["client_reason"] = CUT, self.cut
             if self.early is not None:
+                ok = row["client_status"] == "ok"  # a stream broken after a 200 with no error event: not certainly failed
                 self.early.finish(row["client_arrival_s"], row["client_first_token_s"], int(req["output_len"]),
-                                  row["client_finish_s"], row["client_status"] == "ok")
+                                  row["client_finish_s"], ok, failed=not ok and (errored or not taken))
             self.done += 1
             self.ok += row["client_status"] == "ok"
             self.out.write(json.dumps(row) + "\n")

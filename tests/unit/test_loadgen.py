@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 
 class StandIn:
     """Streams `max_tokens` chunks like the router; request ids starting with "fail" end in an error event,
+    "drop" ones without any last chunk (the connection just closes),
     ids starting with "stall" wait for `stall` (when set) before answering, "slow" ones stream a token
     every 0.1 s."""
 
@@ -83,6 +84,8 @@ class StandIn:
                     except OSError:  # the client cancelled the stream
                         return
                     time.sleep(0.1 if rid.startswith("slow") else 0.01)
+                if rid.startswith("drop"):
+                    return  # every token, then the connection closes: no final chunk, no error event
                 if rid.startswith("fail"):
                     last = {"error": {"message": f"request {rid} failed: decode instance 0: gone", "type": "worker_error"}}
                 else:
@@ -283,3 +286,19 @@ def test_the_client_does_not_cut_a_drain_whose_decoding_requests_can_still_chang
     # the first of them has finished (3 s of streaming); then 18 are good and the other two can be cut
     assert took >= 3.0, took
     assert out["slow0"]["client_status"] == "ok" and all(out[f"r{i}"]["client_status"] == "ok" for i in range(3, 20))
+
+
+def test_a_stream_that_breaks_after_the_router_took_it_is_not_counted_as_certainly_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Early stopping counts only certain failures: an error event, or a request the router never took. A stream
+    that ends without its last chunk may still be ok in the router's record (which the run's figures read), so
+    3 such requests of 20 do not stop the run (85% could no longer be good), while 3 error events do."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    slo = {"slo_ttft_s": 5.0, "slo_tpot_s": 1.0, "stop_below": 0.9}
+    for prefix, stopped in (("drop", False), ("fail", True)):
+        reqs = [{"request_id": f"{prefix}{i}" if i < 3 else f"r{i}", "arrival_s": 0.1 * i, "input_len": 600, "output_len": 4,
+                 "block_hashes": [i]} for i in range(20)]
+        _, by = _drive(tmp_path, reqs, **slo)
+        reasons = [r["client_reason"] or "" for r in by.values()]
+        assert any(x.startswith("stopped early") for x in reasons) is stopped, (prefix, reasons)
+        if not stopped:
+            assert sum(r["client_status"] == "ok" for r in by.values()) == 17  # every other request ran to its end
