@@ -194,23 +194,69 @@ def queue_trend(df: pd.DataFrame, warmup_fraction: float = 0.1, alpha: float = T
     flight* would also count decodes, whose fixed length (a 1024-token answer is ~27 s) says nothing
     about a queue and stretched the sample step; requests *in service* rise with a stretch of long
     prompts in a stable deployment (docs/experiments.md, "Capacity", rule 2). The queue is sampled every
-    max(1 s, median TTFT; a request the drain cut ended before its first token counts as longer than every
-    known TTFT, as the cut guarantees: `testbed.serving.early_stop.EarlyStop.step_settled`) -- consecutive samples closer than a request's wait share most requests, and
+    max(1 s, median TTFT) -- consecutive samples closer than a request's wait share most requests, and
     that autocorrelation would make any test over-confident -- over the arrivals after a warm-up
-    (`warmup_fraction` of the span). It grows when Kendall's tau is positive with one-sided p < `alpha`, the Theil-Sen slope's 95% interval
-    lies above zero and its growth over the window is at least one request.
+    (`warmup_fraction` of the span). It grows when Kendall's tau is positive with one-sided p < `alpha`, the
+    Theil-Sen slope's 95% interval lies above zero and its growth over the window is at least one request.
+    A request the drain cut ended before its first token counts in the median as longer than every known TTFT
+    (`testbed.serving.early_stop.EarlyStop.step_settled`); ``cut_exact`` says whether the result is then
+    certainly the uncut run's (`cut_trend_exact`; None: no such request).
     """
+    waiting = _cut_waiting(df)
+    out = _queue_trend(df, warmup_fraction, alpha, waiting, beyond=True)
+    return {**out, "cut_exact": cut_trend_exact(df, waiting, out, lambda: _queue_trend(df, warmup_fraction, alpha, waiting, beyond=False))}
+
+
+def _cut_waiting(df: pd.DataFrame) -> pd.Series:
+    """Requests the drain cut ended before their first token (neither the router nor the client saw one)."""
+    if not len(df) or "status" not in df or "first_token_s" not in df:
+        return pd.Series(False, index=df.index)
+    w = cut_mask(df) & df["first_token_s"].isna()
+    return w & df["client_first_token_s"].isna() if "client_first_token_s" in df else w
+
+
+CANCEL_KNOWN = ("dequeued", "running", "answered", "not found")  # `prefill_cancel` values whose record has the prefill times
+
+
+def cut_trend_exact(df: pd.DataFrame, waiting: pd.Series, trend: dict[str, Any], dropped: Any) -> bool | None:
+    """Is the queue trend of a run whose drain cut ended requests before their first token (`waiting`) certainly the
+    uncut run's? Checked on the router's own clock, not the client's margins: (1) each such record has its prefill's
+    times (``prefill_cancel`` in `CANCEL_KNOWN`); (2) the router noticed each hang-up (its ``finish_s``) after its
+    last arrival, so their first tokens, had they come, came after the series' last sample; (3) the median TTFT, with
+    theirs at least ``finish_s - arrival_s``, falls on a known one (or at most the 1-s floor), so it is the same
+    wherever theirs end; (4) had they all failed instead (dropped from the median: `dropped()`), the verdict the
+    capacity search reads (growing, and `queue_trend_inconclusive`) is the same. None when nothing was so cut."""
+    from testbed.serving.early_stop import STEP_FLOOR_S
+
+    if not waiting.any():
+        return None
+    w = df[waiting]
+    if "prefill_cancel" not in df or not w["prefill_cancel"].isin(CANCEL_KNOWN).all():
+        return False
+    if not (w["finish_s"] > df["arrival_s"].max()).all():
+        return False
+    known = np.sort(ttft_s(df).dropna().to_numpy(float))
+    upper = (len(known) + len(w)) // 2  # pandas' median reads ranks (n - 1) // 2 and n // 2 (from 0)
+    if upper >= len(known):
+        return False
+    if not (float((w["finish_s"] - w["arrival_s"]).min()) > known[upper] or known[upper] <= STEP_FLOOR_S):
+        return False
+    alt = dropped()
+    return bool(alt["growing"] == trend["growing"] and queue_trend_inconclusive(alt) == queue_trend_inconclusive(trend))
+
+
+def _queue_trend(df: pd.DataFrame, warmup_fraction: float, alpha: float, waiting: pd.Series, beyond: bool) -> dict[str, Any]:
     from scipy import stats as sps
+
+    from testbed.serving.early_stop import STEP_FLOOR_S
 
     empty = {"samples": 0, "step_s": None, "slope_per_s": None, "slope_low_per_s": None, "growth": None,
              "kendall_tau": None, "p_value": None, "growing": None}
     if not len(df):
         return empty
-    from testbed.serving.early_stop import STEP_FLOOR_S
-
     ttft = ttft_s(df) if "first_token_s" in df else pd.Series([], dtype=float)
-    if len(ttft) and "status" in df:  # cut before its first token: its TTFT lies beyond every known one (`step_settled`)
-        ttft = ttft.mask(cut_mask(df) & ttft.isna(), np.inf)
+    if beyond and waiting.any():
+        ttft = ttft.mask(waiting, np.inf)
     ttft = ttft.dropna()
     median = float(ttft.median()) if len(ttft) else STEP_FLOOR_S
     if not np.isfinite(median):  # more cut before a first token than answered: not a cut the client makes

@@ -31,6 +31,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from testbed.atomic import write_json  # noqa: E402
+from testbed.errors import UserError  # noqa: E402
 from testbed.serving.early_stop import CUT, EarlyStop  # noqa: E402
 
 
@@ -87,9 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     dirs = run_dirs(args.paths)
     if not dirs:
-        print("drain_cut_replay: no run directory with requests.parquet and summary.json under the paths given", file=sys.stderr)
-        return 2
-    rows = [replay(d, args.step) for d in dirs]
+        raise UserError("no run directory with requests.parquet and summary.json under the paths given")
+    if not args.step > 0:
+        raise UserError(f"--step: {args.step:g} is not a number of seconds > 0")
+    rows = []
+    for d in dirs:
+        try:
+            rows.append(replay(d, args.step))
+        except (OSError, ValueError, KeyError) as exc:  # a damaged or older run directory: named, not a traceback
+            raise UserError(f"{d}: cannot replay it ({type(exc).__name__}: {exc})") from None
     table = Table("run", "cut: every first token (s)", "cut: waiting too (s)", "saved (s)", "note")
     for r in rows:
         table.add_row("/".join(Path(r["run"]).parts[-4:]), *(f"{r[k]:.1f}" if r[k] is not None else "-" for k in ("first_tokens_s", "waiting_s", "saved_s")), r["note"])
@@ -105,4 +112,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from testbed.cli import guarded
+
+    sys.exit(guarded(Path(__file__).name, main))

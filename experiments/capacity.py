@@ -151,7 +151,8 @@ def judge(summary: dict[str, Any], rate_rps: float, seed: int, run_dir: str = ""
     passed = not reasons
     flags = str(summary.get("fidelity_flags") or "unknown") if summary.get("fidelity_ok") is False else ""
     return RunVerdict(rate_rps, seed, passed, good, growing, n, "; ".join(reasons), run_dir,
-                      is_decisive(passed, good, n, growing, bool(stopped), queue_trend_inconclusive(summary.get("queue"))),
+                      is_decisive(passed, good, n, growing, bool(stopped), queue_trend_inconclusive(summary.get("queue"))
+                                  or (summary.get("queue") or {}).get("cut_exact") is False),
                       fidelity_flags=flags)
 
 
@@ -181,7 +182,8 @@ def is_decisive(passed: bool, good: float | None, requests: int, growing: bool |
     that fails only because its queue grows while its SLOs still hold is at the edge (marginal), and so
     is a pass whose queue trend is `inconclusive` (`queue_trend_inconclusive`): the quick reproduction with
     paced compute passed two configurations above the model's fluid bound on 5-6 samples with Kendall p
-    0.006-0.042 and 12-20 requests of growth (docs/analysis.md, docs/experiments.md rule 3)."""
+    0.006-0.042 and 12-20 requests of growth (docs/analysis.md, docs/experiments.md rule 3). `judge` also passes
+    a trend whose drain cut the records cannot show exact (``queue.cut_exact`` false) as `inconclusive`."""
     if stopped:
         return True
     if good is None or requests < MIN_REQUESTS:

@@ -58,7 +58,7 @@ METRICS: dict[str, bool | None] = {
     "estimator.steady_samples": None,
     "prefix_cache.efficiency": True, "prefix_cache.hit_requests": True,
     **{f"prefix_cache.ideal{kind}_hit_{unit}": None for kind in ("", "_checkpoint") for unit in ("requests", "tokens")},
-    **{f"queue.{k}": None for k in ("growing", "growth", "kendall_tau", "p_value", "samples", "slope_low_per_s",
+    **{f"queue.{k}": None for k in ("cut_exact", "growing", "growth", "kendall_tau", "p_value", "samples", "slope_low_per_s",
                                     "slope_per_s", "step_s")},
     **{f"kv_transport.{k}": None for k in ("busy_samples", "cwnd_p10_segments", "cwnd_p50_segments", "loss_state_share",
                                            "mss_p50_bytes")},

@@ -70,7 +70,7 @@ ROUTER_RECORD_COLUMNS = (
     "request_id", "arrival_s", "input_len", "cached_len", "uncached_len", "output_len", "route", "threshold",
     "prefill_instance", "decode_instance", "prefill_start_s", "prefill_end_s", "kv_bytes", "wire_bytes", "kv_bytes_emulated",
     "transfer_start_s", "transfer_end_s", "first_token_s", "finish_s", "status", "reason", "route_reason",
-    "cache_transfer_tokens", "prefill_late_s", "decode_late_s", "prefill_paused_s", "kv_dtype",
+    "cache_transfer_tokens", "prefill_late_s", "decode_late_s", "prefill_paused_s", "kv_dtype", "prefill_cancel",
 )
 # What the client agent saw of a request (work/client.jsonl).
 CLIENT_DISCONNECTED = "client disconnected"  # the router's reason for a request whose client went away mid-stream
@@ -87,6 +87,7 @@ REQUEST_DTYPES: dict[str, str] = {
     "route_reason": STRING, "cache_transfer_tokens": INT, "prefill_late_s": FLOAT, "decode_late_s": FLOAT,
     "prefill_paused_s": FLOAT,  # of prefill_end_s - prefill_start_s, paused while preempting prefills ran
     "kv_dtype": STRING,  # the dtype the decision routed its full-attention KV to cross in (policy.kv_compression)
+    "prefill_cancel": STRING,  # a request whose client hung up before its first token: what its prefill's cancel found
     "client_arrival_s": FLOAT, "client_first_token_s": FLOAT, "client_finish_s": FLOAT, "tokens_received": INT,
     "client_status": STRING, "client_reason": STRING,
     "client_send_late_s": FLOAT,  # how much later than the workload's schedule the client sent it (open loop; since 2026-12-06)

@@ -132,6 +132,6 @@ class EarlyStop:
             return None
         waiting = sum(f is None for _, f, _ in in_flight)
         first = ("every request has its first token" if not waiting else
-                 f"the {waiting} still without a first token have waited past the median TTFT, which fixes the queue trend,")
+                 f"the {waiting} still without a first token cannot move the median TTFT, which fixes the queue trend,")
         return (f"{DRAIN_CUT_PREFIX}: {first} and {lo} of {self.total} are certainly good, {self.total - hi} certainly not, "
                 f"so the {len(in_flight)} {'left' if waiting else 'still decoding'} cannot change the verdict")

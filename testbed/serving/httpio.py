@@ -176,13 +176,14 @@ class HangupWatch:
         self._sel = selectors.DefaultSelector()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="hangup-watch", daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._loop, name="hangup-watch", daemon=True)  # started by the first watch
 
     def watch(self, sock: socket.socket, on_hangup: Any) -> None:
         import selectors
 
         with self._lock:
+            if not self._thread.is_alive() and not self._stop.is_set():
+                self._thread.start()
             try:
                 self._sel.register(sock, selectors.EVENT_READ, on_hangup)
             except (KeyError, ValueError, OSError):  # already watched, or closed meanwhile
@@ -197,7 +198,8 @@ class HangupWatch:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=1.0)
+        if self._thread.is_alive():
+            self._thread.join(timeout=1.0)
         with self._lock:
             self._sel.close()
 
@@ -208,17 +210,21 @@ class HangupWatch:
                     ready = []
                 else:
                     ready = self._sel.select(0)
-            if not ready:
-                self._stop.wait(self.POLL_S)
-                continue
+            spurious = 0
             for key, _ in ready:
                 sock = key.fileobj
                 try:
                     gone = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-                except BlockingIOError:
+                except BlockingIOError:  # readable a moment ago, nothing now
+                    spurious += 1
                     continue
                 except OSError:  # reset
                     gone = True
                 self.unwatch(sock)
                 if gone:
-                    key.data()
+                    try:
+                        key.data()
+                    except Exception as exc:  # one callback's fault must not end the watch of every other connection
+                        print(f"hangup watch: {type(exc).__name__}: {exc}", file=sys.stderr)
+            if spurious == len(ready):  # nothing to do (no connection, or none readable for good): wait
+                self._stop.wait(self.POLL_S)

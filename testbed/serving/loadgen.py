@@ -236,7 +236,8 @@ class Client:
 
     def await_records(self, timeout_s: float = RECORDS_WAIT_S) -> bool:
         """After a drain cut: wait until the router has stored a record of every request it accepted (it notices a
-        cancelled stream at its next token and then stores the record with the request's prefill times),
+        cancelled stream at once before its first token, at its next token after it, and then stores the record with the
+        request's prefill times),
         so that the run's end, which stops the router, loses none. False when it has not within `timeout_s`."""
         deadline = now_s() + timeout_s
         while now_s() < deadline:

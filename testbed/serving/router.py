@@ -624,11 +624,16 @@ class Router:
                 # answer is (nearly) there, as on the final event. Its times keep the request out of the queue
                 # between prefill start and end (analysis.metrics.queued_series), as when it finishes.
                 prefill_done.wait(timeout=min(PREFILL_ANSWER_WAIT_S, self.cfg.request_timeout_s))
-            elif prefill_started and not prefill_done.is_set():
+            elif prefill_started:
                 # it went away before its first token (an early stop, or the drain cut once the requests still
-                # waiting cannot move the queue trend's step): a queued prefill leaves its queue, and the record
-                # gets the prefill's times so far, which `queued_series` reads as it would the finished request's
-                self._cancel_prefill(p, c.request_id, rec)
+                # waiting cannot move the queue trend): the record ends now, a queued prefill leaves its queue, and
+                # the record gets the prefill's times so far, which `queued_series` reads as it would the finished
+                # request's; `prefill_cancel` says whether they are known (`analysis.metrics.cut_trend_exact`)
+                rec["finish_s"] = clock.now_s()
+                rec["prefill_cancel"] = "answered" if prefill_done.is_set() else self._cancel_prefill(p, c.request_id, rec)
+                if rec["prefill_cancel"] == NOT_FOUND:  # its answer is on its way (or the worker refuses it, overtaken)
+                    prefill_done.wait(timeout=min(PREFILL_ANSWER_WAIT_S, self.cfg.request_timeout_s))
+                    rec["prefill_cancel"] = "answered" if prefill_done.is_set() else NOT_FOUND
             _take_prefill(rec, prefill_result if prefill_done.is_set() else [])
             raise
         finally:
@@ -692,24 +697,26 @@ class Router:
             raise WorkerFailed(f"{inst.role} instance {inst.cfg.instance} ({inst.cfg.host}:{inst.cfg.port}): {_why(exc)}") from None
         return conn
 
-    def _cancel_prefill(self, p: _Instance, rid: str, rec: dict[str, Any]) -> None:
-        """``POST /v1/prefill/cancel`` to `p` (within `CANCEL_TIMEOUT_S`); its times go into `rec`. A worker that does
-        not answer leaves the record without them (the request then counts as queued from its arrival on)."""
+    def _cancel_prefill(self, p: _Instance, rid: str, rec: dict[str, Any]) -> str:
+        """``POST /v1/prefill/cancel`` to `p` (each step within `CANCEL_TIMEOUT_S`); its times go into `rec`. Returns
+        what it found (the record's ``prefill_cancel``): ``dequeued``, ``running``, `NOT_FOUND`, or ``no answer: WHY``
+        (the record then lacks the times, and a queue trend that reads it is not called exact)."""
         conn = http.client.HTTPConnection(p.cfg.host, p.cfg.port, timeout=CANCEL_TIMEOUT_S)
         try:
             conn.request("POST", "/v1/prefill/cancel", json.dumps(PrefillCancel(rid).to_json()), {"Content-Type": "application/json"})
             resp = conn.getresponse()
             raw = resp.read()
             if resp.status != 200:
-                return
+                return f"no answer: HTTP {resp.status}"
             out = PrefillCancelled.from_json(json_value(raw), f"prefill instance {p.cfg.instance}")
-        except (OSError, http.client.HTTPException, ValueError, FieldError):
-            return
+        except (OSError, http.client.HTTPException, ValueError, FieldError) as exc:
+            return f"no answer: {_why(exc)}"
         finally:
             conn.close()
         for k in ("prefill_start_s", "prefill_end_s"):
             if getattr(out, k) is not None:
                 rec[k] = getattr(out, k)
+        return NOT_FOUND if not out.found else "dequeued" if out.dequeued else "running"
 
     def _mark_unhealthy(self, inst: _Instance) -> None:
         with self._lock:
@@ -966,7 +973,9 @@ def _why(exc: BaseException) -> str:
 
 
 PREFILL_ANSWER_WAIT_S = 5.0  # a request whose KV arrived waits at most this for the prefill's answer (it follows within ms)
-CANCEL_TIMEOUT_S = 1.0  # a prefill cancel's answer (`Router._cancel_prefill`): an intra-datacenter hop and a lookup
+CANCEL_TIMEOUT_S = 3.0  # each step of a prefill cancel (`Router._cancel_prefill`): a PrfaaS prefill's crosses the WAN,
+# whose queue may be full of KV then; 3 s covers a lost SYN's 1-s retransmission
+NOT_FOUND = "not found"  # a prefill cancel's answer: the worker holds no such request (answered, or not come yet)
 
 
 def _take_prefill(rec: dict[str, Any], result: list[PrefillResult]) -> None:

@@ -137,6 +137,17 @@ class PrefillJob:
             self.done.set()
 
 
+def _remember(ids: dict[str, float], request_id: str, keep_s: float) -> None:
+    """Note `request_id` now in `ids` (oldest first) and forget those older than `keep_s`."""
+    now = now_s()
+    ids.pop(request_id, None)
+    ids[request_id] = now
+    while ids and next(iter(ids.values())) < now - keep_s:
+        del ids[next(iter(ids))]
+
+
+ROUTER_GONE = "the router went away (its client hung up)"  # a decode request's end when `DecodeWorker.abandon` ended it
+
 PROBE_HIDDEN = ("send_queue_bytes", "inflight_bytes", "path_rate_bps", "queue_rtt_ms")  # KV figures a probe's own bytes would fake
 
 
@@ -342,6 +353,9 @@ class PrefillWorker:
         self.dests: dict[tuple[str, int], Destination] = {}
         self.lock = threading.Lock()
         self.by_id: dict[str, PrefillJob] = {}  # the jobs submitted and not yet answered, for `cancel` (guarded by lock)
+        self.left_queue = 0  # jobs still in `jobs` that failed or were cancelled there: not queue depth (guarded by lock)
+        self.cancelled_early: dict[str, float] = {}  # ids cancelled before their request came (guarded by lock)
+        self.answered: dict[str, float] = {}  # ids answered lately, oldest first: a cancel of one is not early (lock)
         self.tcp_log: TcpLog | None = None
         if cfg.tcp_log:
             from testbed.kv.tcplog import TcpLog
@@ -360,6 +374,9 @@ class PrefillWorker:
         queue: past that point its prefill could not end within the request's budget."""
         job = PrefillJob(req)
         with self.lock:
+            if self.cancelled_early.pop(req.request_id, None) is not None:  # its cancel overtook it: never run it
+                return PrefillResult(req.request_id, "failed", "cancelled before it reached this worker: the request's "
+                                     "client went away before its first token")
             self.by_id[req.request_id] = job
         try:
             self.jobs.put((req.priority, next(self._seq), job))
@@ -368,6 +385,7 @@ class PrefillWorker:
             with self.lock:
                 if self.by_id.get(req.request_id) is job:
                     del self.by_id[req.request_id]
+                _remember(self.answered, req.request_id, 2 * self.cfg.request_timeout_s)
 
     def _await(self, job: PrefillJob) -> PrefillResult:
         req = job.req
@@ -384,6 +402,7 @@ class PrefillWorker:
                 queued = not job.started
                 if queued:
                     job.started = True  # the loop skips it
+                    self.left_queue += 1
             if queued:
                 job.fail(f"waited {now_s() - job.queued_s:.1f} s in the queue of prefill instance {self.cfg.instance} "
                          f"(request timeout {timeout_s:g} s less its expected prefill {reserve_s:.1f} s)")
@@ -396,10 +415,13 @@ class PrefillWorker:
         the queue (answered as failed), one already running runs on. Says the prefill's times so far."""
         with self.lock:
             job = self.by_id.get(request_id)
-            if job is None:
+            if job is None:  # answered already, or not come yet (the cancel overtook it: `submit` refuses it then)
+                if request_id not in self.answered:
+                    _remember(self.cancelled_early, request_id, 2 * self.cfg.request_timeout_s)
                 return PrefillCancelled(request_id, found=False)
             dequeued = not job.started
             job.started = True  # the loop skips a job that has left the queue this way
+            self.left_queue += dequeued
         if dequeued:
             job.fail("cancelled in the queue: the request's client went away before its first token")
         return PrefillCancelled(request_id, True, dequeued, job.result.get("prefill_start_s"), job.result.get("prefill_end_s"))
@@ -467,7 +489,8 @@ class PrefillWorker:
     def _take(self, job: PrefillJob) -> None:
         """Start one job taken off the queue, unless it failed there already or is shed."""
         with self.lock:
-            if job.started:  # failed in the queue already
+            if job.started:  # failed or cancelled in the queue already
+                self.left_queue -= 1
                 return
             job.started = True
         shed = self._shed(job)
@@ -563,7 +586,7 @@ class PrefillWorker:
             c = d.congestion()
             if c:
                 congestion[f"{host}:{port}"] = c
-        return WorkerState("prefill", self.cfg.instance, self.cfg.cluster, queue_depth=self.jobs.qsize() + int(self.busy),
+        return WorkerState("prefill", self.cfg.instance, self.cfg.cluster, queue_depth=max(0, self.jobs.qsize() - self.left_queue) + int(self.busy),
                            busy=self.busy, prefix_blocks=tuple(self.pool.prefix_hashes()), pool=self.pool.stats().to_dict(),
                            congestion=_merge_congestion(congestion))
 
@@ -673,6 +696,12 @@ class DecodeWorker:
     def _fill(self, slot: DecodeSlot, received: Any) -> None:
         from testbed.serving.compute import join_prefix, restore_kv_dtype
 
+        with self.lock:  # `_await_kv` lets go of the prefix too (an abandoned slot's): whoever takes it releases it
+            prefix, slot.prefix = slot.prefix, None
+        if slot.aborted:  # `abandon` ended it already: its KV is not wanted
+            if prefix is not None:
+                self.pool.release(prefix)
+            return
         slot.kv = received.cache if received.cache is not None else received.kv_bytes
         slot.kv_error = None if received.ok else (received.reason or "transfer failed")
         hashes = list(slot.req.block_hashes)
@@ -683,16 +712,15 @@ class DecodeWorker:
             try:
                 # float8 on the wire: back to the model's dtype (an undeclared dtype is left for `admit` to refuse)
                 delta = restore_kv_dtype(received.cache, self.compute.section.spec.kv_dtype) if rounded else received.cache
-                slot.kv = join_prefix(slot.prefix.cache if slot.prefix is not None else None, delta)
+                slot.kv = join_prefix(prefix.cache if prefix is not None else None, delta)
                 if not rounded:
                     self.pool.insert(hashes, slot.kv)
             except ValueError as exc:
                 slot.kv_error = str(exc)
         elif received.ok and hashes and not rounded:
             self.pool.insert(hashes, tokens=slot.req.input_len - 1)
-        if slot.prefix is not None:
-            self.pool.release(slot.prefix)
-            slot.prefix = None
+        if prefix is not None:
+            self.pool.release(prefix)
         slot.kv_bytes = int(received.kv_bytes)
         slot.transfer_start_s = received.first_frame_s
         slot.transfer_end_s = received.complete_s
@@ -730,9 +758,7 @@ class DecodeWorker:
         cancelled in the queue and no KV will come); one in the batch leaves it at the next step, as when a token's
         write finds the connection closed."""
         slot.aborted = True
-        if not slot.kv_ready.is_set():
-            slot.kv_error = slot.kv_error or "the router went away before the KV arrived"
-            slot.kv_ready.set()
+        slot.kv_ready.set()  # a slot waiting for its KV ends now (`_await_kv`); one in the batch at the next step (`_join`)
 
     def _await_kv(self, slot: DecodeSlot) -> None:
         """Wait for the KV until the request's deadline: the prefill's queue bound and the KV timeout (both on
@@ -746,6 +772,8 @@ class DecodeWorker:
         if not ok:
             slot.events.put(slot.final("failed", f"KV did not arrive within the request timeout "
                                                  f"({slot.timeout_s(self.cfg.request_timeout_s):g} s)"))
+        elif slot.aborted:
+            slot.events.put(slot.final("failed", ROUTER_GONE))
         elif slot.kv_error:
             slot.events.put(slot.final("failed", f"KV rejected: {slot.kv_error}"))
         elif self.cfg.compute == "torch" and not slot.req.prompt_token_ids:
@@ -798,7 +826,8 @@ class DecodeWorker:
                 self.placing.append(self.ready.popleft())
         for slot in gone:
             slot.kv = None  # its device memory goes now (before others are placed), not when the client lets go
-            self._forget(slot.request_id)  # its client has gone: no final event is sent
+            if slot.aborted:  # its client has gone; a stream handler still waiting (`abandon`) returns on this
+                slot.events.put(slot.final("failed", ROUTER_GONE))
         for slot in list(self.placing):  # outside the lock: a copy to the device takes a while
             why = self._place_kv(slot)
             self.placing.remove(slot)

@@ -59,7 +59,7 @@ def test_requests_without_a_first_token_are_cut_only_once_they_cannot_move_the_m
     assert not e.step_settled(flight, now_s=21.0 + 5.0 + 2 * MARGIN_S)  # the last one's wait, less the margins, is 5 s
     assert e.step_settled(flight, now_s=21.0 + 5.01 + 2 * MARGIN_S)
     assert e.drain_settled(flight, now_s=30.0).startswith(
-        "drain cut: the 2 still without a first token have waited past the median TTFT, which fixes the queue trend, and 3 of 6")
+        "drain cut: the 2 still without a first token cannot move the median TTFT, which fixes the queue trend, and 3 of 6")
     assert not e.step_settled(flight + [(21.0, None, 100)] * 2, now_s=100.0)  # most still wait: the median is unknown
     fast = EarlyStop(total=4, ttft_s=30.0, tpot_s=1.0, stop_below=0.9, ttfts_s=[0.2, 0.3, 0.4])
     assert fast.step_settled([(21.0, None, 100)], now_s=21.0 + 2 * MARGIN_S + 0.01)  # median <= 1 s: the step is 1 s

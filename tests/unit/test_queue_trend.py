@@ -116,7 +116,12 @@ def _cut_at(df: pd.DataFrame, t_s: float) -> pd.DataFrame:
     return df.assign(status=np.where(open_, "cut", "ok"), finish_s=np.where(open_, t_s, df["finish_s"]),
                      first_token_s=df["first_token_s"].where(~waiting),
                      prefill_start_s=df["prefill_start_s"].where(df["prefill_start_s"] <= t_s),
-                     prefill_end_s=df["prefill_end_s"].where(df["prefill_end_s"] <= t_s))
+                     prefill_end_s=df["prefill_end_s"].where(df["prefill_end_s"] <= t_s),
+                     prefill_cancel=np.where(waiting, np.where(df["prefill_start_s"] <= t_s, "running", "dequeued"), None))
+
+
+def _trend(df: pd.DataFrame) -> dict:
+    return {k: v for k, v in queue_trend(df).items() if k != "cut_exact"}
 
 
 def _client_settles_at(df: pd.DataFrame, seed: int, step_s: float = 0.1) -> float | None:
@@ -149,14 +154,35 @@ def test_a_drain_cut_before_the_last_first_tokens_leaves_the_queue_trend_as_it_w
         t = _client_settles_at(df, seed)
         assert t is not None
         cut = _cut_at(df, t)
-        assert queue_trend(cut) == queue_trend(df), (seed, rate)
+        assert _trend(cut) == _trend(df), (seed, rate)
         saved.append(float(df["first_token_s"].max()) - t)
         waiting += int(cut["first_token_s"].isna().sum() > 5)  # it cut requests still waiting
+        assert queue_trend(cut)["cut_exact"] is (True if cut["first_token_s"].isna().any() else None)
     assert waiting >= 3 and max(saved) > 5.0, (waiting, saved)
     # a stable run whose last requests wait less than its median TTFT (> 1 s): cut at once, the step would move
     slow = fifo_run(rate_rps=0.5, service_s=1.6, decode_s=26.0, duration_s=150.0, seed=4).assign(status="ok")
     last = float(slow["arrival_s"].max())
-    assert queue_trend(_cut_at(slow, last + 0.05))["step_s"] != queue_trend(slow)["step_s"]
+    early = queue_trend(_cut_at(slow, last + 0.05))
+    assert early["step_s"] != queue_trend(slow)["step_s"] and early["cut_exact"] is False  # and the record says so
     t = _client_settles_at(slow, 4)
     assert t is not None and t > float(slow["first_token_s"].max())  # the rule waited for every first token
     assert queue_trend(_cut_at(slow, t)) == queue_trend(slow)
+
+
+def test_a_cut_whose_exactness_the_records_cannot_show_is_called_not_exact() -> None:
+    """`cut_exact` is False, so the capacity search repeats the rate (`experiments.capacity.judge`), when a cut record
+    lacks its prefill times (the cancel got no answer), or the router noticed a hang-up before its last arrival."""
+    from experiments.capacity import judge
+
+    df = fifo_run(6.0, 0.2, 26.0, 150.0, 6).assign(status="ok")
+    t = _client_settles_at(df, 6)
+    cut = _cut_at(df, t)
+    assert queue_trend(cut)["cut_exact"] is True
+    lost = cut.assign(prefill_cancel=cut["prefill_cancel"].where(cut["prefill_cancel"].isna(), "no answer: timed out"))
+    assert queue_trend(lost)["cut_exact"] is False
+    late = cut.assign(arrival_s=cut["arrival_s"].where(cut["arrival_s"] < cut["arrival_s"].max(), t + 1.0))
+    assert queue_trend(late)["cut_exact"] is False
+    summary = {"good_fraction": 1.0, "requests_total": 1000}
+    for q, decisive in ((queue_trend(cut), True), (queue_trend(lost), False)):
+        q = {**q, "growing": False, "p_value": 0.5}
+        assert judge({**summary, "queue": q}, 6.0, 1).decisive is decisive

@@ -1038,8 +1038,9 @@ def test_a_client_that_hangs_up_before_its_first_token_ends_the_request_with_its
     rec = r.records()[0]
     rid = rec["request_id"]
     assert (rec["status"], rec["reason"], rec["first_token_s"]) == ("failed", "client disconnected", None)
-    assert fw.cancels == [rid]
+    assert fw.cancels == [rid] and rec["prefill_cancel"] == "running"
     assert rec["prefill_start_s"] == pytest.approx(fw.prefill_started[rid] - clock.run_t0())
+    assert rec["finish_s"] == pytest.approx(t_hangup - clock.run_t0(), abs=0.5)  # when the router saw it go
     assert all(x["healthy"] for x in r.state()["instances"])
     assert post(r, "/v1/completions", {"prompt": "a b", "max_tokens": 1})[0] == 200  # and the router serves on
 

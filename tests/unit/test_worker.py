@@ -623,6 +623,7 @@ def test_an_aborted_or_expired_request_lets_go_of_its_cache_before_another_is_pl
     from testbed.kv.transport import ReceivedKV
     from testbed.models.torch_model import synthetic_cache
     from testbed.serving.protocol import DecodeRequest, FinalEvent
+    from testbed.serving.worker import ROUTER_GONE
 
     worker = torch_decode_worker(bs_max=1)
     spec = worker.compute.model.spec
@@ -651,9 +652,13 @@ def test_an_aborted_or_expired_request_lets_go_of_its_cache_before_another_is_pl
         assert slots["late"].kv is None and slots["long"].kv is not None
         c = synthetic_cache(spec, 40, "next", seed=1)
         worker._on_kv("next", ReceivedKV("next", True, None, c, c.nbytes, c.nbytes, 1, now_s(), now_s()))
-        slots["long"].aborted = True
+        worker.abandon(slots["long"])  # its router hung up mid-decode (httpio.HangupWatch)
         while not isinstance(slots["next"].events.get(timeout=30), FinalEvent):
             pass
+        # the stream handler still waiting on it returns: a last event ends its stream (it waited forever before)
+        while not isinstance(ev := slots["long"].events.get(timeout=30), FinalEvent):
+            pass
+        assert (ev.status, ev.reason) == ("failed", ROUTER_GONE)
     finally:
         worker.receiver.close()
     assert held_when_placed == {"long": True, "next": False}  # as "next" was placed, the aborted cache was gone
@@ -848,6 +853,8 @@ def test_a_cancelled_prefill_leaves_the_queue_and_a_running_one_says_its_start(w
         time.sleep(0.1)  # the second queues behind the first (~0.4 s of prefill)
     answers = {rid: json.loads(request(pre.port, "POST", "/v1/prefill/cancel", {"request_id": rid})[1])
                for rid in ("c-queued", "c-running", "c-unknown")}
+    depth = json.loads(request(pre.port, "GET", "/v1/state")[1])["queue_depth"]
+    assert depth <= 1  # the one running (if still): the cancelled one no longer counts though it is still in the heap
     for t in threads:
         t.join(60)
     assert answers["c-queued"] == {"request_id": "c-queued", "found": True, "dequeued": True, "prefill_start_s": None,
@@ -859,6 +866,12 @@ def test_a_cancelled_prefill_leaves_the_queue_and_a_running_one_says_its_start(w
     assert running["prefill_start_s"] == pytest.approx(out["c-running"]["prefill_start_s"])
     assert out["c-running"]["status"] == "ok"  # it ran on
     assert answers["c-unknown"]["found"] is False
+    late = json.loads(request(pre.port, "POST", "/v1/prefill", {"request_id": "c-unknown", "input_len": 10, "decode": dest})[1])
+    assert late["status"] == "failed" and late["reason"].startswith("cancelled before it reached this worker")  # overtaken
+    again = json.loads(request(pre.port, "POST", "/v1/prefill/cancel", {"request_id": "c-running"})[1])
+    assert again["found"] is False  # answered already: remembered as answered, so the id is not refused later
+    reused = json.loads(request(pre.port, "POST", "/v1/prefill", {"request_id": "c-running", "input_len": 10, "decode": dest})[1])
+    assert not (reused.get("reason") or "").startswith("cancelled"), reused
     status, raw = request(pre.port, "POST", "/v1/prefill/cancel", {"request_id": ""})
     assert status == 400 and b"request_id" in raw
 
