@@ -226,7 +226,7 @@ def cut_trend_exact(df: pd.DataFrame, waiting: pd.Series, trend: dict[str, Any],
     theirs at least ``finish_s - arrival_s``, falls on a known one (or at most the 1-s floor), so it is the same
     wherever theirs end; (4) had they all failed instead (dropped from the median: `dropped()`), the verdict the
     capacity search reads (growing, and `queue_trend_inconclusive`) is the same. None when nothing was so cut."""
-    from testbed.serving.early_stop import STEP_FLOOR_S
+    from testbed.serving.early_stop import step_fixed
 
     if not waiting.any():
         return None
@@ -235,11 +235,7 @@ def cut_trend_exact(df: pd.DataFrame, waiting: pd.Series, trend: dict[str, Any],
         return False
     if not (w["finish_s"] > df["arrival_s"].max()).all():
         return False
-    known = np.sort(ttft_s(df).dropna().to_numpy(float))
-    upper = (len(known) + len(w)) // 2  # pandas' median reads ranks (n - 1) // 2 and n // 2 (from 0)
-    if upper >= len(known):
-        return False
-    if not (float((w["finish_s"] - w["arrival_s"]).min()) > known[upper] or known[upper] <= STEP_FLOOR_S):
+    if not step_fixed(ttft_s(df).dropna().tolist(), (w["finish_s"] - w["arrival_s"]).tolist()):
         return False
     alt = dropped()
     return bool(alt["growing"] == trend["growing"] and queue_trend_inconclusive(alt) == queue_trend_inconclusive(trend))

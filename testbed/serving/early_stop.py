@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 MARGIN_S = 0.5  # client-vs-router clock slack per request (intra-DC hops are ~1 ms; 0.5 s covers a loaded host)
 EARLY_STOP_PREFIX = "stopped early"
@@ -33,6 +34,16 @@ DRAIN_CUT_PREFIX = "drain cut"
 CUT = "cut"  # the status of a request cancelled by the drain cut (client_status, then status in requests.parquet)
 STEP_FLOOR_S = 1.0  # the queue trend's shortest sample step (`analysis.metrics.queue_trend`: max(1 s, median TTFT))
 CONFIDENCE = 0.95  # the good fraction's binomial interval (Clopper-Pearson), as `experiments.capacity` judges it
+
+
+def step_fixed(known_s: Sequence[float], waits_s: Sequence[float]) -> bool:
+    """Is max(`STEP_FLOOR_S`, median TTFT) the same wherever TTFTs that are each at least one of `waits_s` end, given
+    the `known_s` ones? Yes when the TTFT at the upper median rank of all is a known one that every wait exceeds
+    (pandas' median reads ranks (n - 1) // 2 and n // 2, from 0), or that TTFT is at most the floor. The client's
+    drain cut (`EarlyStop.step_settled`) and the run's check of it (`analysis.metrics.cut_trend_exact`) both ask."""
+    known = sorted(known_s)
+    upper = (len(known) + len(waits_s)) // 2
+    return upper < len(known) and (min(waits_s) > known[upper] or known[upper] <= STEP_FLOOR_S)
 
 
 def good_fraction_interval(good: int, requests: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -117,9 +128,7 @@ class EarlyStop:
         last = max(self.last_arrival_s, max(a for a, _, _ in in_flight))
         if now_s <= last + 2 * self.margin_s:
             return False
-        known = sorted(self.ttfts_s + [f - a for a, f, _ in in_flight if f is not None])
-        upper = (len(known) + len(waits)) // 2  # pandas' median reads ranks (n - 1) // 2 and n // 2 (from 0)
-        return upper < len(known) and (min(waits) > known[upper] or known[upper] <= STEP_FLOOR_S)
+        return step_fixed(self.ttfts_s + [f - a for a, f, _ in in_flight if f is not None], waits)
 
     def drain_settled(self, in_flight: list[tuple[float, float | None, int]], now_s: float) -> str | None:
         """The reason to cut the drain now, or None. Call only once every request has been sent: `in_flight`
